@@ -1,0 +1,71 @@
+"""The three classes a user subclasses: how to read a file, encode a batch, collate it."""
+from __future__ import annotations
+
+import abc
+from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
+
+from ._columns import Columns, check_columns
+
+__all__ = ["DataReader", "Dataset", "DataCollator", "IdentityDataset"]
+
+
+class DataReader(abc.ABC):
+    """Reads one chunk file into a dict of equal-length columns.
+
+    ``batch_size`` is the number of samples per batch (the number of rows in
+    stream mode). ``shuffle=True`` permutes the samples inside each file, seeded
+    by ``random_seed``, the epoch and the file, never by global random state.
+    """
+
+    def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42) -> None:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.random_seed = int(random_seed)
+
+    @abc.abstractmethod
+    def read_file(self, path: str) -> Tuple[Dict[str, Sequence], int]:
+        """Read the file at ``path``.
+
+        Returns ``(dict_samples, n_sample)``: every value of ``dict_samples`` is a
+        list (or a NumPy array) of exactly ``n_sample`` items. ``path`` is a string:
+        a local path or an fsspec URL; ``pyloader.open_file(path)`` opens either.
+        """
+
+    def iter_file(self, path: str) -> Iterator[Dict[str, Sequence]]:
+        """Yield the samples of ``path`` in order, as dict-of-lists pieces.
+
+        Override it for files too large to hold in memory; stream mode and
+        ``read_mode="iter"`` read through it. The default yields ``read_file``'s
+        result as one piece.
+        """
+        columns, n_sample = self.read_file(path)
+        yield self.checked(path, columns, n_sample)
+
+    def checked(self, path: str, columns: Mapping[str, Sequence], n_sample: int | None = None) -> Columns:
+        """Validate what ``read_file``/``iter_file`` returned; ``ValueError`` names the file and key."""
+        return check_columns(columns, n_sample, f"file {path!r}")
+
+
+class Dataset(abc.ABC):
+    """Turns a raw batch (dict of lists) into an encoded batch (dict of lists)."""
+
+    @abc.abstractmethod
+    def batch_encode(self, batch_data: Dict[str, List]) -> Dict[str, List]:
+        """Encode ``batch_data``; every returned value has one item per sample."""
+
+
+class IdentityDataset(Dataset):
+    """A ``Dataset`` that passes batches through, for readers that yield model-ready fields."""
+
+    def batch_encode(self, batch_data: Dict[str, List]) -> Dict[str, List]:
+        return batch_data
+
+
+class DataCollator(abc.ABC):
+    """Turns an encoded batch into the tensors the model takes."""
+
+    @abc.abstractmethod
+    def collate_batch(self, features: Dict[str, List]) -> Dict[str, Any]:
+        """Collate ``features`` (dict of lists, one item per sample) into a dict of tensors."""

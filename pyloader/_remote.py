@@ -1,0 +1,20 @@
+"""Listing files behind an fsspec URL (s3://, gs://, http(s)://, memory://)."""
+from __future__ import annotations
+
+from typing import List
+
+
+def list_remote(url: str) -> List[str]:
+    import fsspec
+
+    fs, _, paths = fsspec.get_fs_token_paths(url)
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    found: List[str] = []
+    for path in paths:
+        if fs.isdir(path):
+            found.extend(p for p in fs.find(path) if not any(part.startswith((".", "_")) for part in p[len(path):].split("/") if part))
+        elif fs.exists(path):
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"data_dir {url!r} does not exist")
+    return sorted(f if "://" in f else f"{protocol}://{f}" for f in found)
