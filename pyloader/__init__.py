@@ -1,6 +1,17 @@
-"""pyloader: stream datasets far larger than memory, stored as many chunk files, into PyTorch and TF2."""
-from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
-from ._files import list_files, open_file
+"""pyloader: stream datasets far larger than memory, stored as many chunk files, into PyTorch and TF2.
 
-__all__ = ["DataReader", "Dataset", "DataCollator", "IdentityDataset", "open_file", "list_files"]
+Subclass ``DataReader``, ``Dataset`` and ``DataCollator`` (or take the built-ins in
+``pyloader.readers`` and ``pyloader.collators``), hand them to ``DataLoader`` and
+iterate. Importing this package configures nothing and imports neither torch nor
+TensorFlow.
+"""
+from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
+from ._errors import PipelineError, TooManyErrors, reraise, warn_and_skip
+from ._files import list_files, open_file
+from ._loader import DataLoader, LoaderIterator
+
+__all__ = [
+    "DataReader", "Dataset", "DataCollator", "IdentityDataset", "DataLoader", "LoaderIterator",
+    "PipelineError", "TooManyErrors", "reraise", "warn_and_skip", "open_file", "list_files",
+]
 __version__ = "0.1.0"

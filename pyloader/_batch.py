@@ -1,0 +1,140 @@
+"""Stage 3: cutting the sample stream into batches.
+
+Files are joined end to end, so only the last batch of an epoch can be short;
+an optional shuffle buffer mixes samples across files first.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Deque, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._columns import Columns, concat, n_rows, slice_rows, take
+from ._read import ReadFiles, ReadItem
+from ._rng import SHUFFLE_BUFFER, derive_rng
+from ._source import EpochEnd
+
+SRC = "\x00src"  # private column: each row's file index, so a batch knows its files
+
+
+@dataclass
+class Batch:
+    """Batch ``index`` of ``epoch``; ``paths`` are the files its rows came from.
+
+    ``data`` is the raw columns, then what ``batch_encode`` and ``collate_batch`` made of them.
+    """
+
+    epoch: int
+    index: int
+    data: Any
+    paths: Tuple[str, ...]
+
+
+class ShuffleBuffer:
+    """Holds up to ``size`` samples; each sample that leaves is drawn uniformly from the pool.
+
+    Feeding ``k`` rows into a full buffer releases ``k`` rows chosen at random from
+    the ``size + k`` rows at hand. Pieces are fed at most ``size`` rows at a time so
+    a large file cannot flush the buffer in one go. Draws come from ``(seed, epoch)``.
+    """
+
+    def __init__(self, size: int, seed: int, epoch: int) -> None:
+        self.size = size
+        self.rng = derive_rng(seed, SHUFFLE_BUFFER, epoch)
+        self.pool: Optional[Columns] = None
+
+    def feed(self, columns: Columns) -> Iterator[Columns]:
+        n = n_rows(columns)
+        for start in range(0, n, self.size):
+            part = slice_rows(columns, start, min(n, start + self.size))
+            pool = part if self.pool is None else concat([self.pool, part], "shuffle buffer")
+            excess = n_rows(pool) - self.size
+            if excess <= 0:
+                self.pool = pool
+                continue
+            perm = self.rng.permutation(n_rows(pool))
+            self.pool = take(pool, np.sort(perm[excess:]))
+            yield take(pool, perm[:excess])
+
+    def drain(self) -> Iterator[Columns]:
+        if self.pool is not None and n_rows(self.pool):
+            yield take(self.pool, self.rng.permutation(n_rows(self.pool)))
+        self.pool = None
+
+
+class Batcher:
+    """Turns file pieces into ``Batch``es of ``batch_size`` rows."""
+
+    def __init__(self, files: Sequence[str], batch_size: int, drop_last: bool,
+                 shuffle_buffer: int, seed: int) -> None:
+        self.files = files
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self._pending: Deque[List] = collections.deque()  # [columns, start]
+        self._count = 0
+
+    def _push(self, columns: Columns) -> None:
+        n = n_rows(columns)
+        if n:
+            self._pending.append([columns, 0])
+            self._count += n
+
+    def _take(self, size: int) -> List[Columns]:
+        parts = []
+        while size:
+            entry = self._pending[0]
+            columns, start = entry
+            end = min(n_rows(columns), start + size)
+            parts.append(columns if (start == 0 and end == n_rows(columns)) else slice_rows(columns, start, end))
+            size -= end - start
+            self._count -= end - start
+            if end == n_rows(columns):
+                self._pending.popleft()
+            else:
+                entry[1] = end
+        return parts
+
+    def _batch(self, epoch: int, index: int, size: int) -> Batch:
+        parts = self._take(size)
+        src = np.concatenate([p[SRC] for p in parts])
+        paths = tuple(self.files[i] for i in np.unique(src))
+        try:
+            columns = concat(parts, "batch")
+        except ValueError as exc:
+            raise ValueError(f"files {', '.join(map(repr, paths))} cannot share a batch: {exc}") from None
+        columns.pop(SRC)
+        return Batch(epoch, index, columns, paths)
+
+    async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Batch]:
+        epoch, index = None, 0
+        buffer: Optional[ShuffleBuffer] = None
+        async for item in items:
+            if isinstance(item, EpochEnd):
+                if buffer is not None:
+                    for columns in buffer.drain():
+                        self._push(columns)
+                while self._count >= self.batch_size:
+                    yield self._batch(item.epoch, index, self.batch_size)
+                    index += 1
+                if self._count and not self.drop_last:
+                    yield self._batch(item.epoch, index, self._count)
+                self._pending.clear()
+                self._count = 0
+                epoch, index, buffer = None, 0, None
+                continue
+            if epoch is None:
+                epoch = item.task.epoch
+                if self.shuffle_buffer:
+                    buffer = ShuffleBuffer(self.shuffle_buffer, self.seed, epoch)
+            async for piece in read.pieces(item):
+                columns = dict(piece.columns)
+                columns[SRC] = np.full(piece.n, item.task.index, dtype=np.int64)
+                for part in (buffer.feed(columns) if buffer is not None else (columns,)):
+                    self._push(part)
+                while self._count >= self.batch_size:
+                    yield self._batch(epoch, index, self.batch_size)
+                    index += 1

@@ -1,0 +1,126 @@
+"""The background event loop that runs a pipeline, and the hand-over to the consumer."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Any, AsyncIterator, Callable
+
+from ._errors import Failure
+
+_END = object()
+_POLL_S = 1.0  # how often a waiting consumer checks that the loop thread is alive
+
+
+class Engine:
+    """Runs ``make(run_blocking, tasks)`` (an async iterator of items) on its own loop thread.
+
+    Items wait in a bounded queue of ``max_queue_size``; ``get()`` takes the next
+    one from any thread, ``aget()`` from another event loop. The end of the
+    stream is ``StopIteration``/``StopAsyncIteration``; a failure is raised once,
+    in order. ``stop()`` cancels everything and joins the thread; it is
+    idempotent and safe from a finalizer.
+    """
+
+    def __init__(self, make: Callable[[Callable, asyncio.TaskGroup], AsyncIterator[Any]],
+                 max_queue_size: int, threads: int, name: str = "pyloader") -> None:
+        self._make = make
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{name}-io")
+        self._started = threading.Event()
+        self._done = False
+        self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self._queue: asyncio.Queue = None  # type: ignore[assignment]
+        self._task: asyncio.Task = None  # type: ignore[assignment]
+        self._max_queue_size = max_queue_size
+        self._thread = threading.Thread(target=self._run, name=f"{name}-loop", daemon=True)
+        self._thread.start()
+        self._started.wait()
+
+    # -- loop thread -------------------------------------------------------------
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._queue = asyncio.Queue(maxsize=self._max_queue_size)
+        self._task = loop.create_task(self._main())
+        self._started.set()
+        try:
+            loop.run_until_complete(self._task)
+        except BaseException:
+            pass  # cancelled by stop(): the consumer is done
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+
+    async def _main(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def run_blocking(fn: Callable, *args: Any) -> asyncio.Future:
+            return loop.run_in_executor(self._executor, fn, *args)
+
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                async for item in self._make(run_blocking, tasks):
+                    await self._queue.put(item)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]
+            await self._queue.put(Failure(exc))
+        else:
+            await self._queue.put(_END)
+        await asyncio.Event().wait()  # keep the loop up until the consumer took the last item and stop()s
+
+    # -- consumer side -------------------------------------------------------------
+    def _unpack(self, item: Any) -> Any:
+        if item is _END:
+            self._done = True
+            self.stop()
+            raise StopIteration
+        if isinstance(item, Failure):
+            self._done = True
+            self.stop()
+            raise item.exc
+        return item
+
+    def get(self) -> Any:
+        """The next item; blocks the calling thread (not the loop)."""
+        if self._done:
+            raise StopIteration
+        future = asyncio.run_coroutine_threadsafe(self._queue.get(), self._loop)
+        while True:
+            try:
+                return self._unpack(future.result(timeout=_POLL_S))
+            except concurrent.futures.TimeoutError:
+                if not self._thread.is_alive():
+                    self._done = True
+                    raise RuntimeError("pyloader's background loop stopped unexpectedly") from None
+            except BaseException:
+                future.cancel()
+                raise
+
+    async def aget(self) -> Any:
+        """The next item, awaited from another event loop."""
+        if self._done:
+            raise StopAsyncIteration
+        future = asyncio.run_coroutine_threadsafe(self._queue.get(), self._loop)
+        try:
+            return self._unpack(await asyncio.wrap_future(future))
+        except StopIteration:
+            raise StopAsyncIteration from None
+        except BaseException:
+            future.cancel()
+            raise
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._done = True
+        if self._thread.is_alive():
+            try:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            except RuntimeError:
+                pass  # loop already closed
+            if threading.current_thread() is not self._thread:
+                self._thread.join(timeout)
+        self._executor.shutdown(wait=False, cancel_futures=True)

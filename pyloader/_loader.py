@@ -1,0 +1,186 @@
+"""The public ``DataLoader``: settings, iteration, resume state."""
+from __future__ import annotations
+
+import hashlib
+import json
+import weakref
+from typing import Any, Dict, Iterator, Optional
+
+from ._abc import DataCollator, DataReader, Dataset
+from ._batch import Batch
+from ._engine import Engine
+from ._errors import ErrorHandler, ErrorPolicy, Stats
+from ._files import DataDir, list_files
+from ._frameworks import mover, pinner
+from ._pipeline import Settings, Start, batches
+
+_STATE_FORMAT = "pyloader.state/1"
+_BATCHES_IN_FLIGHT = 2  # per encode/collate stage
+
+
+def _positive(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+class DataLoader:
+    """Streams the chunk files of ``data_dir`` as collated batches, for ``num_epoch`` epochs.
+
+    Each iteration (``for`` or ``async for``) is a fresh pass over ``num_epoch``
+    epochs, run by an asyncio pipeline on a background thread. Every sample of
+    every file is delivered exactly once per epoch; only an epoch's last batch
+    may be short (dropped with ``drop_last``). Memory is bounded by settings:
+    ``max_queue_size`` collated batches ready, ``2 x _BATCHES_IN_FLIGHT``
+    batches being encoded or collated, ``prefetch_files`` files read ahead
+    (each holding at most 2 pieces from ``iter_file``, or the whole file when
+    ``read_file`` is used), and ``shuffle_buffer`` samples.
+
+    Randomness is a pure function of ``random_seed`` (file order, shuffle
+    buffer), ``datareader.random_seed`` (in-file order) and the epoch.
+    """
+
+    def __init__(self, datareader: DataReader, dataset: Dataset, datacollator: DataCollator,
+                 data_dir: DataDir, num_epoch: int = 1, max_queue_size: int = 10,
+                 shuffle: bool = False, random_seed: int = 42, *, shuffle_buffer: int = 0,
+                 drop_last: bool = False, prefetch_files: int = 2, on_error: ErrorPolicy = "raise",
+                 max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None) -> None:
+        for name, obj, cls in (("datareader", datareader, DataReader), ("dataset", dataset, Dataset),
+                               ("datacollator", datacollator, DataCollator)):
+            if not isinstance(obj, cls):
+                raise TypeError(f"{name} must be a pyloader.{cls.__name__}, got {type(obj).__name__}")
+        _positive("batch_size", datareader.batch_size)
+        _positive("num_epoch", num_epoch)
+        _positive("max_queue_size", max_queue_size)
+        _positive("prefetch_files", prefetch_files)
+        if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be an integer >= 0, got {shuffle_buffer!r}")
+        self.datareader = datareader
+        self.dataset = dataset
+        self.datacollator = datacollator
+        self.files = list_files(data_dir)
+        self.num_epoch = num_epoch
+        self.max_queue_size = max_queue_size
+        self.shuffle = bool(shuffle)
+        self.random_seed = int(random_seed)
+        self.shuffle_buffer = shuffle_buffer
+        self.drop_last = bool(drop_last)
+        self.prefetch_files = prefetch_files
+        self.pin_memory = bool(pin_memory)
+        self.device = device
+        self._stats = Stats()
+        self._errors = ErrorHandler(on_error, max_errors, self._stats)
+        self._finish = pinner() if self.pin_memory else None
+        self._move = mover(device, self.pin_memory) if device is not None else None
+        self._run: Optional[weakref.ref] = None
+        self._start = Start()
+        self._position = (0, 0)  # (epoch, batches of it consumed)
+        self.epoch: Optional[int] = None
+
+    # -- iteration -----------------------------------------------------------------
+    def __iter__(self) -> "LoaderIterator":
+        self.close()
+        start, self._start = self._start, Start()
+        self._position = (start.epoch, start.skip)
+        it = LoaderIterator(self, self._engine(start))
+        self._run = weakref.ref(it)
+        return it
+
+    def __aiter__(self) -> "LoaderIterator":
+        return self.__iter__()
+
+    def _engine(self, start: Start) -> Engine:
+        settings = Settings(
+            files=self.files, reader=self.datareader, dataset=self.dataset, collator=self.datacollator,
+            num_epoch=self.num_epoch, max_queue_size=self.max_queue_size, shuffle=self.shuffle,
+            random_seed=self.random_seed, shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
+            prefetch_files=self.prefetch_files, concurrency=_BATCHES_IN_FLIGHT, errors=self._errors,
+            stats=self._stats, finish=self._finish)
+        return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
+                      self.max_queue_size, threads=self.prefetch_files + 2 * _BATCHES_IN_FLIGHT)
+
+    def _consumed(self, batch: Batch) -> Any:
+        self.epoch = batch.epoch
+        self._position = (batch.epoch, batch.index + 1)
+        self._stats.batches += 1
+        return self._move(batch.data) if self._move is not None else batch.data
+
+    def close(self) -> None:
+        """Stop the running iteration, if any: its tasks and threads end within a second."""
+        it = self._run() if self._run is not None else None
+        if it is not None:
+            it.close()
+        self._run = None
+
+    def __enter__(self) -> "DataLoader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def stats(self) -> Dict[str, Any]:
+        """Counters: files and samples read, batches handed over, files and batches skipped, errors."""
+        return self._stats.as_dict()
+
+    # -- resume --------------------------------------------------------------------
+    def _fingerprint(self) -> Dict[str, Any]:
+        digest = hashlib.sha1("\n".join(self.files).encode()).hexdigest()
+        return {"files": digest, "num_files": len(self.files), "batch_size": self.datareader.batch_size,
+                "shuffle": self.shuffle, "random_seed": self.random_seed,
+                "reader_shuffle": self.datareader.shuffle, "reader_seed": self.datareader.random_seed,
+                "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the consumer is: the batches handed over so far, not those read ahead.
+
+        Small and JSON-serializable; restoring it with ``load_state_dict`` makes
+        the next iteration yield exactly the batches that would have followed.
+        """
+        epoch, consumed = self._position
+        return {"format": _STATE_FORMAT, "epoch": epoch, "batches_in_epoch": consumed,
+                "settings": self._fingerprint()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Make the next iteration resume from ``state`` (from ``state_dict``)."""
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"not a pyloader state (expected format {_STATE_FORMAT!r})")
+        ours = self._fingerprint()
+        theirs = state.get("settings", {})
+        diff = sorted(k for k in ours if json.dumps(ours[k]) != json.dumps(theirs.get(k)))
+        if diff:
+            raise ValueError(f"the state was saved with other data or settings: {', '.join(diff)} differ")
+        self.close()
+        self._start = Start(int(state["epoch"]), int(state["batches_in_epoch"]))
+        self._position = (self._start.epoch, self._start.skip)
+
+    # -- frameworks ----------------------------------------------------------------
+    def to_tf_dataset(self, output_signature: Any = None):
+        """A ``tf.data.Dataset`` over this loader (``from_generator``); see ``pyloader._tf``."""
+        from ._tf import to_tf_dataset
+
+        return to_tf_dataset(self, output_signature)
+
+
+class LoaderIterator:
+    """One pass over the data; ``break``, ``close()`` or dropping it stops the pipeline."""
+
+    def __init__(self, loader: DataLoader, engine: Engine) -> None:
+        self._loader = loader
+        self._engine = engine
+        self._finalizer = weakref.finalize(self, engine.stop)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        return self._loader._consumed(self._engine.get())
+
+    def __aiter__(self) -> "LoaderIterator":
+        return self
+
+    async def __anext__(self) -> Any:
+        return self._loader._consumed(await self._engine.aget())
+
+    def close(self) -> None:
+        self._finalizer()

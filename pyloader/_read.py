@@ -1,0 +1,149 @@
+"""Stage 2: reading files — several at once, handed on strictly in plan order.
+
+Each file is read by its own task that pulls ``DataReader`` pieces in the
+executor (the event loop never blocks on I/O or parsing) into a small bounded
+queue, so a file's pieces wait in memory only ``PIECES_AHEAD`` deep.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Deque, Iterator, Optional, Union
+
+from ._abc import DataReader
+from ._columns import Columns, n_rows, take
+from ._errors import ErrorHandler, Failure, Stats
+from ._rng import IN_FILE, derive_rng
+from ._source import EpochEnd, FileTask, SourceItem
+
+PIECES_AHEAD = 2
+_DONE = object()
+
+
+@dataclass
+class Piece:
+    """Rows ``offset .. offset+n`` of one file (after the in-file shuffle)."""
+
+    task: FileTask
+    offset: int
+    columns: Columns
+
+    @property
+    def n(self) -> int:
+        return n_rows(self.columns)
+
+
+def file_pieces(reader: DataReader, task: FileTask) -> Iterator[Columns]:
+    """The validated pieces of one file, in the order the batcher consumes them.
+
+    With in-file shuffling the whole file is needed, so it goes through
+    ``read_file`` and one seeded permutation; otherwise it streams through
+    ``iter_file``.
+    """
+    if reader.shuffle:
+        columns, n = reader.read_file(task.path)
+        columns = reader.checked(task.path, columns, n)
+        perm = derive_rng(reader.random_seed, IN_FILE, task.epoch, task.index).permutation(n)
+        yield take(columns, perm)
+        return
+    for piece in reader.iter_file(task.path):
+        yield reader.checked(task.path, piece)
+
+
+def _close(pieces: Iterator) -> None:
+    try:
+        pieces.close()  # runs the reader's own clean-up (closing its file)
+    except ValueError:
+        pass  # still running in the executor: it closes when collected
+
+
+class FileStream:
+    """The pieces of one file, read ahead by a background task."""
+
+    def __init__(self, task: FileTask, queue: asyncio.Queue) -> None:
+        self.task = task
+        self._queue = queue
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        offset = 0
+        while True:
+            item = await self._queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, Failure):
+                raise item.exc
+            piece = Piece(self.task, offset, item)
+            offset += piece.n
+            yield piece
+
+
+ReadItem = Union[FileStream, EpochEnd]
+
+
+class ReadFiles:
+    """Opens up to ``prefetch_files`` files ahead of the consumer, in plan order.
+
+    A failure of ``read_file``/``iter_file`` is delivered in order, where the
+    file's pieces would have been: raised (``on_error="raise"``) or, once the
+    policy chose to skip, the file ends early and counts in ``stats.skipped_files``.
+    """
+
+    def __init__(self, reader: DataReader, run_blocking: Callable, prefetch_files: int,
+                 errors: ErrorHandler, stats: Stats) -> None:
+        self.reader = reader
+        self.run_blocking = run_blocking
+        self.prefetch_files = prefetch_files
+        self.errors = errors
+        self.stats = stats
+
+    async def _read_one(self, task: FileTask, queue: asyncio.Queue) -> None:
+        pieces = file_pieces(self.reader, task)
+        try:
+            while True:
+                piece = await self.run_blocking(next, pieces, _DONE)
+                if piece is _DONE:
+                    break
+                await queue.put(piece)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # delivered in order, not where it happened
+            await queue.put(Failure(exc))
+            return
+        finally:
+            _close(pieces)
+        await queue.put(_DONE)
+
+    async def iterate(self, source: Iterator[SourceItem], tasks: asyncio.TaskGroup) -> AsyncIterator[ReadItem]:
+        ahead: Deque[ReadItem] = collections.deque()
+        exhausted = False
+
+        def fill() -> None:
+            nonlocal exhausted
+            while not exhausted and sum(isinstance(i, FileStream) for i in ahead) < self.prefetch_files:
+                item: Optional[SourceItem] = next(source, None)
+                if item is None:
+                    exhausted = True
+                elif isinstance(item, EpochEnd):
+                    ahead.append(item)
+                else:
+                    queue: asyncio.Queue = asyncio.Queue(maxsize=PIECES_AHEAD)
+                    tasks.create_task(self._read_one(item, queue), name=f"pyloader-read:{item.path}")
+                    ahead.append(FileStream(item, queue))
+
+        fill()
+        while ahead:
+            item = ahead.popleft()
+            fill()
+            yield item
+
+    async def pieces(self, stream: FileStream) -> AsyncIterator[Piece]:
+        """The pieces of ``stream``; a failure goes through the error policy."""
+        try:
+            async for piece in stream.pieces():
+                self.stats.samples_read += piece.n
+                yield piece
+            self.stats.files_read += 1
+        except Exception as exc:
+            self.errors("read_file", [stream.task.path], exc)
+            self.stats.skipped_files += 1

@@ -1,0 +1,14 @@
+"""Private random generators: every draw is a pure function of a seed and a few keys."""
+from __future__ import annotations
+
+import numpy as np
+
+# Stage tags keep the streams of different stages independent under one seed.
+FILE_ORDER = 1
+IN_FILE = 2
+SHUFFLE_BUFFER = 3
+
+
+def derive_rng(seed: int, *keys: int) -> np.random.Generator:
+    """A fresh generator for ``(seed, *keys)``; never touches global ``random``/``np.random``."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, *map(int, keys)])))
