@@ -1,0 +1,83 @@
+"""Shared test helpers: small chunk files of numbered samples, and readers over them."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import pytest
+
+import pyloader as pl
+
+
+def write_chunks(folder: Path, sizes: Sequence[int], prefix: str = "part") -> List[str]:
+    """One text file per size; sample ids run 0..sum(sizes)-1 across files in order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths, next_id = [], 0
+    for i, size in enumerate(sizes):
+        path = folder / f"{prefix}-{i:04d}.txt"
+        path.write_text("".join(f"{next_id + j}\n" for j in range(size)))
+        next_id += size
+        paths.append(str(path))
+    return paths
+
+
+class IdReader(pl.DataReader):
+    """Reads one integer id per line; optional per-file delay and failure."""
+
+    def __init__(self, batch_size=4, shuffle=False, random_seed=42, delay=0.0, fail_on=(), calls=None):
+        super().__init__(batch_size, shuffle=shuffle, random_seed=random_seed)
+        self.delay = delay
+        self.fail_on = set(fail_on)
+        self.calls = calls
+
+    def read_file(self, path):
+        if self.delay:
+            time.sleep(self.delay)
+        if self.calls is not None:
+            self.calls.append(path)
+        if os.path.basename(path) in self.fail_on:
+            raise OSError(f"disk says no to {os.path.basename(path)}")
+        with open(path) as f:
+            ids = [int(line) for line in f if line.strip()]
+        return {"id": ids}, len(ids)
+
+
+class ListCollator(pl.DataCollator):
+    def collate_batch(self, features: Dict[str, list]) -> Dict[str, list]:
+        return {k: list(v) for k, v in features.items()}
+
+
+def ids_of(batches) -> List[int]:
+    return [i for b in batches for i in b["id"]]
+
+
+def our_threads() -> List[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("pyloader")]
+
+
+def wait_no_threads(timeout: float = 1.5) -> List[str]:
+    deadline = time.monotonic() + timeout
+    while our_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return our_threads()
+
+
+@pytest.fixture
+def make_loader(tmp_path):
+    """make_loader(sizes, **loader_kwargs, reader=..., batch_size=...) -> DataLoader over fresh files."""
+    loaders = []
+
+    def make(sizes, batch_size=4, reader=None, dataset=None, collator=None, **kwargs):
+        write_chunks(tmp_path / "data", sizes)
+        loader = pl.DataLoader(reader or IdReader(batch_size), dataset or pl.IdentityDataset(),
+                               collator or ListCollator(), str(tmp_path / "data"), **kwargs)
+        loaders.append(loader)
+        return loader
+
+    yield make
+    for loader in loaders:
+        loader.close()
+    assert wait_no_threads() == [], "a loader left threads behind"
