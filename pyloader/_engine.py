@@ -7,6 +7,7 @@ import threading
 from typing import Any, AsyncIterator, Callable
 
 from ._errors import Failure
+from ._handover import EMPTY, HandOver
 
 _END = object()
 _POLL_S = 1.0  # how often a waiting consumer checks that the loop thread is alive
@@ -29,7 +30,7 @@ class Engine:
         self._started = threading.Event()
         self._done = False
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
-        self._queue: asyncio.Queue = None  # type: ignore[assignment]
+        self._queue: HandOver = None  # type: ignore[assignment]
         self._task: asyncio.Task = None  # type: ignore[assignment]
         self._max_queue_size = max_queue_size
         self._thread = threading.Thread(target=self._run, name=f"{name}-loop", daemon=True)
@@ -40,7 +41,7 @@ class Engine:
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
-        self._queue = asyncio.Queue(maxsize=self._max_queue_size)
+        self._queue = HandOver(self._max_queue_size, loop)
         self._task = loop.create_task(self._main())
         self._started.set()
         try:
@@ -76,9 +77,8 @@ class Engine:
     # -- consumer side -------------------------------------------------------------
     def _unpack(self, item: Any) -> Any:
         if item is _END:
-            self._done = True
             self.stop()
-            raise StopIteration
+            return _END
         if isinstance(item, Failure):
             self._done = True
             self.stop()
@@ -87,35 +87,32 @@ class Engine:
 
     def get(self) -> Any:
         """The next item; blocks the calling thread (not the loop)."""
-        if self._done:
+        item = self._next()
+        if item is _END:
             raise StopIteration
-        future = asyncio.run_coroutine_threadsafe(self._queue.get(), self._loop)
-        while True:
-            try:
-                return self._unpack(future.result(timeout=_POLL_S))
-            except concurrent.futures.TimeoutError:
-                if not self._thread.is_alive():
-                    self._done = True
-                    raise RuntimeError("pyloader's background loop stopped unexpectedly") from None
-            except BaseException:
-                future.cancel()
-                raise
+        return item
+
+    def _next(self) -> Any:
+        while not self._done:
+            item = self._queue.get(_POLL_S)
+            if item is not EMPTY:
+                return self._unpack(item)
+            if not self._thread.is_alive() and not self._done:
+                self._done = True
+                raise RuntimeError("pyloader's background loop stopped unexpectedly")
+        return _END
 
     async def aget(self) -> Any:
-        """The next item, awaited from another event loop."""
-        if self._done:
+        """The next item, awaited from another event loop (the wait runs in its executor)."""
+        item = await asyncio.get_running_loop().run_in_executor(None, self._next)
+        if item is _END:
             raise StopAsyncIteration
-        future = asyncio.run_coroutine_threadsafe(self._queue.get(), self._loop)
-        try:
-            return self._unpack(await asyncio.wrap_future(future))
-        except StopIteration:
-            raise StopAsyncIteration from None
-        except BaseException:
-            future.cancel()
-            raise
+        return item
 
     def stop(self, timeout: float = 2.0) -> None:
         self._done = True
+        if self._queue is not None:
+            self._queue.close()
         if self._thread.is_alive():
             try:
                 self._loop.call_soon_threadsafe(self._task.cancel)

@@ -1,29 +1,48 @@
-"""Stages 4 and 5: applying a user method to each batch, several at once, in order."""
+"""Stages 4 and 5: ``batch_encode`` then ``collate_batch`` on each batch, several batches at once, in order."""
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence, Tuple
 
 from ._batch import Batch
 from ._errors import ErrorHandler, Failure, Stats
 
 _END = object()
+Step = Tuple[str, Callable[[Any], Any]]
+
+
+class StepFailed(Exception):
+    """``step`` (a user method's name) raised ``__cause__``."""
+
+    def __init__(self, step: str) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+def run_steps(steps: Sequence[Step], data: Any) -> Any:
+    """Apply the steps in turn; one call off the loop for all of them, so a batch
+    crosses threads once rather than once per step."""
+    for name, fn in steps:
+        try:
+            data = fn(data)
+        except Exception as exc:
+            raise StepFailed(name) from exc
+    return data
 
 
 class OrderedMap:
-    """Runs ``fn(batch.data)`` off the event loop for up to ``concurrency`` batches at once.
+    """Runs ``steps`` on up to ``concurrency`` batches at once, off the event loop.
 
     Results are yielded in input order, never in completion order, so the output
-    does not depend on timing. A failure of ``fn`` goes through the error policy
-    (the batch is then skipped and counted); an upstream failure is re-raised
-    here, in order.
+    does not depend on timing. A failed step goes through the error policy under
+    its own name (the batch is then skipped and counted); an upstream failure is
+    re-raised here, in order.
     """
 
-    def __init__(self, stage: str, fn: Callable, run_blocking: Callable, concurrency: int,
+    def __init__(self, steps: Sequence[Step], run_blocking: Callable, concurrency: int,
                  errors: ErrorHandler, stats: Stats) -> None:
-        self.stage = stage
-        self.fn = fn
+        self.steps = list(steps)
         self.run_blocking = run_blocking
         self.concurrency = concurrency
         self.errors = errors
@@ -35,7 +54,8 @@ class OrderedMap:
         async def feed() -> None:
             try:
                 async for batch in batches:
-                    await queue.put((batch, asyncio.ensure_future(self.run_blocking(self.fn, batch.data))))
+                    future = asyncio.ensure_future(self.run_blocking(run_steps, self.steps, batch.data))
+                    await queue.put((batch, future))
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:
@@ -43,7 +63,7 @@ class OrderedMap:
                 return
             await queue.put(_END)
 
-        feeder = tasks.create_task(feed(), name=f"pyloader-{self.stage}")
+        feeder = tasks.create_task(feed(), name="pyloader-map")
         try:
             while True:
                 item = await queue.get()
@@ -54,8 +74,8 @@ class OrderedMap:
                 batch, future = item
                 try:
                     data = await future
-                except Exception as exc:
-                    self.errors(self.stage, batch.paths, exc)
+                except StepFailed as failed:
+                    self.errors(failed.step, batch.paths, failed.__cause__)
                     self.stats.skipped_batches += 1
                     continue
                 yield dataclasses.replace(batch, data=data)

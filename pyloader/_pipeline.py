@@ -42,20 +42,13 @@ class Start:
     skip: int = 0
 
 
-def _encoder(dataset: Dataset) -> Callable:
+def _checked_encode(dataset: Dataset) -> Callable:
     def encode(columns: Mapping) -> Any:
         out = dataset.batch_encode(columns)
         if not isinstance(out, Mapping):
             raise TypeError(f"batch_encode must return a dict of lists, got {type(out).__name__}")
         return out
     return encode
-
-
-def _collator(collator: DataCollator, finish: Optional[Callable]) -> Callable:
-    def collate(features: Mapping) -> Any:
-        out = collator.collate_batch(features)
-        return finish(out) if finish is not None else out
-    return collate
 
 
 async def _skip(batches: AsyncIterator[Batch], start: Start) -> AsyncIterator[Batch]:
@@ -73,7 +66,7 @@ def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyncio.Ta
     raw = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed).iterate(files, read)
     if start.skip:
         raw = _skip(raw, start)
-    encode = OrderedMap("batch_encode", _encoder(s.dataset), run_blocking, s.concurrency, s.errors, s.stats)
-    collate = OrderedMap("collate_batch", _collator(s.collator, s.finish), run_blocking, s.concurrency,
-                         s.errors, s.stats)
-    return collate.iterate(encode.iterate(raw, tasks), tasks)
+    steps = [("batch_encode", _checked_encode(s.dataset)), ("collate_batch", s.collator.collate_batch)]
+    if s.finish is not None:
+        steps.append(("pin_memory", s.finish))
+    return OrderedMap(steps, run_blocking, s.concurrency, s.errors, s.stats).iterate(raw, tasks)

@@ -1,0 +1,80 @@
+"""The base class of the built-in collators: NumPy stacking plus one conversion hook."""
+from __future__ import annotations
+
+import abc
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from .._abc import DataCollator
+from ._stack import StackOptions, stack_batch
+
+__all__ = ["ArrayCollator"]
+
+
+class ArrayCollator(DataCollator):
+    """Stacks an encoded batch into arrays of shape ``[batch, ...]``, then converts each one.
+
+    ``collate_batch(features)`` takes a dict of columns, each a list with one
+    item per sample or a NumPy array whose first axis is the sample axis:
+
+    * Python bools become ``bool``, ints ``int_dtype``, floats ``float_dtype``;
+      NumPy arrays and scalars keep their dtype. Scalars give shape ``[batch]``;
+      a batch of one keeps its batch axis.
+    * A column that already is a numeric NumPy array is not copied.
+    * Items of different lengths (along any axis, e.g. ``[T]`` or ``[T][L]``)
+      are padded to the longest in the batch with ``pad_values.get(key,
+      pad_value)``, and a companion is added after the key: ``<key>_mask``
+      (bool, True on real values, the padded shape up to its last ragged axis;
+      ``[batch, max_len]`` for one ragged axis) when ``pad_info="mask"``,
+      ``<key>_lengths`` (int64 ``[batch]``, each item's length along its first
+      axis) when ``pad_info="lengths"``, nothing when ``pad_info=None``.
+    * The companion appears only in batches that needed padding, unless the key
+      is in ``ragged_keys`` (a list of keys, or ``{key: number of leading ragged
+      axes}``): those always get it, so a batch of one or a batch of equal
+      lengths has the same keys as any other.
+    * String columns (``str``/``bytes`` items, lists of them, string arrays) are
+      handed to ``convert_strings``, which by default returns them unchanged.
+    * Only the keys in ``keys`` (default: all) are collated; the others, and
+      every key in ``passthrough``, are returned untouched.
+    * ``ValueError`` names the key at fault: a ``None`` item, mixed nesting,
+      strings among numbers, columns of different lengths, a companion name
+      that is already a key.
+
+    Subclasses say only how to turn a NumPy array into their tensor type.
+    """
+
+    def __init__(
+        self,
+        *,
+        float_dtype: Any = np.float32,
+        int_dtype: Any = np.int64,
+        pad_value: Any = 0,
+        pad_values: Optional[Mapping[str, Any]] = None,
+        pad_info: Optional[str] = "mask",
+        keys: Optional[Iterable[str]] = None,
+        passthrough: Iterable[str] = (),
+        ragged_keys: Union[Mapping[str, int], Iterable[str]] = (),
+    ) -> None:
+        self.options = StackOptions.create(
+            float_dtype=float_dtype,
+            int_dtype=int_dtype,
+            pad_value=pad_value,
+            pad_values=pad_values,
+            pad_info=pad_info,
+            keys=keys,
+            passthrough=passthrough,
+            ragged_keys=ragged_keys,
+        )
+
+    def collate_batch(self, features: Dict[str, Sequence]) -> Dict[str, Any]:
+        """Collate ``features`` as the class docstring says."""
+        return stack_batch(features, self.options, self.convert_array, self.convert_strings)
+
+    @abc.abstractmethod
+    def convert_array(self, key: str, array: np.ndarray) -> Any:
+        """Turn the stacked ``array`` of ``key`` (or of a companion) into the output type."""
+
+    def convert_strings(self, key: str, values: Sequence) -> Any:
+        """Turn the string column ``key`` into the output type; the default returns it unchanged."""
+        return values

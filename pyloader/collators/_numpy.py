@@ -1,0 +1,18 @@
+"""``NumpyCollator``: the stacked NumPy arrays themselves."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._base import ArrayCollator
+
+__all__ = ["NumpyCollator"]
+
+
+class NumpyCollator(ArrayCollator):
+    """Collates into ``np.ndarray`` values; string columns stay Python lists (or string arrays).
+
+    Takes the keyword options of ``ArrayCollator``.
+    """
+
+    def convert_array(self, key: str, array: np.ndarray) -> np.ndarray:
+        return array

@@ -1,0 +1,35 @@
+"""``TFCollator``: ``tf.Tensor`` values, strings included."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._base import ArrayCollator
+
+__all__ = ["TFCollator"]
+
+
+class TFCollator(ArrayCollator):
+    """Collates into ``tf.Tensor`` values made by ``tf.convert_to_tensor``.
+
+    Takes the keyword options of ``ArrayCollator``. String columns become
+    ``tf.string`` tensors; ragged string lists raise ``ValueError`` naming the
+    key (list it in ``passthrough`` to keep it as a Python list). tensorflow is
+    imported on the first batch, not when this module loads.
+    """
+
+    def convert_array(self, key: str, array: np.ndarray) -> Any:
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(array)
+
+    def convert_strings(self, key: str, values: Sequence) -> Any:
+        import tensorflow as tf
+
+        try:
+            return tf.convert_to_tensor(values, dtype=tf.string)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"key {key!r}: cannot make a tf.string tensor (ragged strings? list the key in passthrough): {exc}"
+            ) from exc

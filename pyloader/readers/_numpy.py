@@ -1,0 +1,147 @@
+"""NumPy ``.npy`` and ``.npz`` files, read as array columns."""
+from __future__ import annotations
+
+import contextlib
+import zipfile
+import zlib
+from typing import IO, Dict, Iterator, Optional, Tuple
+
+import numpy as np
+from numpy.lib import format as npformat
+
+from .._abc import DataReader
+from .._columns import Columns
+from .._files import _local, is_url, open_file
+from ._base import FileFormatError, check_piece_size, file_error
+
+__all__ = ["NumpyReader"]
+
+_UNREADABLE = (ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError)
+
+
+class NumpyReader(DataReader):
+    """Reads ``.npy`` / ``.npz`` files into NumPy array columns (rows = first axis).
+
+    A ``.npy`` file gives one column, ``key``; a ``.npz`` archive gives one column
+    per array, named as in the archive, all of one first-axis length. The format
+    is told by the file's first bytes, not its name. With ``mmap=True`` a local
+    ``.npy`` is memory-mapped: ``read_file`` returns a read-only ``np.memmap`` and
+    ``iter_file`` copies out ``piece_size`` rows at a time; other files are read
+    through ``open_file`` (``iter_file`` reads them ``piece_size`` rows at a time,
+    except Fortran-ordered arrays, which are read whole). An empty, corrupt or
+    truncated file, a 0-d array, or unequal lengths raise ``ValueError`` naming
+    the file (and the key).
+    """
+
+    def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42,
+                 key: str = "x", mmap: bool = True, piece_size: int = 65536) -> None:
+        super().__init__(batch_size=batch_size, shuffle=shuffle, random_seed=random_seed)
+        if not isinstance(key, str):
+            raise ValueError(f"key must be a string, got {key!r}")
+        self.key = key
+        self.mmap = bool(mmap)
+        self.piece_size = check_piece_size(piece_size)
+
+    def read_file(self, path: str) -> Tuple[Dict[str, np.ndarray], int]:
+        with _readable(path), contextlib.ExitStack() as stack:
+            arrays = self._open(path, stack)
+            n_sample = _length(path, arrays)
+            return {key: rows.read(n_sample, copy=False) for key, rows in arrays.items()}, n_sample
+
+    def iter_file(self, path: str) -> Iterator[Columns]:
+        with _readable(path), contextlib.ExitStack() as stack:
+            arrays = self._open(path, stack)
+            n_sample = _length(path, arrays)
+            for _ in range(0, n_sample, self.piece_size):
+                piece = {key: rows.read(self.piece_size) for key, rows in arrays.items()}
+                yield self.checked(path, piece)
+
+    def _open(self, path: str, stack: contextlib.ExitStack) -> Dict[str, "_Rows"]:
+        f = stack.enter_context(open_file(path, "rb"))
+        head = f.read(6)
+        if not head:
+            raise file_error(path, "empty file, expected .npy or .npz data")
+        f.seek(0)
+        if head.startswith(b"PK"):
+            archive = stack.enter_context(zipfile.ZipFile(f))
+            arrays = {}
+            for name in archive.namelist():
+                if not name.endswith(".npy"):
+                    raise file_error(path, f"archive member {name!r} is not a .npy array")
+                arrays[name[:-4]] = _Rows.from_stream(stack.enter_context(archive.open(name)))
+            return arrays
+        if self.mmap and not is_url(path):
+            f.close()
+            return {self.key: _Rows(npformat.open_memmap(_local(path), mode="r"))}
+        return {self.key: _Rows.from_stream(f)}
+
+
+class _Rows:
+    """One array's rows, handed out in order: from an array in hand or read from a stream."""
+
+    def __init__(self, whole: Optional[np.ndarray] = None, stream: Optional[IO[bytes]] = None,
+                 shape: Tuple[int, ...] = (), dtype: Optional[np.dtype] = None) -> None:
+        self.whole, self.stream = whole, stream
+        self.shape = whole.shape if whole is not None else shape
+        self.dtype = whole.dtype if whole is not None else dtype
+        self.pos = 0
+
+    @classmethod
+    def from_stream(cls, fp: IO[bytes]) -> "_Rows":
+        start = fp.tell()
+        version = npformat.read_magic(fp)
+        if version in ((1, 0), (2, 0)):
+            read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+            shape, fortran_order, dtype = read_header(fp)
+            if dtype.hasobject:
+                raise ValueError("arrays of Python objects (pickled data) are not supported")
+            if not fortran_order or len(shape) < 2:
+                return cls(stream=fp, shape=shape, dtype=dtype)
+        fp.seek(start)  # Fortran order or a newer format: let NumPy read it whole
+        return cls(whole=npformat.read_array(fp, allow_pickle=False))
+
+    def read(self, k: int, copy: bool = True) -> np.ndarray:
+        """The next ``k`` rows (fewer at the end); a stream that ends early raises ``ValueError``."""
+        k = min(k, self.shape[0] - self.pos)
+        if self.whole is not None:
+            out = self.whole[self.pos:self.pos + k]
+            out = np.array(out) if copy else out
+        else:
+            out = np.empty((k,) + tuple(self.shape[1:]), dtype=self.dtype)
+            _fill(self.stream, out)
+        self.pos += k
+        return out
+
+
+def _fill(fp: IO[bytes], out: np.ndarray) -> None:
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    got = 0
+    while got < len(view):
+        n = fp.readinto(view[got:])
+        if not n:
+            raise ValueError(f"truncated array data: expected {len(view)} bytes, got {got}")
+        got += n
+
+
+def _length(path: str, arrays: Dict[str, _Rows]) -> int:
+    """The first-axis length every array shares."""
+    n_sample: Optional[int] = None
+    for key, rows in arrays.items():
+        if len(rows.shape) == 0:
+            raise file_error(path, f"key {key!r} holds a 0-d array, expected one row per sample")
+        if n_sample is None:
+            n_sample = rows.shape[0]
+        elif rows.shape[0] != n_sample:
+            raise file_error(path, f"key {key!r} has {rows.shape[0]} rows, other arrays have {n_sample}")
+    return n_sample or 0
+
+
+@contextlib.contextmanager
+def _readable(path: str) -> Iterator[None]:
+    """Turn the errors of corrupt or truncated data into a ``ValueError`` naming ``path``."""
+    try:
+        yield
+    except FileFormatError:
+        raise
+    except _UNREADABLE as e:
+        raise file_error(path, f"cannot read as .npy/.npz (corrupt or truncated?): {e}") from e
