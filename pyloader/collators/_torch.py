@@ -1,7 +1,6 @@
 """``TorchCollator``: CPU ``torch.Tensor`` values sharing memory with the stacked arrays."""
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
@@ -19,16 +18,8 @@ class TorchCollator(ArrayCollator):
     An array torch cannot view as it is (negative strides, non-native byte
     order) is copied first. A read-only input array gives a tensor that must not
     be written to (torch warns about it once).
-
-    ``pin_memory=True`` pins every tensor (a copy into page-locked memory) so
-    that ``.to("cuda", non_blocking=True)`` can overlap; without CUDA it warns
-    once and leaves the tensors unpinned.
+    Pinning is the loader's job: ``DataLoader(pin_memory=True)``.
     """
-
-    def __init__(self, *, pin_memory: bool = False, **options: Any) -> None:
-        super().__init__(**options)
-        self.pin_memory = bool(pin_memory)
-        self._can_pin: bool | None = None
 
     def convert_array(self, key: str, array: np.ndarray) -> Any:
         import torch
@@ -39,15 +30,4 @@ class TorchCollator(ArrayCollator):
             tensor = torch.from_numpy(array)
         except TypeError as exc:
             raise ValueError(f"key {key!r}: torch cannot hold {array.dtype} values: {exc}") from exc
-        if self.pin_memory and self._pinnable():
-            tensor = tensor.pin_memory()
         return tensor
-
-    def _pinnable(self) -> bool:
-        if self._can_pin is None:
-            import torch
-
-            self._can_pin = torch.cuda.is_available()
-            if not self._can_pin:
-                warnings.warn("TorchCollator(pin_memory=True): no CUDA device, tensors are left unpinned", stacklevel=5)
-        return self._can_pin

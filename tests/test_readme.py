@@ -1,0 +1,32 @@
+"""The README's quick-usage example runs as written (on data made here)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_block(after_heading: str) -> str:
+    text = README.read_text()
+    section = text[text.index(after_heading):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_quick_usage_example_runs(tmp_path):
+    for i in range(3):
+        (tmp_path / f"chunk-{i}.tsv").write_text("".join(f"{j % 2}\tsample {i}-{j}\n" for j in range(20)))
+    code = python_block("## Quick usage").replace('"YOUR_DATA_DIR"', repr(str(tmp_path)))
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    loader = namespace["train_loader"]
+    assert loader.stats["batches"] == 5 * 4  # 60 samples, batch 16: 4 batches per epoch
+    assert loader.epoch == 4
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert "test-command" in ci and "<!-- test-command -->" in README.read_text()
