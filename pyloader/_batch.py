@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Deque, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -30,6 +30,7 @@ class Batch:
     index: int
     data: Any
     paths: Tuple[str, ...]
+    meta: Optional[Dict[str, np.ndarray]] = None  # stream mode: per-row flags, kept out of user code
 
 
 class ShuffleBuffer:

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 from typing import Any, AsyncIterator, Callable
 
 from ._errors import Failure
 from ._handover import EMPTY, HandOver
+from ._threads import DaemonExecutor
 
 _END = object()
 _POLL_S = 1.0  # how often a waiting consumer checks that the loop thread is alive
@@ -26,7 +26,7 @@ class Engine:
     def __init__(self, make: Callable[[Callable, asyncio.TaskGroup], AsyncIterator[Any]],
                  max_queue_size: int, threads: int, name: str = "pyloader") -> None:
         self._make = make
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{name}-io")
+        self._executor = DaemonExecutor(threads, f"{name}-io")
         self._started = threading.Event()
         self._done = False
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]

@@ -39,9 +39,17 @@ def _hidden(name: str) -> bool:
 
 
 def _walk(root: str) -> List[str]:
+    """Files under ``root``, following symlinked folders once each (a link loop ends there)."""
     found = []
+    visited = {os.path.realpath(root)}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not _hidden(d))
+        keep = []
+        for d in sorted(dirnames):
+            real = os.path.realpath(os.path.join(dirpath, d))
+            if not _hidden(d) and real not in visited:
+                visited.add(real)
+                keep.append(d)
+        dirnames[:] = keep
         found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if not _hidden(f))
     return found
 

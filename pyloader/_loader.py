@@ -11,8 +11,9 @@ from ._batch import Batch
 from ._engine import Engine
 from ._errors import ErrorHandler, ErrorPolicy, Stats
 from ._files import DataDir, list_files
-from ._frameworks import mover, pinner
+from ._frameworks import attach_meta, mover, pinner
 from ._pipeline import Settings, Start, batches
+from ._stream import PADDING_MODES
 
 _STATE_FORMAT = "pyloader.state/1"
 _BATCHES_IN_FLIGHT = 2  # per encode/collate stage
@@ -44,7 +45,9 @@ class DataLoader:
                  data_dir: DataDir, num_epoch: int = 1, max_queue_size: int = 10,
                  shuffle: bool = False, random_seed: int = 42, *, shuffle_buffer: int = 0,
                  drop_last: bool = False, prefetch_files: int = 2, on_error: ErrorPolicy = "raise",
-                 max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None) -> None:
+                 max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None,
+                 stream: bool = False, seq_len: Optional[int] = None, padding_mode: str = "zeros",
+                 pad_value: Any = 0) -> None:
         for name, obj, cls in (("datareader", datareader, DataReader), ("dataset", dataset, Dataset),
                                ("datacollator", datacollator, DataCollator)):
             if not isinstance(obj, cls):
@@ -55,6 +58,21 @@ class DataLoader:
         _positive("prefetch_files", prefetch_files)
         if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be an integer >= 0, got {shuffle_buffer!r}")
+        if seq_len is not None:
+            _positive("seq_len", seq_len)
+        if padding_mode not in PADDING_MODES:
+            raise ValueError(f"padding_mode must be one of {PADDING_MODES}, got {padding_mode!r}")
+        if stream and shuffle_buffer:
+            raise ValueError("stream mode keeps each row in file order: shuffle_buffer must be 0")
+        if stream and datareader.shuffle:
+            raise ValueError("stream mode reads every file in order: use DataReader(shuffle=False) "
+                             "(DataLoader(shuffle=True) still shuffles the file order)")
+        if not stream and seq_len is not None:
+            raise ValueError("seq_len applies to stream mode only (stream=True)")
+        self.stream = bool(stream)
+        self.seq_len = seq_len
+        self.padding_mode = padding_mode
+        self.pad_value = pad_value
         self.datareader = datareader
         self.dataset = dataset
         self.datacollator = datacollator
@@ -95,7 +113,8 @@ class DataLoader:
             num_epoch=self.num_epoch, max_queue_size=self.max_queue_size, shuffle=self.shuffle,
             random_seed=self.random_seed, shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
             prefetch_files=self.prefetch_files, concurrency=_BATCHES_IN_FLIGHT, errors=self._errors,
-            stats=self._stats, finish=self._finish)
+            stats=self._stats, finish=self._finish, stream=self.stream, seq_len=self.seq_len,
+            padding_mode=self.padding_mode, pad_value=self.pad_value)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + 2 * _BATCHES_IN_FLIGHT)
 
@@ -103,7 +122,8 @@ class DataLoader:
         self.epoch = batch.epoch
         self._position = (batch.epoch, batch.index + 1)
         self._stats.batches += 1
-        return self._move(batch.data) if self._move is not None else batch.data
+        data = batch.data if batch.meta is None else attach_meta(batch.data, batch.meta)
+        return self._move(data) if self._move is not None else data
 
     def close(self) -> None:
         """Stop the running iteration, if any: its tasks and threads end within a second."""
@@ -129,7 +149,8 @@ class DataLoader:
         return {"files": digest, "num_files": len(self.files), "batch_size": self.datareader.batch_size,
                 "shuffle": self.shuffle, "random_seed": self.random_seed,
                 "reader_shuffle": self.datareader.shuffle, "reader_seed": self.datareader.random_seed,
-                "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last}
+                "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "stream": self.stream,
+                "seq_len": self.seq_len, "padding_mode": self.padding_mode}
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the consumer is: the batches handed over so far, not those read ahead.
@@ -142,17 +163,29 @@ class DataLoader:
                 "settings": self._fingerprint()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Make the next iteration resume from ``state`` (from ``state_dict``)."""
+        """Make the next iteration resume from ``state`` (from ``state_dict``).
+
+        Everything is checked before anything changes: a state that is not
+        ours, or that was saved with other data or settings, raises ``ValueError``.
+        """
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise ValueError(f"not a pyloader state (expected format {_STATE_FORMAT!r})")
+        theirs = state.get("settings")
+        if not isinstance(theirs, dict):
+            raise ValueError("the state has no settings fingerprint")
         ours = self._fingerprint()
-        theirs = state.get("settings", {})
         diff = sorted(k for k in ours if json.dumps(ours[k]) != json.dumps(theirs.get(k)))
         if diff:
             raise ValueError(f"the state was saved with other data or settings: {', '.join(diff)} differ")
+        epoch, consumed = state.get("epoch"), state.get("batches_in_epoch")
+        for name, value in (("epoch", epoch), ("batches_in_epoch", consumed)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"the state's {name} must be an integer >= 0, got {value!r}")
+        if epoch > self.num_epoch:
+            raise ValueError(f"the state's epoch {epoch} is beyond num_epoch={self.num_epoch}")
         self.close()
-        self._start = Start(int(state["epoch"]), int(state["batches_in_epoch"]))
-        self._position = (self._start.epoch, self._start.skip)
+        self._start = Start(epoch, consumed)
+        self._position = (epoch, consumed)
 
     # -- frameworks ----------------------------------------------------------------
     def to_tf_dataset(self, output_signature: Any = None):

@@ -11,6 +11,7 @@ from ._errors import ErrorHandler, Stats
 from ._map import OrderedMap
 from ._read import ReadFiles
 from ._source import FileSource
+from ._stream import StreamBatcher
 
 
 @dataclass
@@ -32,6 +33,10 @@ class Settings:
     errors: ErrorHandler
     stats: Stats
     finish: Optional[Callable[[Any], Any]] = None  # e.g. pin_memory, run after collate_batch
+    stream: bool = False
+    seq_len: Optional[int] = None
+    padding_mode: str = "zeros"
+    pad_value: Any = 0
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,11 @@ def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyncio.Ta
     source = FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed)
     read = ReadFiles(s.reader, run_blocking, s.prefetch_files, s.errors, s.stats)
     files = read.iterate(source.iterate(start.epoch), tasks)
-    raw = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed).iterate(files, read)
+    if s.stream:
+        batcher = StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value)
+    else:
+        batcher = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed)
+    raw = batcher.iterate(files, read)
     if start.skip:
         raw = _skip(raw, start)
     steps = [("batch_encode", _checked_encode(s.dataset)), ("collate_batch", s.collator.collate_batch)]

@@ -59,23 +59,31 @@ def _close(pieces: Iterator) -> None:
 
 
 class FileStream:
-    """The pieces of one file, read ahead by a background task."""
+    """The pieces of one file, read ahead by a background task.
 
-    def __init__(self, task: FileTask, queue: asyncio.Queue) -> None:
+    A consumer that stops before the end (stream rows cut off at an epoch's end,
+    errors) cancels the read, so no reader is left waiting on a full queue.
+    """
+
+    def __init__(self, task: FileTask, queue: asyncio.Queue, reader: asyncio.Task) -> None:
         self.task = task
         self._queue = queue
+        self._reader = reader
 
     async def pieces(self) -> AsyncIterator[Piece]:
         offset = 0
-        while True:
-            item = await self._queue.get()
-            if item is _DONE:
-                return
-            if isinstance(item, Failure):
-                raise item.exc
-            piece = Piece(self.task, offset, item)
-            offset += piece.n
-            yield piece
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, Failure):
+                    raise item.exc
+                piece = Piece(self.task, offset, item)
+                offset += piece.n
+                yield piece
+        finally:
+            self._reader.cancel()
 
 
 ReadItem = Union[FileStream, EpochEnd]
@@ -96,6 +104,7 @@ class ReadFiles:
         self.prefetch_files = prefetch_files
         self.errors = errors
         self.stats = stats
+        self._tasks: asyncio.TaskGroup = None  # type: ignore[assignment]  # set by iterate()
 
     async def _read_one(self, task: FileTask, queue: asyncio.Queue) -> None:
         pieces = file_pieces(self.reader, task)
@@ -114,7 +123,14 @@ class ReadFiles:
             _close(pieces)
         await queue.put(_DONE)
 
+    def open(self, task: FileTask) -> FileStream:
+        """Start reading ``task``'s file now (outside the plan's read-ahead)."""
+        queue: asyncio.Queue = asyncio.Queue(maxsize=PIECES_AHEAD)
+        reader = self._tasks.create_task(self._read_one(task, queue), name=f"pyloader-read:{task.path}")
+        return FileStream(task, queue, reader)
+
     async def iterate(self, source: Iterator[SourceItem], tasks: asyncio.TaskGroup) -> AsyncIterator[ReadItem]:
+        self._tasks = tasks
         ahead: Deque[ReadItem] = collections.deque()
         exhausted = False
 
@@ -127,9 +143,7 @@ class ReadFiles:
                 elif isinstance(item, EpochEnd):
                     ahead.append(item)
                 else:
-                    queue: asyncio.Queue = asyncio.Queue(maxsize=PIECES_AHEAD)
-                    tasks.create_task(self._read_one(item, queue), name=f"pyloader-read:{item.path}")
-                    ahead.append(FileStream(item, queue))
+                    ahead.append(self.open(item))
 
         fill()
         while ahead:

@@ -1,0 +1,194 @@
+"""Stage 3, stream mode: batch row ``r`` continues where it stopped in the previous batch.
+
+Each of the ``B`` rows reads one file at a time, in plan order, through
+``iter_file``; a row whose file has ended takes the next unread file at the
+next step (ties go to the lower row). Per row and step the batch holds one
+sample, or a window of ``seq_len`` consecutive samples padded at a file's end.
+Metadata travels beside the data (``Batch.meta``), never through user code.
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._batch import SRC, Batch
+from ._columns import Columns, concat, n_rows, slice_rows
+from ._read import FileStream, Piece, ReadFiles, ReadItem
+from ._source import EpochEnd, FileTask
+
+FIRST, VALID, REPLAY, STREAM_ID, POSITION = "__first__", "__valid__", "__replay__", "__stream_id__", "__position__"
+META_KEYS = (FIRST, VALID, REPLAY, STREAM_ID, POSITION)
+PADDING_MODES = ("zeros", "data")
+
+
+class _Row:
+    """A cursor over one file's samples; knows ahead of time whether the file has ended."""
+
+    def __init__(self, pieces: AsyncIterator[Piece], task: FileTask, replay: bool) -> None:
+        self._pieces = pieces
+        self.task = task
+        self.replay = replay
+        self.position = 0  # samples of the file already taken
+        self._piece: Optional[Columns] = None
+        self._offset = 0
+        self.exhausted = False
+
+    async def prime(self) -> None:
+        """Make sure a sample is at hand, or mark the file as ended."""
+        while self._piece is None or self._offset >= n_rows(self._piece):
+            piece = await anext(self._pieces, None)
+            if piece is None:
+                self.exhausted, self._piece = True, None
+                return
+            self._piece, self._offset = piece.columns, 0
+
+    async def take(self, count: int) -> Tuple[List[Columns], int]:
+        parts, got = [], 0
+        while got < count and not self.exhausted:
+            k = min(count - got, n_rows(self._piece) - self._offset)
+            parts.append(slice_rows(self._piece, self._offset, self._offset + k))
+            self._offset += k
+            got += k
+            await self.prime()
+        self.position += got
+        return parts, got
+
+    async def close(self) -> None:
+        await self._pieces.aclose()
+
+
+class StreamBatcher:
+    """Cuts each epoch into stream batches of ``rows`` rows (``seq_len`` samples per row, or one)."""
+
+    def __init__(self, files: Sequence[str], rows: int, seq_len: Optional[int], padding_mode: str,
+                 pad_value: Any) -> None:
+        self.files = files
+        self.rows = rows
+        self.seq_len = seq_len
+        self.padding_mode = padding_mode
+        self.pad_value = pad_value
+
+    def _pad(self, key: str) -> Any:
+        return self.pad_value.get(key, 0) if isinstance(self.pad_value, Mapping) else self.pad_value
+
+    def _field(self, columns: List[Sequence], like: Sequence, pad: Any, width: int) -> Any:
+        """One field of the batch from each row's window (``<= width`` samples), padded to ``width``.
+
+        Array columns give an array ``[B, ...]`` or ``[B, T, ...]``; list columns
+        give a list of samples or a list of ``T``-sample lists.
+        """
+        if isinstance(like, np.ndarray):
+            out = np.full((len(columns), width) + like.shape[1:], pad, dtype=like.dtype)
+            for r, col in enumerate(columns):
+                out[r, :len(col)] = col
+            return out if self.seq_len else out[:, 0]
+        if self.seq_len:
+            return [list(col) + [pad] * (width - len(col)) for col in columns]
+        return [col[0] if len(col) else pad for col in columns]
+
+    async def _next_row(self, unread: AsyncIterator[FileStream], read: ReadFiles) -> Optional[_Row]:
+        """The next unread file that has samples, as a row cursor (empty files are skipped)."""
+        async for stream in unread:
+            row = _Row(read.pieces(stream), stream.task, replay=False)
+            await row.prime()
+            if not row.exhausted:
+                return row
+        return None
+
+    async def _replay_row(self, delivered: List[FileTask], count: int, read: ReadFiles) -> Optional[_Row]:
+        """Padding with data: the files already delivered, replayed in plan order."""
+        for attempt in range(len(delivered)):
+            task = delivered[(count + attempt) % len(delivered)]
+            row = _Row(read.pieces(read.open(task)), task, replay=True)
+            await row.prime()
+            if not row.exhausted:
+                return row
+        return None
+
+    async def _epoch(self, unread: AsyncIterator[FileStream], read: ReadFiles, epoch: int) -> AsyncIterator[Batch]:
+        rows: List[Optional[_Row]] = [None] * self.rows
+        delivered: List[FileTask] = []
+        replays = 0
+        fresh_left = True
+        index = 0
+        try:
+            while True:
+                first = np.zeros(self.rows, dtype=bool)
+                for r in range(self.rows):
+                    row = rows[r]
+                    if row is not None and not row.exhausted:
+                        continue
+                    if row is not None:
+                        await row.close()
+                        rows[r] = None
+                    new = await self._next_row(unread, read) if fresh_left else None
+                    if new is None:
+                        fresh_left = False
+                        if self.padding_mode == "data" and delivered:
+                            new = await self._replay_row(delivered, replays, read)
+                            replays += 1
+                    else:
+                        delivered.append(new.task)
+                    rows[r] = new
+                    first[r] = new is not None
+                if not any(row is not None and not row.replay for row in rows):
+                    return  # every file delivered in full: no batch of padding only
+                yield await self._step(rows, first, epoch, index)
+                index += 1
+        finally:
+            for row in rows:
+                if row is not None:
+                    await row.close()
+
+    async def _step(self, rows: List[Optional[_Row]], first: np.ndarray, epoch: int, index: int) -> Batch:
+        width = self.seq_len or 1
+        windows: List[Optional[Columns]] = []
+        valid = np.zeros((self.rows, width), dtype=bool)
+        stream_id = np.full(self.rows, -1, dtype=np.int64)
+        position = np.full(self.rows, -1, dtype=np.int64)
+        replay = np.zeros(self.rows, dtype=bool)
+        paths = set()
+        for r, row in enumerate(rows):
+            if row is None:
+                windows.append(None)
+                continue
+            stream_id[r], position[r], replay[r] = row.task.pos, row.position, row.replay
+            parts, got = await row.take(width)
+            valid[r, :got] = True
+            windows.append(concat(parts, f"file {row.task.path!r}"))
+            paths.add(row.task.path)
+        template = next(w for w in windows if w is not None)
+        data: Dict[str, Any] = {}
+        for key, like in template.items():
+            if key == SRC:
+                continue
+            columns = []
+            for r, window in enumerate(windows):
+                if window is not None and key not in window:
+                    raise ValueError(f"file {rows[r].task.path!r} has no field {key!r}, which other files have")
+                columns.append(window[key] if window is not None else like[:0])
+            data[key] = self._field(columns, like, self._pad(key), width)
+        meta = {FIRST: first, VALID: valid if self.seq_len else valid[:, 0], REPLAY: replay,
+                STREAM_ID: stream_id, POSITION: position}
+        return Batch(epoch, index, data, tuple(sorted(paths)), meta)
+
+    async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Batch]:
+        items = aiter(items)
+        while True:
+            head = await anext(items, None)
+            if head is None:
+                return
+            if isinstance(head, EpochEnd):
+                continue  # an epoch with no file at all
+            epoch = head.task.epoch
+
+            async def unread(head: FileStream = head) -> AsyncIterator[FileStream]:
+                yield head
+                async for item in items:
+                    if isinstance(item, EpochEnd):
+                        return
+                    yield item
+
+            async for batch in self._epoch(unread(), read, epoch):
+                yield batch

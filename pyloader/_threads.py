@@ -1,0 +1,72 @@
+"""A thread pool of daemon threads for user methods (``read_file``, ``batch_encode``, …).
+
+``concurrent.futures.ThreadPoolExecutor`` joins its threads at interpreter exit,
+so one stuck ``read_file`` would hang the exit of the whole program; these
+threads never hold the interpreter up, and ``shutdown`` returns at once.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+from typing import Any, Callable, List, Optional, Tuple
+
+_STOP = None
+
+
+class DaemonExecutor(concurrent.futures.Executor):
+    def __init__(self, max_workers: int, name: str) -> None:
+        self._work: "queue.SimpleQueue[Optional[Tuple[concurrent.futures.Future, Callable, tuple, dict]]]" = \
+            queue.SimpleQueue()
+        self._threads: List[threading.Thread] = []
+        self._max_workers = max_workers
+        self._name = name
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot submit after shutdown")
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            self._work.put((future, fn, args, kwargs))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
+                thread = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+            return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is _STOP:
+                return
+            future, fn, args, kwargs = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:
+                    future.set_exception(exc)
+                    del exc
+                else:
+                    future.set_result(result)
+            del item, future, fn, args, kwargs
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shutdown = True
+            if cancel_futures:
+                while True:
+                    try:
+                        item = self._work.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not _STOP:
+                        item[0].cancel()
+            for _ in self._threads:
+                self._work.put(_STOP)
+        if wait:
+            for thread in self._threads:
+                thread.join()

@@ -1,0 +1,248 @@
+"""Stream mode: row r of batch k+1 continues row r of batch k; every sample once; nothing lost."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import pyloader as pl
+from pyloader.collators import NumpyCollator, TorchCollator
+
+pytestmark = pytest.mark.timeout(120)
+FIRST, VALID, REPLAY, STREAM_ID, POSITION = "__first__", "__valid__", "__replay__", "__stream_id__", "__position__"
+
+
+class PieceReader(pl.DataReader):
+    """Sample ids ``file * 1000 + position``, streamed in pieces of ``piece`` lines."""
+
+    def __init__(self, rows, piece=3):
+        super().__init__(rows)
+        self.piece = piece
+
+    def read_file(self, path):
+        raise AssertionError("stream mode must read through iter_file")
+
+    def iter_file(self, path):
+        with open(path) as f:
+            ids = [int(line) for line in f]
+        for start in range(0, len(ids), self.piece):
+            yield {"id": ids[start:start + self.piece]}
+
+
+def write_streams(folder: Path, lengths) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, n in enumerate(lengths):
+        (folder / f"s{i:03d}.txt").write_text("".join(f"{i * 1000 + p}\n" for p in range(n)))
+
+
+def check_stream_epoch(batches, lengths, rows, seq_len, order):
+    """Every invariant of one epoch of stream batches; returns the real samples seen."""
+    width = seq_len or 1
+    prev = [None] * rows  # (stream_id, next position)
+    seen = []
+    started = []
+    for batch in batches:
+        ids = np.asarray(batch["id"]).reshape(rows, width)
+        valid = np.asarray(batch[VALID]).reshape(rows, width)
+        first, replay = np.asarray(batch[FIRST]), np.asarray(batch[REPLAY])
+        sid, pos = np.asarray(batch[STREAM_ID]), np.asarray(batch[POSITION])
+        assert (valid & ~replay[:, None]).any(), "a batch of padding or replay only"
+        for r in range(rows):
+            if not valid[r].any():
+                assert sid[r] == -1 and not first[r] and not replay[r]
+                prev[r] = None
+                continue
+            file_index = order[sid[r]]
+            n_valid = int(valid[r].sum())
+            assert valid[r, :n_valid].all(), "padding only at the end of a window"
+            expected = [file_index * 1000 + p for p in range(pos[r], pos[r] + n_valid)]
+            assert ids[r, :n_valid].tolist() == expected
+            if first[r]:
+                assert pos[r] == 0
+                if not replay[r]:
+                    started.append(sid[r])
+            else:
+                assert prev[r] == (sid[r], pos[r]), f"row {r} does not continue its stream"
+            if n_valid < width:
+                assert pos[r] + n_valid == lengths[file_index], "window cut short before the file's end"
+            if not replay[r]:
+                seen.extend(expected)
+            prev[r] = (sid[r], pos[r] + n_valid)
+    nonempty = [s for s, f in enumerate(order) if lengths[f] > 0]
+    assert started == nonempty, "rows must take the unread files in plan order"
+    assert sorted(seen) == sorted(f * 1000 + p for f, n in enumerate(lengths) for p in range(n))
+    return seen
+
+
+def epoch_order(loader, epoch):
+    if not loader.shuffle:
+        return list(range(len(loader.files)))
+    from pyloader._source import FileSource  # the plan the loader follows
+
+    return FileSource(loader.files, loader.num_epoch, True, loader.random_seed).order(epoch)
+
+
+def run_stream(folder, rows, seq_len, padding_mode="zeros", shuffle=False, num_epoch=1, piece=3, seed=0):
+    loader = pl.DataLoader(PieceReader(rows, piece), pl.IdentityDataset(), NumpyCollator(), str(folder),
+                           stream=True, seq_len=seq_len, padding_mode=padding_mode, shuffle=shuffle,
+                           num_epoch=num_epoch, random_seed=seed, max_queue_size=2)
+    per_epoch = {}
+    for batch in loader:
+        per_epoch.setdefault(loader.epoch, []).append(batch)
+    return loader, per_epoch
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(0, 14), min_size=1, max_size=9),
+       rows=st.integers(1, 6), seq_len=st.one_of(st.none(), st.integers(1, 5)),
+       padding_mode=st.sampled_from(["zeros", "data"]), shuffle=st.booleans(), piece=st.integers(1, 5))
+def test_stream_invariants(lengths, rows, seq_len, padding_mode, shuffle, piece):
+    with tempfile.TemporaryDirectory() as tmp:
+        write_streams(Path(tmp), lengths)
+        loader, per_epoch = run_stream(tmp, rows, seq_len, padding_mode, shuffle, num_epoch=2, piece=piece)
+        if sum(lengths) == 0:
+            assert per_epoch == {}
+            return
+        assert sorted(per_epoch) == [0, 1]
+        for epoch, batches in per_epoch.items():
+            check_stream_epoch(batches, lengths, rows, seq_len, epoch_order(loader, epoch))
+            if padding_mode == "zeros":
+                assert not any(np.asarray(b[REPLAY]).any() for b in batches)
+        _, again = run_stream(tmp, rows, seq_len, padding_mode, shuffle, num_epoch=2, piece=piece)
+        for epoch in per_epoch:  # a function of the seed alone
+            for a, b in zip(per_epoch[epoch], again[epoch]):
+                assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_data_padding_replays_delivered_files(tmp_path):
+    write_streams(tmp_path, [9, 3, 3])
+    _, per_epoch = run_stream(tmp_path, rows=3, seq_len=3, padding_mode="data")
+    batches = per_epoch[0]
+    assert len(batches) == 3  # the epoch ends once the long file is delivered
+    replay = np.array([b[REPLAY] for b in batches])
+    assert replay[1:, 1:].all() and not replay[:, 0].any()
+    valid = np.array([b[VALID] for b in batches])
+    assert valid.all()  # replayed rows carry real data
+
+
+def test_zeros_padding_uses_pad_value_and_invalid_flags(tmp_path):
+    write_streams(tmp_path, [5, 2])
+    loader = pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                           stream=True, seq_len=2, pad_value=-7)
+    batches = list(loader)
+    assert [b["id"].tolist() for b in batches] == [[[0, 1], [1000, 1001]], [[2, 3], [-7, -7]], [[4, -7], [-7, -7]]]
+    assert [b[VALID].tolist() for b in batches] == [[[1, 1], [1, 1]], [[1, 1], [0, 0]], [[1, 0], [0, 0]]]
+
+
+def test_more_rows_than_files(tmp_path):
+    write_streams(tmp_path, [4, 4])
+    _, per_epoch = run_stream(tmp_path, rows=5, seq_len=None)
+    batches = per_epoch[0]
+    assert len(batches) == 4
+    assert all(b[VALID].tolist() == [True, True, False, False, False] for b in batches)
+
+
+def test_torch_metadata_and_shapes(tmp_path):
+    import torch
+
+    write_streams(tmp_path, [7, 5, 6])
+    loader = pl.DataLoader(PieceReader(2), pl.IdentityDataset(), TorchCollator(), str(tmp_path),
+                           stream=True, seq_len=4)
+    batch = next(iter(loader))
+    loader.close()
+    assert batch["id"].shape == (2, 4) and batch[VALID].shape == (2, 4)
+    for key in (FIRST, VALID, REPLAY, STREAM_ID, POSITION):
+        assert isinstance(batch[key], torch.Tensor), key
+
+
+def test_tf_dataset_carries_metadata(tmp_path):
+    write_streams(tmp_path, [7, 5, 6])
+    loader = pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                           stream=True, seq_len=4)
+    ds = loader.to_tf_dataset()
+    assert ds.element_spec[VALID].shape.as_list() == [None, 4]
+    total = sum(int((b[VALID].numpy() & ~b[REPLAY].numpy()[:, None]).sum()) for b in ds)
+    assert total == 18
+
+
+def test_user_methods_apply_to_stream_batches(tmp_path):
+    write_streams(tmp_path, [6, 6])
+
+    class Shift(pl.Dataset):
+        def batch_encode(self, batch):
+            return {"id": [[i + 1 for i in window] for window in batch["id"]]}
+
+    loader = pl.DataLoader(PieceReader(2), Shift(), NumpyCollator(), str(tmp_path), stream=True, seq_len=3)
+    assert next(iter(loader))["id"].tolist() == [[1, 2, 3], [1001, 1002, 1003]]
+    loader.close()
+
+
+def test_metadata_names_cannot_collide(tmp_path):
+    write_streams(tmp_path, [3])
+
+    class Clash(pl.Dataset):
+        def batch_encode(self, batch):
+            return {"id": batch["id"], FIRST: batch["id"]}
+
+    loader = pl.DataLoader(PieceReader(1), Clash(), NumpyCollator(), str(tmp_path), stream=True)
+    with pytest.raises(ValueError, match="collide"):
+        list(loader)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"stream": True, "shuffle_buffer": 4}, "shuffle_buffer"), ({"seq_len": 3}, "stream"),
+    ({"stream": True, "seq_len": 0}, "seq_len"), ({"stream": True, "padding_mode": "repeat"}, "padding_mode"),
+])
+def test_stream_arguments_are_checked(tmp_path, kwargs, match):
+    write_streams(tmp_path, [3])
+    with pytest.raises(ValueError, match=match):
+        pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), **kwargs)
+
+
+def test_stream_read_error_names_the_file(tmp_path):
+    write_streams(tmp_path, [6, 6, 6])
+
+    class Broken(PieceReader):
+        def iter_file(self, path):
+            if path.endswith("s001.txt"):
+                yield {"id": [1000]}
+                raise OSError("bad sector")
+            yield from super().iter_file(path)
+
+    loader = pl.DataLoader(Broken(2, 2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True)
+    with pytest.raises(pl.PipelineError, match="s001.txt"):
+        list(loader)
+
+
+def test_resume_in_stream_mode(tmp_path):
+    write_streams(tmp_path, [7, 3, 9, 4, 6])
+
+    def make():
+        return pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
+                             seq_len=2, shuffle=True, num_epoch=2, padding_mode="data")
+
+    full = [b["id"].tolist() for b in make()]
+    first = make()
+    it = iter(first)
+    head = [next(it)["id"].tolist() for _ in range(5)]
+    state = first.state_dict()
+    first.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [b["id"].tolist() for b in resumed] == full
+
+
+def test_letters_example_prints_continuing_rows():
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "examples" / "stream_letters.py")], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    lines = [line.split("  ")[0] for line in out.stdout.splitlines()]
+    assert lines[1] == "a_0;a_1;a_2;" and lines[8] == "h_0;h_1;h_2;"
+    assert lines[11] == "a_3;a_4;a_5;" and lines[21] == "a_6;a_7;a_8;"
