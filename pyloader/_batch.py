@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Deque, Dict, Iterator, List, Optional, Se
 import numpy as np
 
 from ._columns import Columns, concat, n_rows, slice_rows, take
-from ._read import ReadFiles, ReadItem
+from ._read import Piece, ReadFiles, ReadItem
 from ._rng import SHUFFLE_BUFFER, derive_rng
 from ._source import EpochEnd
 
@@ -65,8 +65,38 @@ class ShuffleBuffer:
         self.pool = None
 
 
+def assemble(parts: Sequence[Tuple[Columns, int, int]], paths: Sequence[str]) -> Columns:
+    """Rows ``start:end`` of each part, joined; a key mismatch names the files."""
+    try:
+        return concat([slice_rows(columns, start, end) for columns, start, end in parts], "batch")
+    except ValueError as exc:
+        raise ValueError(f"files {', '.join(map(repr, paths))} cannot share a batch: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Segments:
+    """A batch not assembled yet: rows ``start:end`` of each piece, in order.
+
+    The pieces may be kept in worker processes; the runner decides where the
+    rows are joined, so they move between processes only when they must.
+    """
+
+    parts: Tuple[Tuple[Piece, int, int], ...]
+
+    @property
+    def paths(self) -> Tuple[str, ...]:
+        return tuple(dict.fromkeys(piece.task.path for piece, _, _ in self.parts))
+
+    def local(self) -> Columns:
+        return assemble([(p.columns, start, end) for p, start, end in self.parts], self.paths)
+
+
 class Batcher:
-    """Turns file pieces into ``Batch``es of ``batch_size`` rows."""
+    """Turns file pieces into ``Batch``es of ``batch_size`` rows.
+
+    Without a shuffle buffer a batch is a ``Segments`` of the pieces it spans;
+    with one, the buffer's output is joined here (it holds the rows anyway).
+    """
 
     def __init__(self, files: Sequence[str], batch_size: int, drop_last: bool,
                  shuffle_buffer: int, seed: int) -> None:
@@ -75,25 +105,24 @@ class Batcher:
         self.drop_last = drop_last
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
-        self._pending: Deque[List] = collections.deque()  # [columns, start]
+        self._pending: Deque[List] = collections.deque()  # [piece, start]
         self._count = 0
 
-    def _push(self, columns: Columns) -> None:
-        n = n_rows(columns)
-        if n:
-            self._pending.append([columns, 0])
-            self._count += n
+    def _push(self, piece: Piece) -> None:
+        if piece.n:
+            self._pending.append([piece, 0])
+            self._count += piece.n
 
-    def _take(self, size: int) -> List[Columns]:
+    def _take(self, size: int) -> List[Tuple[Piece, int, int]]:
         parts = []
         while size:
             entry = self._pending[0]
-            columns, start = entry
-            end = min(n_rows(columns), start + size)
-            parts.append(columns if (start == 0 and end == n_rows(columns)) else slice_rows(columns, start, end))
+            piece, start = entry
+            end = min(piece.n, start + size)
+            parts.append((piece, start, end))
             size -= end - start
             self._count -= end - start
-            if end == n_rows(columns):
+            if end == piece.n:
                 self._pending.popleft()
             else:
                 entry[1] = end
@@ -101,12 +130,12 @@ class Batcher:
 
     def _batch(self, epoch: int, index: int, size: int) -> Batch:
         parts = self._take(size)
-        src = np.concatenate([p[SRC] for p in parts])
+        if parts[0][0].task is not None:
+            segments = Segments(tuple(parts))
+            return Batch(epoch, index, segments, segments.paths)
+        src = np.concatenate([p.columns[SRC][start:end] for p, start, end in parts])
         paths = tuple(self.files[i] for i in np.unique(src))
-        try:
-            columns = concat(parts, "batch")
-        except ValueError as exc:
-            raise ValueError(f"files {', '.join(map(repr, paths))} cannot share a batch: {exc}") from None
+        columns = assemble([(p.columns, start, end) for p, start, end in parts], paths)
         columns.pop(SRC)
         return Batch(epoch, index, columns, paths)
 
@@ -117,7 +146,7 @@ class Batcher:
             if isinstance(item, EpochEnd):
                 if buffer is not None:
                     for columns in buffer.drain():
-                        self._push(columns)
+                        self._push(_mixed(columns))
                 while self._count >= self.batch_size:
                     yield self._batch(item.epoch, index, self.batch_size)
                     index += 1
@@ -132,10 +161,18 @@ class Batcher:
                 if self.shuffle_buffer:
                     buffer = ShuffleBuffer(self.shuffle_buffer, self.seed, epoch)
             async for piece in read.pieces(item):
-                columns = dict(piece.columns)
-                columns[SRC] = np.full(piece.n, item.task.index, dtype=np.int64)
-                for part in (buffer.feed(columns) if buffer is not None else (columns,)):
-                    self._push(part)
+                if buffer is None:
+                    self._push(piece)
+                else:
+                    columns = dict(piece.columns)
+                    columns[SRC] = np.full(piece.n, item.task.index, dtype=np.int64)
+                    for part in buffer.feed(columns):
+                        self._push(_mixed(part))
                 while self._count >= self.batch_size:
                     yield self._batch(epoch, index, self.batch_size)
                     index += 1
+
+
+def _mixed(columns: Columns) -> Piece:
+    """Rows out of the shuffle buffer, from several files (their ``SRC`` column says which)."""
+    return Piece(None, 0, n_rows(columns), columns)  # type: ignore[arg-type]

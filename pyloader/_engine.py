@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any, AsyncIterator, Callable
 
@@ -62,8 +63,9 @@ class Engine:
 
         try:
             async with asyncio.TaskGroup() as tasks:
-                async for item in self._make(run_blocking, tasks):
-                    await self._queue.put(item)
+                async with contextlib.aclosing(self._make(run_blocking, tasks)) as items:
+                    async for item in items:
+                        await self._queue.put(item)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:

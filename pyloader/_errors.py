@@ -31,6 +31,10 @@ class Failure:
         self.exc = exc
 
 
+class WorkerDied(RuntimeError):
+    """A worker process ended while the loader still needed it; never skipped by a policy."""
+
+
 class TooManyErrors(PipelineError):
     """More errors were skipped than ``max_errors`` allows."""
 
@@ -83,6 +87,8 @@ class ErrorHandler:
         self.stats = stats
 
     def __call__(self, stage: str, paths: Sequence[str], exc: BaseException) -> None:
+        if isinstance(exc, WorkerDied):
+            raise exc
         error = exc if isinstance(exc, PipelineError) else PipelineError(stage, paths, exc)
         self.policy(error)  # raises to stop
         self.stats.errors.append(str(error))

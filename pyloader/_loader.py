@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import json
 import weakref
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch
@@ -47,7 +48,8 @@ class DataLoader:
                  drop_last: bool = False, prefetch_files: int = 2, on_error: ErrorPolicy = "raise",
                  max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None,
                  stream: bool = False, seq_len: Optional[int] = None, padding_mode: str = "zeros",
-                 pad_value: Any = 0) -> None:
+                 pad_value: Any = 0, num_workers: int = 0, worker_init_fn: Optional[Callable[[int], None]] = None,
+                 start_method: Optional[str] = None) -> None:
         for name, obj, cls in (("datareader", datareader, DataReader), ("dataset", dataset, Dataset),
                                ("datacollator", datacollator, DataCollator)):
             if not isinstance(obj, cls):
@@ -58,6 +60,14 @@ class DataLoader:
         _positive("prefetch_files", prefetch_files)
         if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be an integer >= 0, got {shuffle_buffer!r}")
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
+            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
+            raise ValueError(f"start_method must be one of {multiprocessing.get_all_start_methods()}, "
+                             f"got {start_method!r}")
+        self.num_workers = num_workers
+        self.worker_init_fn = worker_init_fn
+        self.start_method = start_method
         if seq_len is not None:
             _positive("seq_len", seq_len)
         if padding_mode not in PADDING_MODES:
@@ -112,9 +122,11 @@ class DataLoader:
             files=self.files, reader=self.datareader, dataset=self.dataset, collator=self.datacollator,
             num_epoch=self.num_epoch, max_queue_size=self.max_queue_size, shuffle=self.shuffle,
             random_seed=self.random_seed, shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
-            prefetch_files=self.prefetch_files, concurrency=_BATCHES_IN_FLIGHT, errors=self._errors,
+            prefetch_files=self.prefetch_files, concurrency=_BATCHES_IN_FLIGHT * max(1, self.num_workers),
+            errors=self._errors,
             stats=self._stats, finish=self._finish, stream=self.stream, seq_len=self.seq_len,
-            padding_mode=self.padding_mode, pad_value=self.pad_value)
+            padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
+            worker_init_fn=self.worker_init_fn, start_method=self.start_method)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + 2 * _BATCHES_IN_FLIGHT)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, AsyncIterator, Callable, Sequence, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, Tuple
 
 from ._batch import Batch
 from ._errors import ErrorHandler, Failure, Stats
@@ -32,7 +32,7 @@ def run_steps(steps: Sequence[Step], data: Any) -> Any:
 
 
 class OrderedMap:
-    """Runs ``steps`` on up to ``concurrency`` batches at once, off the event loop.
+    """Runs ``run(batch.data)`` (the user's steps, off the event loop) on up to ``concurrency`` batches at once.
 
     Results are yielded in input order, never in completion order, so the output
     does not depend on timing. A failed step goes through the error policy under
@@ -40,10 +40,9 @@ class OrderedMap:
     re-raised here, in order.
     """
 
-    def __init__(self, steps: Sequence[Step], run_blocking: Callable, concurrency: int,
-                 errors: ErrorHandler, stats: Stats) -> None:
-        self.steps = list(steps)
-        self.run_blocking = run_blocking
+    def __init__(self, run: Callable[[Any], Awaitable[Any]], concurrency: int, errors: ErrorHandler,
+                 stats: Stats) -> None:
+        self.run = run
         self.concurrency = concurrency
         self.errors = errors
         self.stats = stats
@@ -54,7 +53,7 @@ class OrderedMap:
         async def feed() -> None:
             try:
                 async for batch in batches:
-                    future = asyncio.ensure_future(self.run_blocking(run_steps, self.steps, batch.data))
+                    future = asyncio.ensure_future(self.run(batch.data))
                     await queue.put((batch, future))
             except asyncio.CancelledError:
                 raise

@@ -1,18 +1,20 @@
 """Stage 2: reading files — several at once, handed on strictly in plan order.
 
-Each file is read by its own task that pulls ``DataReader`` pieces in the
-executor (the event loop never blocks on I/O or parsing) into a small bounded
-queue, so a file's pieces wait in memory only ``PIECES_AHEAD`` deep.
+Each file is read by its own task that pulls ``DataReader`` pieces from the
+runner (a thread of the executor or a worker process: the event loop never
+blocks on I/O or parsing) into a small bounded queue, so a file's pieces wait
+in memory only ``PIECES_AHEAD`` deep.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Deque, Iterator, Optional, Union
+from typing import Any, AsyncIterator, Deque, Iterator, Optional, Union
 
 from ._abc import DataReader
-from ._columns import Columns, n_rows, take
+from ._columns import Columns, take
 from ._errors import ErrorHandler, Failure, Stats
 from ._rng import IN_FILE, derive_rng
 from ._source import EpochEnd, FileTask, SourceItem
@@ -23,15 +25,16 @@ _DONE = object()
 
 @dataclass
 class Piece:
-    """Rows ``offset .. offset+n`` of one file (after the in-file shuffle)."""
+    """Rows ``offset .. offset+n`` of one file (after the in-file shuffle).
+
+    ``columns`` holds them here, or ``ref`` names the worker process that keeps them.
+    """
 
     task: FileTask
     offset: int
-    columns: Columns
-
-    @property
-    def n(self) -> int:
-        return n_rows(self.columns)
+    n: int
+    columns: Optional[Columns] = None
+    ref: Any = None
 
 
 def file_pieces(reader: DataReader, task: FileTask) -> Iterator[Columns]:
@@ -49,13 +52,6 @@ def file_pieces(reader: DataReader, task: FileTask) -> Iterator[Columns]:
         return
     for piece in reader.iter_file(task.path):
         yield reader.checked(task.path, piece)
-
-
-def _close(pieces: Iterator) -> None:
-    try:
-        pieces.close()  # runs the reader's own clean-up (closing its file)
-    except ValueError:
-        pass  # still running in the executor: it closes when collected
 
 
 class FileStream:
@@ -79,9 +75,9 @@ class FileStream:
                     return
                 if isinstance(item, Failure):
                     raise item.exc
-                piece = Piece(self.task, offset, item)
-                offset += piece.n
-                yield piece
+                n, columns, ref = item
+                yield Piece(self.task, offset, n, columns, ref)
+                offset += n
         finally:
             self._reader.cancel()
 
@@ -97,30 +93,24 @@ class ReadFiles:
     policy chose to skip, the file ends early and counts in ``stats.skipped_files``.
     """
 
-    def __init__(self, reader: DataReader, run_blocking: Callable, prefetch_files: int,
-                 errors: ErrorHandler, stats: Stats) -> None:
-        self.reader = reader
-        self.run_blocking = run_blocking
+    def __init__(self, runner: Any, fetch: bool, prefetch_files: int, errors: ErrorHandler, stats: Stats) -> None:
+        self.runner = runner
+        self.fetch = fetch  # bring every piece's rows here (shuffle buffer, stream mode)
         self.prefetch_files = prefetch_files
         self.errors = errors
         self.stats = stats
         self._tasks: asyncio.TaskGroup = None  # type: ignore[assignment]  # set by iterate()
 
     async def _read_one(self, task: FileTask, queue: asyncio.Queue) -> None:
-        pieces = file_pieces(self.reader, task)
         try:
-            while True:
-                piece = await self.run_blocking(next, pieces, _DONE)
-                if piece is _DONE:
-                    break
-                await queue.put(piece)
+            async with contextlib.aclosing(self.runner.pieces(task, self.fetch)) as pieces:
+                async for piece in pieces:
+                    await queue.put(piece)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # delivered in order, not where it happened
             await queue.put(Failure(exc))
             return
-        finally:
-            _close(pieces)
         await queue.put(_DONE)
 
     def open(self, task: FileTask) -> FileStream:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -67,9 +67,32 @@ class ArrayCollator(DataCollator):
             ragged_keys=ragged_keys,
         )
 
+    #: With worker processes, run ``convert`` in the loader's process rather than
+    #: in a worker (set by collators whose tensors must not be made after a fork).
+    converts_in_main = False
+
     def collate_batch(self, features: Dict[str, Sequence]) -> Dict[str, Any]:
         """Collate ``features`` as the class docstring says."""
         return stack_batch(features, self.options, self.convert_array, self.convert_strings)
+
+    def stack(self, features: Dict[str, Sequence]) -> Tuple[Dict[str, Any], Dict[str, str]]:
+        """The NumPy half of ``collate_batch``: the stacked batch, and which of its
+        entries still need ``convert_array`` or ``convert_strings``."""
+        pending: Dict[str, str] = {}
+
+        def keep(kind: str) -> Any:
+            def record(key: str, value: Any) -> Any:
+                pending[key] = kind
+                return value
+            return record
+
+        return stack_batch(features, self.options, keep("array"), keep("strings")), pending
+
+    def convert(self, stacked: Tuple[Dict[str, Any], Dict[str, str]]) -> Dict[str, Any]:
+        """The framework half of ``collate_batch``: ``convert(stack(f)) == collate_batch(f)``."""
+        batch, pending = stacked
+        convert = {"array": self.convert_array, "strings": self.convert_strings}
+        return {key: convert[pending[key]](key, value) if key in pending else value for key, value in batch.items()}
 
     @abc.abstractmethod
     def convert_array(self, key: str, array: np.ndarray) -> Any:

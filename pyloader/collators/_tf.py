@@ -16,8 +16,12 @@ class TFCollator(ArrayCollator):
     Takes the keyword options of ``ArrayCollator``. String columns become
     ``tf.string`` tensors; ragged string lists raise ``ValueError`` naming the
     key (list it in ``passthrough`` to keep it as a Python list). tensorflow is
-    imported on the first batch, not when this module loads.
+    imported on the first batch, not when this module loads. With worker
+    processes the stacking runs in the workers and the tensors are made in the
+    loader's process.
     """
+
+    converts_in_main = True
 
     def convert_array(self, key: str, array: np.ndarray) -> Any:
         import tensorflow as tf

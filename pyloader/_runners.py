@@ -1,0 +1,108 @@
+"""Where user methods run: threads of the loop's executor, or worker processes.
+
+Both runners offer the same two calls, so the stages do not care which is used:
+
+* ``pieces(task, fetch)``: the pieces of one file, in order, as ``(n, columns, ref)``;
+* ``run(data)``: ``batch_encode`` then ``collate_batch`` on a batch given as
+  ``Columns`` or as ``Segments`` (rows of pieces, possibly kept in workers).
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Callable, List, Optional, Sequence, Tuple, Union
+
+from ._abc import DataReader
+from ._batch import Segments
+from ._columns import Columns, n_rows, slice_rows
+from ._map import Step, run_steps
+from ._pool import RemoteRef, WorkerPool
+from ._read import file_pieces
+from ._source import FileTask
+
+_DONE = object()
+
+
+BatchData = Union[Columns, Segments]
+
+
+def _assemble_and_run(steps: Sequence[Step], data: BatchData) -> Any:
+    return run_steps(steps, data.local() if isinstance(data, Segments) else data)
+
+
+class ThreadRunner:
+    """``num_workers=0``: everything in this process, off the event loop."""
+
+    def __init__(self, reader: DataReader, steps: List[Step], run_blocking: Callable) -> None:
+        self.reader = reader
+        self.steps = steps
+        self.run_blocking = run_blocking
+
+    async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Columns, None]]:
+        gen = file_pieces(self.reader, task)
+        try:
+            while True:
+                columns = await self.run_blocking(next, gen, _DONE)
+                if columns is _DONE:
+                    return
+                yield n_rows(columns), columns, None
+        finally:
+            try:
+                gen.close()  # the reader's own clean-up (closing its file)
+            except ValueError:
+                pass  # still running in the executor: it closes when collected
+
+    async def run(self, data: BatchData) -> Any:
+        return await self.run_blocking(_assemble_and_run, self.steps, data)
+
+
+class PoolRunner:
+    """``num_workers>0``: reading, encoding and collating in worker processes.
+
+    A file is read by one worker, which keeps its pieces unless ``fetch`` asks
+    for them; a batch whose rows all sit in one worker is encoded there without
+    moving them. Other batches gather their rows here and go to the least busy
+    worker. ``finish`` steps (e.g. making TF tensors) run here, off the loop.
+    """
+
+    def __init__(self, pool: WorkerPool, finish: List[Step], run_blocking: Callable) -> None:
+        self.pool = pool
+        self.finish = finish
+        self.run_blocking = run_blocking
+
+    async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Optional[Columns], Any]]:
+        worker = self.pool.least_loaded()
+        gid = self.pool.new_id()
+        self.pool.post(worker, ("open", gid, task))
+        try:
+            while True:
+                pid = self.pool.new_id()
+                got = await self.pool.request(worker, "next", gid, pid, fetch, doing=f"reading {task.path!r}")
+                if got is None:
+                    return
+                n, columns = got
+                yield n, columns, (None if fetch else RemoteRef(self.pool, worker, pid))
+        finally:
+            self.pool.post(worker, ("close", gid))
+
+    async def run(self, data: BatchData) -> Any:
+        if isinstance(data, Segments):
+            paths = data.paths
+            workers = {p.ref.worker for p, _, _ in data.parts if p.ref is not None}
+            if len(workers) == 1 and all(p.ref is not None for p, _, _ in data.parts):
+                worker = workers.pop()
+                spec = [(p.ref.pid, start, end) for p, start, end in data.parts]
+            else:
+                worker, spec = self.pool.least_loaded(), []
+                for p, start, end in data.parts:
+                    if p.ref is None:
+                        part = slice_rows(p.columns, start, end)
+                    else:
+                        part = await self.pool.request(p.ref.worker, "fetch", p.ref.pid, start, end,
+                                                       doing=f"sending rows of {p.task.path!r}")
+                    spec.append((part, 0, end - start))
+        else:
+            worker, spec, paths = self.pool.least_loaded(), [(data, 0, n_rows(data))], ()
+        doing = "encoding and collating a batch" + (f" of {', '.join(map(repr, paths))}" if paths else "")
+        result = await self.pool.request(worker, "run", spec, paths, doing=doing)
+        if self.finish:
+            result = await self.run_blocking(run_steps, self.finish, result)
+        return result

@@ -1,0 +1,126 @@
+"""The worker process: runs ``read_file``/``iter_file``, ``batch_encode`` and ``collate_batch``.
+
+It serves requests from the loader one at a time, in the order they arrive:
+
+* ``("open", gid, task)``: start reading a file (its pieces, in order);
+* ``("next", rid, gid, pid, fetch)``: the file's next piece: kept here under
+  ``pid`` (only its length is sent) or, with ``fetch``, sent whole;
+* ``("close", gid)`` and ``("release", pids)``: forget a file or pieces;
+* ``("run", rid, segments, paths)``: assemble a batch from kept pieces or sent
+  columns, run the steps on it and send the result;
+* ``("fetch", rid, pid, start, end)``: send rows of a kept piece.
+
+Every reply is ``(rid, ok, value)``; a failure sends the exception (or, if it
+cannot be pickled, a ``RuntimeError`` with its text) and its traceback text.
+The worker exits when the loader's end of the socket closes, and at once when
+the thread that started it dies (Linux ``PR_SET_PDEATHSIG``).
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import pickle
+import signal
+import socket
+import traceback
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from . import _ipc
+from ._batch import assemble
+from ._columns import Columns, slice_rows
+from ._read import file_pieces
+
+Segment = Tuple[Any, int, int]  # (pid or inline columns, start, end)
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the closed socket still ends the worker
+
+
+class RemoteError(Exception):
+    """Stands for a worker exception that could not be pickled."""
+
+
+def _error_reply(rid: int, exc: BaseException) -> tuple:
+    text = "".join(traceback.format_exception(exc))
+    step = getattr(exc, "step", None)
+    cause = exc.__cause__ if step is not None else exc
+    try:
+        payload = pickle.dumps(cause, protocol=5)
+        pickle.loads(payload)
+    except Exception:
+        cause = RemoteError(f"{type(cause).__name__}: {cause}")
+    return (rid, False, (step, cause, text))
+
+
+def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], reader: Any,
+                steps: List[Tuple[str, Callable]], worker_init_fn: Optional[Callable[[int], None]]) -> None:
+    from ._map import run_steps
+
+    for fd in inherited:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    gc.freeze()  # inherited objects: never scanned here, so forked pages stay shared
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+    files: Dict[int, Iterator[Columns]] = {}
+    kept: Dict[int, Columns] = {}
+    while True:
+        try:
+            msg = _ipc.recv(sock)
+        except (EOFError, OSError):
+            break
+        op = msg[0]
+        if op == "open":
+            _, gid, task = msg
+            files[gid] = file_pieces(reader, task)
+            continue
+        if op == "close":
+            gen = files.pop(msg[1], None)
+            if gen is not None:
+                gen.close()
+            continue
+        if op == "release":
+            for pid in msg[1]:
+                kept.pop(pid, None)
+            continue
+        rid = msg[1]
+        try:
+            if op == "next":
+                _, _, gid, pid, fetch = msg
+                piece = next(files[gid], None)
+                if piece is None:
+                    reply = (rid, True, None)
+                elif fetch:
+                    reply = (rid, True, (len(next(iter(piece.values()), ())), piece))
+                else:
+                    kept[pid] = piece
+                    reply = (rid, True, (len(next(iter(piece.values()), ())), None))
+            elif op == "run":
+                _, _, segments, paths = msg
+                parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
+                reply = (rid, True, run_steps(steps, assemble(parts, paths)))
+            elif op == "fetch":
+                _, _, pid, start, end = msg
+                reply = (rid, True, slice_rows(kept[pid], start, end))
+            else:
+                raise ValueError(f"unknown request {op!r}")
+        except Exception as exc:
+            reply = _error_reply(rid, exc)
+        try:
+            _ipc.send(sock, reply)
+        except OSError:
+            break
+    for gen in files.values():
+        gen.close()
+    os._exit(0)
