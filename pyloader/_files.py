@@ -1,10 +1,13 @@
 """Finding chunk files and opening them, on local disk or behind an fsspec URL."""
 from __future__ import annotations
 
+import contextlib
 import glob
+import io
 import os
 import re
-from typing import IO, List, Sequence, Union
+import threading
+from typing import IO, Dict, Iterator, List, Optional, Sequence, Union
 
 DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -20,13 +23,40 @@ def _local(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
+_prefetched: Dict[str, List] = {}  # url -> [bytes, users]
+_prefetched_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def prefetched(path: str, data: Optional[bytes]) -> Iterator[None]:
+    """While inside, ``open_file(path)`` serves ``data`` (fetched ahead by the loader) from memory."""
+    if data is None:
+        yield
+        return
+    with _prefetched_lock:
+        entry = _prefetched.setdefault(path, [data, 0])
+        entry[1] += 1
+    try:
+        yield
+    finally:
+        with _prefetched_lock:
+            entry[1] -= 1
+            if not entry[1]:
+                del _prefetched[path]
+
+
 def open_file(path: str, mode: str = "rb", **kwargs) -> IO:
     """Open ``path`` for reading, whether it is a local path or an fsspec URL.
 
     Readers should open their files through this so that the same reader works
     on local disk, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` and ``memory://``.
-    Text modes take ``encoding``/``errors``/``newline`` like ``open``.
+    Text modes take ``encoding``/``errors``/``newline`` like ``open``. A remote
+    file the loader has already fetched is served from memory.
     """
+    entry = _prefetched.get(path)
+    if entry is not None and "r" in mode:
+        raw = io.BytesIO(entry[0])
+        return raw if "b" in mode else io.TextIOWrapper(raw, **kwargs)
     if is_url(path):
         import fsspec  # optional: only remote data needs it
 

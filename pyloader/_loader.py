@@ -45,7 +45,7 @@ class DataLoader:
     def __init__(self, datareader: DataReader, dataset: Dataset, datacollator: DataCollator,
                  data_dir: DataDir, num_epoch: int = 1, max_queue_size: int = 10,
                  shuffle: bool = False, random_seed: int = 42, *, shuffle_buffer: int = 0,
-                 drop_last: bool = False, prefetch_files: int = 2, on_error: ErrorPolicy = "raise",
+                 drop_last: bool = False, prefetch_files: int = 4, on_error: ErrorPolicy = "raise",
                  max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None,
                  stream: bool = False, seq_len: Optional[int] = None, padding_mode: str = "zeros",
                  pad_value: Any = 0, num_workers: int = 0, worker_init_fn: Optional[Callable[[int], None]] = None,

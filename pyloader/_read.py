@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Deque, Iterator, Optional, Union
 from ._abc import DataReader
 from ._columns import Columns, take
 from ._errors import ErrorHandler, Failure, Stats
+from ._files import prefetched
 from ._rng import IN_FILE, derive_rng
 from ._source import EpochEnd, FileTask, SourceItem
 
@@ -37,13 +38,18 @@ class Piece:
     ref: Any = None
 
 
-def file_pieces(reader: DataReader, task: FileTask) -> Iterator[Columns]:
+def file_pieces(reader: DataReader, task: FileTask, data: Optional[bytes] = None) -> Iterator[Columns]:
     """The validated pieces of one file, in the order the batcher consumes them.
 
     With in-file shuffling the whole file is needed, so it goes through
     ``read_file`` and one seeded permutation; otherwise it streams through
-    ``iter_file``.
+    ``iter_file``. ``data``: the file's bytes, fetched ahead (remote files).
     """
+    with prefetched(task.path, data):
+        yield from _pieces(reader, task)
+
+
+def _pieces(reader: DataReader, task: FileTask) -> Iterator[Columns]:
     if reader.shuffle:
         columns, n = reader.read_file(task.path)
         columns = reader.checked(task.path, columns, n)

@@ -1,7 +1,7 @@
 """Listing files behind an fsspec URL (s3://, gs://, http(s)://, memory://)."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 
 def list_remote(url: str) -> List[str]:
@@ -18,3 +18,15 @@ def list_remote(url: str) -> List[str]:
         else:
             raise FileNotFoundError(f"data_dir {url!r} does not exist")
     return sorted(f if "://" in f else f"{protocol}://{f}" for f in found)
+
+
+def fetch_bytes(url: str, max_bytes: int) -> Optional[bytes]:
+    """The whole file behind ``url``, or ``None`` when it is larger than ``max_bytes``
+    (then the reader streams it itself). A missing file raises ``FileNotFoundError``."""
+    import fsspec
+
+    fs, _, (path,) = fsspec.get_fs_token_paths(url)
+    size = fs.size(path)
+    if size is not None and size > max_bytes:
+        return None
+    return fs.cat_file(path)

@@ -13,12 +13,22 @@ from typing import Any, AsyncIterator, Callable, List, Optional, Sequence, Tuple
 from ._abc import DataReader
 from ._batch import Segments
 from ._columns import Columns, n_rows, slice_rows
+from ._files import is_url
 from ._map import Step, run_steps
 from ._pool import RemoteRef, WorkerPool
 from ._read import file_pieces
+from ._remote import fetch_bytes
 from ._source import FileTask
 
 _DONE = object()
+PREFETCH_MAX_BYTES = 256 * 2**20  # a larger remote file is streamed by its reader instead
+
+
+async def _fetch_remote(run_blocking: Callable, task: FileTask) -> Optional[bytes]:
+    """A remote file's bytes, fetched while earlier files are being worked on (hides latency)."""
+    if not is_url(task.path):
+        return None
+    return await run_blocking(fetch_bytes, task.path, PREFETCH_MAX_BYTES)
 
 
 BatchData = Union[Columns, Segments]
@@ -37,7 +47,7 @@ class ThreadRunner:
         self.run_blocking = run_blocking
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Columns, None]]:
-        gen = file_pieces(self.reader, task)
+        gen = file_pieces(self.reader, task, await _fetch_remote(self.run_blocking, task))
         try:
             while True:
                 columns = await self.run_blocking(next, gen, _DONE)
@@ -69,9 +79,10 @@ class PoolRunner:
         self.run_blocking = run_blocking
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Optional[Columns], Any]]:
+        data = await _fetch_remote(self.run_blocking, task)
         worker = self.pool.least_loaded()
         gid = self.pool.new_id()
-        self.pool.post(worker, ("open", gid, task))
+        self.pool.post(worker, ("open", gid, task, data))
         try:
             while True:
                 pid = self.pool.new_id()

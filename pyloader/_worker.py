@@ -2,7 +2,8 @@
 
 It serves requests from the loader one at a time, in the order they arrive:
 
-* ``("open", gid, task)``: start reading a file (its pieces, in order);
+* ``("open", gid, task, data)``: start reading a file (its pieces, in order;
+  ``data``: its bytes when the loader fetched them ahead);
 * ``("next", rid, gid, pid, fetch)``: the file's next piece: kept here under
   ``pid`` (only its length is sent) or, with ``fetch``, sent whole;
 * ``("close", gid)`` and ``("release", pids)``: forget a file or pieces;
@@ -82,8 +83,8 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], reade
             break
         op = msg[0]
         if op == "open":
-            _, gid, task = msg
-            files[gid] = file_pieces(reader, task)
+            _, gid, task, data = msg
+            files[gid] = file_pieces(reader, task, data)
             continue
         if op == "close":
             gen = files.pop(msg[1], None)
