@@ -606,7 +606,8 @@ def test_soak_many_epochs_and_iterations(tmp_path):
     write_chunks(tmp_path / "data", [3, 0, 2, 5, 1])  # 11 samples
     data = str(tmp_path / "data")
     expected = list(range(11))
-    per_run_threads = 1 + 2 + 2 * 2  # the loop, prefetch_files readers, 2 x 2 batch workers
+    prefetch_files = pl.DataLoader.__init__.__kwdefaults__["prefetch_files"]
+    per_run_threads = 1 + prefetch_files + 2 * 2  # the loop, prefetch_files readers, 2 x 2 batch workers
 
     for _ in range(3):  # warm-up: imports, allocator pools, executor machinery
         assert ids_of(make_loader(data, IdReader(4), num_epoch=5)) == expected * 5
