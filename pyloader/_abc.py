@@ -43,6 +43,15 @@ class DataReader(abc.ABC):
         columns, n_sample = self.read_file(path)
         yield self.checked(path, columns, n_sample)
 
+    def count(self, path: str) -> int:
+        """The number of samples in ``path``.
+
+        Used to split an epoch evenly across ranks (multi-node training). The
+        default reads the file through ``iter_file``; override it with something
+        cheaper when the format allows (a header, an index, a line count).
+        """
+        return sum(len(next(iter(piece.values()), ())) for piece in self.iter_file(path))
+
     def checked(self, path: str, columns: Mapping[str, Sequence], n_sample: int | None = None) -> Columns:
         """Validate what ``read_file``/``iter_file`` returned; ``ValueError`` names the file and key."""
         return check_columns(columns, n_sample, f"file {path!r}")

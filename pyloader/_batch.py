@@ -17,6 +17,8 @@ from ._rng import SHUFFLE_BUFFER, derive_rng
 from ._source import EpochEnd
 
 SRC = "\x00src"  # private column: each row's file index, so a batch knows its files
+PAD = "\x00pad"  # private column: the row only evens out the ranks' step counts
+PADDING = "__padding__"  # the flag handed to the user when ranks are padded
 
 
 @dataclass
@@ -99,8 +101,9 @@ class Batcher:
     """
 
     def __init__(self, files: Sequence[str], batch_size: int, drop_last: bool,
-                 shuffle_buffer: int, seed: int) -> None:
+                 shuffle_buffer: int, seed: int, flag_padding: bool = False) -> None:
         self.files = files
+        self.flag_padding = flag_padding
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.shuffle_buffer = shuffle_buffer
@@ -132,12 +135,16 @@ class Batcher:
         parts = self._take(size)
         if parts[0][0].task is not None:
             segments = Segments(tuple(parts))
-            return Batch(epoch, index, segments, segments.paths)
+            pad = np.concatenate([np.full(end - start, p.task.pad) for p, start, end in parts])
+            return Batch(epoch, index, segments, segments.paths, self._meta(pad))
         src = np.concatenate([p.columns[SRC][start:end] for p, start, end in parts])
         paths = tuple(self.files[i] for i in np.unique(src))
         columns = assemble([(p.columns, start, end) for p, start, end in parts], paths)
         columns.pop(SRC)
-        return Batch(epoch, index, columns, paths)
+        return Batch(epoch, index, columns, paths, self._meta(columns.pop(PAD)))
+
+    def _meta(self, pad: np.ndarray) -> Optional[Dict[str, np.ndarray]]:
+        return {PADDING: np.asarray(pad, dtype=bool)} if self.flag_padding else None
 
     async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Batch]:
         epoch, index = None, 0
@@ -166,6 +173,7 @@ class Batcher:
                 else:
                     columns = dict(piece.columns)
                     columns[SRC] = np.full(piece.n, item.task.index, dtype=np.int64)
+                    columns[PAD] = np.full(piece.n, item.task.pad)
                     for part in buffer.feed(columns):
                         self._push(_mixed(part))
                 while self._count >= self.batch_size:

@@ -14,6 +14,7 @@ from ._errors import ErrorHandler, ErrorPolicy, Stats
 from ._files import DataDir, list_files
 from ._frameworks import attach_meta, mover, pinner
 from ._pipeline import Settings, Start, batches
+from ._shard import resolve as resolve_sharding
 from ._stream import PADDING_MODES
 
 _STATE_FORMAT = "pyloader.state/1"
@@ -49,7 +50,8 @@ class DataLoader:
                  max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None,
                  stream: bool = False, seq_len: Optional[int] = None, padding_mode: str = "zeros",
                  pad_value: Any = 0, num_workers: int = 0, worker_init_fn: Optional[Callable[[int], None]] = None,
-                 start_method: Optional[str] = None) -> None:
+                 start_method: Optional[str] = None, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, even_batches: str = "pad") -> None:
         for name, obj, cls in (("datareader", datareader, DataReader), ("dataset", dataset, Dataset),
                                ("datacollator", datacollator, DataCollator)):
             if not isinstance(obj, cls):
@@ -66,6 +68,8 @@ class DataLoader:
             raise ValueError(f"start_method must be one of {multiprocessing.get_all_start_methods()}, "
                              f"got {start_method!r}")
         self.num_workers = num_workers
+        self.sharding = resolve_sharding(rank, world_size, even_batches)
+        self._count_cache: Dict[str, Any] = {}
         self.worker_init_fn = worker_init_fn
         self.start_method = start_method
         if seq_len is not None:
@@ -126,7 +130,8 @@ class DataLoader:
             errors=self._errors,
             stats=self._stats, finish=self._finish, stream=self.stream, seq_len=self.seq_len,
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
-            worker_init_fn=self.worker_init_fn, start_method=self.start_method)
+            worker_init_fn=self.worker_init_fn, start_method=self.start_method, sharding=self.sharding,
+            count_cache=self._count_cache)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + 2 * _BATCHES_IN_FLIGHT)
 
@@ -162,7 +167,8 @@ class DataLoader:
                 "shuffle": self.shuffle, "random_seed": self.random_seed,
                 "reader_shuffle": self.datareader.shuffle, "reader_seed": self.datareader.random_seed,
                 "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "stream": self.stream,
-                "seq_len": self.seq_len, "padding_mode": self.padding_mode}
+                "seq_len": self.seq_len, "padding_mode": self.padding_mode, "rank": self.sharding.rank,
+                "world_size": self.sharding.world_size, "even_batches": self.sharding.even_batches}
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the consumer is: the batches handed over so far, not those read ahead.

@@ -2,17 +2,18 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, List, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch, Batcher
-from ._errors import ErrorHandler, Stats
+from ._errors import ErrorHandler, PipelineError, Stats
 from ._map import OrderedMap, Step
 from ._pool import WorkerPool
 from ._read import ReadFiles
 from ._runners import PoolRunner, ThreadRunner
-from ._source import FileSource
+from ._shard import Sharding, stream_target
+from ._source import FileSource, FileTask
 from ._stream import StreamBatcher
 
 
@@ -42,6 +43,8 @@ class Settings:
     num_workers: int = 0
     worker_init_fn: Optional[Callable[[int], None]] = None
     start_method: Optional[str] = None
+    sharding: Sharding = Sharding()
+    count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,25 @@ def split_steps(s: Settings) -> tuple[List[Step], List[Step]]:
     return there, here
 
 
+async def count_samples(s: Settings, run_blocking: Callable) -> List[int]:
+    """Samples per file (``DataReader.count``), several files at once; computed once per loader."""
+    if s.count_cache.get("files") != s.files:
+        limit = asyncio.Semaphore(s.prefetch_files)
+
+        async def one(path: str) -> int:
+            async with limit:
+                try:
+                    n = await run_blocking(s.reader.count, path)
+                except Exception as exc:
+                    raise PipelineError("count", [path], exc) from exc
+            if not isinstance(n, int) or n < 0:
+                raise PipelineError("count", [path], ValueError(f"count returned {n!r}, expected an int >= 0"))
+            return n
+
+        s.count_cache.update(files=list(s.files), counts=await asyncio.gather(*(one(p) for p in s.files)))
+    return s.count_cache["counts"]
+
+
 async def _skip(batches: AsyncIterator[Batch], start: Start) -> AsyncIterator[Batch]:
     async for batch in batches:
         if batch.epoch == start.epoch and batch.index < start.skip:
@@ -101,13 +123,23 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     else:
         runner = ThreadRunner(s.reader, there + here, run_blocking)
     try:
-        source = FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed)
+        counts = await count_samples(s, run_blocking) if s.sharding.active else None
+        source = FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
         read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, s.prefetch_files, s.errors, s.stats)
         files = read.iterate(source.iterate(start.epoch), tasks)
         if s.stream:
-            batcher: Any = StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value)
+            target = fallback = None
+            if s.sharding.active:
+                def target(epoch: int) -> int:
+                    return stream_target(source.order(epoch), counts, s.reader.batch_size, s.seq_len or 1, s.sharding)
+
+                def fallback(epoch: int) -> List[FileTask]:
+                    return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed).tasks(epoch))
+            batcher: Any = StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
+                                         target, fallback)
         else:
-            batcher = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed)
+            batcher = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
+                              flag_padding=s.sharding.active and s.sharding.even_batches == "pad")
         raw = batcher.iterate(files, read)
         if start.skip:
             raw = _skip(raw, start)

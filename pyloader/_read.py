@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Deque, Iterator, Optional, Union
 
 from ._abc import DataReader
-from ._columns import Columns, take
+from ._columns import Columns, slice_rows, take
 from ._errors import ErrorHandler, Failure, Stats
 from ._files import prefetched
 from ._rng import IN_FILE, derive_rng
@@ -46,7 +46,18 @@ def file_pieces(reader: DataReader, task: FileTask, data: Optional[bytes] = None
     ``iter_file``. ``data``: the file's bytes, fetched ahead (remote files).
     """
     with prefetched(task.path, data):
-        yield from _pieces(reader, task)
+        if task.start == 0 and task.end is None:
+            yield from _pieces(reader, task)
+            return
+        offset = 0  # rows start:end only (a rank's share of the file)
+        for piece in _pieces(reader, task):
+            n = len(next(iter(piece.values()), ()))
+            lo, hi = max(task.start - offset, 0), min(task.end - offset, n)
+            if lo < hi:
+                yield piece if (lo, hi) == (0, n) else slice_rows(piece, lo, hi)
+            offset += n
+            if offset >= task.end:
+                return
 
 
 def _pieces(reader: DataReader, task: FileTask) -> Iterator[Columns]:
@@ -72,8 +83,12 @@ class FileStream:
         self._queue = queue
         self._reader = reader
 
+    def cancel(self) -> None:
+        """The file is not wanted after all: stop reading it."""
+        self._reader.cancel()
+
     async def pieces(self) -> AsyncIterator[Piece]:
-        offset = 0
+        offset = self.task.start
         try:
             while True:
                 item = await self._queue.get()

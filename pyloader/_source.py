@@ -2,19 +2,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, List, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Union
 
 from ._rng import FILE_ORDER, derive_rng
+from ._shard import Sharding, rank_ranges, stream_files
 
 
 @dataclass(frozen=True)
 class FileTask:
-    """File ``path`` is the ``pos``-th file of ``epoch``; ``index`` is its place in the sorted list."""
+    """File ``path`` is the ``pos``-th file of ``epoch``; ``index`` is its place in the sorted list.
+
+    Only rows ``start:end`` are read (``end=None``: to the end); ``pad`` marks
+    rows read again only to even out the ranks' step counts.
+    """
 
     epoch: int
     pos: int
     index: int
     path: str
+    start: int = 0
+    end: Optional[int] = None
+    pad: bool = False
 
 
 @dataclass(frozen=True)
@@ -32,19 +40,39 @@ class FileSource:
     drawn from ``(seed, e)``: the same on every run, rank and worker.
     """
 
-    def __init__(self, files: Sequence[str], num_epoch: int, shuffle: bool, seed: int) -> None:
+    def __init__(self, files: Sequence[str], num_epoch: int, shuffle: bool, seed: int,
+                 sharding: Sharding = Sharding(), counts: Optional[Sequence[int]] = None,
+                 whole_files: bool = False) -> None:
         self.files = list(files)
         self.num_epoch = num_epoch
         self.shuffle = shuffle
         self.seed = seed
+        self.sharding = sharding
+        self.counts = counts  # samples per file; needed to split epochs across ranks
+        self.whole_files = whole_files  # stream mode: ranks split files, not sample ranges
 
     def order(self, epoch: int) -> List[int]:
         if not self.shuffle:
             return list(range(len(self.files)))
         return derive_rng(self.seed, FILE_ORDER, epoch).permutation(len(self.files)).tolist()
 
+    def tasks(self, epoch: int) -> Iterator[FileTask]:
+        """The files this rank reads in ``epoch``: all of them, or its share plus padding."""
+        order = self.order(epoch)
+        if not self.sharding.active or self.whole_files:
+            mine = set(stream_files(order, self.sharding)) if self.sharding.active else None
+            for pos, index in enumerate(order):
+                if mine is None or index in mine:
+                    yield FileTask(epoch, pos, index, self.files[index])
+            return
+        assert self.counts is not None, "sharding needs the sample counts"
+        pos_of = {index: pos for pos, index in enumerate(order)}
+        share, padding = rank_ranges(order, self.counts, self.sharding)
+        for pad, part in ((False, share), (True, padding)):
+            for index, start, end in part:
+                yield FileTask(epoch, pos_of[index], index, self.files[index], start, end, pad)
+
     def iterate(self, start_epoch: int = 0) -> Iterator[SourceItem]:
         for epoch in range(start_epoch, self.num_epoch):
-            for pos, index in enumerate(self.order(epoch)):
-                yield FileTask(epoch, pos, index, self.files[index])
+            yield from self.tasks(epoch)
             yield EpochEnd(epoch)

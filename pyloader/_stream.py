@@ -8,7 +8,7 @@ Metadata travels beside the data (``Batch.meta``), never through user code.
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -62,12 +62,18 @@ class StreamBatcher:
     """Cuts each epoch into stream batches of ``rows`` rows (``seq_len`` samples per row, or one)."""
 
     def __init__(self, files: Sequence[str], rows: int, seq_len: Optional[int], padding_mode: str,
-                 pad_value: Any) -> None:
+                 pad_value: Any, target: Optional[Callable[[int], int]] = None,
+                 fallback: Optional[Callable[[int], List[FileTask]]] = None) -> None:
         self.files = files
         self.rows = rows
         self.seq_len = seq_len
         self.padding_mode = padding_mode
         self.pad_value = pad_value
+        # under ranks: the step count of epoch e every rank must give, and files to replay
+        # for a rank that has none of its own (padding needs the fields' shapes)
+        self.target = target
+        self.fallback = fallback
+        self._template: Optional[Columns] = None
 
     def _pad(self, key: str) -> Any:
         return self.pad_value.get(key, 0) if isinstance(self.pad_value, Mapping) else self.pad_value
@@ -112,8 +118,9 @@ class StreamBatcher:
         replays = 0
         fresh_left = True
         index = 0
+        target = self.target(epoch) if self.target is not None else None
         try:
-            while True:
+            while target is None or index < target:
                 first = np.zeros(self.rows, dtype=bool)
                 for r in range(self.rows):
                     row = rows[r]
@@ -133,7 +140,14 @@ class StreamBatcher:
                     rows[r] = new
                     first[r] = new is not None
                 if not any(row is not None and not row.replay for row in rows):
-                    return  # every file delivered in full: no batch of padding only
+                    if target is None:
+                        return  # every file delivered in full: no batch of padding only
+                    if self._template is None and not any(rows):  # a rank with no file yet
+                        rows[0] = await self._replay_row(self.fallback(epoch), replays, read)
+                        replays += 1
+                        first[0] = rows[0] is not None
+                        if rows[0] is None:
+                            return  # no data anywhere: nothing to pad with
                 yield await self._step(rows, first, epoch, index)
                 index += 1
         finally:
@@ -158,7 +172,8 @@ class StreamBatcher:
             valid[r, :got] = True
             windows.append(concat(parts, f"file {row.task.path!r}"))
             paths.add(row.task.path)
-        template = next(w for w in windows if w is not None)
+        template = next((w for w in windows if w is not None), self._template)
+        self._template = template
         data: Dict[str, Any] = {}
         for key, like in template.items():
             if key == SRC:
@@ -180,7 +195,10 @@ class StreamBatcher:
             if head is None:
                 return
             if isinstance(head, EpochEnd):
-                continue  # an epoch with no file at all
+                if self.target is not None:  # this rank has no file this epoch: padding steps only
+                    async for batch in self._epoch(_nothing(), read, head.epoch):
+                        yield batch
+                continue
             epoch = head.task.epoch
 
             async def unread(head: FileStream = head) -> AsyncIterator[FileStream]:
@@ -190,5 +208,13 @@ class StreamBatcher:
                         return
                     yield item
 
-            async for batch in self._epoch(unread(), read, epoch):
+            files = unread()
+            async for batch in self._epoch(files, read, epoch):
                 yield batch
+            async for stream in files:  # cut short (even_batches="drop"): the rest is not read
+                stream.cancel()
+
+
+async def _nothing() -> AsyncIterator[FileStream]:
+    return
+    yield  # an async generator that yields nothing

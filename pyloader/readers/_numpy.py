@@ -56,6 +56,11 @@ class NumpyReader(DataReader):
                 piece = {key: rows.read(self.piece_size) for key, rows in arrays.items()}
                 yield self.checked(path, piece)
 
+    def count(self, path: str) -> int:
+        """The rows of the file, from its headers alone."""
+        with _readable(path), contextlib.ExitStack() as stack:
+            return _length(path, self._open(path, stack))
+
     def _open(self, path: str, stack: contextlib.ExitStack) -> Dict[str, "_Rows"]:
         f = stack.enter_context(open_file(path, "rb"))
         head = f.read(6)

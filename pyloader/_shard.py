@@ -1,0 +1,109 @@
+"""Multi-node training: which rank reads which samples, and how many steps every rank takes.
+
+An epoch's samples, in the epoch's file order (the same on every rank), are cut
+into ``world_size`` contiguous ranges whose sizes differ by at most one; rank
+``r`` reads range ``r`` (a file on a boundary is read in part by two ranks).
+The ranges are disjoint and together cover the epoch. To give every rank the
+same number of steps, ``even_batches="pad"`` tops the short ranks up with
+repeated samples flagged as padding, and ``"drop"`` trims the long ones.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+EVEN_BATCHES = ("pad", "drop")
+Range = Tuple[int, int, int]  # (file index, first row, end row)
+
+
+@dataclass(frozen=True)
+class Sharding:
+    rank: int = 0
+    world_size: int = 1
+    even_batches: str = "pad"
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve(rank: Optional[int], world_size: Optional[int], even_batches: str) -> Sharding:
+    """Explicit values, else an initialized ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``, else 0/1."""
+    if even_batches not in EVEN_BATCHES:
+        raise ValueError(f"even_batches must be one of {EVEN_BATCHES}, got {even_batches!r}")
+    if rank is None or world_size is None:
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+        else:
+            rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+            world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    return Sharding(rank, world_size, even_batches)
+
+
+def bounds(total: int, world_size: int) -> List[int]:
+    return [r * total // world_size for r in range(world_size + 1)]
+
+
+def ranges(order: Sequence[int], counts: Sequence[int], lo: int, hi: int) -> List[Range]:
+    """The rows of the epoch stream ``[lo, hi)`` (files in ``order``) as per-file ranges."""
+    out: List[Range] = []
+    offset = 0
+    for index in order:
+        n = counts[index]
+        start, end = max(lo, offset), min(hi, offset + n)
+        if start < end:
+            out.append((index, start - offset, end - offset))
+        offset += n
+    return out
+
+
+def rank_ranges(order: Sequence[int], counts: Sequence[int], s: Sharding) -> Tuple[List[Range], List[Range]]:
+    """This rank's share of an epoch, and the padding ranges that even out the step count."""
+    total = sum(counts[i] for i in order)
+    cuts = bounds(total, s.world_size)
+    sizes = [cuts[r + 1] - cuts[r] for r in range(s.world_size)]
+    mine = sizes[s.rank]
+    target = max(sizes) if s.even_batches == "pad" else min(sizes)
+    lo = cuts[s.rank]
+    if target <= mine:
+        return ranges(order, counts, lo, lo + target), []
+    # pad with the samples that follow this rank's share, wrapping around the epoch
+    need, pad, start = target - mine, [], cuts[s.rank + 1] % total if total else 0
+    while need and total:
+        take = min(need, total - start)
+        pad.extend(ranges(order, counts, start, start + take))
+        need -= take
+        start = 0
+    return ranges(order, counts, lo, cuts[s.rank + 1]), pad
+
+
+def stream_steps(lengths: Sequence[int], rows: int, width: int) -> int:
+    """How many steps stream mode takes for files of ``lengths`` (in order) over ``rows`` rows:
+    a free row takes the next non-empty file (lowest row first) and holds it for
+    ``ceil(n / width)`` steps — the same schedule ``StreamBatcher`` follows."""
+    free_at = [0] * rows
+    for n in lengths:
+        if n:
+            row = min(range(rows), key=lambda r: (free_at[r], r))
+            free_at[row] += -(-n // width)
+    return max(free_at) if any(lengths) else 0
+
+
+def stream_files(order: Sequence[int], s: Sharding) -> List[int]:
+    """Stream mode splits whole files: rank ``r`` takes every ``world_size``-th file of the epoch."""
+    return list(order[s.rank::s.world_size])
+
+
+def stream_target(order: Sequence[int], counts: Sequence[int], rows: int, width: int, s: Sharding) -> int:
+    """The step count every rank produces in stream mode: the longest rank's (pad) or the shortest's (drop)."""
+    steps = [stream_steps([counts[i] for i in order[r::s.world_size]], rows, width) for r in range(s.world_size)]
+    return max(steps) if s.even_batches == "pad" else min(steps)
