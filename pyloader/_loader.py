@@ -52,6 +52,7 @@ class DataLoader:
                  pad_value: Any = 0, num_workers: int = 0, worker_init_fn: Optional[Callable[[int], None]] = None,
                  start_method: Optional[str] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None, even_batches: str = "pad") -> None:
+        self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         for name, obj, cls in (("datareader", datareader, DataReader), ("dataset", dataset, Dataset),
                                ("datacollator", datacollator, DataCollator)):
             if not isinstance(obj, cls):
@@ -205,12 +206,24 @@ class DataLoader:
         self._start = Start(epoch, consumed)
         self._position = (epoch, consumed)
 
+    def shard(self, rank: int, world_size: int) -> "DataLoader":
+        """A loader with the same settings that reads only the share of ``rank`` among ``world_size``."""
+        return DataLoader(**{**self._arguments, "rank": rank, "world_size": world_size})
+
     # -- frameworks ----------------------------------------------------------------
-    def to_tf_dataset(self, output_signature: Any = None):
-        """A ``tf.data.Dataset`` over this loader (``from_generator``); see ``pyloader._tf``."""
+    def to_tf_dataset(self, output_signature: Any = None, input_context: Any = None):
+        """A ``tf.data.Dataset`` over this loader (``from_generator``); see ``pyloader._tf``.
+
+        Inside ``strategy.distribute_datasets_from_function(fn)``, pass ``fn``'s
+        ``tf.distribute.InputContext``: the dataset then holds input pipeline
+        ``input_pipeline_id``'s share of ``num_input_pipelines``, split like ranks.
+        """
         from ._tf import to_tf_dataset
 
-        return to_tf_dataset(self, output_signature)
+        loader = self
+        if input_context is not None:
+            loader = self.shard(input_context.input_pipeline_id, input_context.num_input_pipelines)
+        return to_tf_dataset(loader, output_signature)
 
 
 class LoaderIterator:
