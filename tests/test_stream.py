@@ -246,3 +246,12 @@ def test_letters_example_prints_continuing_rows():
     lines = [line.split("  ")[0] for line in out.stdout.splitlines()]
     assert lines[1] == "a_0;a_1;a_2;" and lines[8] == "h_0;h_1;h_2;"
     assert lines[11] == "a_3;a_4;a_5;" and lines[21] == "a_6;a_7;a_8;"
+
+
+def test_gru_example_learns():
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "examples" / "stream_gru.py"), "--epochs", "1", "--rows", "8"],
+                         capture_output=True, text=True, timeout=110, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    first, last = map(float, out.stdout.strip().splitlines()[-1].split()[1:4:2])
+    assert last < first / 2
