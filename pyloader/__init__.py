@@ -6,12 +6,12 @@ iterate. Importing this package configures nothing and imports neither torch nor
 TensorFlow.
 """
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
-from ._errors import PipelineError, TooManyErrors, reraise, warn_and_skip
+from ._errors import PipelineError, TooManyErrors, WorkerDied, reraise, warn_and_skip
 from ._files import list_files, open_file
 from ._loader import DataLoader, LoaderIterator
 
 __all__ = [
     "DataReader", "Dataset", "DataCollator", "IdentityDataset", "DataLoader", "LoaderIterator",
-    "PipelineError", "TooManyErrors", "reraise", "warn_and_skip", "open_file", "list_files",
+    "PipelineError", "TooManyErrors", "WorkerDied", "reraise", "warn_and_skip", "open_file", "list_files",
 ]
 __version__ = "0.1.0"
