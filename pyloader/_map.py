@@ -54,7 +54,11 @@ class OrderedMap:
             try:
                 async for batch in batches:
                     future = asyncio.ensure_future(self.run(batch.data))
-                    await queue.put((batch, future))
+                    try:
+                        await queue.put((batch, future))
+                    except asyncio.CancelledError:
+                        _discard(future)
+                        raise
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:
@@ -83,4 +87,14 @@ class OrderedMap:
             while not queue.empty():
                 item = queue.get_nowait()
                 if isinstance(item, tuple):
-                    item[1].cancel()
+                    _discard(item[1])
+
+
+def _discard(future: asyncio.Future) -> None:
+    """Drop a batch's work: cancel it, or consume its outcome so asyncio does not log it."""
+    if future.done():
+        if not future.cancelled():
+            future.exception()
+    else:
+        future.cancel()
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())

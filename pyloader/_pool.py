@@ -108,7 +108,7 @@ class WorkerPool:
                 worker.process.kill()
                 worker.process.join(timeout)
             worker.process.close()
-            self._fail(worker, "the loader was closed", asyncio.CancelledError)
+            self._fail(worker, died=False)
 
     # -- requests --------------------------------------------------------------------
     def least_loaded(self) -> int:
@@ -126,7 +126,7 @@ class WorkerPool:
         worker = self._workers[index]
         future = self._loop.create_future()
         if worker.dead is not None:
-            future.set_exception(WorkerDied(f"worker {index} {worker.dead}; cannot go on {doing}"))
+            future.set_exception(WorkerDied(f"{worker.dead}; cannot go on {doing}"))
             return future
         rid = next(self._ids)
         worker.pending[rid] = (future, doing)
@@ -197,19 +197,21 @@ class WorkerPool:
         if worker.dead is not None or self._closed:
             return
         worker.process.join(0.5)
-        worker.dead = _describe_exit(worker.process.exitcode)
+        # requests are served in the order sent: the oldest pending one is what it was doing
+        doing = next(iter(worker.pending.values()), (None, "waiting for work"))[1]
+        worker.dead = (f"worker {worker.index} (pid {worker.process.pid}) {_describe_exit(worker.process.exitcode)} "
+                       f"while {doing}")
         self._loop.remove_reader(worker.sock.fileno())
         self._loop.remove_reader(worker.process.sentinel)
-        pid = worker.process.pid
-        self._fail(worker, None, WorkerDied, pid)
+        self._fail(worker, died=True)
 
-    def _fail(self, worker: _Worker, reason: Optional[str], kind: type, pid: Optional[int] = None) -> None:
+    def _fail(self, worker: _Worker, died: bool) -> None:
         pending, worker.pending = worker.pending, {}
         for future, doing in pending.values():
             if future.done():
                 continue
-            if kind is WorkerDied:
-                future.set_exception(WorkerDied(f"worker {worker.index} (pid {pid}) {worker.dead} while {doing}"))
+            if died:
+                future.set_exception(WorkerDied(f"{worker.dead}; cannot go on {doing}"))
             else:
                 future.cancel()
 

@@ -1,0 +1,155 @@
+"""Importable, picklable pieces for ``test_workers.py``.
+
+Worker processes started with ``spawn`` or ``forkserver`` unpickle the reader,
+dataset, collator and ``worker_init_fn``: that only works for classes defined at
+module level in a module the worker can import, which is what this module is for
+(the tests folder is on ``sys.path`` under pytest and in the subprocess scripts).
+
+Every fault the worker tests inject lives here, keyed by a file's base name or a
+sample id, so the same reader works in the parent and in any worker.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+
+import pyloader as pl
+
+
+class UnpicklableError(Exception):
+    """An exception that cannot cross a process boundary: it holds a lock."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def refuse_to_read(name: str) -> None:
+    """A named function for the worker's traceback to mention."""
+    raise OSError(f"disk says no to {name}")
+
+
+def explode_in_encode(sample_id: int) -> None:
+    raise ValueError(f"cannot encode sample {sample_id}")
+
+
+def explode_in_collate(sample_id: int) -> None:
+    raise KeyError(f"cannot collate sample {sample_id}")
+
+
+def crash_with_segfault() -> None:
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+class NumReader(pl.DataReader):
+    """One integer id per line, column ``id``.
+
+    ``piece``: ``iter_file`` yields pieces of that many lines (default: the whole file).
+    Faults, by file base name: ``delay`` (seconds slept per file), ``fail_on`` (OSError
+    from ``refuse_to_read``), ``exit_on`` (``os._exit(3)``), ``unpicklable_on``
+    (``UnpicklableError``), ``hang_on`` (writes ``busy-<pid>`` into ``marker_dir`` and
+    sleeps a minute).
+    """
+
+    def __init__(self, batch_size: int = 4, shuffle: bool = False, random_seed: int = 42,
+                 piece: Optional[int] = None, delay: float = 0.0, fail_on: Iterable[str] = (),
+                 exit_on: Iterable[str] = (), unpicklable_on: Iterable[str] = (), hang_on: Iterable[str] = (),
+                 marker_dir: Optional[str] = None) -> None:
+        super().__init__(batch_size, shuffle=shuffle, random_seed=random_seed)
+        self.piece = piece
+        self.delay = delay
+        self.fail_on = frozenset(fail_on)
+        self.exit_on = frozenset(exit_on)
+        self.unpicklable_on = frozenset(unpicklable_on)
+        self.hang_on = frozenset(hang_on)
+        self.marker_dir = marker_dir
+
+    def _load(self, path: str) -> List[int]:
+        name = os.path.basename(path)
+        if self.delay:
+            time.sleep(self.delay)
+        if name in self.hang_on:
+            Path(self.marker_dir, f"busy-{os.getpid()}").write_text(path)
+            time.sleep(60)
+        if name in self.exit_on:
+            os._exit(3)
+        if name in self.fail_on:
+            refuse_to_read(name)
+        if name in self.unpicklable_on:
+            raise UnpicklableError(f"cannot pickle me, from {name}")
+        with open(path) as f:
+            return [int(line) for line in f if line.strip()]
+
+    def read_file(self, path: str) -> Tuple[Dict[str, list], int]:
+        ids = self._load(path)
+        return {"id": ids}, len(ids)
+
+    def iter_file(self, path: str) -> Iterator[Dict[str, list]]:
+        ids = self._load(path)
+        if self.piece is None:
+            yield {"id": ids}
+            return
+        for start in range(0, len(ids), self.piece):
+            yield {"id": ids[start:start + self.piece]}
+
+
+class EncodeDataset(pl.Dataset):
+    """Adds ``sq`` (id squared); ``fail_on_id`` raises ValueError, ``segv_on_id`` segfaults."""
+
+    def __init__(self, fail_on_id: Optional[int] = None, segv_on_id: Optional[int] = None,
+                 exit_on_id: Optional[int] = None) -> None:
+        self.fail_on_id = fail_on_id
+        self.segv_on_id = segv_on_id
+        self.exit_on_id = exit_on_id
+
+    def batch_encode(self, batch_data):
+        ids = [int(i) for i in batch_data["id"]]
+        if self.segv_on_id in ids:
+            crash_with_segfault()
+        if self.exit_on_id in ids:
+            os._exit(5)
+        if self.fail_on_id in ids:
+            explode_in_encode(self.fail_on_id)
+        return {"id": ids, "sq": [i * i for i in ids]}
+
+
+class ListCollator(pl.DataCollator):
+    """Columns as plain lists; ``fail_on_id`` raises KeyError from ``explode_in_collate``."""
+
+    def __init__(self, fail_on_id: Optional[int] = None) -> None:
+        self.fail_on_id = fail_on_id
+
+    def collate_batch(self, features):
+        out = {k: [v.item() if hasattr(v, "item") else v for v in col] for k, col in features.items()}
+        if self.fail_on_id is not None and self.fail_on_id in out.get("id", ()):
+            explode_in_collate(self.fail_on_id)
+        return out
+
+
+class InitRecorder:
+    """A ``worker_init_fn`` that leaves ``<worker_id>-<pid>`` in ``folder`` (and, if asked, prints it)."""
+
+    def __init__(self, folder: str, echo: bool = False) -> None:
+        self.folder = folder
+        self.echo = echo
+
+    def __call__(self, worker_id: int) -> None:
+        Path(self.folder, f"{worker_id}-{os.getpid()}").touch()
+        if self.echo:
+            print(f"worker {worker_id} pid {os.getpid()}", flush=True)
+            sys.stdout.flush()
+
+
+def recorded_workers(folder: str) -> List[Tuple[int, int]]:
+    """``(worker_id, pid)`` for every worker an ``InitRecorder`` saw, sorted."""
+    out = []
+    for name in os.listdir(folder):
+        wid, _, pid = name.partition("-")
+        if wid.isdigit() and pid.isdigit():
+            out.append((int(wid), int(pid)))
+    return sorted(out)
