@@ -335,3 +335,18 @@ def test_ids_helper_consistency(data):
     loader_kwargs, reader_kwargs = SETTINGS["plain"]
     loader = _loader(data, loader_kwargs, reader_kwargs)
     assert ids_of(loader) == list(range(sum(SIZES))) * 2
+
+
+@pytest.mark.parametrize("position", ["mid_epoch", "after_boundary"])
+def test_resume_with_workers_matches_without(data, position):
+    """A state saved with 2 workers resumes exactly, with or without workers."""
+    loader_kwargs, reader_kwargs = SETTINGS["all_three"]
+    full = _run(_loader(data, loader_kwargs, reader_kwargs))
+    per_epoch = [sum(1 for e, _ in full if e == epoch) for epoch in range(2)]
+    k = _position(position, per_epoch)
+    head, state = _consume(_loader(data, loader_kwargs, reader_kwargs, num_workers=2), k)
+    assert head == full[:k]
+    for workers in (0, 2):
+        resumed = _loader(data, loader_kwargs, reader_kwargs, num_workers=workers)
+        resumed.load_state_dict(state)
+        assert head + _run(resumed) == full
