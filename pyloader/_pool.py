@@ -41,9 +41,10 @@ def _describe_exit(code: Optional[int]) -> str:
 
 
 class _Worker:
-    def __init__(self, index: int, process: Any, sock: socket.socket) -> None:
+    def __init__(self, index: int, process: Any, sock: socket.socket, current: Any) -> None:
         self.index = index
         self.process = process
+        self.current = current
         self.sock = sock
         self.pending: Dict[int, Tuple[asyncio.Future, str]] = {}
         self.outbox: List[Any] = []
@@ -73,7 +74,8 @@ class WorkerPool:
             # a forked worker inherits the loader's ends of its siblings' sockets: it closes them,
             # or a sibling would never see the end of file that tells it the loader has gone
             siblings = [w.sock.fileno() for w in self._workers] + [ours.fileno()] if self._method == "fork" else []
-            process = ctx.Process(target=worker_main, args=(index, theirs, siblings, *self._args),
+            current = ctx.RawValue("q", -1)  # the request the worker is running
+            process = ctx.Process(target=worker_main, args=(index, theirs, siblings, current, *self._args),
                                   name=f"pyloader-worker-{index}", daemon=True)
             try:
                 process.start()
@@ -86,7 +88,7 @@ class WorkerPool:
                                    f"{exc}") from exc
             theirs.close()
             ours.setblocking(False)
-            worker = _Worker(index, process, ours)
+            worker = _Worker(index, process, ours, current)
             self._workers.append(worker)
             self._loop.add_reader(ours.fileno(), self._readable, worker)
             self._loop.add_reader(process.sentinel, self._died, worker)
@@ -197,8 +199,8 @@ class WorkerPool:
         if worker.dead is not None or self._closed:
             return
         worker.process.join(0.5)
-        # requests are served in the order sent: the oldest pending one is what it was doing
-        doing = next(iter(worker.pending.values()), (None, "waiting for work"))[1]
+        running = worker.pending.get(worker.current.value)
+        doing = running[1] if running is not None else "waiting for work"
         worker.dead = (f"worker {worker.index} (pid {worker.process.pid}) {_describe_exit(worker.process.exitcode)} "
                        f"while {doing}")
         self._loop.remove_reader(worker.sock.fileno())

@@ -1,6 +1,7 @@
 """The worker process: runs ``read_file``/``iter_file``, ``batch_encode`` and ``collate_batch``.
 
-It serves requests from the loader one at a time, in the order they arrive:
+It serves requests from the loader one at a time: batches before reading ahead
+(see ``_next_request``), otherwise in the order they arrive:
 
 * ``("open", gid, task, data)``: start reading a file (its pieces, in order;
   ``data``: its bytes when the loader fetched them ahead);
@@ -18,6 +19,7 @@ the thread that started it dies (Linux ``PR_SET_PDEATHSIG``).
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import gc
 import os
@@ -25,7 +27,7 @@ import pickle
 import signal
 import socket
 import traceback
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _ipc
 from ._batch import assemble
@@ -59,7 +61,35 @@ def _error_reply(rid: int, exc: BaseException) -> tuple:
     return (rid, False, (step, cause, text))
 
 
-def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], reader: Any,
+def _receive(sock: socket.socket, inbox: Deque[tuple]) -> None:
+    """Wait for a request if none is queued, then take every request already sent."""
+    if not inbox:
+        inbox.append(_ipc.recv(sock))
+    sock.setblocking(False)
+    try:
+        while True:
+            inbox.append(_ipc.recv(sock))
+    except BlockingIOError:
+        pass
+    finally:
+        sock.setblocking(True)
+
+
+_URGENT = ("open", "close", "release", "run", "fetch")
+
+
+def _next_request(inbox: Deque[tuple]) -> tuple:
+    """Bookkeeping and batches first, reading ahead (``next``) last: a batch the consumer
+    waits for never queues behind the parsing of a file that is not needed yet.
+    Requests of one kind keep their order; ``next`` comes after the ``open`` it needs."""
+    for i, msg in enumerate(inbox):
+        if msg[0] in _URGENT:
+            del inbox[i]
+            return msg
+    return inbox.popleft()
+
+
+def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], current: Any, reader: Any,
                 steps: List[Tuple[str, Callable]], worker_init_fn: Optional[Callable[[int], None]]) -> None:
     from ._map import run_steps
 
@@ -76,11 +106,13 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], reade
         worker_init_fn(worker_id)
     files: Dict[int, Iterator[Columns]] = {}
     kept: Dict[int, Columns] = {}
+    inbox: Deque[tuple] = collections.deque()
     while True:
         try:
-            msg = _ipc.recv(sock)
+            _receive(sock, inbox)
         except (EOFError, OSError):
             break
+        msg = _next_request(inbox)
         op = msg[0]
         if op == "open":
             _, gid, task, data = msg
@@ -96,6 +128,7 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], reade
                 kept.pop(pid, None)
             continue
         rid = msg[1]
+        current.value = rid  # read by the loader if this worker dies now
         try:
             if op == "next":
                 _, _, gid, pid, fetch = msg
@@ -118,6 +151,7 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], reade
                 raise ValueError(f"unknown request {op!r}")
         except Exception as exc:
             reply = _error_reply(rid, exc)
+        current.value = -1
         try:
             _ipc.send(sock, reply)
         except OSError:

@@ -91,7 +91,11 @@ def nothing_left_behind():
     gc.collect()
     assert wait_no_children(3.0) == [], "worker processes were left behind"
     assert wait_no_threads() == [], "pyloader threads were left behind"
-    assert shm_entries() - shm_before == set(), "something was named in /dev/shm"
+    new = shm_entries() - shm_before
+    if new:  # other programs on the machine (torch's own DataLoader) name short-lived segments there too
+        time.sleep(0.5)
+        new &= shm_entries()
+    assert new == set(), "something was named in /dev/shm and left there"
 
 
 def ids_of(batches) -> List[int]:
