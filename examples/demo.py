@@ -1,6 +1,6 @@
 """pyloader demo: make a small chunked dataset, stream it into a small PyTorch model.
 
-    python examples/demo.py [--files 16] [--rows 2000] [--epochs 2] [--workers 0]
+    python examples/demo.py [--files 16] [--rows 2000] [--epochs 2] [--workers 2]
 
 Writes JSON-lines chunk files to a temporary folder (nothing is downloaded),
 trains a 2-layer MLP on them through pyloader and prints loss and samples/s.
@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (0: threads only)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -59,7 +60,7 @@ def main() -> None:
         print(f"made {args.files} chunk files x {args.rows} samples in {folder}")
         loader = pl.DataLoader(
             JsonLinesReader(batch_size=args.batch_size, shuffle=True), Features(), TorchCollator(), folder,
-            num_epoch=args.epochs, max_queue_size=8, shuffle=True, shuffle_buffer=1024)
+            num_epoch=args.epochs, max_queue_size=8, shuffle=True, num_workers=args.workers)
         seen, start, losses = 0, time.perf_counter(), []
         with loader:
             for step, batch in enumerate(loader):

@@ -26,6 +26,7 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import traceback
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -102,6 +103,9 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
     gc.freeze()  # inherited objects: never scanned here, so forked pages stay shared
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)  # N workers with a thread pool each would oversubscribe the cores
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
     files: Dict[int, Iterator[Columns]] = {}
