@@ -4,7 +4,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
 
-from ._columns import Columns, check_columns
+from ._columns import Columns, check_columns, n_rows
 
 __all__ = ["DataReader", "Dataset", "DataCollator", "IdentityDataset"]
 
@@ -50,7 +50,7 @@ class DataReader(abc.ABC):
         default reads the file through ``iter_file``; override it with something
         cheaper when the format allows (a header, an index, a line count).
         """
-        return sum(len(next(iter(piece.values()), ())) for piece in self.iter_file(path))
+        return sum(n_rows(piece) for piece in self.iter_file(path))
 
     def checked(self, path: str, columns: Mapping[str, Sequence], n_sample: int | None = None) -> Columns:
         """Validate what ``read_file``/``iter_file`` returned; ``ValueError`` names the file and key."""

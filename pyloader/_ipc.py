@@ -17,7 +17,7 @@ import pickle
 import socket
 import struct
 import sys
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Tuple
 
 INLINE_MAX = 64 * 1024
 _ALIGN = 64

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Deque, Iterator, Optional, Union
 
 from ._abc import DataReader
-from ._columns import Columns, slice_rows, take
+from ._columns import Columns, n_rows, slice_rows, take
 from ._errors import ErrorHandler, Failure, Stats
 from ._files import prefetched
 from ._rng import IN_FILE, derive_rng
@@ -51,7 +51,7 @@ def file_pieces(reader: DataReader, task: FileTask, data: Optional[bytes] = None
             return
         offset = 0  # rows start:end only (a rank's share of the file)
         for piece in _pieces(reader, task):
-            n = len(next(iter(piece.values()), ()))
+            n = n_rows(piece)
             lo, hi = max(task.start - offset, 0), min(task.end - offset, n)
             if lo < hi:
                 yield piece if (lo, hi) == (0, n) else slice_rows(piece, lo, hi)

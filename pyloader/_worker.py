@@ -28,11 +28,11 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from . import _ipc
 from ._batch import assemble
-from ._columns import Columns, slice_rows
+from ._columns import Columns, n_rows, slice_rows
 from ._read import file_pieces
 
 Segment = Tuple[Any, int, int]  # (pid or inline columns, start, end)
@@ -140,10 +140,10 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
                 if piece is None:
                     reply = (rid, True, None)
                 elif fetch:
-                    reply = (rid, True, (len(next(iter(piece.values()), ())), piece))
+                    reply = (rid, True, (n_rows(piece), piece))
                 else:
                     kept[pid] = piece
-                    reply = (rid, True, (len(next(iter(piece.values()), ())), None))
+                    reply = (rid, True, (n_rows(piece), None))
             elif op == "run":
                 _, _, segments, paths = msg
                 parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]

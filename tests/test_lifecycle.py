@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, ids_of, our_threads, wait_no_threads, write_chunks
+from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 
 pytestmark = pytest.mark.timeout(60)
 
