@@ -8,7 +8,9 @@ Both runners offer the same two calls, so the stages do not care which is used:
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Callable, List, Optional, Sequence, Tuple, Union
+import collections
+import time
+from typing import Any, AsyncIterator, Callable, Deque, List, Optional, Sequence, Tuple, Union
 
 from ._abc import DataReader
 from ._batch import Segments
@@ -38,13 +40,28 @@ def _assemble_and_run(steps: Sequence[Step], data: BatchData) -> Any:
     return run_steps(steps, data.local() if isinstance(data, Segments) else data)
 
 
+def _timed(steps: Sequence[Step], data: BatchData) -> Tuple[Any, float]:
+    start = time.perf_counter()
+    return _assemble_and_run(steps, data), time.perf_counter() - start
+
+
 class ThreadRunner:
-    """``num_workers=0``: everything in this process, off the event loop."""
+    """``num_workers=0``: everything in this process, off the event loop.
+
+    Batches whose steps take only microseconds (arrays already model-ready) are
+    not worth a trip to another thread: once the last ``_WINDOW`` batches each
+    took less than ``INLINE_BELOW`` seconds, batches run on the loop itself,
+    until one takes longer.
+    """
+
+    INLINE_BELOW = 50e-6
+    _WINDOW = 8
 
     def __init__(self, reader: DataReader, steps: List[Step], run_blocking: Callable) -> None:
         self.reader = reader
         self.steps = steps
         self.run_blocking = run_blocking
+        self._recent: Deque[float] = collections.deque(maxlen=self._WINDOW)
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Columns, None]]:
         gen = file_pieces(self.reader, task, await _fetch_remote(self.run_blocking, task))
@@ -61,7 +78,10 @@ class ThreadRunner:
                 pass  # still running in the executor: it closes when collected
 
     async def run(self, data: BatchData) -> Any:
-        return await self.run_blocking(_assemble_and_run, self.steps, data)
+        cheap = len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW
+        result, took = _timed(self.steps, data) if cheap else await self.run_blocking(_timed, self.steps, data)
+        self._recent.append(took)
+        return result
 
 
 class PoolRunner:
