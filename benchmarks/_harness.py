@@ -1,0 +1,290 @@
+"""Shared machinery of the benchmark scripts: fresh subprocesses, memory of a process tree, tables.
+
+Every measurement runs in its own child process (``python <script> --child ...``)
+so imports, caches and peak memory never leak from one entry into the next. The
+parent watches the child's whole process tree (the child and every process it
+starts, e.g. loader workers) from a background thread:
+
+* summed RSS every ``RSS_EVERY_S`` (20 ms), read from ``/proc/<pid>/statm``
+  (a few microseconds per process, so the sampling does not steal CPU from the
+  2-core machine it measures);
+* summed PSS every ``PSS_EVERY_S`` (0.5 s; 20 ms for the memory entries, whose
+  throughput is not the point), read from ``/proc/<pid>/smaps_rollup`` (about
+  5 ms per torch-sized process, hence the slower rate). PSS splits pages
+  shared between a parent and its forked workers instead of counting them once
+  per process, so it is the fairer figure for loaders with worker processes.
+
+The child prints one line ``@@RESULT {json}`` with what it measured itself
+(samples, seconds, time to first batch, checks); the parent adds the peaks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+RSS_EVERY_S = 0.02
+PSS_EVERY_S = 0.5
+RESULT_TAG = "@@RESULT "
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+MB = 2 ** 20
+
+
+# -- the process tree -----------------------------------------------------------------------------
+def tree_pids(root: int) -> List[int]:
+    """``root`` and all its descendants (children are listed per thread under /proc/<pid>/task)."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except OSError:
+                pass
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def pss_bytes(pid: int) -> int:
+    """PSS from smaps_rollup; falls back to psutil, then to RSS."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        return int(psutil.Process(pid).memory_full_info().pss)
+    except Exception:
+        return rss_bytes(pid)
+
+
+def tree_rss() -> int:
+    """Summed RSS of this process and its descendants now (cheap: /proc statm)."""
+    return sum(rss_bytes(p) for p in tree_pids(os.getpid()))
+
+
+def own_memory() -> Dict[str, int]:
+    """This process's RSS and PSS now (the child's baseline, taken before its loader starts)."""
+    pid = os.getpid()
+    return {"rss": rss_bytes(pid), "pss": pss_bytes(pid)}
+
+
+class TreeMonitor(threading.Thread):
+    """Samples the summed RSS (and, less often, PSS) of a process tree until stopped."""
+
+    def __init__(self, pid: int, pss_every: float = PSS_EVERY_S) -> None:
+        super().__init__(name="tree-monitor", daemon=True)
+        self.pid = pid
+        self.pss_every = pss_every
+        self.peak_rss = 0
+        self.peak_pss = 0
+        self.peak_procs = 0
+        self.samples = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        next_pss = 0.0
+        while not self._stop_event.is_set():
+            pids = tree_pids(self.pid)
+            self.peak_procs = max(self.peak_procs, len(pids))
+            self.peak_rss = max(self.peak_rss, sum(rss_bytes(p) for p in pids))
+            now = time.monotonic()
+            if now >= next_pss:
+                self.peak_pss = max(self.peak_pss, sum(pss_bytes(p) for p in pids))
+                next_pss = now + self.pss_every
+            self.samples += 1
+            self._stop_event.wait(RSS_EVERY_S)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+# -- running one entry ----------------------------------------------------------------------------
+def report(result: Dict[str, Any]) -> None:
+    """Called by a child: hand its measurements to the parent."""
+    sys.stdout.flush()
+    print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+def run_child(argv: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = None,
+              pss_every: float = PSS_EVERY_S) -> Dict[str, Any]:
+    """Run one measurement in a fresh interpreter, watching its process tree's memory."""
+    child_env = dict(os.environ)
+    child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    child_env.setdefault("PYTHONHASHSEED", "0")
+    if env:
+        child_env.update(env)
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=child_env, text=True)
+    monitor = TreeMonitor(proc.pid, pss_every)
+    monitor.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in reversed(tree_pids(proc.pid)):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        out, err = proc.communicate()
+        monitor.stop()
+        return {"error": f"timed out after {timeout:.0f} s", "stderr": err[-2000:]}
+    monitor.stop()
+    result = None
+    for line in out.splitlines():
+        if line.startswith(RESULT_TAG):
+            result = json.loads(line[len(RESULT_TAG):])
+    if proc.returncode != 0 or result is None:
+        return {"error": f"exit code {proc.returncode}", "stderr": (err or out)[-3000:]}
+    result.update(peak_rss=monitor.peak_rss, peak_pss=monitor.peak_pss, peak_procs=monitor.peak_procs,
+                  mem_samples=monitor.samples)
+    return result
+
+
+def best_of(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Best throughput and first-batch time, largest peak memory, of the runs that worked."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return dict(runs[-1], runs=len(runs), ok_runs=0)
+    best = dict(max(ok, key=lambda r: r["samples_per_s"]))
+    best["all_samples_per_s"] = [round(r["samples_per_s"], 1) for r in ok]
+    best["first_batch_s"] = min(r["first_batch_s"] for r in ok)
+    for key in ("peak_rss", "peak_pss", "peak_procs"):
+        best[key] = max(r.get(key, 0) for r in ok)
+    best["growth_rss"] = max(r["peak_rss"] - r["baseline"]["rss"] for r in ok)
+    best["checks_ok"] = all(r.get("checks_ok", True) for r in ok)
+    best["runs"], best["ok_runs"] = len(runs), len(ok)
+    return best
+
+
+def measure(name: str, argv: Sequence[str], repeats: int, timeout: float, log: Callable[[str], None] = print,
+            env: Optional[Dict[str, str]] = None, pss_every: float = PSS_EVERY_S) -> Dict[str, Any]:
+    runs = []
+    for i in range(repeats):
+        t = time.perf_counter()
+        r = run_child(argv, timeout, env, pss_every)
+        wall = time.perf_counter() - t
+        if "error" in r:
+            log(f"  {name:<34} run {i + 1}/{repeats}: FAILED ({r['error']})\n{r.get('stderr', '')}")
+        else:
+            log(f"  {name:<34} run {i + 1}/{repeats}: {r['samples_per_s']:>11,.0f} samples/s  "
+                f"first batch {r['first_batch_s']:.3f} s  peak RSS {r['peak_rss'] / MB:,.0f} MB  "
+                f"PSS {r['peak_pss'] / MB:,.0f} MB  checks {'ok' if r.get('checks_ok', True) else 'FAILED'}"
+                f"  ({wall:.1f} s wall)"
+                + (f"  [{len(r['threads_left_after_close'])} threads alive after close(), gone after "
+                   f"{r['thread_exit_wait_s']:.2f} s]" if r.get("threads_left_after_close") else ""))
+        runs.append(r)
+    return best_of(runs)
+
+
+# -- output ---------------------------------------------------------------------------------------
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: Optional[str] = None) -> str:
+    rows = [[str(c) for c in row] for row in rows]
+    align = align or "l" + "r" * (len(header) - 1)
+    rule = ["---:" if a == "r" else ":---:" if a == "c" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def replace_section(path: str, name: str, body: str) -> None:
+    """Replace the text between ``<!-- name:start -->`` and ``<!-- name:end -->`` (append both if absent)."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    text = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+    block = f"{start}\n{body.rstrip()}\n{end}"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def machine_line() -> str:
+    import platform
+
+    try:
+        import psutil
+
+        mem = f"{psutil.virtual_memory().total / 2 ** 30:.0f} GiB"
+    except ImportError:
+        mem = "? GiB"
+    load = os.getloadavg()
+    return (f"{os.cpu_count()} cores, {mem} RAM, CPU only; Python {platform.python_version()}; "
+            f"load average at start {load[0]:.2f}")
+
+
+def source_digest(folder: str) -> str:
+    """A short SHA-1 of the ``.py`` files under ``folder`` and the newest one's time: which code was measured."""
+    import hashlib
+
+    h, newest = hashlib.sha1(), 0.0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                h.update(os.path.relpath(path, folder).encode())
+                with open(path, "rb") as f:
+                    h.update(f.read())
+                newest = max(newest, os.path.getmtime(path))
+    return f"sha1 {h.hexdigest()[:12]} of pyloader/**/*.py, newest file changed {time.strftime('%H:%M', time.localtime(newest))}"
+
+
+def _spin(n: int) -> None:
+    s = 0
+    for i in range(n):
+        s += i
+
+
+def effective_cores(n: int = 8_000_000) -> float:
+    """How many cores this machine gives us right now: 2 x (time of one spinning
+    process) / (time of two at once). 2.0 on an idle 2-core machine; less when
+    other jobs share it."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+
+    def timed(k: int) -> float:
+        procs = [ctx.Process(target=_spin, args=(n,)) for _ in range(k)]
+        t = time.perf_counter()
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        return time.perf_counter() - t
+
+    one = timed(1)
+    return 2 * one / timed(2)
+
+
+def fmt_rate(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def fmt_mb(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x / MB:,.0f}"

@@ -1,0 +1,372 @@
+#!/usr/bin/env python
+"""Stream mode (``DataLoader(stream=True, seq_len=T)``) against the other ways of streaming B rows.
+
+    python benchmarks/bench_stream.py            # full size, prints the table
+    python benchmarks/bench_stream.py --quick    # small data, a smoke run
+    python benchmarks/bench_stream.py --write    # also rewrite the stream section of
+                                                 # benchmarks/README.md and draw img/bench_stream.png
+
+The same text streams (``--files`` files of ``--tokens`` token ids, one id per
+line) are cut into B rows of T-token windows, where row ``r`` of batch ``k+1``
+continues where row ``r`` of batch ``k`` stopped, by
+
+* pyloader stream mode, 0 and 2 workers (a ``DataReader`` reading one file's ids);
+* ``pytorch-stream-dataloader==1.0`` (``StreamDataset`` + ``StreamDataLoader``),
+  0 and 2 workers, zero padding; installed with pip if missing (skipped, with a
+  message, if that fails);
+* a zip of B per-row torch ``DataLoader`` s (the "MultiStreamDataLoader" idea:
+  B single-stream iterables, each over files ``r, r+B, ...``, zipped), 0 and 1
+  worker per row.
+
+Every token id is unique (file ``f``, position ``i`` -> ``f * tokens + i``), so
+after the timed loop the script checks that every token arrived exactly once
+(pyloader: tokens with ``__valid__`` and not ``__replay__``; the others: every
+id >= 0 they returned, padding being -1) and that each row's sequence is
+coherent (consecutive ids inside a file, a new file only after the previous one
+ended). Each entry runs in a fresh subprocess, ``--repeats`` times; the best
+throughput is kept.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+for p in (HERE, REPO):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import _harness as H  # noqa: E402
+
+RESULTS_JSON = os.path.join(HERE, "results", "bench_stream.json")  # every figure of the last --write run
+
+SIZES = {"full": dict(files=64, tokens=20_000, seq_len=32, rows=[8, 64]),
+         "quick": dict(files=64, tokens=1_000, seq_len=32, rows=[8, 64])}
+LOADERS = ["pyloader-w0", "pyloader-w2", "psd-w0", "psd-w2", "zip-w0", "zip-w1"]
+LABELS = {"pyloader-w0": "pyloader stream mode, 0 workers", "pyloader-w2": "pyloader stream mode, 2 workers",
+          "psd-w0": "pytorch-stream-dataloader 1.0, 0 workers",
+          "psd-w2": "pytorch-stream-dataloader 1.0, 2 workers",
+          "zip-w0": "zip of B torch DataLoaders, 0 workers each",
+          "zip-w1": "zip of B torch DataLoaders, 1 worker each"}
+PAD = -1
+
+
+# -- the user code, shared by every loader ---------------------------------------------------------
+def read_tokens(path: str):
+    """One text file of token ids (one per line) -> an int64 array."""
+    import numpy as np
+
+    with open(path, encoding="utf-8") as f:
+        return np.array(list(map(int, f.read().split())), dtype=np.int64)
+
+
+def windows(path: str, T: int):
+    """A file's ids as T-token windows; the last one padded with -1."""
+    import numpy as np
+
+    toks = read_tokens(path)
+    for s in range(0, len(toks), T):
+        w = toks[s:s + T]
+        if len(w) < T:
+            w = np.concatenate([w, np.full(T - len(w), PAD, dtype=np.int64)])
+        yield w
+
+
+# -- the loaders: each returns an iterator of (tokens [B, T], valid [B, T]) as NumPy arrays ---------
+def run_pyloader(files_dir: str, B: int, T: int, workers: int):
+    import pyloader as pl
+    from pyloader.collators import TorchCollator
+
+    import torch  # noqa: F401
+
+    class TokenReader(pl.DataReader):
+        def read_file(self, path):
+            toks = read_tokens(path)
+            return {"tok": toks}, len(toks)
+
+    def make():
+        loader = pl.DataLoader(TokenReader(batch_size=B), pl.IdentityDataset(), TorchCollator(), files_dir,
+                               stream=True, seq_len=T, num_workers=workers)
+        try:
+            for batch in loader:
+                valid = batch["__valid__"] & ~batch["__replay__"][:, None]
+                yield batch["tok"], valid
+        finally:
+            loader.close()
+
+    return make
+
+
+def run_psd(files: List[str], B: int, T: int, workers: int):
+    import numpy as np
+    import torch
+    from pytorch_stream_dataloader.stream_dataloader import StreamDataLoader
+    from pytorch_stream_dataloader.stream_dataset import StreamDataset
+
+    def streamer(path):
+        return windows(path, T)
+
+    def make():
+        dataset = StreamDataset(list(files), streamer, B, "zeros", np.full(T, PAD, dtype=np.int64))
+        loader = StreamDataLoader(dataset, num_workers=workers,
+                                  collate_fn=lambda rows: torch.from_numpy(np.stack(list(rows))))
+        for tok in loader:
+            yield tok, tok >= 0
+
+    return make
+
+
+def run_zip(files: List[str], B: int, T: int, workers: int):
+    import torch
+    import torch.utils.data as tud
+
+    class RowStream(tud.IterableDataset):
+        """One row: its files' windows, one after the other."""
+
+        def __init__(self, files: List[str]) -> None:
+            self.files = files
+
+        def __iter__(self):
+            for path in self.files:
+                yield from windows(path, T)
+
+    def make():
+        loaders = [tud.DataLoader(RowStream(files[r::B]), batch_size=None, num_workers=workers) for r in range(B)]
+        for rows in zip(*loaders):
+            tok = torch.stack(rows)
+            yield tok, tok >= 0
+
+    return make
+
+
+def check_streams(toks, valids, n_files: int, N: int) -> Dict[str, Any]:
+    """Exactly once: the valid ids are 0 .. n_files*N-1, each once. Order: per row, ids go up by one
+    inside a file, and a row starts a new file (id % N == 0) only after its previous one ended."""
+    import numpy as np
+
+    tok = np.stack(toks) if toks else np.zeros((0, 1, 1), dtype=np.int64)
+    valid = np.stack(valids) if valids else np.zeros((0, 1, 1), dtype=bool)
+    got = np.sort(tok[valid])
+    total = n_files * N
+    uniq, counts = np.unique(got, return_counts=True)
+    missing = total - int(np.isin(np.arange(total), uniq).sum())
+    duplicated = int((counts > 1).sum())
+    foreign = int(((uniq < 0) | (uniq >= total)).sum())
+    breaks = 0
+    for r in range(tok.shape[1]):
+        seq = tok[:, r, :][valid[:, r, :]]
+        if len(seq) < 2:
+            continue
+        prev, nxt = seq[:-1], seq[1:]
+        ok = (nxt == prev + 1) & (prev % N != N - 1) | (nxt % N == 0) & (prev % N == N - 1)
+        breaks += int((~ok).sum())
+        if seq[0] % N != 0:
+            breaks += 1
+    return {"delivered": int(len(got)), "expected": total, "missing": missing, "duplicated": duplicated,
+            "foreign": foreign, "order_breaks": breaks,
+            "exactly_once": missing == 0 and duplicated == 0 and foreign == 0 and len(got) == total}
+
+
+def child(entry: str, data: str, cfg: dict) -> None:
+    import threading
+
+    import torch  # noqa: F401
+
+    bpart, loader = entry.split("/")
+    B, T = int(bpart[1:]), cfg["seq_len"]
+    workers = int(loader.rsplit("-w", 1)[1])
+    files = sorted(os.path.join(data, f) for f in os.listdir(data))
+    if loader.startswith("pyloader"):
+        make = run_pyloader(data, B, T, workers)
+    elif loader.startswith("psd"):
+        make = run_psd(files, B, T, workers)
+    else:
+        make = run_zip(files, B, T, workers)
+    baseline = H.own_memory()
+    toks, valids, first, n = [], [], None, 0
+    cpu0 = os.times()
+    t0 = time.perf_counter()
+    for tok, valid in make():
+        if first is None:
+            first = time.perf_counter() - t0
+        v = valid.numpy()
+        toks.append(tok.numpy().copy())
+        valids.append(v.copy())
+        n += int(v.sum())
+    elapsed = time.perf_counter() - t0
+    for t in [t for t in threading.enumerate() if t is not threading.main_thread()]:
+        t.join(10)  # let loader threads end before the interpreter does (see bench_loaders.py)
+    cpu1 = os.times()
+    checks = check_streams(toks, valids, len(files), cfg["tokens"])
+    H.report({"entry": entry, "samples": n, "batches": len(toks), "seconds": elapsed, "samples_per_s": n / elapsed,
+              "first_batch_s": first, "baseline": baseline, "cpu_s": sum(cpu1[i] - cpu0[i] for i in range(4)),
+              "checks_ok": checks["exactly_once"], "checks": checks})
+
+
+# -- parent ------------------------------------------------------------------------------------------
+def ensure_psd(log=print) -> Optional[str]:
+    """None if pytorch_stream_dataloader imports (installing it if needed), else why not."""
+    probe = [sys.executable, "-c", "import pytorch_stream_dataloader"]
+    if subprocess.run(probe, capture_output=True).returncode == 0:
+        return None
+    log("pytorch_stream_dataloader is not installed: pip install pytorch-stream-dataloader==1.0")
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "pytorch-stream-dataloader==1.0"],
+                       capture_output=True, text=True)
+    if p.returncode == 0 and subprocess.run(probe, capture_output=True).returncode == 0:
+        log("installed pytorch-stream-dataloader==1.0")
+        return None
+    why = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["unknown error"]
+    log(f"could not install pytorch-stream-dataloader==1.0 ({why[0]}): its column is skipped")
+    return why[0]
+
+
+def generate(root: str, cfg: dict) -> None:
+    N = cfg["tokens"]
+    for f in range(cfg["files"]):
+        with open(os.path.join(root, f"stream-{f:03d}.txt"), "w", encoding="utf-8") as out:
+            out.write("\n".join(str(f * N + i) for i in range(N)) + "\n")
+
+
+def results_markdown(res: Dict[str, dict], cfg: dict, args, machine: str, wall: float, skipped: Optional[str],
+                     cores: List[float]) -> str:
+    rows = []
+    for B in cfg["rows"]:
+        base = res.get(f"B{B}/pyloader-w0", {}).get("samples_per_s")
+        for name in LOADERS:
+            r = res.get(f"B{B}/{name}")
+            if r is None:
+                rows.append([str(B), LABELS[name], f"skipped: {skipped}"] + ["-"] * 7)
+                continue
+            if "error" in r:
+                rows.append([str(B), LABELS[name], "FAILED: " + r["error"]] + ["-"] * 7)
+                continue
+            c = r["checks"]
+            once = "yes" if c["exactly_once"] else (f"**no**: {c['delivered']:,} of {c['expected']:,} "
+                                                     f"({c['missing']:,} missing, {c['duplicated']:,} twice)")
+            rows.append([str(B), LABELS[name], H.fmt_rate(r["samples_per_s"]),
+                         f"{r['samples_per_s'] / base:.2f}x" if base else "-", f"{r['batches']:,}",
+                         f"{r['first_batch_s']:.3f}", f"{r['cpu_s']:.1f} / {r['seconds']:.1f}",
+                         H.fmt_mb(r["peak_pss"]), once, "ok" if c["order_breaks"] == 0 else f"{c['order_breaks']} breaks"])
+    table = H.markdown_table(["B", "loader", "tokens/s", "vs pyloader 0 workers", "batches", "first batch (s)",
+                              "CPU s / wall s", "peak PSS, tree (MB)", "every token exactly once",
+                              "rows coherent"], rows, "llrrrrrrll")
+    size = "quick (smoke-run sizes)" if args.quick else "full"
+    return "\n\n".join([
+        f"Run of `python benchmarks/bench_stream.py{' --quick' if args.quick else ''}"
+        f"{' --write' if args.write else ''}` on {time.strftime('%Y-%m-%d %H:%M')} ({size}; {args.repeats} "
+        f"runs per entry, best throughput; {wall / 60:.1f} min in all).",
+        f"Machine: {machine}; load average at the end {os.getloadavg()[0]:.2f} (shared with other jobs). "
+        "Effective cores free to this run (two spinning processes against one), before each round and at the "
+        "end: " + ", ".join(f"{c:.2f}" for c in cores) + " (2.00 = both cores free).",
+        f"Data: {cfg['files']} text files x {cfg['tokens']:,} token ids (one per line), T = {cfg['seq_len']}; "
+        f"B rows per batch. tokens/s counts delivered tokens (padding excluded).",
+        table,
+        "Throughput of every run (tokens/s): " + "; ".join(
+            f"{e}: {', '.join(f'{x:,.0f}' for x in r.get('all_samples_per_s', []))}" for e, r in res.items()) + ".",
+    ])
+
+
+def plot(res: Dict[str, dict], cfg: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    width = 0.8 / len(cfg["rows"])
+    for k, B in enumerate(cfg["rows"]):
+        vals, marks = [], []
+        for name in LOADERS:
+            r = res.get(f"B{B}/{name}", {})
+            vals.append(r.get("samples_per_s", 0) if "error" not in r else 0)
+            ok = r.get("checks", {}).get("exactly_once")
+            marks.append("" if ok else (" lost/duplicated" if ok is False else " n/a"))
+        xs = [i + (k - (len(cfg["rows"]) - 1) / 2) * width for i in range(len(LOADERS))]
+        ax.bar(xs, vals, width, label=f"B = {B}")
+        for x, v, m in zip(xs, vals, marks):
+            ax.text(x, v, f"{v / 1e3:,.0f}k{m}", ha="center", va="bottom", fontsize=7, rotation=90 if m else 0)
+    ax.set_xticks(range(len(LOADERS)), [textwrap.fill(LABELS[n], 24) for n in LOADERS], fontsize=7)
+    ax.set_ylabel("tokens/s (higher is better)")
+    ax.set_title(f"Stream mode: {cfg['files']} streams x {cfg['tokens']:,} tokens, T = {cfg['seq_len']} "
+                 "(2-core CPU machine, shared; best of runs)", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small data: a smoke run")
+    ap.add_argument("--write", action="store_true", help="rewrite benchmarks/README.md's stream section, draw the plot")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per entry (default 2 full, 1 quick)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per child run")
+    ap.add_argument("--replot", action="store_true",
+                    help=f"only redraw the plot from the results saved by the last --write ({RESULTS_JSON})")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--cfg", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.data, json.loads(args.cfg))
+        return
+    if args.replot:
+        with open(RESULTS_JSON) as f:
+            saved = json.load(f)
+        plot(saved["results"], saved["cfg"], os.path.join(REPO, "img", "bench_stream.png"))
+        print("redrew img/bench_stream.png")
+        return
+    cfg = SIZES["quick" if args.quick else "full"]
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    machine = H.machine_line() + "; code measured: " + H.source_digest(os.path.join(REPO, "pyloader"))
+    print(f"machine: {machine}")
+    skipped = ensure_psd()
+    loaders = [n for n in LOADERS if not (skipped and n.startswith("psd"))]
+    entries = [f"B{B}/{n}" for B in cfg["rows"] for n in loaders]
+    t_all = time.perf_counter()
+    data = tempfile.mkdtemp(prefix="pyloader-stream-bench-")
+    runs: Dict[str, List[dict]] = {e: [] for e in entries}
+    cores: List[float] = []
+    try:
+        generate(data, cfg)
+        for rep in range(args.repeats):
+            cores.append(H.effective_cores())
+            print(f"-- round {rep + 1}/{args.repeats} (effective cores free now: {cores[-1]:.2f})")
+            for e in entries:
+                argv = [os.path.abspath(__file__), "--child", e, "--data", data, "--cfg", json.dumps(cfg)]
+                r = H.measure(e, argv, 1, args.timeout)
+                if "checks" in r and not r["checks_ok"]:
+                    print(f"    checks: {r['checks']}")
+                runs[e].append(r)
+        cores.append(H.effective_cores())
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    res = {}
+    for e, rs in runs.items():
+        r = H.best_of(rs) if len(rs) > 1 else rs[0]
+        r["all_samples_per_s"] = [round(x["samples_per_s"], 1) for x in rs if "error" not in x]
+        res[e] = r
+    md = results_markdown(res, cfg, args, machine, time.perf_counter() - t_all, skipped, cores)
+    print()
+    print(md)
+    if args.write:
+        H.replace_section(os.path.join(HERE, "README.md"), "bench_stream", md)
+        os.makedirs(os.path.dirname(RESULTS_JSON), exist_ok=True)
+        with open(RESULTS_JSON, "w") as f:
+            json.dump({"cfg": cfg, "machine": machine, "results": res}, f, indent=1, sort_keys=True)
+        os.makedirs(os.path.join(REPO, "img"), exist_ok=True)
+        plot(res, cfg, os.path.join(REPO, "img", "bench_stream.png"))
+        print("\nwrote benchmarks/README.md (bench_stream section) and img/bench_stream.png")
+
+
+if __name__ == "__main__":
+    main()
