@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import threading
+import weakref
 from typing import Any, AsyncIterator, Callable
 
 from ._errors import Failure
@@ -12,6 +14,15 @@ from ._threads import DaemonExecutor
 
 _END = object()
 _POLL_S = 1.0  # how often a waiting consumer checks that the loop thread is alive
+_JOIN_S = 0.5  # how long stop() waits for threads still running a user method
+_live: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """At interpreter exit, stop the runs nobody closed before the interpreter is torn down."""
+    for engine in list(_live):
+        engine.stop()
 
 
 class Engine:
@@ -35,6 +46,7 @@ class Engine:
         self._task: asyncio.Task = None  # type: ignore[assignment]
         self._max_queue_size = max_queue_size
         self._thread = threading.Thread(target=self._run, name=f"{name}-loop", daemon=True)
+        _live.add(self)
         self._thread.start()
         self._started.wait()
 
@@ -112,6 +124,9 @@ class Engine:
         return item
 
     def stop(self, timeout: float = 2.0) -> None:
+        """Cancel the run, join the loop thread, and give the executor's threads a moment to
+        leave user code: a thread still inside an extension (torch) while the interpreter
+        shuts down can abort the process."""
         self._done = True
         if self._queue is not None:
             self._queue.close()
@@ -122,4 +137,5 @@ class Engine:
                 pass  # loop already closed
             if threading.current_thread() is not self._thread:
                 self._thread.join(timeout)
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown(wait=True, cancel_futures=True, timeout=_JOIN_S)
+        _live.discard(self)

@@ -2,13 +2,15 @@
 
 ``concurrent.futures.ThreadPoolExecutor`` joins its threads at interpreter exit,
 so one stuck ``read_file`` would hang the exit of the whole program; these
-threads never hold the interpreter up, and ``shutdown`` returns at once.
+threads never hold the interpreter up, and ``shutdown`` waits for them only as
+long as it is told to.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import queue
 import threading
+import time
 from typing import Any, Callable, List, Optional, Tuple
 
 _STOP = None
@@ -54,7 +56,9 @@ class DaemonExecutor(concurrent.futures.Executor):
             del item, future, fn, args, kwargs
             self._idle.release()
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False, timeout: Optional[float] = None) -> None:
+        """Stop the threads; with ``wait``, give them up to ``timeout`` seconds in all to finish
+        the call they are in (a thread stuck in user code is left to end on its own)."""
         with self._lock:
             self._shutdown = True
             if cancel_futures:
@@ -68,5 +72,6 @@ class DaemonExecutor(concurrent.futures.Executor):
             for _ in self._threads:
                 self._work.put(_STOP)
         if wait:
+            deadline = None if timeout is None else time.monotonic() + timeout
             for thread in self._threads:
-                thread.join()
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))

@@ -312,3 +312,33 @@ def test_files_in_memory_are_bounded_by_settings(tmp_path):
     assert got == list(range(64 * 60))
     # prefetch_files read ahead + the file being batched + the 2 batch stages' slices
     assert peak[0] <= 2 + 1 + 4, peak[0]
+
+
+EXIT_SCRIPT = """
+import json, os, sys, tempfile
+import torch
+import pyloader as pl
+from pyloader.collators import TorchCollator
+from pyloader.readers import JsonLinesReader
+folder = tempfile.mkdtemp()
+for i in range(8):
+    with open(os.path.join(folder, f"{i}.jsonl"), "w") as f:
+        f.writelines(json.dumps({"x": [j] * 32, "y": j}) + "\\n" for j in range(2000))
+loader = pl.DataLoader(JsonLinesReader(128), pl.IdentityDataset(), TorchCollator(), folder)
+for k, batch in enumerate(loader):
+    if k == 20:
+        break
+if sys.argv[1] == "close":
+    loader.close()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["close", "no-close"])
+def test_process_exits_cleanly_right_after_stopping(how):
+    """Threads still inside torch while the interpreter shuts down used to abort the process."""
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+    for _ in range(4):
+        done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, how], capture_output=True, text=True, timeout=60,
+                              env={**__import__("os").environ, "PYTHONPATH": root})
+        assert done.returncode == 0, done.stderr[-2000:]
