@@ -58,6 +58,8 @@ def file_pieces(reader: DataReader, task: FileTask, data: Optional[bytes] = None
             offset += n
             if offset >= task.end:
                 return
+        raise ValueError(f"file {task.path!r} has {offset} samples but DataReader.count said at least {task.end}: "
+                         f"ranks would take different numbers of steps")
 
 
 def _pieces(reader: DataReader, task: FileTask) -> Iterator[Columns]:

@@ -194,3 +194,14 @@ def test_tf_distribute_input_pipelines(tmp_path):
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     dist_ds = strategy.distribute_datasets_from_function(lambda ctx: loader.to_tf_dataset(input_context=ctx))
     assert sum(int(tf.shape(b["id"])[0]) for b in dist_ds) == 30
+
+
+def test_a_count_that_overstates_the_file_is_an_error(tmp_path):
+    write_chunks(tmp_path, [6, 6])
+
+    class Boastful(IdReader):
+        def count(self, path):
+            return 10
+
+    with pytest.raises(pl.PipelineError, match="DataReader.count"):
+        list(pl.DataLoader(Boastful(4), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=1, world_size=2))
