@@ -19,6 +19,7 @@ The child prints one line ``@@RESULT {json}`` with what it measured itself
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -288,3 +289,31 @@ def fmt_rate(x: Optional[float]) -> str:
 
 def fmt_mb(x: Optional[float]) -> str:
     return "-" if x is None else f"{x / MB:,.0f}"
+
+
+def common_args(ap: Any, write_help: str, default_repeats: str, results_json: str) -> None:
+    """The options both benchmark scripts take (and the hidden ones of their child runs)."""
+    ap.add_argument("--quick", action="store_true", help="small data: a smoke run")
+    ap.add_argument("--write", action="store_true", help=write_help)
+    ap.add_argument("--repeats", type=int, default=None, help=f"runs per entry (default {default_repeats})")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per child run")
+    ap.add_argument("--replot", action="store_true",
+                    help=f"only redraw the plot from the results saved by the last --write ({results_json})")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--cfg", help=argparse.SUPPRESS)
+
+
+def child_or_replot(args: Any, child: Callable[[str, str, dict], None], results_json: str,
+                    plot: Callable[[dict, dict, str], None], image: str) -> bool:
+    """Run the child entry or redraw the plot when asked to; True when that was the whole job."""
+    if args.child:
+        child(args.child, args.data, json.loads(args.cfg))
+        return True
+    if args.replot:
+        with open(results_json) as f:
+            saved = json.load(f)
+        plot(saved["results"], saved["cfg"], image)
+        print(f"redrew {os.path.relpath(image)}")
+        return True
+    return False

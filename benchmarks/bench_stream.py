@@ -306,24 +306,9 @@ def plot(res: Dict[str, dict], cfg: dict, path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small data: a smoke run")
-    ap.add_argument("--write", action="store_true", help="rewrite benchmarks/README.md's stream section, draw the plot")
-    ap.add_argument("--repeats", type=int, default=None, help="runs per entry (default 2 full, 1 quick)")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per child run")
-    ap.add_argument("--replot", action="store_true",
-                    help=f"only redraw the plot from the results saved by the last --write ({RESULTS_JSON})")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--cfg", help=argparse.SUPPRESS)
+    H.common_args(ap, "rewrite benchmarks/README.md's stream section, draw the plot", "2 full, 1 quick", RESULTS_JSON)
     args = ap.parse_args()
-    if args.child:
-        child(args.child, args.data, json.loads(args.cfg))
-        return
-    if args.replot:
-        with open(RESULTS_JSON) as f:
-            saved = json.load(f)
-        plot(saved["results"], saved["cfg"], os.path.join(REPO, "img", "bench_stream.png"))
-        print("redrew img/bench_stream.png")
+    if H.child_or_replot(args, child, RESULTS_JSON, plot, os.path.join(REPO, "img", "bench_stream.png")):
         return
     cfg = SIZES["quick" if args.quick else "full"]
     args.repeats = args.repeats or (1 if args.quick else 2)
