@@ -317,3 +317,15 @@ def child_or_replot(args: Any, child: Callable[[str, str, dict], None], results_
         print(f"redrew {os.path.relpath(image)}")
         return True
     return False
+
+
+def write_results(section: str, markdown: str, results_json: str, payload: dict,
+                  plot: Callable[[dict, dict, str], None], image: str) -> None:
+    """``--write``: the README section, every figure as JSON, and the plot."""
+    replace_section(os.path.normpath(os.path.join(os.path.dirname(results_json), "..", "README.md")), section, markdown)
+    os.makedirs(os.path.dirname(results_json), exist_ok=True)
+    with open(results_json, "w") as f:
+        json.dump(payload, f, indent=1, sort_keys=True)
+    os.makedirs(os.path.dirname(image), exist_ok=True)
+    plot(payload["results"], payload["cfg"], image)
+    print(f"\nwrote benchmarks/README.md ({section} section) and {os.path.relpath(image)}")

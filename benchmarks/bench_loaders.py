@@ -674,13 +674,8 @@ def main() -> None:
     print()
     print(md)
     if args.write:
-        H.replace_section(os.path.join(HERE, "README.md"), "bench_loaders", md)
-        os.makedirs(os.path.dirname(RESULTS_JSON), exist_ok=True)
-        with open(RESULTS_JSON, "w") as f:
-            json.dump({"cfg": cfg, "machine": machine, "results": res}, f, indent=1, sort_keys=True)
-        os.makedirs(os.path.join(REPO, "img"), exist_ok=True)
-        plot(res, cfg, os.path.join(REPO, "img", "bench_throughput.png"))
-        print("\nwrote benchmarks/README.md (bench_loaders section) and img/bench_throughput.png")
+        H.write_results("bench_loaders", md, RESULTS_JSON, {"cfg": cfg, "machine": machine, "results": res}, plot,
+                        os.path.join(REPO, "img", "bench_throughput.png"))
 
 
 if __name__ == "__main__":

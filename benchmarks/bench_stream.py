@@ -344,13 +344,8 @@ def main() -> None:
     print()
     print(md)
     if args.write:
-        H.replace_section(os.path.join(HERE, "README.md"), "bench_stream", md)
-        os.makedirs(os.path.dirname(RESULTS_JSON), exist_ok=True)
-        with open(RESULTS_JSON, "w") as f:
-            json.dump({"cfg": cfg, "machine": machine, "results": res}, f, indent=1, sort_keys=True)
-        os.makedirs(os.path.join(REPO, "img"), exist_ok=True)
-        plot(res, cfg, os.path.join(REPO, "img", "bench_stream.png"))
-        print("\nwrote benchmarks/README.md (bench_stream section) and img/bench_stream.png")
+        H.write_results("bench_stream", md, RESULTS_JSON, {"cfg": cfg, "machine": machine, "results": res}, plot,
+                        os.path.join(REPO, "img", "bench_stream.png"))
 
 
 if __name__ == "__main__":

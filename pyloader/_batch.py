@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -135,16 +135,18 @@ class Batcher:
         parts = self._take(size)
         if parts[0][0].task is not None:
             segments = Segments(tuple(parts))
-            pad = np.concatenate([np.full(end - start, p.task.pad) for p, start, end in parts])
-            return Batch(epoch, index, segments, segments.paths, self._meta(pad))
+            meta = self._meta(lambda: np.concatenate([np.full(end - start, p.task.pad) for p, start, end in parts]))
+            return Batch(epoch, index, segments, segments.paths, meta)
         src = np.concatenate([p.columns[SRC][start:end] for p, start, end in parts])
         paths = tuple(self.files[i] for i in np.unique(src))
         columns = assemble([(p.columns, start, end) for p, start, end in parts], paths)
         columns.pop(SRC)
-        return Batch(epoch, index, columns, paths, self._meta(columns.pop(PAD)))
+        pad = columns.pop(PAD)
+        return Batch(epoch, index, columns, paths, self._meta(lambda: pad))
 
-    def _meta(self, pad: np.ndarray) -> Optional[Dict[str, np.ndarray]]:
-        return {PADDING: np.asarray(pad, dtype=bool)} if self.flag_padding else None
+    def _meta(self, pad: Callable[[], np.ndarray]) -> Optional[Dict[str, np.ndarray]]:
+        """The ``__padding__`` flags, worked out only when ranks are padded."""
+        return {PADDING: np.asarray(pad(), dtype=bool)} if self.flag_padding else None
 
     async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Batch]:
         epoch, index = None, 0

@@ -397,6 +397,26 @@ def assert_death_message(err: BaseException, how: str, records: List[Tuple[int, 
         assert path in text, text
 
 
+
+def consume_until_death(loader) -> Tuple[List[int], BaseException, float]:
+    """Iterate until the worker's death is raised: the ids delivered before, the error, when it came."""
+    got = []
+    with pytest.raises(RuntimeError) as info:
+        for batch in loader:
+            got.append(batch)
+    delivered = ids_of(got)
+    # rows the dead worker held for earlier batches are lost with it: what arrived is an in-order prefix
+    assert delivered == list(range(len(delivered)))
+    return delivered, info.value, time.monotonic()
+
+
+def assert_all_cleaned_up(loader, shm_before: set) -> None:
+    loader.close()
+    assert wait_no_children(2.0) == []
+    assert shm_entries() - shm_before == set()
+    assert wait_no_threads() == []
+
+
 def test_worker_killed_mid_epoch(tmp_path):
     write_chunks(tmp_path / "data", [6] * 10)
     (tmp_path / "init").mkdir()
@@ -420,25 +440,17 @@ def test_worker_killed_mid_epoch(tmp_path):
 
     thread = threading.Thread(target=killer)
     thread.start()
-    got = []
-    with pytest.raises(RuntimeError) as info:
-        for batch in loader:
-            got.append(batch)
-    raised_at = time.monotonic()
+    delivered, error, raised_at = consume_until_death(loader)
     thread.join()
     assert "pid" in killed, "the reader never reached the file it hangs on"
     assert raised_at - killed["at"] < 5, "the death was not noticed within a few seconds"
-    # the killed worker may hold rows of earlier batches too: what arrived is a prefix, in order
-    assert ids_of(got) == list(range(len(ids_of(got)))) and len(ids_of(got)) <= 24
+    assert len(delivered) <= 24
     records = recorded_workers(str(tmp_path / "init"))
     assert killed["pid"] in [pid for _, pid in records]
-    assert_death_message(info.value, "SIGKILL", [r for r in records if r[1] == killed["pid"]])
-    assert str(killed["pid"]) in str(info.value)
-    loader.close()
-    assert wait_no_children(2.0) == []
+    assert_death_message(error, "SIGKILL", [r for r in records if r[1] == killed["pid"]])
+    assert str(killed["pid"]) in str(error)
+    assert_all_cleaned_up(loader, shm_before)
     assert all(gone(pid) for _, pid in records)
-    assert shm_entries() - shm_before == set()
-    assert wait_no_threads() == []
 
 
 def test_worker_exits_inside_read_file(tmp_path):
@@ -448,19 +460,12 @@ def test_worker_exits_inside_read_file(tmp_path):
     loader = pl.DataLoader(NumReader(4, exit_on={"part-0005.txt"}), EncodeDataset(), ListCollator(),
                            str(tmp_path / "data"), num_workers=2, worker_init_fn=InitRecorder(str(tmp_path / "init")))
     start = time.monotonic()
-    got = []
-    with pytest.raises(RuntimeError) as info:
-        for batch in loader:
-            got.append(batch)
-    assert time.monotonic() - start < 10
-    assert ids_of(got) == list(range(len(ids_of(got))))
-    assert len(ids_of(got)) <= 30
+    delivered, error, raised_at = consume_until_death(loader)
+    assert raised_at - start < 10
+    assert len(delivered) <= 30
     records = recorded_workers(str(tmp_path / "init"))
-    assert_death_message(info.value, "code 3", records, path=paths[5])
-    loader.close()
-    assert wait_no_children(2.0) == []
-    assert shm_entries() - shm_before == set()
-    assert wait_no_threads() == []
+    assert_death_message(error, "code 3", records, path=paths[5])
+    assert_all_cleaned_up(loader, shm_before)
 
 
 def test_worker_segfaults_inside_batch_encode(tmp_path):
@@ -470,21 +475,12 @@ def test_worker_segfaults_inside_batch_encode(tmp_path):
     loader = pl.DataLoader(NumReader(4), EncodeDataset(segv_on_id=33), ListCollator(), str(tmp_path / "data"),
                            num_workers=2, worker_init_fn=InitRecorder(str(tmp_path / "init")))
     start = time.monotonic()
-    got = []
-    with pytest.raises(RuntimeError) as info:
-        for batch in loader:
-            got.append(batch)
-    assert time.monotonic() - start < 10
-    # the batch of id 33 is batch 8; rows the dead worker held for earlier batches are lost
-    # with it, so what arrived is an in-order prefix that stops before id 32
-    delivered = ids_of(got)
-    assert delivered == list(range(len(delivered))) and len(delivered) <= 32
+    delivered, error, raised_at = consume_until_death(loader)
+    assert raised_at - start < 10
+    assert len(delivered) <= 32  # the batch of id 33 is batch 8
     records = recorded_workers(str(tmp_path / "init"))
-    assert_death_message(info.value, "SIGSEGV", records)
-    loader.close()
-    assert wait_no_children(2.0) == []
-    assert shm_entries() - shm_before == set()
-    assert wait_no_threads() == []
+    assert_death_message(error, "SIGSEGV", records)
+    assert_all_cleaned_up(loader, shm_before)
 
 
 # -- 8. stopping early ---------------------------------------------------------------------------
