@@ -1,7 +1,10 @@
-"""Stage 3: cutting the sample stream into batches.
+"""Stage 3: cutting the sample stream into batches, handed on in groups.
 
 Files are joined end to end, so only the last batch of an epoch can be short;
-an optional shuffle buffer mixes samples across files first.
+an optional shuffle buffer mixes samples across files first. Consecutive
+batches travel the rest of the pipeline as a ``Group`` (one thread hop, one
+worker request, one hand-over for all of them), so fixed per-hop costs are
+paid once per group rather than once per batch.
 """
 from __future__ import annotations
 
@@ -33,6 +36,28 @@ class Batch:
     data: Any
     paths: Tuple[str, ...]
     meta: Optional[Dict[str, np.ndarray]] = None  # stream mode: per-row flags, kept out of user code
+
+
+Group = List[Batch]  # consecutive batches of one epoch, in order
+
+
+class GroupSize:
+    """How many batches the next group may hold: 1 at first, doubling up to ``limit``.
+
+    The first batch leaves as soon as it is cut (time to first batch), later
+    groups grow so that per-group costs shrink per batch. ``limit`` bounds the
+    batches a group holds (memory).
+    """
+
+    LIMIT = 32
+
+    def __init__(self, limit: int = LIMIT) -> None:
+        self.limit = limit
+        self._next = 1
+
+    def take(self) -> int:
+        n, self._next = self._next, min(self.limit, self._next * 2)
+        return n
 
 
 class ShuffleBuffer:
@@ -148,19 +173,29 @@ class Batcher:
         """The ``__padding__`` flags, worked out only when ranks are padded."""
         return {PADDING: np.asarray(pad(), dtype=bool)} if self.flag_padding else None
 
-    async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Batch]:
+    def _full(self, epoch: int, index: int, sizes: GroupSize) -> Iterator[Group]:
+        """The full batches at hand, from batch ``index`` on, in groups."""
+        while self._count >= self.batch_size:
+            group: Group = []
+            for _ in range(min(sizes.take(), self._count // self.batch_size)):
+                group.append(self._batch(epoch, index + len(group), self.batch_size))
+            index += len(group)
+            yield group
+
+    async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Group]:
         epoch, index = None, 0
         buffer: Optional[ShuffleBuffer] = None
+        sizes = GroupSize()
         async for item in items:
             if isinstance(item, EpochEnd):
                 if buffer is not None:
                     for columns in buffer.drain():
                         self._push(_mixed(columns))
-                while self._count >= self.batch_size:
-                    yield self._batch(item.epoch, index, self.batch_size)
-                    index += 1
+                for group in self._full(item.epoch, index, sizes):
+                    yield group
+                    index += len(group)
                 if self._count and not self.drop_last:
-                    yield self._batch(item.epoch, index, self._count)
+                    yield [self._batch(item.epoch, index, self._count)]
                 self._pending.clear()
                 self._count = 0
                 epoch, index, buffer = None, 0, None
@@ -178,9 +213,9 @@ class Batcher:
                     columns[PAD] = np.full(piece.n, item.task.pad)
                     for part in buffer.feed(columns):
                         self._push(_mixed(part))
-                while self._count >= self.batch_size:
-                    yield self._batch(epoch, index, self.batch_size)
-                    index += 1
+                for group in self._full(epoch, index, sizes):
+                    yield group
+                    index += len(group)
 
 
 def _mixed(columns: Columns) -> Piece:

@@ -9,24 +9,32 @@ from typing import Any, Deque
 EMPTY = object()  # get() timed out
 
 
+def _weight(item: Any) -> int:
+    return len(item) if type(item) is list else 1
+
+
 class HandOver:
-    """Holds at most ``maxsize`` items. The loop side awaits ``put``; the consumer
-    side blocks in ``get`` without a round trip through the loop, so handing a
-    batch over costs one condition-variable wake-up."""
+    """Holds at most ``maxsize`` items, a list counting as its length (a group of
+    batches); a list larger than that still goes in when the queue is empty. The
+    loop side awaits ``put``; the consumer side blocks in ``get`` without a round
+    trip through the loop, so a hand-over costs one condition-variable wake-up."""
 
     def __init__(self, maxsize: int, loop: asyncio.AbstractEventLoop) -> None:
         self._maxsize = maxsize
         self._loop = loop
         self._items: Deque[Any] = collections.deque()
+        self._size = 0  # summed weights of the items held
         self._cond = threading.Condition(threading.Lock())
         self._space = asyncio.Event()
         self._closed = False
 
     async def put(self, item: Any) -> None:
+        weight = _weight(item)
         while True:
             with self._cond:
-                if len(self._items) < self._maxsize:
+                if not self._items or self._size + weight <= self._maxsize:
                     self._items.append(item)
+                    self._size += weight
                     self._cond.notify()
                     return
                 self._space.clear()
@@ -40,8 +48,9 @@ class HandOver:
             if not self._items:
                 return EMPTY
             item = self._items.popleft()
-            was_full = len(self._items) == self._maxsize - 1
-        if was_full:
+            self._size -= _weight(item)
+            waiting = not self._space.is_set()
+        if waiting:
             try:
                 self._loop.call_soon_threadsafe(self._space.set)
             except RuntimeError:
@@ -52,4 +61,5 @@ class HandOver:
         with self._cond:
             self._closed = True
             self._items.clear()
+            self._size = 0
             self._cond.notify_all()

@@ -1,11 +1,12 @@
 """The public ``DataLoader``: settings, iteration, resume state."""
 from __future__ import annotations
 
+import collections
 import hashlib
 import multiprocessing
 import json
 import weakref
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Deque, Dict, Iterator, Optional
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch
@@ -18,7 +19,7 @@ from ._shard import resolve as resolve_sharding
 from ._stream import PADDING_MODES
 
 _STATE_FORMAT = "pyloader.state/1"
-_BATCHES_IN_FLIGHT = 2  # per encode/collate stage
+_GROUPS_IN_FLIGHT = 2  # per worker, or for the encode/collate stage without workers
 
 
 def _positive(name: str, value: Any) -> int:
@@ -34,7 +35,8 @@ class DataLoader:
     epochs, run by an asyncio pipeline on a background thread. Every sample of
     every file is delivered exactly once per epoch; only an epoch's last batch
     may be short (dropped with ``drop_last``). Memory is bounded by settings:
-    ``max_queue_size`` collated batches ready, ``2 x _BATCHES_IN_FLIGHT``
+    ``max_queue_size`` collated batches ready (or one group, when a group is
+    larger), ``2 x max(1, num_workers)`` groups of at most 32 consecutive
     batches being encoded or collated, ``prefetch_files`` files read ahead
     (each holding at most 2 pieces from ``iter_file``, or the whole file when
     ``read_file`` is used), and ``shuffle_buffer`` samples.
@@ -127,14 +129,14 @@ class DataLoader:
             files=self.files, reader=self.datareader, dataset=self.dataset, collator=self.datacollator,
             num_epoch=self.num_epoch, max_queue_size=self.max_queue_size, shuffle=self.shuffle,
             random_seed=self.random_seed, shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
-            prefetch_files=self.prefetch_files, concurrency=_BATCHES_IN_FLIGHT * max(1, self.num_workers),
+            prefetch_files=self.prefetch_files, concurrency=_GROUPS_IN_FLIGHT * max(1, self.num_workers),
             errors=self._errors,
             stats=self._stats, finish=self._finish, stream=self.stream, seq_len=self.seq_len,
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
             worker_init_fn=self.worker_init_fn, start_method=self.start_method, sharding=self.sharding,
             count_cache=self._count_cache)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
-                      self.max_queue_size, threads=self.prefetch_files + 2 * _BATCHES_IN_FLIGHT)
+                      self.max_queue_size, threads=self.prefetch_files + 2 * _GROUPS_IN_FLIGHT)
 
     def _consumed(self, batch: Batch) -> Any:
         self.epoch = batch.epoch
@@ -227,24 +229,34 @@ class DataLoader:
 
 
 class LoaderIterator:
-    """One pass over the data; ``break``, ``close()`` or dropping it stops the pipeline."""
+    """One pass over the data; ``break``, ``close()`` or dropping it stops the pipeline.
+
+    Batches arrive from the pipeline in groups and are handed out one at a time;
+    the loader's position advances only as each is handed out.
+    """
 
     def __init__(self, loader: DataLoader, engine: Engine) -> None:
         self._loader = loader
         self._engine = engine
+        self._ready: Deque[Batch] = collections.deque()
         self._finalizer = weakref.finalize(self, engine.stop)
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
-        return self._loader._consumed(self._engine.get())
+        if not self._ready:
+            self._ready.extend(self._engine.get())
+        return self._loader._consumed(self._ready.popleft())
 
     def __aiter__(self) -> "LoaderIterator":
         return self
 
     async def __anext__(self) -> Any:
-        return self._loader._consumed(await self._engine.aget())
+        if not self._ready:
+            self._ready.extend(await self._engine.aget())
+        return self._loader._consumed(self._ready.popleft())
 
     def close(self) -> None:
+        self._ready.clear()
         self._finalizer()

@@ -1,11 +1,11 @@
-"""Stages 4 and 5: ``batch_encode`` then ``collate_batch`` on each batch, several batches at once, in order."""
+"""Stages 4 and 5: ``batch_encode`` then ``collate_batch`` on each batch, several groups at once, in order."""
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, List, Sequence, Tuple, Union
 
-from ._batch import Batch
+from ._batch import Group
 from ._errors import ErrorHandler, Failure, Stats
 
 _END = object()
@@ -31,31 +31,46 @@ def run_steps(steps: Sequence[Step], data: Any) -> Any:
     return data
 
 
+Outcome = Union[Any, StepFailed]  # a batch's result, or the step that failed on it
+
+
+def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = lambda d: d) -> List[Outcome]:
+    """``run_steps`` on every batch of a group; a batch that fails does not stop the others."""
+    out: List[Outcome] = []
+    for data in datas:
+        try:
+            out.append(run_steps(steps, prepare(data)))
+        except StepFailed as failed:
+            out.append(failed)
+    return out
+
+
 class OrderedMap:
-    """Runs ``run(batch.data)`` (the user's steps, off the event loop) on up to ``concurrency`` batches at once.
+    """Runs ``run([batch.data, ...])`` (the user's steps, off the event loop) on up to
+    ``concurrency`` groups at once; ``run`` gives one ``Outcome`` per batch.
 
     Results are yielded in input order, never in completion order, so the output
     does not depend on timing. A failed step goes through the error policy under
-    its own name (the batch is then skipped and counted); an upstream failure is
-    re-raised here, in order.
+    its own name (that batch is then skipped and counted, the rest of its group
+    goes on); an upstream failure is re-raised here, in order.
     """
 
-    def __init__(self, run: Callable[[Any], Awaitable[Any]], concurrency: int, errors: ErrorHandler,
+    def __init__(self, run: Callable[[List[Any]], Awaitable[List[Outcome]]], concurrency: int, errors: ErrorHandler,
                  stats: Stats) -> None:
         self.run = run
         self.concurrency = concurrency
         self.errors = errors
         self.stats = stats
 
-    async def iterate(self, batches: AsyncIterator[Batch], tasks: asyncio.TaskGroup) -> AsyncIterator[Batch]:
+    async def iterate(self, groups: AsyncIterator[Group], tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
         queue: asyncio.Queue = asyncio.Queue(maxsize=self.concurrency)
 
         async def feed() -> None:
             try:
-                async for batch in batches:
-                    future = asyncio.ensure_future(self.run(batch.data))
+                async for group in groups:
+                    future = asyncio.ensure_future(self.run([batch.data for batch in group]))
                     try:
-                        await queue.put((batch, future))
+                        await queue.put((group, future))
                     except asyncio.CancelledError:
                         _discard(future)
                         raise
@@ -74,14 +89,23 @@ class OrderedMap:
                     return
                 if isinstance(item, Failure):
                     raise item.exc
-                batch, future = item
-                try:
-                    data = await future
-                except StepFailed as failed:
-                    self.errors(failed.step, batch.paths, failed.__cause__)
-                    self.stats.skipped_batches += 1
-                    continue
-                yield dataclasses.replace(batch, data=data)
+                group, future = item
+                item = None
+                done: Group = []
+                for batch, outcome in zip(group, await future):
+                    if isinstance(outcome, StepFailed):
+                        try:
+                            self.errors(outcome.step, batch.paths, outcome.__cause__)
+                        except BaseException:
+                            if done:
+                                yield done  # the batches before the failed one still arrive, in order
+                            raise
+                        self.stats.skipped_batches += 1
+                    else:
+                        done.append(dataclasses.replace(batch, data=outcome))
+                group = future = batch = None  # the raw rows: not kept alive while the consumer holds the loop back
+                if done:
+                    yield done
         finally:
             feeder.cancel()
             while not queue.empty():

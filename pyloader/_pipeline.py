@@ -1,4 +1,4 @@
-"""The path of a batch, top to bottom: files → pieces → batches → encoded and collated → hand-over."""
+"""The path of a batch, top to bottom: files → pieces → batches (in groups) → encoded and collated → hand-over."""
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional
 
 from ._abc import DataCollator, DataReader, Dataset
-from ._batch import Batch, Batcher
+from ._batch import Batcher, Group
 from ._errors import ErrorHandler, PipelineError, Stats
 from ._map import OrderedMap, Step
 from ._pool import WorkerPool
@@ -105,14 +105,15 @@ async def count_samples(s: Settings, run_blocking: Callable) -> List[int]:
     return s.count_cache["counts"]
 
 
-async def _skip(batches: AsyncIterator[Batch], start: Start) -> AsyncIterator[Batch]:
-    async for batch in batches:
-        if batch.epoch == start.epoch and batch.index < start.skip:
-            continue  # replayed to rebuild the state, not encoded again
-        yield batch
+async def _skip(groups: AsyncIterator[Group], start: Start) -> AsyncIterator[Group]:
+    async for group in groups:
+        # batches replayed to rebuild the state are not encoded again
+        kept = [b for b in group if b.epoch != start.epoch or b.index >= start.skip]
+        if kept:
+            yield kept
 
 
-async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyncio.TaskGroup) -> AsyncIterator[Batch]:
+async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
     """The stages of one run, chained; ``run_blocking(fn, *args)`` runs ``fn`` off the loop."""
     there, here = split_steps(s)
     pool = None
@@ -143,8 +144,8 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
         raw = batcher.iterate(files, read)
         if start.skip:
             raw = _skip(raw, start)
-        async for batch in OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
-            yield batch
+        async for group in OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
+            yield group
     finally:
         if pool is not None:
             pool.close()

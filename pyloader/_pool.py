@@ -193,7 +193,7 @@ class WorkerPool:
             if ok:
                 future.set_result(value)
             else:
-                future.set_exception(_rebuild(value))
+                future.set_exception(rebuild_error(value))
 
     def _died(self, worker: _Worker) -> None:
         if worker.dead is not None or self._closed:
@@ -218,7 +218,7 @@ class WorkerPool:
                 future.cancel()
 
 
-def _rebuild(value: Tuple[Optional[str], BaseException, str]) -> BaseException:
+def rebuild_error(value: Tuple[Optional[str], BaseException, str]) -> BaseException:
     """The worker's exception, with the worker's traceback attached as a note."""
     from ._map import StepFailed
 

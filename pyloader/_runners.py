@@ -3,11 +3,13 @@
 Both runners offer the same two calls, so the stages do not care which is used:
 
 * ``pieces(task, fetch)``: the pieces of one file, in order, as ``(n, columns, ref)``;
-* ``run(data)``: ``batch_encode`` then ``collate_batch`` on a batch given as
-  ``Columns`` or as ``Segments`` (rows of pieces, possibly kept in workers).
+* ``run(datas)``: ``batch_encode`` then ``collate_batch`` on each batch of a
+  group, given as ``Columns`` or as ``Segments`` (rows of pieces, possibly kept
+  in workers); one ``Outcome`` per batch.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 from typing import Any, AsyncIterator, Callable, Deque, List, Optional, Sequence, Tuple, Union
@@ -16,8 +18,8 @@ from ._abc import DataReader
 from ._batch import Segments
 from ._columns import Columns, n_rows, slice_rows
 from ._files import is_url
-from ._map import Step, run_steps
-from ._pool import RemoteRef, WorkerPool
+from ._map import Outcome, Step, StepFailed, run_each
+from ._pool import RemoteRef, WorkerPool, rebuild_error
 from ._read import file_pieces
 from ._remote import fetch_bytes
 from ._source import FileTask
@@ -36,21 +38,21 @@ async def _fetch_remote(run_blocking: Callable, task: FileTask) -> Optional[byte
 BatchData = Union[Columns, Segments]
 
 
-def _assemble_and_run(steps: Sequence[Step], data: BatchData) -> Any:
-    return run_steps(steps, data.local() if isinstance(data, Segments) else data)
+def _local(data: BatchData) -> Columns:
+    return data.local() if isinstance(data, Segments) else data
 
 
-def _timed(steps: Sequence[Step], data: BatchData) -> Tuple[Any, float]:
+def _timed(steps: Sequence[Step], datas: List[BatchData]) -> Tuple[List[Outcome], float]:
     start = time.perf_counter()
-    return _assemble_and_run(steps, data), time.perf_counter() - start
+    return run_each(steps, datas, _local), (time.perf_counter() - start) / max(1, len(datas))
 
 
 class ThreadRunner:
     """``num_workers=0``: everything in this process, off the event loop.
 
     Batches whose steps take only microseconds (arrays already model-ready) are
-    not worth a trip to another thread: once the last ``_WINDOW`` batches each
-    took less than ``INLINE_BELOW`` seconds, batches run on the loop itself,
+    not worth a trip to another thread: once the last ``_WINDOW`` groups took
+    less than ``INLINE_BELOW`` seconds per batch, groups run on the loop itself,
     until one takes longer.
     """
 
@@ -77,9 +79,9 @@ class ThreadRunner:
             except ValueError:
                 pass  # still running in the executor: it closes when collected
 
-    async def run(self, data: BatchData) -> Any:
+    async def run(self, datas: List[BatchData]) -> List[Outcome]:
         cheap = len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW
-        result, took = _timed(self.steps, data) if cheap else await self.run_blocking(_timed, self.steps, data)
+        result, took = _timed(self.steps, datas) if cheap else await self.run_blocking(_timed, self.steps, datas)
         self._recent.append(took)
         return result
 
@@ -114,26 +116,57 @@ class PoolRunner:
         finally:
             self.pool.post(worker, ("close", gid))
 
-    async def run(self, data: BatchData) -> Any:
-        if isinstance(data, Segments):
-            paths = data.paths
-            workers = {p.ref.worker for p, _, _ in data.parts if p.ref is not None}
-            if len(workers) == 1 and all(p.ref is not None for p, _, _ in data.parts):
-                worker = workers.pop()
-                spec = [(p.ref.pid, start, end) for p, start, end in data.parts]
+    async def _placed(self, data: BatchData) -> Tuple[int, list, Tuple[str, ...]]:
+        """Where a batch runs and what that worker needs: pieces it keeps, or rows sent along."""
+        if not isinstance(data, Segments):
+            return self.pool.least_loaded(), [(data, 0, n_rows(data))], ()
+        workers = {p.ref.worker for p, _, _ in data.parts if p.ref is not None}
+        if len(workers) == 1 and all(p.ref is not None for p, _, _ in data.parts):
+            return workers.pop(), [(p.ref.pid, start, end) for p, start, end in data.parts], data.paths
+        spec = []
+        for p, start, end in data.parts:
+            if p.ref is None:
+                part = slice_rows(p.columns, start, end)
             else:
-                worker, spec = self.pool.least_loaded(), []
-                for p, start, end in data.parts:
-                    if p.ref is None:
-                        part = slice_rows(p.columns, start, end)
-                    else:
-                        part = await self.pool.request(p.ref.worker, "fetch", p.ref.pid, start, end,
-                                                       doing=f"sending rows of {p.task.path!r}")
-                    spec.append((part, 0, end - start))
-        else:
-            worker, spec, paths = self.pool.least_loaded(), [(data, 0, n_rows(data))], ()
-        doing = "encoding and collating a batch" + (f" of {', '.join(map(repr, paths))}" if paths else "")
-        result = await self.pool.request(worker, "run", spec, paths, doing=doing)
+                part = await self.pool.request(p.ref.worker, "fetch", p.ref.pid, start, end,
+                                               doing=f"sending rows of {p.task.path!r}")
+            spec.append((part, 0, end - start))
+        return self.pool.least_loaded(), spec, data.paths
+
+    async def run(self, datas: List[BatchData]) -> List[Outcome]:
+        """Consecutive batches bound for one worker go in one request."""
+        runs: List[Tuple[int, list]] = []
+        for data in datas:
+            worker, spec, paths = await self._placed(data)
+            if not runs or runs[-1][0] != worker:
+                runs.append((worker, []))
+            runs[-1][1].append((spec, paths))
+        replies = await asyncio.gather(*(self.pool.request(worker, "run", jobs, doing=_doing(jobs))
+                                         for worker, jobs in runs), return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        outcomes = [_outcome(ok, value) for reply in replies for ok, value in reply]
         if self.finish:
-            result = await self.run_blocking(run_steps, self.finish, result)
-        return result
+            outcomes = await self.run_blocking(_finish_each, self.finish, outcomes)
+        return outcomes
+
+
+def _outcome(ok: bool, value: Any) -> Outcome:
+    if ok:
+        return value
+    error = rebuild_error(value)
+    if not isinstance(error, StepFailed):
+        raise error  # not a user step's failure (rows that cannot share a batch): the run fails
+    return error
+
+
+def _doing(jobs: list) -> str:
+    paths = list(dict.fromkeys(p for _, paths in jobs for p in paths))
+    return f"encoding and collating {len(jobs)} batch(es)" + (f" of {', '.join(map(repr, paths))}" if paths else "")
+
+
+def _finish_each(steps: Sequence[Step], outcomes: List[Outcome]) -> List[Outcome]:
+    """The steps run here after the worker's, on the batches that did not fail there."""
+    done = iter(run_each(steps, [o for o in outcomes if not isinstance(o, StepFailed)]))
+    return [o if isinstance(o, StepFailed) else next(done) for o in outcomes]

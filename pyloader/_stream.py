@@ -148,7 +148,7 @@ class StreamBatcher:
                         first[0] = rows[0] is not None
                         if rows[0] is None:
                             return  # no data anywhere: nothing to pad with
-                yield await self._step(rows, first, epoch, index)
+                yield [await self._step(rows, first, epoch, index)]
                 index += 1
         finally:
             for row in rows:

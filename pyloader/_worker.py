@@ -8,8 +8,9 @@ It serves requests from the loader one at a time: batches before reading ahead
 * ``("next", rid, gid, pid, fetch)``: the file's next piece: kept here under
   ``pid`` (only its length is sent) or, with ``fetch``, sent whole;
 * ``("close", gid)`` and ``("release", pids)``: forget a file or pieces;
-* ``("run", rid, segments, paths)``: assemble a batch from kept pieces or sent
-  columns, run the steps on it and send the result;
+* ``("run", rid, jobs)``: for each ``(segments, paths)`` of a group, assemble a
+  batch from kept pieces or sent columns and run the steps on it; the reply is
+  one ``(ok, value)`` per batch, so one failed batch does not sink its group;
 * ``("fetch", rid, pid, start, end)``: send rows of a kept piece.
 
 Every reply is ``(rid, ok, value)``; a failure sends the exception (or, if it
@@ -50,7 +51,8 @@ class RemoteError(Exception):
     """Stands for a worker exception that could not be pickled."""
 
 
-def _error_reply(rid: int, exc: BaseException) -> tuple:
+def _error(exc: BaseException) -> tuple:
+    """``(step, cause, traceback text)``, picklable whatever the exception was."""
     text = "".join(traceback.format_exception(exc))
     step = getattr(exc, "step", None)
     cause = exc.__cause__ if step is not None else exc
@@ -59,7 +61,18 @@ def _error_reply(rid: int, exc: BaseException) -> tuple:
         pickle.loads(payload)
     except Exception:
         cause = RemoteError(f"{type(cause).__name__}: {cause}")
-    return (rid, False, (step, cause, text))
+    return (step, cause, text)
+
+
+def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segments: List[Segment],
+             paths: Tuple[str, ...]) -> Tuple[bool, Any]:
+    from ._map import run_steps
+
+    try:
+        parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
+        return True, run_steps(steps, assemble(parts, paths))
+    except Exception as exc:
+        return False, _error(exc)
 
 
 def _receive(sock: socket.socket, inbox: Deque[tuple]) -> None:
@@ -92,8 +105,6 @@ def _next_request(inbox: Deque[tuple]) -> tuple:
 
 def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], current: Any, reader: Any,
                 steps: List[Tuple[str, Callable]], worker_init_fn: Optional[Callable[[int], None]]) -> None:
-    from ._map import run_steps
-
     for fd in inherited:
         try:
             os.close(fd)
@@ -145,16 +156,14 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
                     kept[pid] = piece
                     reply = (rid, True, (n_rows(piece), None))
             elif op == "run":
-                _, _, segments, paths = msg
-                parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
-                reply = (rid, True, run_steps(steps, assemble(parts, paths)))
+                reply = (rid, True, [_run_job(steps, kept, segments, paths) for segments, paths in msg[2]])
             elif op == "fetch":
                 _, _, pid, start, end = msg
                 reply = (rid, True, slice_rows(kept[pid], start, end))
             else:
                 raise ValueError(f"unknown request {op!r}")
         except Exception as exc:
-            reply = _error_reply(rid, exc)
+            reply = (rid, False, _error(exc))
         current.value = -1
         try:
             _ipc.send(sock, reply)
