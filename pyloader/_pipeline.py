@@ -126,7 +126,8 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     try:
         counts = await count_samples(s, run_blocking) if s.sharding.active else None
         source = FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
-        read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, s.prefetch_files, s.errors, s.stats)
+        read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, s.prefetch_files, s.errors, s.stats,
+                         ramp=not s.stream)  # stream rows need several files before their first batch
         files = read.iterate(source.iterate(start.epoch), tasks)
         if s.stream:
             target = fallback = None
@@ -145,6 +146,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
         if start.skip:
             raw = _skip(raw, start)
         async for group in OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
+            read.open_up()
             yield group
     finally:
         if pool is not None:

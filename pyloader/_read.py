@@ -116,13 +116,29 @@ class ReadFiles:
     policy chose to skip, the file ends early and counts in ``stats.skipped_files``.
     """
 
-    def __init__(self, runner: Any, fetch: bool, prefetch_files: int, errors: ErrorHandler, stats: Stats) -> None:
+    def __init__(self, runner: Any, fetch: bool, prefetch_files: int, errors: ErrorHandler, stats: Stats,
+                 ramp: bool = False) -> None:
         self.runner = runner
         self.fetch = fetch  # bring every piece's rows here (shuffle buffer, stream mode)
         self.prefetch_files = prefetch_files
         self.errors = errors
         self.stats = stats
         self._tasks: asyncio.TaskGroup = None  # type: ignore[assignment]  # set by iterate()
+        self._source: Iterator[SourceItem] = iter(())
+        self._ahead: Deque[ReadItem] = collections.deque()
+        self._exhausted = False
+        self._limit = 0 if ramp else prefetch_files
+
+    def open_up(self) -> None:
+        """End the ramp: read ``prefetch_files`` ahead from now on.
+
+        With ``ramp``, files are read one at a time until this is called (once the
+        first batch is out), so the first file is not parsed while other files
+        compete with it for the same cores.
+        """
+        if self._limit < self.prefetch_files:
+            self._limit = self.prefetch_files
+            self._fill()
 
     async def _read_one(self, task: FileTask, queue: asyncio.Queue) -> None:
         try:
@@ -142,26 +158,26 @@ class ReadFiles:
         reader = self._tasks.create_task(self._read_one(task, queue), name=f"pyloader-read:{task.path}")
         return FileStream(task, queue, reader)
 
+    def _fill(self, need_one: bool = False) -> None:
+        """Open files ahead of the one being batched, up to the limit (at least one when ``need_one``)."""
+        while not self._exhausted and (sum(isinstance(i, FileStream) for i in self._ahead) < self._limit
+                                       or (need_one and not self._ahead)):
+            item: Optional[SourceItem] = next(self._source, None)
+            if item is None:
+                self._exhausted = True
+            elif isinstance(item, EpochEnd):
+                self._ahead.append(item)
+            else:
+                self._ahead.append(self.open(item))
+
     async def iterate(self, source: Iterator[SourceItem], tasks: asyncio.TaskGroup) -> AsyncIterator[ReadItem]:
-        self._tasks = tasks
-        ahead: Deque[ReadItem] = collections.deque()
-        exhausted = False
-
-        def fill() -> None:
-            nonlocal exhausted
-            while not exhausted and sum(isinstance(i, FileStream) for i in ahead) < self.prefetch_files:
-                item: Optional[SourceItem] = next(source, None)
-                if item is None:
-                    exhausted = True
-                elif isinstance(item, EpochEnd):
-                    ahead.append(item)
-                else:
-                    ahead.append(self.open(item))
-
-        fill()
-        while ahead:
-            item = ahead.popleft()
-            fill()
+        self._tasks, self._source = tasks, source
+        while True:
+            self._fill(need_one=True)
+            if not self._ahead:
+                return
+            item = self._ahead.popleft()
+            self._fill()
             yield item
 
     async def pieces(self, stream: FileStream) -> AsyncIterator[Piece]:
