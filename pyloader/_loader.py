@@ -19,7 +19,8 @@ from ._shard import resolve as resolve_sharding
 from ._stream import PADDING_MODES
 
 _STATE_FORMAT = "pyloader.state/1"
-_GROUPS_IN_FLIGHT = 2  # per worker, or for the encode/collate stage without workers
+_GROUPS_IN_FLIGHT = 2  # being encoded and collated without workers
+_GROUPS_PER_WORKER = 4  # with workers: enough that one worker's file does not hold the other idle
 
 
 def _positive(name: str, value: Any) -> int:
@@ -36,8 +37,8 @@ class DataLoader:
     every file is delivered exactly once per epoch; only an epoch's last batch
     may be short (dropped with ``drop_last``). Memory is bounded by settings:
     ``max_queue_size`` collated batches ready (or one group, when a group is
-    larger), ``2 x max(1, num_workers)`` groups of at most 32 consecutive
-    batches being encoded or collated, ``prefetch_files`` files read ahead
+    larger), 2 groups of at most 32 consecutive batches being encoded and
+    collated (4 per worker with ``num_workers``), ``prefetch_files`` files read ahead
     (each holding at most 2 pieces from ``iter_file``, or the whole file when
     ``read_file`` is used), and ``shuffle_buffer`` samples.
 
@@ -129,7 +130,7 @@ class DataLoader:
             files=self.files, reader=self.datareader, dataset=self.dataset, collator=self.datacollator,
             num_epoch=self.num_epoch, max_queue_size=self.max_queue_size, shuffle=self.shuffle,
             random_seed=self.random_seed, shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
-            prefetch_files=self.prefetch_files, concurrency=_GROUPS_IN_FLIGHT * max(1, self.num_workers),
+            prefetch_files=self.prefetch_files, concurrency=_GROUPS_PER_WORKER * self.num_workers or _GROUPS_IN_FLIGHT,
             errors=self._errors,
             stats=self._stats, finish=self._finish, stream=self.stream, seq_len=self.seq_len,
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,

@@ -113,6 +113,9 @@ class WorkerPool:
             self._fail(worker, died=False)
 
     # -- requests --------------------------------------------------------------------
+    def alive(self, index: int) -> bool:
+        return self._workers[index].dead is None
+
     def least_loaded(self) -> int:
         live = [w for w in self._workers if w.dead is None] or self._workers
         return min(live, key=lambda w: len(w.pending)).index

@@ -11,7 +11,7 @@ import asyncio
 import collections
 import contextlib
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Deque, Iterator, Optional, Union
+from typing import Any, AsyncIterator, Deque, Iterator, Optional, Tuple, Union
 
 from ._abc import DataReader
 from ._columns import Columns, n_rows, slice_rows, take
@@ -60,6 +60,31 @@ def file_pieces(reader: DataReader, task: FileTask, data: Optional[bytes] = None
                 return
         raise ValueError(f"file {task.path!r} has {offset} samples but DataReader.count said at least {task.end}: "
                          f"ranks would take different numbers of steps")
+
+
+def pieces_with_end(reader: DataReader, task: FileTask, data: Optional[bytes] = None) -> Iterator[Tuple[Columns, bool]]:
+    """``file_pieces`` as ``(piece, last)``: ``last`` is true when the file is known to end there.
+
+    A reader that gives a file in one piece (``read_file``) is looked ahead,
+    which costs nothing, so the end of the file travels with its piece instead
+    of taking another request; a failure found by the look-ahead comes after
+    the piece. Streaming readers are not looked ahead (that would parse a piece early).
+    """
+    gen = file_pieces(reader, task, data)
+    if not (reader.shuffle or type(reader).iter_file is DataReader.iter_file):
+        for piece in gen:
+            yield piece, False
+        return
+    with contextlib.closing(gen):
+        ahead = next(gen, None)
+        while ahead is not None:
+            piece = ahead
+            try:
+                ahead = next(gen, None)
+            except Exception:
+                yield piece, False
+                raise
+            yield piece, ahead is None
 
 
 def _pieces(reader: DataReader, task: FileTask) -> Iterator[Columns]:

@@ -20,7 +20,7 @@ from ._columns import Columns, n_rows, slice_rows
 from ._files import is_url
 from ._map import Outcome, Step, StepFailed, run_each
 from ._pool import RemoteRef, WorkerPool, rebuild_error
-from ._read import file_pieces
+from ._read import pieces_with_end
 from ._remote import fetch_bytes
 from ._source import FileTask
 
@@ -66,13 +66,16 @@ class ThreadRunner:
         self._recent: Deque[float] = collections.deque(maxlen=self._WINDOW)
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Columns, None]]:
-        gen = file_pieces(self.reader, task, await _fetch_remote(self.run_blocking, task))
+        gen = pieces_with_end(self.reader, task, await _fetch_remote(self.run_blocking, task))
         try:
             while True:
-                columns = await self.run_blocking(next, gen, _DONE)
-                if columns is _DONE:
+                item = await self.run_blocking(next, gen, _DONE)
+                if item is _DONE:
                     return
+                columns, last = item
                 yield n_rows(columns), columns, None
+                if last:
+                    return
         finally:
             try:
                 gen.close()  # the reader's own clean-up (closing its file)
@@ -99,10 +102,13 @@ class PoolRunner:
         self.pool = pool
         self.finish = finish
         self.run_blocking = run_blocking
+        self._reading = [0] * pool.num_workers  # files being read, per worker
+        self._turn = 0
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Optional[Columns], Any]]:
         data = await _fetch_remote(self.run_blocking, task)
-        worker = self.pool.least_loaded()
+        worker = self._reader_for_next_file()
+        self._reading[worker] += 1
         gid = self.pool.new_id()
         self.pool.post(worker, ("open", gid, task, data))
         try:
@@ -111,38 +117,69 @@ class PoolRunner:
                 got = await self.pool.request(worker, "next", gid, pid, fetch, doing=f"reading {task.path!r}")
                 if got is None:
                     return
-                n, columns = got
+                n, columns, last = got
                 yield n, columns, (None if fetch else RemoteRef(self.pool, worker, pid))
+                if last:
+                    return
         finally:
+            self._reading[worker] -= 1
             self.pool.post(worker, ("close", gid))
 
-    async def _placed(self, data: BatchData) -> Tuple[int, list, Tuple[str, ...]]:
-        """Where a batch runs and what that worker needs: pieces it keeps, or rows sent along."""
+    def _reader_for_next_file(self) -> int:
+        """The live worker reading the fewest files, the next in turn on a tie.
+
+        A file's in-file batches run where it was read, so spreading files evenly
+        spreads the encoding too (the least busy worker right now is often the one
+        about to receive a file's worth of batches).
+        """
+        n = self.pool.num_workers
+        order = [(self._turn + i) % n for i in range(n)]
+        live = [w for w in order if self.pool.alive(w)] or order
+        worker = min(live, key=lambda w: self._reading[w])
+        self._turn = (worker + 1) % n
+        return worker
+
+    def _kept_in_one_worker(self, data: BatchData) -> Optional[Tuple[int, list]]:
+        """The worker keeping every row of ``data`` and the batch's spec there, if there is one."""
+        if not isinstance(data, Segments) or any(p.ref is None for p, _, _ in data.parts):
+            return None
+        workers = {p.ref.worker for p, _, _ in data.parts}
+        if len(workers) != 1:
+            return None
+        return workers.pop(), [(p.ref.pid, start, end) for p, start, end in data.parts]
+
+    async def _gathered(self, data: BatchData) -> list:
+        """Run a batch whose rows are not all in one worker: rows come here, then go to the least busy one."""
         if not isinstance(data, Segments):
-            return self.pool.least_loaded(), [(data, 0, n_rows(data))], ()
-        workers = {p.ref.worker for p, _, _ in data.parts if p.ref is not None}
-        if len(workers) == 1 and all(p.ref is not None for p, _, _ in data.parts):
-            return workers.pop(), [(p.ref.pid, start, end) for p, start, end in data.parts], data.paths
-        spec = []
-        for p, start, end in data.parts:
-            if p.ref is None:
-                part = slice_rows(p.columns, start, end)
-            else:
-                part = await self.pool.request(p.ref.worker, "fetch", p.ref.pid, start, end,
-                                               doing=f"sending rows of {p.task.path!r}")
-            spec.append((part, 0, end - start))
-        return self.pool.least_loaded(), spec, data.paths
+            spec, paths = [(data, 0, n_rows(data))], ()
+        else:
+            spec, paths = [], data.paths
+            for p, start, end in data.parts:
+                if p.ref is None:
+                    part = slice_rows(p.columns, start, end)
+                else:
+                    part = await self.pool.request(p.ref.worker, "fetch", p.ref.pid, start, end,
+                                                   doing=f"sending rows of {p.task.path!r}")
+                spec.append((part, 0, end - start))
+        jobs = [(spec, paths)]
+        return await self.pool.request(self.pool.least_loaded(), "run", jobs, doing=_doing(jobs))
 
     async def run(self, datas: List[BatchData]) -> List[Outcome]:
-        """Consecutive batches bound for one worker go in one request."""
-        runs: List[Tuple[int, list]] = []
+        """Consecutive batches kept in one worker go in one request, sent at once; a batch
+        whose rows must be gathered first (a file boundary) does not hold them up."""
+        parts: List[Tuple[Optional[int], list]] = []  # (worker, jobs), or (None, [batch]) to gather
         for data in datas:
-            worker, spec, paths = await self._placed(data)
-            if not runs or runs[-1][0] != worker:
-                runs.append((worker, []))
-            runs[-1][1].append((spec, paths))
-        replies = await asyncio.gather(*(self.pool.request(worker, "run", jobs, doing=_doing(jobs))
-                                         for worker, jobs in runs), return_exceptions=True)
+            kept = self._kept_in_one_worker(data)
+            if kept is None:
+                parts.append((None, [data]))
+                continue
+            worker, spec = kept
+            if not parts or parts[-1][0] != worker:
+                parts.append((worker, []))
+            parts[-1][1].append((spec, data.paths))
+        replies = await asyncio.gather(*(
+            self._gathered(jobs[0]) if worker is None else self.pool.request(worker, "run", jobs, doing=_doing(jobs))
+            for worker, jobs in parts), return_exceptions=True)
         for reply in replies:
             if isinstance(reply, BaseException):
                 raise reply

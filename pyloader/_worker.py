@@ -6,7 +6,8 @@ It serves requests from the loader one at a time: batches before reading ahead
 * ``("open", gid, task, data)``: start reading a file (its pieces, in order;
   ``data``: its bytes when the loader fetched them ahead);
 * ``("next", rid, gid, pid, fetch)``: the file's next piece: kept here under
-  ``pid`` (only its length is sent) or, with ``fetch``, sent whole;
+  ``pid`` (only its length is sent) or, with ``fetch``, sent whole; the reply
+  says whether the file is known to end with it;
 * ``("close", gid)`` and ``("release", pids)``: forget a file or pieces;
 * ``("run", rid, jobs)``: for each ``(segments, paths)`` of a group, assemble a
   batch from kept pieces or sent columns and run the steps on it; the reply is
@@ -25,18 +26,20 @@ import ctypes
 import gc
 import os
 import pickle
+import select
 import signal
 import socket
 import sys
 import traceback
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
 
 from . import _ipc
 from ._batch import assemble
 from ._columns import Columns, n_rows, slice_rows
-from ._read import file_pieces
+from ._read import pieces_with_end
 
 Segment = Tuple[Any, int, int]  # (pid or inline columns, start, end)
+RUN_GRACE_S = 0.005
 
 
 def _die_with_parent() -> None:
@@ -75,10 +78,23 @@ def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segmen
         return False, _error(exc)
 
 
-def _receive(sock: socket.socket, inbox: Deque[tuple]) -> None:
-    """Wait for a request if none is queued, then take every request already sent."""
+def _receive(sock: socket.socket, inbox: Deque[tuple], grace: float = 0.0) -> None:
+    """Wait for a request if none is queued, then take every request already sent.
+
+    With ``grace``, when no urgent request is queued, wait up to that long for one:
+    right after a piece was kept here, the loader is about to send the batches that
+    run on it, and starting to parse another file first would hold them up for the
+    whole parse.
+    """
     if not inbox:
         inbox.append(_ipc.recv(sock))
+    _drain(sock, inbox)
+    if grace and not any(msg[0] in _URGENT for msg in inbox):
+        if select.select([sock], [], [], grace)[0]:
+            _drain(sock, inbox)
+
+
+def _drain(sock: socket.socket, inbox: Deque[tuple]) -> None:
     sock.setblocking(False)
     try:
         while True:
@@ -92,12 +108,18 @@ def _receive(sock: socket.socket, inbox: Deque[tuple]) -> None:
 _URGENT = ("open", "close", "release", "run", "fetch")
 
 
-def _next_request(inbox: Deque[tuple]) -> tuple:
-    """Bookkeeping and batches first, reading ahead (``next``) last: a batch the consumer
-    waits for never queues behind the parsing of a file that is not needed yet.
-    Requests of one kind keep their order; ``next`` comes after the ``open`` it needs."""
+def _next_request(inbox: Deque[tuple], started: Set[int]) -> tuple:
+    """Bookkeeping and batches first, then the next piece of a file already under way
+    (often just its end), reading a new file ahead (``next`` of a fresh file) last:
+    a batch the consumer waits for never queues behind the parsing of a file that is
+    not needed yet. Requests of one kind keep their order; ``next`` comes after the
+    ``open`` it needs."""
     for i, msg in enumerate(inbox):
         if msg[0] in _URGENT:
+            del inbox[i]
+            return msg
+    for i, msg in enumerate(inbox):
+        if msg[2] in started:
             del inbox[i]
             return msg
     return inbox.popleft()
@@ -120,20 +142,24 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
     files: Dict[int, Iterator[Columns]] = {}
+    started: Set[int] = set()  # files that gave a piece
     kept: Dict[int, Columns] = {}
     inbox: Deque[tuple] = collections.deque()
+    grace = 0.0
     while True:
         try:
-            _receive(sock, inbox)
+            _receive(sock, inbox, grace)
         except (EOFError, OSError):
             break
-        msg = _next_request(inbox)
+        msg = _next_request(inbox, started)
         op = msg[0]
+        grace = 0.0
         if op == "open":
             _, gid, task, data = msg
-            files[gid] = file_pieces(reader, task, data)
+            files[gid] = pieces_with_end(reader, task, data)
             continue
         if op == "close":
+            started.discard(msg[1])
             gen = files.pop(msg[1], None)
             if gen is not None:
                 gen.close()
@@ -147,14 +173,16 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
         try:
             if op == "next":
                 _, _, gid, pid, fetch = msg
-                piece = next(files[gid], None)
-                if piece is None:
+                item = next(files[gid], None)
+                started.add(gid)
+                if item is None:
                     reply = (rid, True, None)
                 elif fetch:
-                    reply = (rid, True, (n_rows(piece), piece))
+                    reply = (rid, True, (n_rows(item[0]), item[0], item[1]))
                 else:
-                    kept[pid] = piece
-                    reply = (rid, True, (n_rows(piece), None))
+                    kept[pid] = item[0]
+                    reply = (rid, True, (n_rows(item[0]), None, item[1]))
+                    grace = RUN_GRACE_S
             elif op == "run":
                 reply = (rid, True, [_run_job(steps, kept, segments, paths) for segments, paths in msg[2]])
             elif op == "fetch":
