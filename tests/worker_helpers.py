@@ -98,6 +98,21 @@ class NumReader(pl.DataReader):
             yield {"id": ids[start:start + self.piece]}
 
 
+class PidReader(NumReader):
+    """Each sample also carries the pid of the process that read its file."""
+
+    def iter_file(self, path: str) -> Iterator[Dict[str, list]]:
+        for piece in super().iter_file(path):
+            yield {**piece, "pid": [os.getpid()] * len(piece["id"])}
+
+
+class PassThrough(pl.Dataset):
+    """``batch_encode`` keeping every column as it is (lists stay lists)."""
+
+    def batch_encode(self, batch_data):
+        return dict(batch_data)
+
+
 class EncodeDataset(pl.Dataset):
     """Adds ``sq`` (id squared); ``fail_on_id`` raises ValueError, ``segv_on_id`` segfaults."""
 

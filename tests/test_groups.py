@@ -1,0 +1,177 @@
+"""Batches travel the pipeline in groups, and files are read with a ramp and spread
+over workers: none of it may show in what the consumer gets, its order, its
+errors or the loader's position."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pyloader as pl
+from pyloader.collators import NumpyCollator
+from pyloader.readers import NumpyReader
+from pyloader._read import pieces_with_end
+from pyloader._source import FileTask
+
+from conftest import IdReader, ListCollator, ids_of, write_chunks
+from worker_helpers import NumReader, PassThrough, PidReader
+from worker_helpers import ListCollator as WorkerListCollator
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class FailOnBatch(pl.Dataset):
+    """``batch_encode`` raises on the batch holding ``bad_id``."""
+
+    def __init__(self, bad_id: int) -> None:
+        self.bad_id = bad_id
+
+    def batch_encode(self, batch_data):
+        ids = [int(i) for i in batch_data["id"]]
+        if self.bad_id in ids:
+            raise ValueError(f"bad sample {self.bad_id}")
+        return {"id": ids}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failed_batch_mid_group_raises_after_the_batches_before_it(tmp_path, workers):
+    # one file of 400 samples in batches of 4: groups of up to 32 batches; batch 50 fails
+    write_chunks(tmp_path / "d", [400])
+    reader = IdReader(4) if workers == 0 else NumReader(4)
+    loader = pl.DataLoader(reader, FailOnBatch(201), WorkerListCollator() if workers else ListCollator(),
+                           str(tmp_path / "d"), num_workers=workers)
+    got = []
+    with pytest.raises(pl.PipelineError) as info:
+        for batch in loader:
+            got.append(batch)
+    assert ids_of(got) == list(range(200))  # every batch before the failed one, in order
+    assert "batch_encode" in str(info.value) and "bad sample 201" in str(info.value)
+    assert loader.state_dict()["batches_in_epoch"] == 50
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_skipped_batch_mid_group_leaves_the_rest_of_the_group(tmp_path, workers):
+    write_chunks(tmp_path / "d", [400])
+    reader = IdReader(4) if workers == 0 else NumReader(4)
+    loader = pl.DataLoader(reader, FailOnBatch(201), WorkerListCollator() if workers else ListCollator(),
+                           str(tmp_path / "d"), num_workers=workers, on_error="skip")
+    assert ids_of(loader) == list(range(200)) + list(range(204, 400))
+    assert loader.stats["skipped_batches"] == 1
+
+
+def test_position_advances_per_batch_handed_out_not_per_group(tmp_path):
+    write_chunks(tmp_path / "d", [300, 200])
+    loader = pl.DataLoader(IdReader(4), pl.IdentityDataset(), ListCollator(), str(tmp_path / "d"))
+    it = iter(loader)
+    for k in range(1, 41):
+        next(it)
+        assert loader.state_dict()["batches_in_epoch"] == k
+    state = loader.state_dict()
+    rest = ids_of(it)
+    resumed = pl.DataLoader(IdReader(4), pl.IdentityDataset(), ListCollator(), str(tmp_path / "d"))
+    resumed.load_state_dict(state)
+    assert ids_of(resumed) == rest == list(range(160, 500))
+
+
+def test_ready_batches_stay_within_max_queue_size(tmp_path):
+    """Groups are counted batch by batch in the hand-over: a stalled consumer holds
+    ``max_queue_size`` batches ready (or one group), not ``max_queue_size`` groups."""
+    write_chunks(tmp_path / "d", [4 * 32 * 6])
+    made = []
+
+    class Counting(pl.DataCollator):
+        def collate_batch(self, features):
+            made.append(1)
+            return {"id": list(features["id"])}
+
+    loader = pl.DataLoader(IdReader(4), pl.IdentityDataset(), Counting(), str(tmp_path / "d"), max_queue_size=8)
+    it = iter(loader)
+    next(it)
+    time.sleep(0.5)  # let the pipeline fill up
+    ahead = len(made) - 1
+    # ready: at most max(max_queue_size, one group); in flight: 2 groups; one more being cut
+    assert ahead <= 8 + 32 + 2 * 32 + 32, ahead
+    assert ahead < 4 * 32 * 6 // 4 - 1  # it did stop: not the whole file
+    loader.close()
+
+
+def test_the_first_file_is_read_alone_until_the_first_batch_is_out(tmp_path):
+    """With prefetch_files=4 the other files are not read while the first one is parsed."""
+    write_chunks(tmp_path / "d", [8] * 6)
+    events = []
+    lock = threading.Lock()
+
+    class Slow(IdReader):
+        def read_file(self, path):
+            with lock:
+                events.append(("read", os.path.basename(path)))
+            if path.endswith("part-0000.txt"):
+                time.sleep(0.3)
+            return super().read_file(path)
+
+    class Mark(pl.DataCollator):
+        def collate_batch(self, features):
+            with lock:
+                events.append(("collate", features["id"][0]))
+            return {"id": list(features["id"])}
+
+    loader = pl.DataLoader(Slow(4), pl.IdentityDataset(), Mark(), str(tmp_path / "d"), prefetch_files=4)
+    assert ids_of(loader) == list(range(48))
+    assert events[0] == ("read", "part-0000.txt")
+    assert events[1] == ("collate", 0), events[:4]
+    assert sorted(e[1] for e in events if e[0] == "read") == [f"part-{i:04d}.txt" for i in range(6)]
+
+
+def test_files_are_spread_over_the_workers(tmp_path):
+    write_chunks(tmp_path / "d", [20] * 8)
+    loader = pl.DataLoader(PidReader(4), PassThrough(), WorkerListCollator(), str(tmp_path / "d"),
+                           num_workers=2)
+    batches = list(loader)
+    assert ids_of(batches) == list(range(160))
+    by_pid = {}
+    for batch in batches:
+        for pid in batch["pid"]:
+            by_pid.setdefault(pid, set()).add(batch["id"][0] // 20)
+    assert len(by_pid) == 2 and all(len(files) >= 2 for files in by_pid.values()), by_pid
+
+
+def _task(path: str, end=None) -> FileTask:
+    return FileTask(epoch=0, pos=0, index=0, path=path, start=0, end=end)
+
+
+def test_whole_file_readers_say_their_piece_is_the_last(tmp_path):
+    path = write_chunks(tmp_path / "d", [10])[0]
+    got = list(pieces_with_end(IdReader(4), _task(path)))
+    assert [(piece["id"], last) for piece, last in got] == [(list(range(10)), True)]
+
+
+def test_streaming_readers_are_not_looked_ahead(tmp_path):
+    path = write_chunks(tmp_path / "d", [10])[0]
+    got = list(pieces_with_end(NumReader(4, piece=4), _task(path)))
+    assert [(len(piece["id"]), last) for piece, last in got] == [(4, False), (4, False), (2, False)]
+
+
+def test_a_failure_found_by_the_look_ahead_comes_after_the_piece(tmp_path):
+    path = write_chunks(tmp_path / "d", [10])[0]
+    gen = pieces_with_end(IdReader(4), _task(path, end=12))  # count said 12 rows, the file has 10
+    piece, last = next(gen)
+    assert piece["id"] == list(range(10)) and last is False
+    with pytest.raises(ValueError, match="has 10 samples"):
+        next(gen)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_groups_of_numpy_batches_are_exact(tmp_path, workers):
+    """Batches cut from one piece in a group are separate arrays with the right rows."""
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    for i in range(3):
+        np.save(folder / f"c{i}.npy", np.arange(i * 1000, (i + 1) * 1000, dtype=np.int64).reshape(-1, 1))
+    loader = pl.DataLoader(NumpyReader(batch_size=7), pl.IdentityDataset(),
+                           NumpyCollator(), str(folder), num_workers=workers)
+    batches = [b["x"][:, 0].copy() for b in loader]
+    assert [len(b) for b in batches] == [7] * (3000 // 7) + [3000 % 7]
+    assert np.array_equal(np.concatenate(batches), np.arange(3000))
