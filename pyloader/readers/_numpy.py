@@ -25,8 +25,11 @@ class NumpyReader(DataReader):
     A ``.npy`` file gives one column, ``key``; a ``.npz`` archive gives one column
     per array, named as in the archive, all of one first-axis length. The format
     is told by the file's first bytes, not its name. With ``mmap=True`` a local
-    ``.npy`` is memory-mapped: ``read_file`` returns a read-only ``np.memmap`` and
-    ``iter_file`` copies out ``piece_size`` rows at a time; other files are read
+    ``.npy`` is memory-mapped copy-on-write (writing to the arrays never changes
+    the file; the file must not change while it is read): ``read_file`` returns an
+    ``np.memmap`` and ``iter_file`` hands out views of it, ``piece_size`` rows at a
+    time, with no copy at all (pages come from the page cache as the batches
+    are used, and are let go with the last batch using them); other files are read
     through ``open_file`` (``iter_file`` reads them ``piece_size`` rows at a time,
     except Fortran-ordered arrays, which are read whole). An empty, corrupt or
     truncated file, a 0-d array, or unequal lengths raise ``ValueError`` naming
@@ -46,14 +49,14 @@ class NumpyReader(DataReader):
         with _readable(path), contextlib.ExitStack() as stack:
             arrays = self._open(path, stack)
             n_sample = _length(path, arrays)
-            return {key: rows.read(n_sample, copy=False) for key, rows in arrays.items()}, n_sample
+            return {key: rows.read(n_sample) for key, rows in arrays.items()}, n_sample
 
     def iter_file(self, path: str) -> Iterator[Columns]:
         with _readable(path), contextlib.ExitStack() as stack:
             arrays = self._open(path, stack)
             n_sample = _length(path, arrays)
             for _ in range(0, n_sample, self.piece_size):
-                piece = {key: rows.read(self.piece_size) for key, rows in arrays.items()}
+                piece = {key: np.asarray(rows.read(self.piece_size)) for key, rows in arrays.items()}
                 yield self.checked(path, piece)
 
     def count(self, path: str) -> int:
@@ -77,7 +80,7 @@ class NumpyReader(DataReader):
             return arrays
         if self.mmap and not is_url(path):
             f.close()
-            return {self.key: _Rows(npformat.open_memmap(_local(path), mode="r"))}
+            return {self.key: _Rows(npformat.open_memmap(_local(path), mode="c"))}
         return {self.key: _Rows.from_stream(f)}
 
 
@@ -105,12 +108,12 @@ class _Rows:
         fp.seek(start)  # Fortran order or a newer format: let NumPy read it whole
         return cls(whole=npformat.read_array(fp, allow_pickle=False))
 
-    def read(self, k: int, copy: bool = True) -> np.ndarray:
-        """The next ``k`` rows (fewer at the end); a stream that ends early raises ``ValueError``."""
+    def read(self, k: int) -> np.ndarray:
+        """The next ``k`` rows (fewer at the end): a view of an array in hand, or read from
+        the stream into a new array; a stream that ends early raises ``ValueError``."""
         k = min(k, self.shape[0] - self.pos)
         if self.whole is not None:
             out = self.whole[self.pos:self.pos + k]
-            out = np.array(out) if copy else out
         else:
             out = np.empty((k,) + tuple(self.shape[1:]), dtype=self.dtype)
             _fill(self.stream, out)
