@@ -5,6 +5,11 @@ Each of the ``B`` rows reads one file at a time, in plan order, through
 next step (ties go to the lower row). Per row and step the batch holds one
 sample, or a window of ``seq_len`` consecutive samples padded at a file's end.
 Metadata travels beside the data (``Batch.meta``), never through user code.
+
+While no row reaches the end of its piece, the next steps are cut all at once:
+one array copy per row and field for a whole group of steps (``_cut_steps``).
+Steps where a row reaches a piece's end, and list columns, are cut one at a
+time (``_step``).
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 
 import numpy as np
 
-from ._batch import SRC, Batch
+from ._batch import SRC, Batch, Group, GroupSize
 from ._columns import Columns, concat, n_rows, slice_rows
 from ._read import FileStream, Piece, ReadFiles, ReadItem
 from ._source import EpochEnd, FileTask
@@ -42,6 +47,22 @@ class _Row:
                 self.exhausted, self._piece = True, None
                 return
             self._piece, self._offset = piece.columns, 0
+
+    @property
+    def piece(self) -> Optional[Columns]:
+        return self._piece
+
+    def ahead(self) -> int:
+        """Samples at hand in the current piece (0 once the file has ended)."""
+        return 0 if self.exhausted else n_rows(self._piece) - self._offset
+
+    def cut(self, count: int) -> Tuple[Columns, int]:
+        """The current piece and the offset of the next ``count`` samples, taken without
+        reaching the piece's end (``count < ahead()``)."""
+        offset = self._offset
+        self._offset += count
+        self.position += count
+        return self._piece, offset
 
     async def take(self, count: int) -> Tuple[List[Columns], int]:
         parts, got = [], 0
@@ -89,6 +110,9 @@ class StreamBatcher:
             for r, col in enumerate(columns):
                 out[r, :len(col)] = col
             return out if self.seq_len else out[:, 0]
+        sample = next((col[0] for col in columns if len(col)), None)
+        if sample is not None and np.ndim(sample):  # samples are sequences: pad with one of their shape
+            pad = np.full(np.shape(sample), pad).tolist()
         if self.seq_len:
             return [list(col) + [pad] * (width - len(col)) for col in columns]
         return [col[0] if len(col) else pad for col in columns]
@@ -118,6 +142,7 @@ class StreamBatcher:
         replays = 0
         fresh_left = True
         index = 0
+        sizes = GroupSize()
         target = self.target(epoch) if self.target is not None else None
         try:
             while target is None or index < target:
@@ -148,12 +173,72 @@ class StreamBatcher:
                         first[0] = rows[0] is not None
                         if rows[0] is None:
                             return  # no data anywhere: nothing to pad with
-                yield [await self._step(rows, first, epoch, index)]
-                index += 1
+                steps = self._steps_ahead(rows)
+                if target is not None:
+                    steps = min(steps, target - index)
+                if steps:
+                    group = self._cut_steps(rows, first, epoch, index, min(steps, sizes.take()))
+                else:
+                    group = [await self._step(rows, first, epoch, index)]
+                index += len(group)
+                yield group
         finally:
             for row in rows:
                 if row is not None:
                     await row.close()
+
+    def _steps_ahead(self, rows: List[Optional[_Row]]) -> int:
+        """How many steps can be cut at once: no row reaches the end of its piece, and every
+        field is an array (the same fields as the first row's)."""
+        width = self.seq_len or 1
+        live = [row for row in rows if row is not None]
+        steps = min((row.ahead() - 1) // width for row in live)
+        if steps < 1:
+            return 0
+        keys = None
+        for row in live:
+            piece = row.piece
+            if keys is None:
+                keys = piece.keys()
+            if piece.keys() != keys or not all(isinstance(col, np.ndarray) for col in piece.values()):
+                return 0
+        return steps
+
+    def _cut_steps(self, rows: List[Optional[_Row]], first: np.ndarray, epoch: int, index: int,
+                   steps: int) -> Group:
+        """``steps`` consecutive batches, each field filled with one copy per row for all of them."""
+        width = self.seq_len or 1
+        window = (steps, width) if self.seq_len else (steps,)
+        cuts = [None if row is None else row.cut(steps * width) for row in rows]
+        template = next(piece for piece, _ in filter(None, cuts))
+        self._template = template
+        data: Dict[str, np.ndarray] = {}
+        for key, like in template.items():
+            if key == SRC:
+                continue
+            # [steps, B, (T,) ...]: each step's batch is one contiguous block
+            shape = (steps, len(rows)) + window[1:] + like.shape[1:]
+            out = np.empty(shape, like.dtype) if all(cuts) else np.full(shape, self._pad(key), like.dtype)
+            for r, cut in enumerate(cuts):
+                if cut is not None:
+                    piece, offset = cut
+                    out[:, r] = piece[key][offset:offset + steps * width].reshape(window + like.shape[1:])
+            data[key] = out
+        live = np.array([row is not None for row in rows])
+        valid = np.broadcast_to(live[:, None], (len(rows), width))
+        stream_id = np.array([-1 if row is None else row.task.pos for row in rows], dtype=np.int64)
+        replay = np.array([row is not None and row.replay for row in rows])
+        start = np.array([-1 if cut is None else rows[r].position - steps * width
+                          for r, cut in enumerate(cuts)], dtype=np.int64)
+        paths = tuple(sorted({row.task.path for row in rows if row is not None}))
+        group: Group = []
+        for k in range(steps):
+            meta = {FIRST: first if k == 0 else np.zeros_like(first),
+                    VALID: valid.copy() if self.seq_len else live.copy(), REPLAY: replay.copy(),
+                    STREAM_ID: stream_id.copy(), POSITION: np.where(live, start + k * width, -1)}
+            group.append(Batch(epoch, index + k, {key: col[k] for key, col in data.items()},
+                               paths, meta))
+        return group
 
     async def _step(self, rows: List[Optional[_Row]], first: np.ndarray, epoch: int, index: int) -> Batch:
         width = self.seq_len or 1

@@ -21,9 +21,10 @@ FIRST, VALID, REPLAY, STREAM_ID, POSITION = "__first__", "__valid__", "__replay_
 class PieceReader(pl.DataReader):
     """Sample ids ``file * 1000 + position``, streamed in pieces of ``piece`` lines."""
 
-    def __init__(self, rows, piece=3):
+    def __init__(self, rows, piece=3, arrays=False):
         super().__init__(rows)
         self.piece = piece
+        self.arrays = arrays  # pieces as int64 arrays (cut several steps at once) or lists (step by step)
 
     def read_file(self, path):
         raise AssertionError("stream mode must read through iter_file")
@@ -32,7 +33,11 @@ class PieceReader(pl.DataReader):
         with open(path) as f:
             ids = [int(line) for line in f]
         for start in range(0, len(ids), self.piece):
-            yield {"id": ids[start:start + self.piece]}
+            part = ids[start:start + self.piece]
+            if self.arrays:
+                yield {"id": np.array(part, dtype=np.int64), "pair": np.array([[i, -i] for i in part]).reshape(-1, 2)}
+            else:
+                yield {"id": part, "pair": [[i, -i] for i in part]}
 
 
 def write_streams(folder: Path, lengths) -> None:
@@ -88,8 +93,9 @@ def epoch_order(loader, epoch):
     return FileSource(loader.files, loader.num_epoch, True, loader.random_seed).order(epoch)
 
 
-def run_stream(folder, rows, seq_len, padding_mode="zeros", shuffle=False, num_epoch=1, piece=3, seed=0):
-    loader = pl.DataLoader(PieceReader(rows, piece), pl.IdentityDataset(), NumpyCollator(), str(folder),
+def run_stream(folder, rows, seq_len, padding_mode="zeros", shuffle=False, num_epoch=1, piece=3, seed=0,
+               arrays=False):
+    loader = pl.DataLoader(PieceReader(rows, piece, arrays), pl.IdentityDataset(), NumpyCollator(), str(folder),
                            stream=True, seq_len=seq_len, padding_mode=padding_mode, shuffle=shuffle,
                            num_epoch=num_epoch, random_seed=seed, max_queue_size=2)
     per_epoch = {}
@@ -118,6 +124,28 @@ def test_stream_invariants(lengths, rows, seq_len, padding_mode, shuffle, piece)
         for epoch in per_epoch:  # a function of the seed alone
             for a, b in zip(per_epoch[epoch], again[epoch]):
                 assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(0, 90), min_size=1, max_size=7),
+       rows=st.integers(1, 5), seq_len=st.one_of(st.none(), st.integers(1, 6)),
+       padding_mode=st.sampled_from(["zeros", "data"]), piece=st.integers(1, 60))
+def test_array_pieces_cut_at_once_match_step_by_step(lengths, rows, seq_len, padding_mode, piece):
+    """Array pieces are cut several steps at a time; lists one step at a time: same batches."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write_streams(Path(tmp), lengths)
+        loader, fast = run_stream(tmp, rows, seq_len, padding_mode, shuffle=True, num_epoch=2, piece=piece,
+                                  arrays=True)
+        _, slow = run_stream(tmp, rows, seq_len, padding_mode, shuffle=True, num_epoch=2, piece=piece)
+        assert sorted(fast) == sorted(slow)
+        for epoch, batches in fast.items():
+            check_stream_epoch(batches, lengths, rows, seq_len, epoch_order(loader, epoch))
+            assert len(batches) == len(slow[epoch])
+            for a, b in zip(batches, slow[epoch]):
+                assert sorted(a) == sorted(b)
+                for key in a:
+                    assert np.asarray(a[key]).shape == np.asarray(b[key]).shape, key
+                    assert np.array_equal(np.asarray(a[key]), np.asarray(b[key])), key
 
 
 def test_data_padding_replays_delivered_files(tmp_path):
