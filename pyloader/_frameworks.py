@@ -1,9 +1,9 @@
-"""What the loader does with PyTorch tensors: pinning and moving them to a device."""
+"""What the loader does with framework tensors: pinning, moving to a device, adding metadata."""
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, List, Mapping, Sequence
 
 import numpy as np
 
@@ -39,25 +39,36 @@ def mover(device: Any, non_blocking: bool) -> Callable[[Any], Any]:
     return lambda batch: map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
 
 
-def _converter(batch: Mapping[str, Any]) -> Callable[[np.ndarray], Any]:
-    """Turns NumPy arrays into the tensor type the collator chose for ``batch``."""
+def _unstacker(batch: Mapping[str, Any]) -> Callable[[np.ndarray], Sequence[Any]]:
+    """Turns a NumPy array ``[K, ...]`` into K tensors ``[...]`` of the type the collator chose
+    for ``batch``, with one conversion for all K."""
     torch, tf = sys.modules.get("torch"), sys.modules.get("tensorflow")
     for value in batch.values():
         if torch is not None and isinstance(value, torch.Tensor):
-            return torch.from_numpy
+            return lambda array: torch.from_numpy(array).unbind(0)
         if tf is not None and isinstance(value, tf.Tensor):
-            return tf.convert_to_tensor
-    return lambda array: array
+            return lambda array: tf.unstack(tf.convert_to_tensor(array))
+    return lambda array: list(array)
 
 
-def attach_meta(batch: Any, meta: Mapping[str, np.ndarray]) -> Any:
-    """Add stream metadata to a collated dict, as tensors of the collator's framework."""
-    if not isinstance(batch, dict):
-        raise TypeError(f"stream mode needs collate_batch to return a dict, got {type(batch).__name__}")
-    clash = sorted(set(batch) & set(meta))
-    if clash:
-        raise ValueError(f"batch fields {clash} collide with stream metadata names; rename them")
-    convert = _converter(batch)
-    out = dict(batch)
-    out.update((key, convert(value)) for key, value in meta.items())
-    return out
+def attach_meta(group: List[Any]) -> List[Any]:
+    """Each batch of ``group`` (changed in place) with its metadata (``Batch.meta``: stream flags, padding
+    flags) added to its collated dict, as tensors of the collator's framework.
+
+    The metadata of the whole group is converted at once: one conversion per
+    field rather than one per field and batch.
+    """
+    names = group[0].meta.keys()
+    for batch in group:
+        if not isinstance(batch.data, dict):
+            raise TypeError(f"collate_batch must return a dict to carry the batch's metadata, "
+                            f"got {type(batch.data).__name__}")
+        if not names.isdisjoint(batch.data):
+            clash = sorted(names & batch.data.keys())
+            raise ValueError(f"batch fields {clash} collide with stream metadata names; rename them")
+    unstack = _unstacker(group[0].data)
+    fields = {key: unstack(np.stack([batch.meta[key] for batch in group])) for key in names}
+    for k, batch in enumerate(group):
+        batch.data = {**batch.data, **{key: values[k] for key, values in fields.items()}}
+        batch.meta = None
+    return group

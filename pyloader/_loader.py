@@ -13,7 +13,7 @@ from ._batch import Batch
 from ._engine import Engine
 from ._errors import ErrorHandler, ErrorPolicy, Stats
 from ._files import DataDir, list_files
-from ._frameworks import attach_meta, mover, pinner
+from ._frameworks import mover, pinner
 from ._pipeline import Settings, Start, batches
 from ._shard import resolve as resolve_sharding
 from ._stream import PADDING_MODES
@@ -143,7 +143,7 @@ class DataLoader:
         self.epoch = batch.epoch
         self._position = (batch.epoch, batch.index + 1)
         self._stats.batches += 1
-        data = batch.data if batch.meta is None else attach_meta(batch.data, batch.meta)
+        data = batch.data
         return self._move(data) if self._move is not None else data
 
     def close(self) -> None:

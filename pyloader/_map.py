@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any, AsyncIterator, Awaitable, Callable, List, Sequence, Tuple, Union
 
 from ._batch import Group
@@ -102,7 +101,8 @@ class OrderedMap:
                             raise
                         self.stats.skipped_batches += 1
                     else:
-                        done.append(dataclasses.replace(batch, data=outcome))
+                        batch.data = outcome  # the group is this stage's alone: no copy of the Batch
+                        done.append(batch)
                 group = future = batch = None  # the raw rows: not kept alive while the consumer holds the loop back
                 if done:
                     yield done

@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batcher, Group
 from ._errors import ErrorHandler, PipelineError, Stats
+from ._frameworks import attach_meta
 from ._map import OrderedMap, Step
 from ._pool import WorkerPool
 from ._read import ReadFiles
@@ -120,7 +121,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     if s.num_workers:
         pool = WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method)
         pool.start()
-        runner: Any = PoolRunner(pool, here, run_blocking)
+        runner: Any = PoolRunner(pool, here, run_blocking, all_steps=[*there, *here])
     else:
         runner = ThreadRunner(s.reader, there + here, run_blocking)
     try:
@@ -147,7 +148,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
             raw = _skip(raw, start)
         async for group in OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
             read.open_up()
-            yield group
+            yield attach_meta(group) if group[0].meta is not None else group
     finally:
         if pool is not None:
             pool.close()

@@ -47,8 +47,9 @@ def _timed(steps: Sequence[Step], datas: List[BatchData]) -> Tuple[List[Outcome]
     return run_each(steps, datas, _local), (time.perf_counter() - start) / max(1, len(datas))
 
 
-class ThreadRunner:
-    """``num_workers=0``: everything in this process, off the event loop.
+class LocalSteps:
+    """The user's steps run in this process: in an executor thread, or on the loop itself
+    when they are cheap.
 
     Batches whose steps take only microseconds (arrays already model-ready) are
     not worth a trip to another thread: once the last ``_WINDOW`` groups took
@@ -58,12 +59,33 @@ class ThreadRunner:
 
     INLINE_BELOW = 50e-6
     _WINDOW = 8
+    _MEASURED = 3
 
-    def __init__(self, reader: DataReader, steps: List[Step], run_blocking: Callable) -> None:
-        self.reader = reader
+    def __init__(self, steps: List[Step], run_blocking: Callable) -> None:
         self.steps = steps
         self.run_blocking = run_blocking
         self._recent: Deque[float] = collections.deque(maxlen=self._WINDOW)
+
+    def cost(self) -> Optional[float]:
+        """The least time per batch among the last groups (the first ones pay for warming up),
+        or ``None`` until ``_MEASURED`` groups ran here."""
+        return min(self._recent) if len(self._recent) >= self._MEASURED else None
+
+    async def run(self, datas: List[BatchData]) -> List[Outcome]:
+        cheap = len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW
+        result, took = _timed(self.steps, datas) if cheap else await self.run_blocking(_timed, self.steps, datas)
+        self._recent.append(took)
+        return result
+
+
+
+class ThreadRunner:
+    """``num_workers=0``: everything in this process, off the event loop (see ``LocalSteps``)."""
+
+    def __init__(self, reader: DataReader, steps: List[Step], run_blocking: Callable) -> None:
+        self.reader = reader
+        self.run_blocking = run_blocking
+        self.run = LocalSteps(steps, run_blocking).run
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Columns, None]]:
         gen = pieces_with_end(self.reader, task, await _fetch_remote(self.run_blocking, task))
@@ -82,12 +104,6 @@ class ThreadRunner:
             except ValueError:
                 pass  # still running in the executor: it closes when collected
 
-    async def run(self, datas: List[BatchData]) -> List[Outcome]:
-        cheap = len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW
-        result, took = _timed(self.steps, datas) if cheap else await self.run_blocking(_timed, self.steps, datas)
-        self._recent.append(took)
-        return result
-
 
 class PoolRunner:
     """``num_workers>0``: reading, encoding and collating in worker processes.
@@ -96,14 +112,25 @@ class PoolRunner:
     for them; a batch whose rows all sit in one worker is encoded there without
     moving them. Other batches gather their rows here and go to the least busy
     worker. ``finish`` steps (e.g. making TF tensors) run here, off the loop.
+
+    A group whose rows are all here already (stream mode, a shuffle buffer) runs
+    here when its steps are cheaper than the trip to a worker and back
+    (``RUN_HERE_BELOW`` per batch, measured on the first such groups and again
+    every ``_REMEASURE`` groups): workers then only read and parse.
     """
 
-    def __init__(self, pool: WorkerPool, finish: List[Step], run_blocking: Callable) -> None:
+    RUN_HERE_BELOW = 100e-6
+    _REMEASURE = 64
+
+    def __init__(self, pool: WorkerPool, finish: List[Step], run_blocking: Callable,
+                 all_steps: List[Step]) -> None:
         self.pool = pool
         self.finish = finish
         self.run_blocking = run_blocking
+        self.here = LocalSteps(all_steps, run_blocking)
         self._reading = [0] * pool.num_workers  # files being read, per worker
         self._turn = 0
+        self._sent = 0  # groups of rows here that went to workers since the last measurement
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Optional[Columns], Any]]:
         data = await _fetch_remote(self.run_blocking, task)
@@ -164,9 +191,21 @@ class PoolRunner:
         jobs = [(spec, paths)]
         return await self.pool.request(self.pool.least_loaded(), "run", jobs, doing=_doing(jobs))
 
+    def _run_here(self, datas: List[BatchData]) -> bool:
+        if not all(_rows_here(data) for data in datas):
+            return False
+        cost = self.here.cost()
+        if cost is None or cost < self.RUN_HERE_BELOW or self._sent >= self._REMEASURE:
+            self._sent = 0
+            return True
+        self._sent += 1
+        return False
+
     async def run(self, datas: List[BatchData]) -> List[Outcome]:
         """Consecutive batches kept in one worker go in one request, sent at once; a batch
         whose rows must be gathered first (a file boundary) does not hold them up."""
+        if self._run_here(datas):
+            return await self.here.run(datas)
         parts: List[Tuple[Optional[int], list]] = []  # (worker, jobs), or (None, [batch]) to gather
         for data in datas:
             kept = self._kept_in_one_worker(data)
@@ -187,6 +226,10 @@ class PoolRunner:
         if self.finish:
             outcomes = await self.run_blocking(_finish_each, self.finish, outcomes)
         return outcomes
+
+
+def _rows_here(data: BatchData) -> bool:
+    return not isinstance(data, Segments) or all(p.ref is None for p, _, _ in data.parts)
 
 
 def _outcome(ok: bool, value: Any) -> Outcome:

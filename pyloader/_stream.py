@@ -192,7 +192,7 @@ class StreamBatcher:
         field is an array (the same fields as the first row's)."""
         width = self.seq_len or 1
         live = [row for row in rows if row is not None]
-        steps = min((row.ahead() - 1) // width for row in live)
+        steps = min(((row.ahead() - 1) // width for row in live), default=0)
         if steps < 1:
             return 0
         keys = None
@@ -224,21 +224,20 @@ class StreamBatcher:
                     piece, offset = cut
                     out[:, r] = piece[key][offset:offset + steps * width].reshape(window + like.shape[1:])
             data[key] = out
+        # metadata for the whole group at once; each batch gets row k of every array
         live = np.array([row is not None for row in rows])
-        valid = np.broadcast_to(live[:, None], (len(rows), width))
+        firsts = np.zeros((steps, len(rows)), dtype=bool)
+        firsts[0] = first
+        valid = np.broadcast_to(live[:, None] if self.seq_len else live, (steps,) + live.shape + window[1:]).copy()
         stream_id = np.array([-1 if row is None else row.task.pos for row in rows], dtype=np.int64)
         replay = np.array([row is not None and row.replay for row in rows])
-        start = np.array([-1 if cut is None else rows[r].position - steps * width
-                          for r, cut in enumerate(cuts)], dtype=np.int64)
+        start = np.array([-1 if row is None else row.position - steps * width for row in rows], dtype=np.int64)
+        position = np.where(live, start + width * np.arange(steps)[:, None], -1)
+        meta = {FIRST: firsts, VALID: valid, REPLAY: np.broadcast_to(replay, firsts.shape).copy(),
+                STREAM_ID: np.broadcast_to(stream_id, firsts.shape).copy(), POSITION: position}
         paths = tuple(sorted({row.task.path for row in rows if row is not None}))
-        group: Group = []
-        for k in range(steps):
-            meta = {FIRST: first if k == 0 else np.zeros_like(first),
-                    VALID: valid.copy() if self.seq_len else live.copy(), REPLAY: replay.copy(),
-                    STREAM_ID: stream_id.copy(), POSITION: np.where(live, start + k * width, -1)}
-            group.append(Batch(epoch, index + k, {key: col[k] for key, col in data.items()},
-                               paths, meta))
-        return group
+        return [Batch(epoch, index + k, {key: col[k] for key, col in data.items()}, paths,
+                      {key: col[k] for key, col in meta.items()}) for k in range(steps)]
 
     async def _step(self, rows: List[Optional[_Row]], first: np.ndarray, epoch: int, index: int) -> Batch:
         width = self.seq_len or 1
