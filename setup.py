@@ -13,7 +13,7 @@ setup(
     license="Apache-2.0",
     packages=find_packages(include=["pyloader", "pyloader.*"]),
     python_requires=">=3.10",
-    install_requires=["numpy>=1.24", "aiofiles>=23.1"],
+    install_requires=["numpy>=1.24"],
     extras_require={
         "torch": ["torch>=2.1"],
         "tensorflow": ["tensorflow-cpu>=2.15"],

@@ -50,13 +50,18 @@ def file_pieces(reader: DataReader, task: FileTask, data: Optional[bytes] = None
             yield from _pieces(reader, task)
             return
         offset = 0  # rows start:end only (a rank's share of the file)
-        for piece in _pieces(reader, task):
+        pieces = _pieces(reader, task)
+        for piece in pieces:
             n = n_rows(piece)
             lo, hi = max(task.start - offset, 0), min(task.end - offset, n)
             if lo < hi:
                 yield piece if (lo, hi) == (0, n) else slice_rows(piece, lo, hi)
             offset += n
             if offset >= task.end:
+                # the share that ends where the count says the file ends checks there is no more
+                if task.end == task.count and (offset > task.end or any(n_rows(p) for p in pieces)):
+                    raise ValueError(f"file {task.path!r} has more samples than the {task.count} "
+                                     f"DataReader.count said: the rest would be lost")
                 return
         raise ValueError(f"file {task.path!r} has {offset} samples but DataReader.count said at least {task.end}: "
                          f"ranks would take different numbers of steps")

@@ -13,7 +13,8 @@ class FileTask:
     """File ``path`` is the ``pos``-th file of ``epoch``; ``index`` is its place in the sorted list.
 
     Only rows ``start:end`` are read (``end=None``: to the end); ``pad`` marks
-    rows read again only to even out the ranks' step counts.
+    rows read again only to even out the ranks' step counts; ``count`` is what
+    ``DataReader.count`` said the file holds (under ranks).
     """
 
     epoch: int
@@ -23,6 +24,7 @@ class FileTask:
     start: int = 0
     end: Optional[int] = None
     pad: bool = False
+    count: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ class FileSource:
         share, padding = rank_ranges(order, self.counts, self.sharding)
         for pad, part in ((False, share), (True, padding)):
             for index, start, end in part:
-                yield FileTask(epoch, pos_of[index], index, self.files[index], start, end, pad)
+                yield FileTask(epoch, pos_of[index], index, self.files[index], start, end, pad, self.counts[index])
 
     def iterate(self, start_epoch: int = 0) -> Iterator[SourceItem]:
         for epoch in range(start_epoch, self.num_epoch):

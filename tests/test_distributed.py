@@ -196,6 +196,27 @@ def test_tf_distribute_input_pipelines(tmp_path):
     assert sum(int(tf.shape(b["id"])[0]) for b in dist_ds) == 30
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("piece", [None, 2])
+def test_a_count_that_understates_the_file_is_an_error(tmp_path, rank, piece):
+    """Rows beyond the count would be read by no rank: the rank whose share ends the file says so."""
+    write_chunks(tmp_path, [6, 6])
+
+    class Modest(IdReader):
+        def count(self, path):
+            return 4
+
+        def iter_file(self, path):
+            columns, n = self.read_file(path)
+            step = piece or n
+            for start in range(0, n, step):
+                yield {"id": columns["id"][start:start + step]}
+
+    loader = pl.DataLoader(Modest(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=rank, world_size=2)
+    with pytest.raises(pl.PipelineError, match="more samples than the 4 DataReader.count said"):
+        list(loader)
+
+
 def test_a_count_that_overstates_the_file_is_an_error(tmp_path):
     write_chunks(tmp_path, [6, 6])
 
