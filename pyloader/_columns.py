@@ -5,6 +5,7 @@ list or an array is one C call, building a dict per sample is not.
 """
 from __future__ import annotations
 
+from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from operator import itemgetter
 from typing import Dict, Mapping, Optional, Sequence
 
@@ -19,7 +20,7 @@ def check_columns(columns: Mapping[str, Sequence], n_sample: Optional[int], wher
     ``n_sample`` is the length the caller announced (``None``: take the first
     column's). ``ValueError`` names ``where`` and the key at fault.
     """
-    if not isinstance(columns, Mapping):
+    if not isinstance(columns, abc.Mapping):
         raise ValueError(f"{where}: expected a dict of lists, got {type(columns).__name__}")
     out: Columns = {}
     for key, col in columns.items():

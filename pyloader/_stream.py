@@ -13,7 +13,8 @@ time (``_step``).
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections import abc  # isinstance against these, not typing's aliases: several times faster
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -97,7 +98,7 @@ class StreamBatcher:
         self._template: Optional[Columns] = None
 
     def _pad(self, key: str) -> Any:
-        return self.pad_value.get(key, 0) if isinstance(self.pad_value, Mapping) else self.pad_value
+        return self.pad_value.get(key, 0) if isinstance(self.pad_value, abc.Mapping) else self.pad_value
 
     def _field(self, columns: List[Sequence], like: Sequence, pad: Any, width: int) -> Any:
         """One field of the batch from each row's window (``<= width`` samples), padded to ``width``.

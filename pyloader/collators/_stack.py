@@ -8,6 +8,7 @@ tensorflow.
 """
 from __future__ import annotations
 
+from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Union
 
@@ -62,7 +63,7 @@ class StackOptions:
         for name, value in (("keys", keys), ("passthrough", passthrough), ("ragged_keys", ragged_keys)):
             if isinstance(value, (str, bytes)):
                 raise ValueError(f"{name} must be a collection of keys, not the string {value!r}")
-        ragged = dict(ragged_keys) if isinstance(ragged_keys, Mapping) else dict.fromkeys(ragged_keys, 1)
+        ragged = dict(ragged_keys) if isinstance(ragged_keys, abc.Mapping) else dict.fromkeys(ragged_keys, 1)
         for key, n_axes in ragged.items():
             if not isinstance(n_axes, int) or isinstance(n_axes, bool) or n_axes < 1:
                 raise ValueError(f"ragged_keys[{key!r}] must be an integer >= 1, got {n_axes!r}")
@@ -95,7 +96,7 @@ def stack_batch(
     array)``; each string column through ``convert_strings(key, column)``.
     Companions follow their key in the result. ``ValueError`` names the key at fault.
     """
-    if not isinstance(features, Mapping):
+    if not isinstance(features, abc.Mapping):
         raise ValueError(f"expected a dict of columns, got {type(features).__name__}")
     if options.keys is not None:
         missing = sorted(options.keys.difference(features))
@@ -151,7 +152,7 @@ def stack_column(key: str, column: Sequence, options: StackOptions) -> Optional[
             _check_declared(key, column.ndim - 1, options)
             return {key: column, **_companion(key, column, options)}
         column = column.tolist()
-    if isinstance(column, _STRING) or not isinstance(column, Sequence):
+    if isinstance(column, _STRING) or not isinstance(column, abc.Sequence):
         raise ValueError(f"key {key!r} holds {type(column).__name__}, expected a list or an array")
     if type(None) in set(map(type, column)):
         raise ValueError(f"key {key!r} holds None; every sample needs a value")
