@@ -24,7 +24,7 @@ class TorchCollator(ArrayCollator):
     def convert_array(self, key: str, array: np.ndarray) -> Any:
         import torch
 
-        if not array.dtype.isnative or any(stride < 0 for stride in array.strides):
+        if not array.dtype.isnative or min(array.strides, default=0) < 0:
             array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
         try:
             tensor = torch.from_numpy(array)
