@@ -128,8 +128,9 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     try:
         counts = await count_samples(s, run_blocking) if s.sharding.active else None
         source = FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
+        # stream rows need several files before their first batch: no ramp there
         read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, s.prefetch_files, s.errors, s.stats,
-                         ramp=not s.stream)  # stream rows need several files before their first batch
+                         start_ahead=None if s.stream else max(0, s.num_workers - 1))
         files = read.iterate(source.iterate(start.epoch), tasks)
         if s.stream:
             target = fallback = None

@@ -147,7 +147,7 @@ class ReadFiles:
     """
 
     def __init__(self, runner: Any, fetch: bool, prefetch_files: int, errors: ErrorHandler, stats: Stats,
-                 ramp: bool = False) -> None:
+                 start_ahead: Optional[int] = None) -> None:
         self.runner = runner
         self.fetch = fetch  # bring every piece's rows here (shuffle buffer, stream mode)
         self.prefetch_files = prefetch_files
@@ -157,14 +157,15 @@ class ReadFiles:
         self._source: Iterator[SourceItem] = iter(())
         self._ahead: Deque[ReadItem] = collections.deque()
         self._exhausted = False
-        self._limit = 0 if ramp else prefetch_files
+        self._limit = prefetch_files if start_ahead is None else min(start_ahead, prefetch_files)
 
     def open_up(self) -> None:
         """End the ramp: read ``prefetch_files`` ahead from now on.
 
-        With ``ramp``, files are read one at a time until this is called (once the
-        first batch is out), so the first file is not parsed while other files
-        compete with it for the same cores.
+        Until this is called (once the first batch is out) only ``start_ahead``
+        files are read ahead of the one being batched (one per extra worker, none
+        without workers), so the first file is not parsed while other files compete
+        with it for the same cores.
         """
         if self._limit < self.prefetch_files:
             self._limit = self.prefetch_files

@@ -128,14 +128,12 @@ class PoolRunner:
         self.finish = finish
         self.run_blocking = run_blocking
         self.here = LocalSteps(all_steps, run_blocking)
-        self._reading = [0] * pool.num_workers  # files being read, per worker
         self._turn = 0
         self._sent = 0  # groups of rows here that went to workers since the last measurement
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Optional[Columns], Any]]:
         data = await _fetch_remote(self.run_blocking, task)
         worker = self._reader_for_next_file()
-        self._reading[worker] += 1
         gid = self.pool.new_id()
         self.pool.post(worker, ("open", gid, task, data))
         try:
@@ -149,20 +147,19 @@ class PoolRunner:
                 if last:
                     return
         finally:
-            self._reading[worker] -= 1
             self.pool.post(worker, ("close", gid))
 
     def _reader_for_next_file(self) -> int:
-        """The live worker reading the fewest files, the next in turn on a tie.
+        """The next live worker in turn: files go round the workers in plan order.
 
-        A file's in-file batches run where it was read, so spreading files evenly
-        spreads the encoding too (the least busy worker right now is often the one
-        about to receive a file's worth of batches).
+        A file's in-file batches run where it was read, so consecutive files on
+        different workers means that while the consumer waits for one file's
+        batches, the other workers encode the next files' (choosing "the least
+        busy worker now" sent runs of files to one worker).
         """
         n = self.pool.num_workers
         order = [(self._turn + i) % n for i in range(n)]
-        live = [w for w in order if self.pool.alive(w)] or order
-        worker = min(live, key=lambda w: self._reading[w])
+        worker = next((w for w in order if self.pool.alive(w)), order[0])
         self._turn = (worker + 1) % n
         return worker
 

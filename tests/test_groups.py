@@ -131,11 +131,14 @@ def test_files_are_spread_over_the_workers(tmp_path):
                            num_workers=2)
     batches = list(loader)
     assert ids_of(batches) == list(range(160))
-    by_pid = {}
+    reader_of = {}  # file -> pid of the worker that read it
     for batch in batches:
-        for pid in batch["pid"]:
-            by_pid.setdefault(pid, set()).add(batch["id"][0] // 20)
-    assert len(by_pid) == 2 and all(len(files) >= 2 for files in by_pid.values()), by_pid
+        for sample, pid in zip(batch["id"], batch["pid"]):
+            reader_of[sample // 20] = pid
+    pids = [reader_of[f] for f in range(8)]
+    assert len(set(pids)) == 2
+    # in turn: consecutive files on different workers, so one's batches never wait behind the other's
+    assert all(pids[f] != pids[f + 1] for f in range(7)), pids
 
 
 def _task(path: str, end=None) -> FileTask:
