@@ -39,6 +39,7 @@ class DataLoader:
     ``max_queue_size`` collated batches ready (or one group, when a group is
     larger), 2 groups of at most 32 consecutive batches being encoded and
     collated (4 per worker with ``num_workers``), ``prefetch_files`` files read ahead
+    (in stream mode ``max(prefetch_files, batch_size)``: one per row)
     (each holding at most 2 pieces from ``iter_file``, or the whole file when
     ``read_file`` is used), and ``shuffle_buffer`` samples.
 

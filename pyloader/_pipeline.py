@@ -128,8 +128,10 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     try:
         counts = await count_samples(s, run_blocking) if s.sharding.active else None
         source = FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
-        # stream rows need several files before their first batch: no ramp there
-        read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, s.prefetch_files, s.errors, s.stats,
+        # stream rows need several files before their first batch (no ramp there), and rows whose
+        # files end at the same step all need a new one at once: a file per row is read ahead
+        ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
+        read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, ahead, s.errors, s.stats,
                          start_ahead=None if s.stream else max(0, s.num_workers - 1))
         files = read.iterate(source.iterate(start.epoch), tasks)
         if s.stream:

@@ -283,3 +283,30 @@ def test_gru_example_learns():
     assert out.returncode == 0, out.stderr
     first, last = map(float, out.stdout.strip().splitlines()[-1].split()[1:4:2])
     assert last < first / 2
+
+
+def test_a_file_per_row_is_read_ahead(tmp_path):
+    """Rows whose files end together each need a new file at once: with prefetch_files=1
+    stream mode still reads one file per row at the same time."""
+    import threading
+    import time
+
+    write_streams(tmp_path, [4] * 8)
+    lock = threading.Lock()
+    reading, most = [0], [0]
+
+    class Counting(PieceReader):
+        def iter_file(self, path):
+            with lock:
+                reading[0] += 1
+                most[0] = max(most[0], reading[0])
+            time.sleep(0.2)  # long enough for the reads that are started together to overlap
+            with lock:
+                reading[0] -= 1
+            yield from super().iter_file(path)
+
+    loader = pl.DataLoader(Counting(4, piece=4), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                           stream=True, seq_len=4, prefetch_files=1)
+    ids = sorted(int(i) for b in loader for i, ok in zip(np.ravel(b["id"]), np.ravel(b[VALID])) if ok)
+    assert ids == sorted(f * 1000 + p for f in range(8) for p in range(4))
+    assert most[0] >= 4, most[0]
