@@ -470,3 +470,37 @@ def test_npy_memory_url_truncated():
         f.write(data[:-8])
     for call in both_ways(NumpyReader(piece_size=10), url):
         raises_naming(url, call)
+
+
+TRICKY_TEXT = {
+    "plain": "x\ny\n\n  \nz",
+    "bom_and_unicode_blanks": "\ufeffx\n\u00a0\n\u2003 \ny\n",
+    "bom_then_blank": "\ufeff\n{\"a\": 1}\n",
+    "empty": "",
+    "only_newlines": "\n\n",
+    "crlf": "a\r\nb\r\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRICKY_TEXT))
+@pytest.mark.parametrize("make", [
+    lambda: TextLinesReader(),
+    lambda: TextLinesReader(skip_blank=True),
+    lambda: TextLinesReader(skip_blank=True, encoding="utf-8-sig"),
+    lambda: TextLinesReader(encoding="utf-16"),
+], ids=["text", "text-skip-blank", "text-sig", "text-utf16"])
+def test_fast_line_count_matches_reading(tmp_path, name, make):
+    """``count`` (ranks split by it) counts newlines without decoding, and agrees with reading."""
+    reader = make()
+    path = tmp_path / "f.txt"
+    path.write_bytes(TRICKY_TEXT[name].encode(reader.encoding))
+    assert reader.count(str(path)) == sum(len(p[reader.field]) for p in reader.iter_file(str(path)))
+
+
+@pytest.mark.parametrize("text", ['{"a":1}\n\n  \n{"a":2}', '\ufeff{"a":1}\n\u00a0\n{"a":3}\n', "",
+                                  '\ufeff\n{"a":1}\n', '{"a":1}\r\n\r\n{"a":2}'])
+def test_fast_jsonl_count_matches_reading(tmp_path, text):
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(text.encode("utf-8"))
+    reader = JsonLinesReader()
+    assert reader.count(str(path)) == sum(len(p["a"]) for p in reader.iter_file(str(path)))

@@ -78,6 +78,28 @@ def iter_lines(path: str, encoding: str = "utf-8") -> Iterator[Tuple[int, str]]:
         yield number + 1, pending
 
 
+def count_lines(path: str, encoding: str, skip_blank: bool) -> Optional[int]:
+    """The lines of ``path`` as ``iter_lines`` gives them (minus blank ones with ``skip_blank``),
+    counted on the raw bytes without decoding, or ``None`` when the encoding does not write
+    ``"\n"`` as that byte (UTF-16, UTF-32): then only decoding can tell."""
+    codec = encoding.replace("-sig", "")  # the BOM is dealt with here, on the first line only
+    if "\n".encode(codec) != b"\n":
+        return None
+    n = 0
+    with open_file(path, "rb") as f:
+        for number, raw in enumerate(f):
+            if not skip_blank:
+                n += 1
+                continue
+            if number == 0 and raw.startswith(codecs.BOM_UTF8) and encoding.endswith("-sig"):
+                raw = raw[len(codecs.BOM_UTF8):]
+            stripped = raw.strip()
+            if stripped and not stripped.isascii():  # other whitespace than ASCII's: decode to be exact
+                stripped = stripped.decode(codec, errors="replace").strip().encode()
+            n += bool(stripped)
+    return n
+
+
 def strip_newline(line: str) -> str:
     """``line`` without its trailing ``"\\n"`` or ``"\\r\\n"``."""
     if line.endswith("\n"):

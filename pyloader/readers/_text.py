@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Iterator, List, Tuple
 
-from ._base import LineReader, Row, check_encoding, iter_lines, strip_newline
+from ._base import LineReader, Row, check_encoding, count_lines, iter_lines, strip_newline
 
 __all__ = ["TextLinesReader"]
 
@@ -30,6 +30,11 @@ class TextLinesReader(LineReader):
 
     def rows(self, path: str) -> Tuple[List[str], Iterator[Row]]:
         return [self.field], self._rows(path)
+
+    def count(self, path: str) -> int:
+        """The samples of ``path`` from its newlines, without decoding (ranks need it)."""
+        n = count_lines(path, self.encoding, self.skip_blank)
+        return super().count(path) if n is None else n
 
     def _rows(self, path: str) -> Iterator[Row]:
         for _, line in iter_lines(path, self.encoding):
