@@ -144,8 +144,7 @@ class DataLoader:
         self.epoch = batch.epoch
         self._position = (batch.epoch, batch.index + 1)
         self._stats.batches += 1
-        data = batch.data
-        return self._move(data) if self._move is not None else data
+        return self._move(batch.data) if self._move is not None else batch.data
 
     def close(self) -> None:
         """Stop the running iteration, if any: its tasks and threads end within a second."""

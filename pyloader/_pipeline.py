@@ -1,8 +1,8 @@
 """The path of a batch, top to bottom: files → pieces → batches (in groups) → encoded and collated → hand-over."""
 from __future__ import annotations
 
-from collections import abc  # isinstance against these, not typing's aliases: several times faster
 import asyncio
+from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional
 

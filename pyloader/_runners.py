@@ -78,7 +78,6 @@ class LocalSteps:
         return result
 
 
-
 class ThreadRunner:
     """``num_workers=0``: everything in this process, off the event loop (see ``LocalSteps``)."""
 

@@ -60,13 +60,18 @@ def _position(name: str, per_epoch: List[int]) -> int:
             "before_end": total - 1, "end": total}[name]
 
 
-def _consume(loader, k: int) -> Tuple[List[Tuple[int, List[int]]], Dict[str, Any]]:
-    """Take ``k`` batches from a fresh iteration, then the state (through JSON), then close."""
-    it = iter(loader)
+def _take(loader, it, k: int) -> List[Tuple[int, List[int]]]:
+    """The next ``k`` batches of ``it`` (an iteration of ``loader``), with the epoch the loader reports."""
     got = []
     for _ in range(k):
-        got.append(next(it))
-        got[-1] = (loader.epoch, list(got[-1]["id"]))
+        ids = list(next(it)["id"])
+        got.append((loader.epoch, ids))
+    return got
+
+
+def _consume(loader, k: int) -> Tuple[List[Tuple[int, List[int]]], Dict[str, Any]]:
+    """Take ``k`` batches from a fresh iteration, then the state (through JSON), then close."""
+    got = _take(loader, iter(loader), k)
     state = json.loads(json.dumps(loader.state_dict()))
     loader.close()
     return got, state
@@ -136,11 +141,7 @@ def test_resume_twice_in_a_row(data):
     head, state = _consume(_loader(data, loader_kwargs, reader_kwargs), 3)
     second = _loader(data, loader_kwargs, reader_kwargs)
     second.load_state_dict(state)
-    it = iter(second)
-    middle = []
-    for _ in range(len(full) // 2):
-        middle.append((None, list(next(it)["id"])))
-        middle[-1] = (second.epoch, middle[-1][1])
+    middle = _take(second, iter(second), len(full) // 2)
     state2 = json.loads(json.dumps(second.state_dict()))
     second.close()
     third = _loader(data, loader_kwargs, reader_kwargs)
@@ -172,10 +173,7 @@ def test_state_counts_consumed_batches_not_read_ahead(tmp_path, shuffled):
     k = 5
     loader = _loader(tmp_path / "data", loader_kwargs, reader_kwargs, batch_size=3)
     it = iter(loader)
-    head = []
-    for _ in range(k):
-        head.append((None, list(next(it)["id"])))
-        head[-1] = (loader.epoch, head[-1][1])
+    head = _take(loader, it, k)
     deadline = time.monotonic() + 10
     while loader.stats["samples_read"] < 600 and time.monotonic() < deadline:
         time.sleep(0.01)
