@@ -9,6 +9,7 @@ paid once per group rather than once per batch.
 from __future__ import annotations
 
 import collections
+from collections import abc
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -39,6 +40,76 @@ class Batch:
 
 
 Group = List[Batch]  # consecutive batches of one epoch, in order
+
+
+class Stacked(list):
+    """A ``Group`` cut from one array per field: ``columns[key][k]`` is batch ``k``'s
+    ``data[key]`` and ``meta[key][k]`` its ``meta[key]`` (arrays with a leading step axis).
+
+    Later stages work on the arrays once for the whole group (one conversion per
+    field rather than one per field and batch) and keep the result as
+    ``outputs``, each value with the leading step axis; a batch's own ``data`` is
+    then made only as it is handed out (``each``), so groups waiting in queues
+    hold a few stacked arrays, not a dict and tensors per batch. When a batch
+    must go alone its ``data`` and ``meta`` are made at once (``rows``, ``pick``).
+    """
+
+    def __init__(self, batches: List[Batch], columns: Dict[str, np.ndarray], meta: Dict[str, np.ndarray]) -> None:
+        super().__init__(batches)
+        self.columns: Optional[Dict[str, np.ndarray]] = columns  # dropped once encoded (``OrderedMap``)
+        self.meta: Optional[Dict[str, Any]] = meta
+        self.outputs: Optional[StackedOutputs] = None
+
+    def each(self, unstack: Callable[[Any], Sequence[Any]]) -> Iterator[Batch]:
+        """The batches in order, each given its ``data`` from ``outputs`` as it is taken
+        (``unstack`` splits a value along its first axis)."""
+        if self.outputs is None:
+            yield from self
+            return
+        split = [(key, unstack(value)) for key, value in self.outputs.items()]
+        self.outputs = None
+        for k, batch in enumerate(self):
+            batch.data = {key: values[k] for key, values in split}
+            yield batch
+
+    def rows(self) -> "StackedRows":
+        """Each batch's raw columns, made on demand."""
+        return StackedRows(self.columns, len(self))
+
+    def pick(self, positions: Sequence[int]) -> Group:
+        """The batches at ``positions`` as a plain ``Group``, each given its own ``meta``
+        (and its raw columns, while the group still has them)."""
+        picked = []
+        for k in positions:
+            batch = self[k]
+            if self.columns is not None:
+                batch.data = {key: column[k] for key, column in self.columns.items()}
+            batch.meta = {key: column[k] for key, column in self.meta.items()}
+            picked.append(batch)
+        return picked
+
+
+class StackedOutputs(dict):
+    """What the steps made of a whole ``Stacked`` group at once: each output with a leading step axis."""
+
+
+class StackedRows(abc.Sequence):
+    """Item ``k`` is ``{key: columns[key][k]}``, made when asked for; ``columns`` is there for
+    stages that can work on the whole group at once (``run_stacked``)."""
+
+    def __init__(self, columns: Dict[str, np.ndarray], count: int) -> None:
+        self.columns = columns
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self._count))]
+        if not -self._count <= k < self._count:
+            raise IndexError(k)
+        return {key: column[k] for key, column in self.columns.items()}
 
 
 class GroupSize:

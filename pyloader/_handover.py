@@ -10,7 +10,7 @@ EMPTY = object()  # get() timed out
 
 
 def _weight(item: Any) -> int:
-    return len(item) if type(item) is list else 1
+    return len(item) if isinstance(item, list) else 1
 
 
 class HandOver:

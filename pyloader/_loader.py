@@ -1,19 +1,18 @@
 """The public ``DataLoader``: settings, iteration, resume state."""
 from __future__ import annotations
 
-import collections
 import hashlib
 import multiprocessing
 import json
 import weakref
-from typing import Any, Callable, Deque, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from ._abc import DataCollator, DataReader, Dataset
-from ._batch import Batch
+from ._batch import Batch, Group, Stacked
 from ._engine import Engine
 from ._errors import ErrorHandler, ErrorPolicy, Stats
 from ._files import DataDir, list_files
-from ._frameworks import mover, pinner
+from ._frameworks import mover, pinner, unstack
 from ._pipeline import Settings, Start, batches
 from ._shard import resolve as resolve_sharding
 from ._stream import PADDING_MODES
@@ -239,25 +238,34 @@ class LoaderIterator:
     def __init__(self, loader: DataLoader, engine: Engine) -> None:
         self._loader = loader
         self._engine = engine
-        self._ready: Deque[Batch] = collections.deque()
+        self._ready: Iterator[Batch] = iter(())
         self._finalizer = weakref.finalize(self, engine.stop)
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
-        if not self._ready:
-            self._ready.extend(self._engine.get())
-        return self._loader._consumed(self._ready.popleft())
+        batch = next(self._ready, None)
+        if batch is None:
+            self._ready = _each(self._engine.get())
+            batch = next(self._ready)  # groups are never empty
+        return self._loader._consumed(batch)
 
     def __aiter__(self) -> "LoaderIterator":
         return self
 
     async def __anext__(self) -> Any:
-        if not self._ready:
-            self._ready.extend(await self._engine.aget())
-        return self._loader._consumed(self._ready.popleft())
+        batch = next(self._ready, None)
+        if batch is None:
+            self._ready = _each(await self._engine.aget())
+            batch = next(self._ready)
+        return self._loader._consumed(batch)
 
     def close(self) -> None:
-        self._ready.clear()
+        self._ready = iter(())
         self._finalizer()
+
+
+def _each(group: Group) -> Iterator[Batch]:
+    """The batches of a group in order; a ``Stacked`` one's are given their data as they are taken."""
+    return group.each(unstack) if isinstance(group, Stacked) else iter(group)

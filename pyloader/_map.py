@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable, List, Sequence, Tuple, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Sequence, Tuple, Union
 
-from ._batch import Group
+from ._batch import Group, Stacked, StackedOutputs, StackedRows
 from ._errors import ErrorHandler, Failure, Stats
 
 _END = object()
@@ -30,10 +30,14 @@ def run_steps(steps: Sequence[Step], data: Any) -> Any:
     return data
 
 
+def _same(data: Any) -> Any:
+    return data
+
+
 Outcome = Union[Any, StepFailed]  # a batch's result, or the step that failed on it
 
 
-def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = lambda d: d) -> List[Outcome]:
+def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = _same) -> List[Outcome]:
     """``run_steps`` on every batch of a group; a batch that fails does not stop the others."""
     out: List[Outcome] = []
     for data in datas:
@@ -44,9 +48,38 @@ def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any
     return out
 
 
+def run_stacked(steps: Sequence[Step], datas: Sequence[Any]) -> Optional[StackedOutputs]:
+    """The outputs of ``steps`` on ``datas``, computed at once for the whole group when
+    ``datas`` are ``StackedRows``, else (or when that cannot be) ``None``.
+
+    Every step must offer ``on_stacked(columns)``: the step on all the batches at once
+    (a dict whose values have a leading step axis), or ``None`` when it cannot. Only
+    the loader's own steps offer it (``IdentityDataset``, the built-in collators,
+    pinning), never user code, so a failure loses nothing: the caller runs the group
+    per batch, where it is pinned on its batch. Cheap (a few calls per field for the
+    whole group): fine to run on the event loop.
+    """
+    if not isinstance(datas, StackedRows):
+        return None
+    value = datas.columns
+    try:
+        for _, fn in steps:
+            on_stacked = getattr(fn, "on_stacked", None)
+            value = on_stacked(value) if on_stacked is not None else None
+            if value is None:
+                return None
+        if any(column.shape[0] != len(datas) for column in value.values()):
+            return None
+    except Exception:
+        return None
+    return StackedOutputs(value)
+
+
 class OrderedMap:
     """Runs ``run([batch.data, ...])`` (the user's steps, off the event loop) on up to
-    ``concurrency`` groups at once; ``run`` gives one ``Outcome`` per batch.
+    ``concurrency`` groups at once; ``run`` gives one ``Outcome`` per batch. A ``Stacked``
+    group's batches are given as ``StackedRows``; ``run`` may then give ``StackedOutputs``
+    for the whole group (see ``run_stacked``).
 
     Results are yielded in input order, never in completion order, so the output
     does not depend on timing. A failed step goes through the error policy under
@@ -54,7 +87,7 @@ class OrderedMap:
     goes on); an upstream failure is re-raised here, in order.
     """
 
-    def __init__(self, run: Callable[[List[Any]], Awaitable[List[Outcome]]], concurrency: int, errors: ErrorHandler,
+    def __init__(self, run: Callable[[Sequence[Any]], Awaitable[Union[List[Outcome], StackedOutputs]]], concurrency: int, errors: ErrorHandler,
                  stats: Stats) -> None:
         self.run = run
         self.concurrency = concurrency
@@ -67,7 +100,9 @@ class OrderedMap:
         async def feed() -> None:
             try:
                 async for group in groups:
-                    future = asyncio.ensure_future(self.run([batch.data for batch in group]))
+                    datas = group.rows() if isinstance(group, Stacked) else [batch.data for batch in group]
+                    future = asyncio.ensure_future(self.run(datas))
+                    datas = None
                     try:
                         await queue.put((group, future))
                     except asyncio.CancelledError:
@@ -90,20 +125,26 @@ class OrderedMap:
                     raise item.exc
                 group, future = item
                 item = None
-                done: Group = []
-                for batch, outcome in zip(group, await future):
-                    if isinstance(outcome, StepFailed):
-                        try:
-                            self.errors(outcome.step, batch.paths, outcome.__cause__)
-                        except BaseException:
-                            if done:
-                                yield done  # the batches before the failed one still arrive, in order
-                            raise
-                        self.stats.skipped_batches += 1
-                    else:
-                        batch.data = outcome  # the group is this stage's alone: no copy of the Batch
-                        done.append(batch)
-                group = future = batch = None  # the raw rows: not kept alive while the consumer holds the loop back
+                outcomes = await future
+                if isinstance(outcomes, StackedOutputs):  # a Stacked group run at once
+                    group.columns, group.outputs = None, outcomes
+                    done: Group = group
+                else:
+                    kept: List[int] = []
+                    for k, outcome in enumerate(outcomes):
+                        if isinstance(outcome, StepFailed):
+                            try:
+                                self.errors(outcome.step, group[k].paths, outcome.__cause__)
+                            except BaseException:
+                                if kept:
+                                    yield _kept(group, kept)  # the batches before the failed one still arrive, in order
+                                raise
+                            self.stats.skipped_batches += 1
+                        else:
+                            group[k].data = outcome  # the group is this stage's alone: no copy of the Batch
+                            kept.append(k)
+                    done = _kept(group, kept)
+                group = future = outcomes = None  # the raw rows: not kept alive while the consumer holds the loop back
                 if done:
                     yield done
         finally:
@@ -112,6 +153,14 @@ class OrderedMap:
                 item = queue.get_nowait()
                 if isinstance(item, tuple):
                     _discard(item[1])
+
+
+def _kept(group: Group, kept: List[int]) -> Group:
+    """The batches of ``group`` at positions ``kept``, encoded; a whole ``Stacked`` group stays one."""
+    if isinstance(group, Stacked):
+        group.columns = None
+        return group if len(kept) == len(group) else group.pick(kept)
+    return group if len(kept) == len(group) else [group[k] for k in kept]
 
 
 def _discard(future: asyncio.Future) -> None:

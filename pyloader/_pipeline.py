@@ -6,8 +6,8 @@ from collections import abc  # isinstance against these, not typing's aliases: s
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional
 
-from ._abc import DataCollator, DataReader, Dataset
-from ._batch import Batcher, Group
+from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
+from ._batch import Batcher, Group, Stacked
 from ._errors import ErrorHandler, PipelineError, Stats
 from ._frameworks import attach_meta
 from ._map import OrderedMap, Step
@@ -69,6 +69,24 @@ class CheckedEncode:
             raise TypeError(f"batch_encode must return a dict of lists, got {type(out).__name__}")
         return out
 
+    def on_stacked(self, columns: Mapping) -> Optional[Mapping]:
+        """``batch_encode`` on a stacked group at once: only ``IdentityDataset``'s, which returns its input."""
+        return columns if type(self.dataset).batch_encode is IdentityDataset.batch_encode else None
+
+
+class Collate:
+    """``collate_batch``, and the collator's ``collate_stacked`` for stacked groups where it has one."""
+
+    def __init__(self, collator: DataCollator) -> None:
+        self.collator = collator
+
+    def __call__(self, features: Mapping) -> Any:
+        return self.collator.collate_batch(features)
+
+    def on_stacked(self, columns: Mapping) -> Optional[Mapping]:
+        collate_stacked = getattr(self.collator, "collate_stacked", None)
+        return None if collate_stacked is None else collate_stacked(columns)
+
 
 def split_steps(s: Settings) -> tuple[List[Step], List[Step]]:
     """The steps run where the batch is encoded, and those run in this process afterwards.
@@ -82,7 +100,7 @@ def split_steps(s: Settings) -> tuple[List[Step], List[Step]]:
         there = [encode, ("collate_batch", s.collator.stack)]
         here.append(("collate_batch", s.collator.convert))
     else:
-        there = [encode, ("collate_batch", s.collator.collate_batch)]
+        there = [encode, ("collate_batch", Collate(s.collator))]
     if s.finish is not None:
         here.append(("pin_memory", s.finish))
     return there, here
@@ -110,9 +128,11 @@ async def count_samples(s: Settings, run_blocking: Callable) -> List[int]:
 async def _skip(groups: AsyncIterator[Group], start: Start) -> AsyncIterator[Group]:
     async for group in groups:
         # batches replayed to rebuild the state are not encoded again
-        kept = [b for b in group if b.epoch != start.epoch or b.index >= start.skip]
-        if kept:
-            yield kept
+        kept = [k for k, b in enumerate(group) if b.epoch != start.epoch or b.index >= start.skip]
+        if len(kept) == len(group):
+            yield group
+        elif kept:
+            yield group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
 
 
 async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
@@ -152,7 +172,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
             raw = _skip(raw, start)
         async for group in OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
             read.open_up()
-            yield attach_meta(group) if group[0].meta is not None else group
+            yield attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
     finally:
         if pool is not None:
             pool.close()

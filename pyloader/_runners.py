@@ -5,7 +5,8 @@ Both runners offer the same two calls, so the stages do not care which is used:
 * ``pieces(task, fetch)``: the pieces of one file, in order, as ``(n, columns, ref)``;
 * ``run(datas)``: ``batch_encode`` then ``collate_batch`` on each batch of a
   group, given as ``Columns`` or as ``Segments`` (rows of pieces, possibly kept
-  in workers); one ``Outcome`` per batch.
+  in workers); one ``Outcome`` per batch. ``StackedRows`` run at once on the
+  loop when every step can (``run_stacked``), else like any other group.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ._abc import DataReader
 from ._batch import Segments
 from ._columns import Columns, n_rows, slice_rows
 from ._files import is_url
-from ._map import Outcome, Step, StepFailed, run_each
+from ._map import Outcome, Step, StepFailed, run_each, run_stacked
 from ._pool import RemoteRef, WorkerPool, rebuild_error
 from ._read import pieces_with_end
 from ._remote import fetch_bytes
@@ -71,7 +72,10 @@ class LocalSteps:
         or ``None`` until ``_MEASURED`` groups ran here."""
         return min(self._recent) if len(self._recent) >= self._MEASURED else None
 
-    async def run(self, datas: List[BatchData]) -> List[Outcome]:
+    async def run(self, datas: Sequence[BatchData]) -> List[Outcome]:
+        done = run_stacked(self.steps, datas)
+        if done is not None:
+            return done
         cheap = len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW
         result, took = _timed(self.steps, datas) if cheap else await self.run_blocking(_timed, self.steps, datas)
         self._recent.append(took)
@@ -197,9 +201,12 @@ class PoolRunner:
         self._sent += 1
         return False
 
-    async def run(self, datas: List[BatchData]) -> List[Outcome]:
+    async def run(self, datas: Sequence[BatchData]) -> List[Outcome]:
         """Consecutive batches kept in one worker go in one request, sent at once; a batch
         whose rows must be gathered first (a file boundary) does not hold them up."""
+        done = run_stacked(self.here.steps, datas)
+        if done is not None:
+            return done
         if self._run_here(datas):
             return await self.here.run(datas)
         parts: List[Tuple[Optional[int], list]] = []  # (worker, jobs), or (None, [batch]) to gather

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence,
 
 import numpy as np
 
-from ._batch import SRC, Batch, Group, GroupSize
+from ._batch import SRC, Batch, Group, GroupSize, Stacked
 from ._columns import Columns, concat, n_rows, slice_rows
 from ._read import FileStream, Piece, ReadFiles, ReadItem
 from ._source import EpochEnd, FileTask
@@ -206,7 +206,7 @@ class StreamBatcher:
         return steps
 
     def _cut_steps(self, rows: List[Optional[_Row]], first: np.ndarray, epoch: int, index: int,
-                   steps: int) -> Group:
+                   steps: int) -> Stacked:
         """``steps`` consecutive batches, each field filled with one copy per row for all of them."""
         width = self.seq_len or 1
         window = (steps, width) if self.seq_len else (steps,)
@@ -237,8 +237,7 @@ class StreamBatcher:
         meta = {FIRST: firsts, VALID: valid, REPLAY: np.broadcast_to(replay, firsts.shape).copy(),
                 STREAM_ID: np.broadcast_to(stream_id, firsts.shape).copy(), POSITION: position}
         paths = tuple(sorted({row.task.path for row in rows if row is not None}))
-        return [Batch(epoch, index + k, {key: col[k] for key, col in data.items()}, paths,
-                      {key: col[k] for key, col in meta.items()}) for k in range(steps)]
+        return Stacked([Batch(epoch, index + k, None, paths) for k in range(steps)], data, meta)
 
     async def _step(self, rows: List[Optional[_Row]], first: np.ndarray, epoch: int, index: int) -> Batch:
         width = self.seq_len or 1

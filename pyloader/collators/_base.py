@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -10,6 +10,14 @@ from .._abc import DataCollator
 from ._stack import StackOptions, stack_batch
 
 __all__ = ["ArrayCollator"]
+
+
+def row_wise(convert_array: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a ``convert_array`` that treats an array's first axis like the others: converting a
+    stack of batches and splitting the result gives what converting each batch gives, so
+    ``collate_stacked`` may convert a group of batches at once."""
+    convert_array.row_wise = True  # type: ignore[attr-defined]
+    return convert_array
 
 
 class ArrayCollator(DataCollator):
@@ -74,6 +82,21 @@ class ArrayCollator(DataCollator):
     def collate_batch(self, features: Dict[str, Sequence]) -> Dict[str, Any]:
         """Collate ``features`` as the class docstring says."""
         return stack_batch(features, self.options, self.convert_array, self.convert_strings)
+
+    def collate_stacked(self, columns: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+        """``collate_batch`` on K batches at once: ``columns`` holds each field of the K batches
+        stacked along a new first axis, and so does the result. ``None`` where that could differ
+        from collating each batch: a subclass changing ``collate_batch`` or a ``convert_array``
+        not marked ``row_wise``, ``ragged_keys`` (companions take their shape from the leading
+        axes), or a column that is not a numeric NumPy array."""
+        cls = type(self)
+        if (cls.collate_batch is not ArrayCollator.collate_batch or not getattr(cls.convert_array, "row_wise", False)
+                or self.options.ragged_keys):
+            return None
+        for column in columns.values():
+            if not isinstance(column, np.ndarray) or column.ndim < 2 or column.dtype.kind in "OUS":
+                return None
+        return stack_batch(columns, self.options, self.convert_array, self.convert_strings)
 
     def stack(self, features: Dict[str, Sequence]) -> Tuple[Dict[str, Any], Dict[str, str]]:
         """The NumPy half of ``collate_batch``: the stacked batch, and which of its

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import ArrayCollator
+from ._base import ArrayCollator, row_wise
 
 __all__ = ["NumpyCollator"]
 
@@ -14,5 +14,6 @@ class NumpyCollator(ArrayCollator):
     Takes the keyword options of ``ArrayCollator``.
     """
 
+    @row_wise
     def convert_array(self, key: str, array: np.ndarray) -> np.ndarray:
         return array

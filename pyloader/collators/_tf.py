@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ArrayCollator
+from ._base import ArrayCollator, row_wise
 
 __all__ = ["TFCollator"]
 
@@ -23,6 +23,7 @@ class TFCollator(ArrayCollator):
 
     converts_in_main = True
 
+    @row_wise
     def convert_array(self, key: str, array: np.ndarray) -> Any:
         import tensorflow as tf
 

@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import ArrayCollator
+from ._base import ArrayCollator, row_wise
 
 __all__ = ["TorchCollator"]
 
@@ -21,6 +21,7 @@ class TorchCollator(ArrayCollator):
     Pinning is the loader's job: ``DataLoader(pin_memory=True)``.
     """
 
+    @row_wise
     def convert_array(self, key: str, array: np.ndarray) -> Any:
         import torch
 
