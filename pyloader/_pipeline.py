@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
@@ -88,22 +88,22 @@ class Collate:
         return None if collate_stacked is None else collate_stacked(columns)
 
 
-def split_steps(s: Settings) -> tuple[List[Step], List[Step]]:
-    """The steps run where the batch is encoded, and those run in this process afterwards.
+def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
+    """The steps run where the batch is encoded, those run in this process afterwards,
+    and all of them as run when a batch is encoded in this process.
 
     With workers, a collator that makes tensors a worker should not (TF's) is
     split: NumPy stacking in the worker, conversion here; pinning is always here.
     """
     encode: Step = ("batch_encode", CheckedEncode(s.dataset))
-    here: List[Step] = []
+    collate: Step = ("collate_batch", Collate(s.collator))
+    finish: List[Step] = [] if s.finish is None else [("pin_memory", s.finish)]
     if s.num_workers and getattr(s.collator, "converts_in_main", False):
         there = [encode, ("collate_batch", s.collator.stack)]
-        here.append(("collate_batch", s.collator.convert))
+        here = [("collate_batch", s.collator.convert), *finish]
     else:
-        there = [encode, ("collate_batch", Collate(s.collator))]
-    if s.finish is not None:
-        here.append(("pin_memory", s.finish))
-    return there, here
+        there, here = [encode, collate], finish
+    return there, here, [encode, collate, *finish]
 
 
 async def count_samples(s: Settings, run_blocking: Callable) -> List[int]:
@@ -137,14 +137,14 @@ async def _skip(groups: AsyncIterator[Group], start: Start) -> AsyncIterator[Gro
 
 async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
     """The stages of one run, chained; ``run_blocking(fn, *args)`` runs ``fn`` off the loop."""
-    there, here = split_steps(s)
+    there, here, local = split_steps(s)
     pool = None
     if s.num_workers:
         pool = WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method)
         pool.start()
-        runner: Any = PoolRunner(pool, here, run_blocking, all_steps=[*there, *here])
+        runner: Any = PoolRunner(pool, here, run_blocking, all_steps=local)
     else:
-        runner = ThreadRunner(s.reader, there + here, run_blocking)
+        runner = ThreadRunner(s.reader, local, run_blocking)
     try:
         counts = await count_samples(s, run_blocking) if s.sharding.active else None
         source = FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)

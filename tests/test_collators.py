@@ -295,6 +295,62 @@ def test_tf_strings(tf):
         TFCollator().collate_batch({"ragged": [["x"], ["y", "z"]]})
 
 
+# --- whole groups at once (stream mode) ---------------------------------------
+
+
+def _as_numpy(value):
+    return value if isinstance(value, np.ndarray) else np.asarray(value)
+
+
+@pytest.mark.parametrize("make", [NumpyCollator, TorchCollator, TFCollator])
+@pytest.mark.parametrize("options", [{}, {"passthrough": ["b"]}, {"keys": ["i", "f"]}, {"pad_info": "lengths"}])
+def test_collate_stacked_matches_collating_each_batch(make, options):
+    rng = np.random.default_rng(0)
+    columns = {"i": rng.integers(0, 9, (4, 3, 5)), "f": rng.random((4, 3)).astype(np.float32),
+               "b": rng.random((4, 3, 2, 2)) > 0.5, "be": np.arange(12, dtype=">i4").reshape(4, 3)}
+    collator = make(**options)
+    out = collator.collate_stacked(columns)
+    assert out is not None
+    for k in range(4):
+        each = collator.collate_batch({key: column[k] for key, column in columns.items()})
+        assert list(out) == list(each)
+        for key, value in each.items():
+            assert type(out[key]) is type(value) and out[key].dtype == value.dtype, key
+            np.testing.assert_array_equal(_as_numpy(out[key])[k], _as_numpy(value))
+
+
+class _Doubling(TorchCollator):
+    def convert_array(self, key, array):  # not marked row_wise: may depend on the batch axis
+        return super().convert_array(key, array * 2)
+
+
+class _Own(NumpyCollator):
+    def collate_batch(self, features):
+        return {"n": len(features)}
+
+
+class _Plain(TorchCollator):
+    """Changes nothing: still collated at once."""
+
+
+@pytest.mark.parametrize("collator,columns", [
+    (NumpyCollator(ragged_keys=["i"]), {"i": np.zeros((2, 3, 4))}),  # companions take the leading axes' shape
+    (NumpyCollator(), {"i": [[1, 2], [3, 4]]}),  # not an array
+    (NumpyCollator(), {"i": np.zeros(3)}),  # no batch axis inside
+    (NumpyCollator(), {"s": np.array([["a", "b"], ["c", "d"]])}),  # strings
+    (NumpyCollator(), {"o": np.empty((2, 2), dtype=object)}),
+    (_Doubling(), {"i": np.zeros((2, 3))}),
+    (_Own(), {"i": np.zeros((2, 3))}),
+])
+def test_collate_stacked_declines_what_could_differ(collator, columns):
+    assert collator.collate_stacked(columns) is None
+
+
+def test_collate_stacked_keeps_subclasses_that_change_nothing():
+    out = _Plain().collate_stacked({"i": np.arange(6).reshape(2, 3)})
+    assert out is not None and out["i"].tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
 # --- import cost -----------------------------------------------------------
 
 

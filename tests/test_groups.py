@@ -178,3 +178,69 @@ def test_groups_of_numpy_batches_are_exact(tmp_path, workers):
     batches = [b["x"][:, 0].copy() for b in loader]
     assert [len(b) for b in batches] == [7] * (3000 // 7) + [3000 % 7]
     assert np.array_equal(np.concatenate(batches), np.arange(3000))
+
+
+# --- groups cut from one block (stream mode) --------------------------------------------------
+
+
+class _Double:
+    def __call__(self, data):
+        return {"x": data["x"] * 2}
+
+    def on_stacked(self, columns):
+        return {"x": columns["x"] * 2}
+
+
+class _Short(_Double):
+    def on_stacked(self, columns):
+        return {"x": columns["x"][:1]}
+
+
+class _Broken(_Double):
+    def on_stacked(self, columns):
+        raise RuntimeError("no")
+
+
+def test_stacked_rows_are_made_on_demand():
+    from pyloader._batch import StackedRows
+
+    rows = StackedRows({"x": np.arange(6).reshape(3, 2)}, 3)
+    assert len(rows) == 3 and rows[1]["x"].tolist() == [2, 3] and rows[-1]["x"].tolist() == [4, 5]
+    assert [r["x"].tolist() for r in rows[1:]] == [[2, 3], [4, 5]]
+    with pytest.raises(IndexError):
+        rows[3]
+
+
+def test_run_stacked_runs_only_when_every_step_can():
+    from pyloader._batch import StackedRows
+    from pyloader._map import run_stacked, run_each
+
+    columns = {"x": np.arange(12).reshape(3, 4)}
+    rows = StackedRows(columns, 3)
+    out = run_stacked([("a", _Double()), ("b", _Double())], rows)
+    assert out["x"].shape == (3, 4) and (out["x"] == columns["x"] * 4).all()
+    assert [d["x"].tolist() for d in run_each([("a", _Double()), ("b", _Double())], rows)] == \
+        (columns["x"] * 4).tolist()
+    assert run_stacked([("a", _Double()), ("user", lambda d: d)], rows) is None  # user code: batch by batch
+    assert run_stacked([("a", _Broken())], rows) is None  # the batch-by-batch run pins the failure
+    assert run_stacked([("a", _Short())], rows) is None  # not one output per batch
+    assert run_stacked([("a", _Double())], list(rows)) is None  # not stacked
+
+
+def test_a_stacked_group_weighs_its_batches_in_the_hand_over():
+    import asyncio
+
+    from pyloader._batch import Batch, Stacked
+    from pyloader._handover import HandOver
+
+    async def main():
+        queue = HandOver(4, asyncio.get_running_loop())
+        group = Stacked([Batch(0, k, None, ()) for k in range(3)], {}, {})
+        await queue.put(group)
+        second = asyncio.ensure_future(queue.put(group))
+        await asyncio.sleep(0.05)
+        assert not second.done()  # 3 + 3 > 4: waits for room
+        assert queue.get(1.0) is group
+        await asyncio.wait_for(second, 5)
+
+    asyncio.run(main())

@@ -248,6 +248,83 @@ def test_stream_read_error_names_the_file(tmp_path):
         list(loader)
 
 
+class Same(pl.Dataset):
+    """Returns its input like ``IdentityDataset``, but is user code: groups then go batch by batch."""
+
+    def batch_encode(self, batch):
+        return batch
+
+
+def spy_collate_stacked(monkeypatch):
+    """Record, for each group collated at once, how many batches it held."""
+    from pyloader.collators._base import ArrayCollator
+
+    made = []
+    original = ArrayCollator.collate_stacked
+
+    def spy(self, columns):
+        out = original(self, columns)
+        if out is not None:
+            made.append(len(next(iter(columns.values()))))
+        return out
+
+    monkeypatch.setattr(ArrayCollator, "collate_stacked", spy)
+    return made
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("collator", ["numpy", "torch", "tf"])
+def test_groups_collated_at_once_match_batch_by_batch(tmp_path, monkeypatch, collator, workers):
+    """IdentityDataset and a built-in collator convert a whole group at once; user code goes
+    batch by batch. Same batches, fields, types and dtypes either way."""
+    from pyloader.collators import TFCollator
+
+    write_streams(tmp_path, [90, 7, 61, 0, 45, 33])
+    made = spy_collate_stacked(monkeypatch)
+    make = {"numpy": NumpyCollator, "torch": TorchCollator, "tf": TFCollator}[collator]
+
+    def run(dataset):
+        loader = pl.DataLoader(PieceReader(3, 40, arrays=True), dataset, make(), str(tmp_path), stream=True,
+                               seq_len=4, shuffle=True, num_epoch=2, num_workers=workers)
+        return list(loader)
+
+    fast = run(pl.IdentityDataset())
+    assert sum(made) > len(fast) // 2, "groups were not collated at once"
+    made.clear()
+    slow = run(Same())
+    assert made == []
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert list(a) == list(b)
+        for key in a:
+            assert type(a[key]) is type(b[key]) and a[key].dtype == b[key].dtype, key
+            assert np.array_equal(np.asarray(a[key]), np.asarray(b[key])), key
+
+
+@pytest.mark.parametrize("arrays", [False, True])
+def test_resume_mid_group_in_stream_mode(tmp_path, monkeypatch, arrays):
+    """Resuming inside a group cut at once (array pieces) gives the rest of the run exactly."""
+    write_streams(tmp_path, [70, 45, 90, 20])
+    made = spy_collate_stacked(monkeypatch)
+
+    def make():
+        return pl.DataLoader(PieceReader(2, 50, arrays), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                             stream=True, seq_len=3, shuffle=True, num_epoch=2, padding_mode="data")
+
+    full = [(b["id"].tolist(), b[VALID].tolist(), b[POSITION].tolist()) for b in make()]
+    for taken in (5, 12):  # groups of 1, 2, 4, 8...: both land inside a group
+        first = make()
+        it = iter(first)
+        head = [next(it) for _ in range(taken)]
+        state = first.state_dict()
+        first.close()
+        resumed = make()
+        resumed.load_state_dict(state)
+        rest = [(b["id"].tolist(), b[VALID].tolist(), b[POSITION].tolist()) for b in head + list(resumed)]
+        assert rest == full
+    assert bool(made) == arrays
+
+
 def test_resume_in_stream_mode(tmp_path):
     write_streams(tmp_path, [7, 3, 9, 4, 6])
 
