@@ -7,7 +7,8 @@
                                                  # benchmarks/README.md and draw img/bench_stream.png
 
 The same text streams (``--files`` files of ``--tokens`` token ids, one id per
-line) are cut into B rows of T-token windows, where row ``r`` of batch ``k+1``
+line), parsed by the same user function for every loader, are cut into B rows of
+T-token windows, where row ``r`` of batch ``k+1``
 continues where row ``r`` of batch ``k`` stopped, by
 
 * pyloader stream mode, 0 and 2 workers (a ``DataReader`` reading one file's ids);
@@ -17,6 +18,14 @@ continues where row ``r`` of batch ``k`` stopped, by
 * a zip of B per-row torch ``DataLoader`` s (the "MultiStreamDataLoader" idea:
   B single-stream iterables, each over files ``r, r+B, ...``, zipped), 0 and 1
   worker per row.
+
+Two parsers of a file's text, each shared by every loader, make two workloads:
+
+* ``numpy``: ``np.fromstring(text, sep="\n")``, about 0.6 ms per file: the loaders'
+  own cost of cutting, batching and handing over dominates;
+* ``python``: ``np.array(list(map(int, text.split())))``, about 2.5 ms per file: the
+  parse dominates (on 2 cores at B = 64 every file must be parsed before the first
+  batch, whatever the loader).
 
 Every token id is unique (file ``f``, position ``i`` -> ``f * tokens + i``), so
 after the timed loop the script checks that every token arrived exactly once
@@ -51,6 +60,8 @@ RESULTS_JSON = os.path.join(HERE, "results", "bench_stream.json")  # every figur
 
 SIZES = {"full": dict(files=64, tokens=20_000, seq_len=32, rows=[8, 64]),
          "quick": dict(files=64, tokens=1_000, seq_len=32, rows=[8, 64])}
+PARSERS = {"numpy": 'np.fromstring(text, dtype=np.int64, sep="\\n")',
+           "python": "np.array(list(map(int, text.split())), dtype=np.int64)"}
 LOADERS = ["pyloader-w0", "pyloader-w2", "psd-w0", "psd-w2", "zip-w0", "zip-w1"]
 LABELS = {"pyloader-w0": "pyloader stream mode, 0 workers", "pyloader-w2": "pyloader stream mode, 2 workers",
           "psd-w0": "pytorch-stream-dataloader 1.0, 0 workers",
@@ -61,19 +72,22 @@ PAD = -1
 
 
 # -- the user code, shared by every loader ---------------------------------------------------------
-def read_tokens(path: str):
-    """One text file of token ids (one per line) -> an int64 array."""
+def read_tokens(path: str, parser: str):
+    """One text file of token ids (one per line) -> an int64 array, parsed as ``PARSERS[parser]``."""
     import numpy as np
 
     with open(path, encoding="utf-8") as f:
-        return np.array(list(map(int, f.read().split())), dtype=np.int64)
+        text = f.read()
+    if parser == "numpy":
+        return np.fromstring(text, dtype=np.int64, sep="\n")
+    return np.array(list(map(int, text.split())), dtype=np.int64)
 
 
-def windows(path: str, T: int):
+def windows(path: str, T: int, parser: str):
     """A file's ids as T-token windows; the last one padded with -1."""
     import numpy as np
 
-    toks = read_tokens(path)
+    toks = read_tokens(path, parser)
     for s in range(0, len(toks), T):
         w = toks[s:s + T]
         if len(w) < T:
@@ -82,7 +96,7 @@ def windows(path: str, T: int):
 
 
 # -- the loaders: each returns an iterator of (tokens [B, T], valid [B, T]) as NumPy arrays ---------
-def run_pyloader(files_dir: str, B: int, T: int, workers: int):
+def run_pyloader(files_dir: str, B: int, T: int, workers: int, parser: str):
     import pyloader as pl
     from pyloader.collators import TorchCollator
 
@@ -90,7 +104,7 @@ def run_pyloader(files_dir: str, B: int, T: int, workers: int):
 
     class TokenReader(pl.DataReader):
         def read_file(self, path):
-            toks = read_tokens(path)
+            toks = read_tokens(path, parser)
             return {"tok": toks}, len(toks)
 
     def make():
@@ -106,14 +120,14 @@ def run_pyloader(files_dir: str, B: int, T: int, workers: int):
     return make
 
 
-def run_psd(files: List[str], B: int, T: int, workers: int):
+def run_psd(files: List[str], B: int, T: int, workers: int, parser: str):
     import numpy as np
     import torch
     from pytorch_stream_dataloader.stream_dataloader import StreamDataLoader
     from pytorch_stream_dataloader.stream_dataset import StreamDataset
 
     def streamer(path):
-        return windows(path, T)
+        return windows(path, T, parser)
 
     def make():
         dataset = StreamDataset(list(files), streamer, B, "zeros", np.full(T, PAD, dtype=np.int64))
@@ -125,7 +139,7 @@ def run_psd(files: List[str], B: int, T: int, workers: int):
     return make
 
 
-def run_zip(files: List[str], B: int, T: int, workers: int):
+def run_zip(files: List[str], B: int, T: int, workers: int, parser: str):
     import torch
     import torch.utils.data as tud
 
@@ -137,7 +151,7 @@ def run_zip(files: List[str], B: int, T: int, workers: int):
 
         def __iter__(self):
             for path in self.files:
-                yield from windows(path, T)
+                yield from windows(path, T, parser)
 
     def make():
         loaders = [tud.DataLoader(RowStream(files[r::B]), batch_size=None, num_workers=workers) for r in range(B)]
@@ -181,16 +195,12 @@ def child(entry: str, data: str, cfg: dict) -> None:
 
     import torch  # noqa: F401
 
-    bpart, loader = entry.split("/")
+    parser, bpart, loader = entry.split("/")
     B, T = int(bpart[1:]), cfg["seq_len"]
     workers = int(loader.rsplit("-w", 1)[1])
     files = sorted(os.path.join(data, f) for f in os.listdir(data))
-    if loader.startswith("pyloader"):
-        make = run_pyloader(data, B, T, workers)
-    elif loader.startswith("psd"):
-        make = run_psd(files, B, T, workers)
-    else:
-        make = run_zip(files, B, T, workers)
+    run = run_pyloader if loader.startswith("pyloader") else run_psd if loader.startswith("psd") else run_zip
+    make = run(data if loader.startswith("pyloader") else files, B, T, workers, parser)
     baseline = H.own_memory()
     toks, valids, first, n = [], [], None, 0
     cpu0 = os.times()
@@ -236,29 +246,39 @@ def generate(root: str, cfg: dict) -> None:
             out.write("\n".join(str(f * N + i) for i in range(N)) + "\n")
 
 
+def faster_peer(res: Dict[str, dict], parser: str, B: int) -> Optional[float]:
+    """The best tokens/s of the non-pyloader entries (the issue's yardstick), None if none ran."""
+    rates = [r["samples_per_s"] for n in LOADERS if not n.startswith("pyloader")
+             for r in [res.get(f"{parser}/B{B}/{n}", {})] if "samples_per_s" in r]
+    return max(rates) if rates else None
+
+
 def results_markdown(res: Dict[str, dict], cfg: dict, args, machine: str, wall: float, skipped: Optional[str],
                      cores: List[float]) -> str:
     rows = []
-    for B in cfg["rows"]:
-        base = res.get(f"B{B}/pyloader-w0", {}).get("samples_per_s")
-        for name in LOADERS:
-            r = res.get(f"B{B}/{name}")
-            if r is None:
-                rows.append([str(B), LABELS[name], f"skipped: {skipped}"] + ["-"] * 7)
-                continue
-            if "error" in r:
-                rows.append([str(B), LABELS[name], "FAILED: " + r["error"]] + ["-"] * 7)
-                continue
-            c = r["checks"]
-            once = "yes" if c["exactly_once"] else (f"**no**: {c['delivered']:,} of {c['expected']:,} "
-                                                     f"({c['missing']:,} missing, {c['duplicated']:,} twice)")
-            rows.append([str(B), LABELS[name], H.fmt_rate(r["samples_per_s"]),
-                         f"{r['samples_per_s'] / base:.2f}x" if base else "-", f"{r['batches']:,}",
-                         f"{r['first_batch_s']:.3f}", f"{r['cpu_s']:.1f} / {r['seconds']:.1f}",
-                         H.fmt_mb(r["peak_pss"]), once, "ok" if c["order_breaks"] == 0 else f"{c['order_breaks']} breaks"])
-    table = H.markdown_table(["B", "loader", "tokens/s", "vs pyloader 0 workers", "batches", "first batch (s)",
-                              "CPU s / wall s", "peak PSS, tree (MB)", "every token exactly once",
-                              "rows coherent"], rows, "llrrrrrrll")
+    for parser in cfg["parsers"]:
+        for B in cfg["rows"]:
+            peer = faster_peer(res, parser, B)
+            for name in LOADERS:
+                r = res.get(f"{parser}/B{B}/{name}")
+                head = [parser, str(B), LABELS[name]]
+                if r is None:
+                    rows.append(head + [f"skipped: {skipped}"] + ["-"] * 7)
+                    continue
+                if "error" in r:
+                    rows.append(head + ["FAILED: " + r["error"]] + ["-"] * 7)
+                    continue
+                c = r["checks"]
+                once = "yes" if c["exactly_once"] else (f"**no**: {c['delivered']:,} of {c['expected']:,} "
+                                                         f"({c['missing']:,} missing, {c['duplicated']:,} twice)")
+                rows.append(head + [H.fmt_rate(r["samples_per_s"]),
+                                    f"{r['samples_per_s'] / peer:.2f}x" if peer else "-", f"{r['batches']:,}",
+                                    f"{r['first_batch_s']:.3f}", f"{r['cpu_s']:.2f} / {r['seconds']:.2f}",
+                                    H.fmt_mb(r["peak_pss"]), once,
+                                    "ok" if c["order_breaks"] == 0 else f"{c['order_breaks']} breaks"])
+    table = H.markdown_table(["parse", "B", "loader", "tokens/s", "vs the faster peer", "batches",
+                              "first batch (s)", "CPU s / wall s", "peak PSS, tree (MB)",
+                              "every token exactly once", "rows coherent"], rows, "lllrrrrrrll")
     size = "quick (smoke-run sizes)" if args.quick else "full"
     return "\n\n".join([
         f"Run of `python benchmarks/bench_stream.py{' --quick' if args.quick else ''}"
@@ -268,7 +288,10 @@ def results_markdown(res: Dict[str, dict], cfg: dict, args, machine: str, wall: 
         "Effective cores free to this run (two spinning processes against one), before each round and at the "
         "end: " + ", ".join(f"{c:.2f}" for c in cores) + " (2.00 = both cores free).",
         f"Data: {cfg['files']} text files x {cfg['tokens']:,} token ids (one per line), T = {cfg['seq_len']}; "
-        f"B rows per batch. tokens/s counts delivered tokens (padding excluded).",
+        f"B rows per batch. tokens/s counts delivered tokens (padding excluded). Parse: the user function every "
+        "loader calls on a file's text, " + "; ".join(f"`{k}` = `{v}`" for k, v in PARSERS.items()
+                                                      if k in cfg["parsers"]) + ". \"The faster peer\" is the "
+        "fastest of the pytorch-stream-dataloader and zip entries for the same parse and B.",
         table,
         "Throughput of every run (tokens/s): " + "; ".join(
             f"{e}: {', '.join(f'{x:,.0f}' for x in r.get('all_samples_per_s', []))}" for e, r in res.items()) + ".",
@@ -281,24 +304,28 @@ def plot(res: Dict[str, dict], cfg: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(11, 4.6))
+    parsers = cfg.get("parsers", ["numpy"])
+    fig, axes = plt.subplots(1, len(parsers), figsize=(7 * len(parsers), 4.8), squeeze=False)
     width = 0.8 / len(cfg["rows"])
-    for k, B in enumerate(cfg["rows"]):
-        vals, marks = [], []
-        for name in LOADERS:
-            r = res.get(f"B{B}/{name}", {})
-            vals.append(r.get("samples_per_s", 0) if "error" not in r else 0)
-            ok = r.get("checks", {}).get("exactly_once")
-            marks.append("" if ok else (" lost/duplicated" if ok is False else " n/a"))
-        xs = [i + (k - (len(cfg["rows"]) - 1) / 2) * width for i in range(len(LOADERS))]
-        ax.bar(xs, vals, width, label=f"B = {B}")
-        for x, v, m in zip(xs, vals, marks):
-            ax.text(x, v, f"{v / 1e3:,.0f}k{m}", ha="center", va="bottom", fontsize=7, rotation=90 if m else 0)
-    ax.set_xticks(range(len(LOADERS)), [textwrap.fill(LABELS[n], 24) for n in LOADERS], fontsize=7)
-    ax.set_ylabel("tokens/s (higher is better)")
-    ax.set_title(f"Stream mode: {cfg['files']} streams x {cfg['tokens']:,} tokens, T = {cfg['seq_len']} "
+    for ax, parser in zip(axes[0], parsers):
+        for k, B in enumerate(cfg["rows"]):
+            vals, marks = [], []
+            for name in LOADERS:
+                r = res.get(f"{parser}/B{B}/{name}", {})
+                vals.append(r.get("samples_per_s", 0) if "error" not in r else 0)
+                ok = r.get("checks", {}).get("exactly_once")
+                marks.append("" if ok else (" lost/duplicated" if ok is False else " n/a"))
+            xs = [i + (k - (len(cfg["rows"]) - 1) / 2) * width for i in range(len(LOADERS))]
+            ax.bar(xs, [v / 1e6 for v in vals], width, label=f"B = {B}")
+            for x, v, m in zip(xs, vals, marks):
+                ax.text(x, v / 1e6, f"{v / 1e6:.1f}{m}", ha="center", va="bottom", fontsize=7,
+                        rotation=90 if m else 0)
+        ax.set_xticks(range(len(LOADERS)), [textwrap.fill(LABELS[n], 18) for n in LOADERS], fontsize=6)
+        ax.set_ylabel("million tokens/s (higher is better)")
+        ax.set_title(f"parse = {parser}: {PARSERS[parser]}", fontsize=8)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Stream mode: {cfg['files']} streams x {cfg['tokens']:,} tokens, T = {cfg['seq_len']} "
                  "(2-core CPU machine, shared; best of runs)", fontsize=10)
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -307,16 +334,18 @@ def plot(res: Dict[str, dict], cfg: dict, path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     H.common_args(ap, "rewrite benchmarks/README.md's stream section, draw the plot", "2 full, 1 quick", RESULTS_JSON)
+    ap.add_argument("--parse", action="append", choices=list(PARSERS),
+                    help="a workload to run (repeatable; default: all of them)")
     args = ap.parse_args()
     if H.child_or_replot(args, child, RESULTS_JSON, plot, os.path.join(REPO, "img", "bench_stream.png")):
         return
-    cfg = SIZES["quick" if args.quick else "full"]
+    cfg = dict(SIZES["quick" if args.quick else "full"], parsers=args.parse or list(PARSERS))
     args.repeats = args.repeats or (1 if args.quick else 2)
     machine = H.machine_line() + "; code measured: " + H.source_digest(os.path.join(REPO, "pyloader"))
     print(f"machine: {machine}")
     skipped = ensure_psd()
     loaders = [n for n in LOADERS if not (skipped and n.startswith("psd"))]
-    entries = [f"B{B}/{n}" for B in cfg["rows"] for n in loaders]
+    entries = [f"{p}/B{B}/{n}" for p in cfg["parsers"] for B in cfg["rows"] for n in loaders]
     t_all = time.perf_counter()
     data = tempfile.mkdtemp(prefix="pyloader-stream-bench-")
     runs: Dict[str, List[dict]] = {e: [] for e in entries}
