@@ -150,7 +150,9 @@ def torchrun(data: Path, out: Path, *extra: str) -> list:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(ROOT / "tests" / "ddp_train.py"),
            "--data", str(data), "--out", str(out), *extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    scratch = out.parent / "scratch"  # torchrun's own temporary folders (torchelastic_*) go here, not /tmp
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
