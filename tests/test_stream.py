@@ -387,3 +387,77 @@ def test_a_file_per_row_is_read_ahead(tmp_path):
     ids = sorted(int(i) for b in loader for i, ok in zip(np.ravel(b["id"]), np.ravel(b[VALID])) if ok)
     assert ids == sorted(f * 1000 + p for f in range(8) for p in range(4))
     assert most[0] >= 4, most[0]
+
+
+class OpenFileReader(pl.DataReader):
+    """Keeps each file open while its pieces are taken, so a row left mid-file holds a handle."""
+
+    def read_file(self, path):
+        raise AssertionError("stream mode must read through iter_file")
+
+    def iter_file(self, path):
+        with open(path) as f:
+            part = []
+            for line in f:
+                part.append(int(line))
+                if len(part) == 5:
+                    yield {"id": np.array(part, dtype=np.int64)}
+                    part = []
+            if part:
+                yield {"id": np.array(part, dtype=np.int64)}
+
+
+def _open_data_files(folder: Path) -> list:
+    import psutil
+
+    return [f.path for f in psutil.Process().open_files() if f.path.startswith(str(folder))]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("how", ["break", "close", "exception", "drop"])
+def test_stopping_mid_stream_leaves_nothing(tmp_path, how, workers):
+    """Rows stopped inside their files: no thread, worker process or open file of ours remains,
+    and the next epoch still delivers every sample exactly once."""
+    import gc
+
+    from conftest import wait_no_threads
+    from test_workers import wait_no_children
+
+    lengths = [200, 130, 170, 90, 210]
+    write_streams(tmp_path / "data", lengths)
+
+    def make():
+        return pl.DataLoader(OpenFileReader(3), pl.IdentityDataset(), TorchCollator(), str(tmp_path / "data"),
+                             stream=True, seq_len=4, num_workers=workers, max_queue_size=2)
+
+    loader = make()
+    if how == "break":
+        for k, _ in enumerate(loader):
+            if k == 5:
+                break
+    elif how == "close":
+        it = iter(loader)
+        for _ in range(5):
+            next(it)
+        loader.close()
+    elif how == "exception":
+        with pytest.raises(RuntimeError, match="training failed"):
+            for k, _ in enumerate(loader):
+                if k == 5:
+                    raise RuntimeError("training failed")
+    else:
+        it = iter(loader)
+        next(it)
+        del it, loader
+        gc.collect()
+    assert wait_no_threads(2.0) == [], "pyloader threads were left behind"
+    assert wait_no_children(3.0) == [], "worker processes were left behind"
+    assert _open_data_files(tmp_path / "data") == [], "data files were left open"
+
+    again = make() if how == "drop" else loader
+    seen = []
+    for batch in again:
+        keep = batch[VALID].numpy() & ~batch[REPLAY].numpy()[:, None]
+        seen.extend(batch["id"].numpy()[keep].tolist())
+    assert sorted(seen) == sorted(f * 1000 + p for f, n in enumerate(lengths) for p in range(n))
+    assert wait_no_threads(2.0) == [] and _open_data_files(tmp_path / "data") == []
