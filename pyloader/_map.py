@@ -87,8 +87,8 @@ class OrderedMap:
     goes on); an upstream failure is re-raised here, in order.
     """
 
-    def __init__(self, run: Callable[[Sequence[Any]], Awaitable[Union[List[Outcome], StackedOutputs]]], concurrency: int, errors: ErrorHandler,
-                 stats: Stats) -> None:
+    def __init__(self, run: Callable[[Sequence[Any]], Awaitable[Union[List[Outcome], StackedOutputs]]],
+                 concurrency: int, errors: ErrorHandler, stats: Stats) -> None:
         self.run = run
         self.concurrency = concurrency
         self.errors = errors

@@ -16,7 +16,7 @@ import time
 from typing import Any, AsyncIterator, Callable, Deque, List, Optional, Sequence, Tuple, Union
 
 from ._abc import DataReader
-from ._batch import Segments
+from ._batch import Segments, StackedOutputs
 from ._columns import Columns, n_rows, slice_rows
 from ._files import is_url
 from ._map import Outcome, Step, StepFailed, run_each, run_stacked
@@ -72,7 +72,7 @@ class LocalSteps:
         or ``None`` until ``_MEASURED`` groups ran here."""
         return min(self._recent) if len(self._recent) >= self._MEASURED else None
 
-    async def run(self, datas: Sequence[BatchData]) -> List[Outcome]:
+    async def run(self, datas: Sequence[BatchData]) -> Union[List[Outcome], StackedOutputs]:
         done = run_stacked(self.steps, datas)
         if done is not None:
             return done
@@ -201,7 +201,7 @@ class PoolRunner:
         self._sent += 1
         return False
 
-    async def run(self, datas: Sequence[BatchData]) -> List[Outcome]:
+    async def run(self, datas: Sequence[BatchData]) -> Union[List[Outcome], StackedOutputs]:
         """Consecutive batches kept in one worker go in one request, sent at once; a batch
         whose rows must be gathered first (a file boundary) does not hold them up."""
         done = run_stacked(self.here.steps, datas)

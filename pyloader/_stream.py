@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence,
 
 import numpy as np
 
-from ._batch import SRC, Batch, Group, GroupSize, Stacked
+from ._batch import SRC, Batch, GroupSize, Stacked
 from ._columns import Columns, concat, n_rows, slice_rows
 from ._read import FileStream, Piece, ReadFiles, ReadItem
 from ._source import EpochEnd, FileTask
