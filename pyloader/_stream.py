@@ -81,7 +81,16 @@ class _Row:
 
 
 class StreamBatcher:
-    """Cuts each epoch into stream batches of ``rows`` rows (``seq_len`` samples per row, or one)."""
+    """Cuts each epoch into stream batches of ``rows`` rows (``seq_len`` samples per row, or one).
+
+    Groups cut from one block hold up to ``GROUP_SAMPLES`` samples (at least
+    ``GroupSize.LIMIT`` batches, at most ``MAX_GROUP`` batches): stream batches are
+    small, so per-group costs need more of them to be paid off, while the samples a
+    group holds stay those of a group of ordinary batches.
+    """
+
+    GROUP_SAMPLES = 32768
+    MAX_GROUP = 1024
 
     def __init__(self, files: Sequence[str], rows: int, seq_len: Optional[int], padding_mode: str,
                  pad_value: Any, target: Optional[Callable[[int], int]] = None,
@@ -96,6 +105,8 @@ class StreamBatcher:
         self.target = target
         self.fallback = fallback
         self._template: Optional[Columns] = None
+        step = rows * (seq_len or 1)
+        self.group_limit = min(self.MAX_GROUP, max(GroupSize.LIMIT, self.GROUP_SAMPLES // step))
 
     def _pad(self, key: str) -> Any:
         return self.pad_value.get(key, 0) if isinstance(self.pad_value, abc.Mapping) else self.pad_value
@@ -143,7 +154,7 @@ class StreamBatcher:
         replays = 0
         fresh_left = True
         index = 0
-        sizes = GroupSize()
+        sizes = GroupSize(self.group_limit)
         target = self.target(epoch) if self.target is not None else None
         try:
             while target is None or index < target:
