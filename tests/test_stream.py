@@ -272,6 +272,25 @@ def spy_collate_stacked(monkeypatch):
     return made
 
 
+@pytest.mark.parametrize("rows,seq_len", [(2, 4), (8, 32), (64, 32)])
+def test_stream_groups_are_sized_in_samples(tmp_path, monkeypatch, rows, seq_len):
+    """Small stream batches travel in larger groups (up to GROUP_SAMPLES samples, never fewer
+    than GroupSize.LIMIT batches nor more than MAX_GROUP); the output is unchanged."""
+    from pyloader._batch import GroupSize
+    from pyloader._stream import StreamBatcher
+
+    limit = min(StreamBatcher.MAX_GROUP, max(GroupSize.LIMIT, StreamBatcher.GROUP_SAMPLES // (rows * seq_len)))
+    length = seq_len * (2 * limit + 2)  # enough steps for the groups to grow to the limit
+    write_streams(tmp_path, [length] * rows)
+    made = spy_collate_stacked(monkeypatch)
+    loader = pl.DataLoader(PieceReader(rows, piece=length, arrays=True), pl.IdentityDataset(),
+                           NumpyCollator(), str(tmp_path), stream=True, seq_len=seq_len)
+    batches = list(loader)
+    check_stream_epoch(batches, [length] * rows, rows, seq_len, order=list(range(rows)))
+    assert max(made) == limit
+    assert sum(made) == len(batches) - 1  # all but the last step, cut when every row's file is at its end
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("collator", ["numpy", "torch", "tf"])
 def test_groups_collated_at_once_match_batch_by_batch(tmp_path, monkeypatch, collator, workers):
