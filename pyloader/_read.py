@@ -156,6 +156,7 @@ class ReadFiles:
         self._tasks: asyncio.TaskGroup = None  # type: ignore[assignment]  # set by iterate()
         self._source: Iterator[SourceItem] = iter(())
         self._ahead: Deque[ReadItem] = collections.deque()
+        self._files_ahead = 0  # the FileStreams in _ahead
         self._exhausted = False
         self._limit = prefetch_files if start_ahead is None else min(start_ahead, prefetch_files)
 
@@ -191,8 +192,7 @@ class ReadFiles:
 
     def _fill(self, need_one: bool = False) -> None:
         """Open files ahead of the one being batched, up to the limit (at least one when ``need_one``)."""
-        while not self._exhausted and (sum(isinstance(i, FileStream) for i in self._ahead) < self._limit
-                                       or (need_one and not self._ahead)):
+        while not self._exhausted and (self._files_ahead < self._limit or (need_one and not self._ahead)):
             item: Optional[SourceItem] = next(self._source, None)
             if item is None:
                 self._exhausted = True
@@ -200,6 +200,7 @@ class ReadFiles:
                 self._ahead.append(item)
             else:
                 self._ahead.append(self.open(item))
+                self._files_ahead += 1
 
     async def iterate(self, source: Iterator[SourceItem], tasks: asyncio.TaskGroup) -> AsyncIterator[ReadItem]:
         self._tasks, self._source = tasks, source
@@ -208,6 +209,7 @@ class ReadFiles:
             if not self._ahead:
                 return
             item = self._ahead.popleft()
+            self._files_ahead -= isinstance(item, FileStream)
             self._fill()
             yield item
 

@@ -37,25 +37,27 @@ class _Row:
         self.replay = replay
         self.position = 0  # samples of the file already taken
         self._piece: Optional[Columns] = None
+        self._size = 0  # samples in the current piece
         self._offset = 0
         self.exhausted = False
+        # the current piece's field names, when every field is an array (else None): rows whose
+        # pieces agree on this can be cut many steps at once
+        self.array_keys: Optional[Tuple[str, ...]] = None
 
     async def prime(self) -> None:
         """Make sure a sample is at hand, or mark the file as ended."""
-        while self._piece is None or self._offset >= n_rows(self._piece):
+        while self._piece is None or self._offset >= self._size:
             piece = await anext(self._pieces, None)
             if piece is None:
-                self.exhausted, self._piece = True, None
+                self.exhausted, self._piece, self._size, self._offset, self.array_keys = True, None, 0, 0, None
                 return
-            self._piece, self._offset = piece.columns, 0
-
-    @property
-    def piece(self) -> Optional[Columns]:
-        return self._piece
+            self._piece, self._size, self._offset = piece.columns, n_rows(piece.columns), 0
+            arrays = all(isinstance(col, np.ndarray) for col in self._piece.values())
+            self.array_keys = tuple(self._piece) if arrays else None
 
     def ahead(self) -> int:
         """Samples at hand in the current piece (0 once the file has ended)."""
-        return 0 if self.exhausted else n_rows(self._piece) - self._offset
+        return self._size - self._offset
 
     def cut(self, count: int) -> Tuple[Columns, int]:
         """The current piece and the offset of the next ``count`` samples, taken without
@@ -68,7 +70,7 @@ class _Row:
     async def take(self, count: int) -> Tuple[List[Columns], int]:
         parts, got = [], 0
         while got < count and not self.exhausted:
-            k = min(count - got, n_rows(self._piece) - self._offset)
+            k = min(count - got, self._size - self._offset)
             parts.append(slice_rows(self._piece, self._offset, self._offset + k))
             self._offset += k
             got += k
@@ -207,13 +209,9 @@ class StreamBatcher:
         steps = min(((row.ahead() - 1) // width for row in live), default=0)
         if steps < 1:
             return 0
-        keys = None
-        for row in live:
-            piece = row.piece
-            if keys is None:
-                keys = piece.keys()
-            if piece.keys() != keys or not all(isinstance(col, np.ndarray) for col in piece.values()):
-                return 0
+        keys = live[0].array_keys
+        if keys is None or any(row.array_keys != keys for row in live):
+            return 0
         return steps
 
     def _cut_steps(self, rows: List[Optional[_Row]], first: np.ndarray, epoch: int, index: int,
