@@ -202,8 +202,10 @@ def child(entry: str, data: str, cfg: dict) -> None:
     B, T = int(bpart[1:]), cfg["seq_len"]
     workers = int(loader.rsplit("-w", 1)[1])
     files = sorted(os.path.join(data, f) for f in os.listdir(data))
-    run = run_pyloader if loader.startswith("pyloader") else run_psd if loader.startswith("psd") else run_zip
-    make = run(data if loader.startswith("pyloader") else files, B, T, workers, parser)
+    if loader.startswith("pyloader"):
+        make = run_pyloader(data, B, T, workers, parser)
+    else:
+        make = (run_psd if loader.startswith("psd") else run_zip)(files, B, T, workers, parser)
     baseline = H.own_memory()
     # the imports above leave ~170k objects no full collection has seen yet: the first one (~0.1 s with
     # torch loaded) would fall inside whichever timed loop happens to allocate enough, so run it now
@@ -254,9 +256,8 @@ def generate(root: str, cfg: dict) -> None:
 
 def faster_peer(res: Dict[str, dict], parser: str, B: int) -> Optional[float]:
     """The best tokens/s of the non-pyloader entries (the issue's yardstick), None if none ran."""
-    rates = [r["samples_per_s"] for n in LOADERS if not n.startswith("pyloader")
-             for r in [res.get(f"{parser}/B{B}/{n}", {})] if "samples_per_s" in r]
-    return max(rates) if rates else None
+    rates = [res.get(f"{parser}/B{B}/{n}", {}).get("samples_per_s") for n in LOADERS if not n.startswith("pyloader")]
+    return max((r for r in rates if r is not None), default=None)
 
 
 def results_markdown(res: Dict[str, dict], cfg: dict, args, machine: str, wall: float, skipped: Optional[str],

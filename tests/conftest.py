@@ -1,11 +1,13 @@
 """Shared test helpers: small chunk files of numbered samples, and readers over them."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import pytest
 
@@ -63,6 +65,33 @@ def wait_no_threads(timeout: float = 1.5) -> List[str]:
     while our_threads() and time.monotonic() < deadline:
         time.sleep(0.02)
     return our_threads()
+
+
+STOP_WAYS = ("break", "close", "exception", "drop")
+
+
+def stop_early(make: Callable[[], pl.DataLoader], how: str, after: int = 3) -> pl.DataLoader:
+    """Make a loader, take ``after`` batches, then stop in one of ``STOP_WAYS``: ``break`` out of
+    the loop, ``close()`` it, raise in the loop, or drop every reference (and collect). Returns
+    the loader, or a fresh one from ``make`` once it was dropped."""
+    loader = make()
+    if how in ("close", "drop"):
+        it = iter(loader)
+        for _ in range(after):
+            next(it)
+        if how == "close":
+            loader.close()
+            return loader
+        del it, loader
+        gc.collect()
+        return make()
+    with pytest.raises(RuntimeError, match="training failed") if how == "exception" else contextlib.nullcontext():
+        for k, _ in enumerate(loader, 1):
+            if k == after:
+                if how == "break":
+                    break
+                raise RuntimeError("training failed")
+    return loader
 
 
 @pytest.fixture

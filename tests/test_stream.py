@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import pyloader as pl
+from conftest import STOP_WAYS, stop_early, wait_no_threads
 from pyloader.collators import NumpyCollator, TorchCollator
 
 pytestmark = pytest.mark.timeout(120)
@@ -433,13 +434,10 @@ def _open_data_files(folder: Path) -> list:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("how", ["break", "close", "exception", "drop"])
+@pytest.mark.parametrize("how", STOP_WAYS)
 def test_stopping_mid_stream_leaves_nothing(tmp_path, how, workers):
     """Rows stopped inside their files: no thread, worker process or open file of ours remains,
     and the next epoch still delivers every sample exactly once."""
-    import gc
-
-    from conftest import wait_no_threads
     from test_workers import wait_no_children
 
     lengths = [200, 130, 170, 90, 210]
@@ -449,31 +447,11 @@ def test_stopping_mid_stream_leaves_nothing(tmp_path, how, workers):
         return pl.DataLoader(OpenFileReader(3), pl.IdentityDataset(), TorchCollator(), str(tmp_path / "data"),
                              stream=True, seq_len=4, num_workers=workers, max_queue_size=2)
 
-    loader = make()
-    if how == "break":
-        for k, _ in enumerate(loader):
-            if k == 5:
-                break
-    elif how == "close":
-        it = iter(loader)
-        for _ in range(5):
-            next(it)
-        loader.close()
-    elif how == "exception":
-        with pytest.raises(RuntimeError, match="training failed"):
-            for k, _ in enumerate(loader):
-                if k == 5:
-                    raise RuntimeError("training failed")
-    else:
-        it = iter(loader)
-        next(it)
-        del it, loader
-        gc.collect()
+    again = stop_early(make, how, after=5)
     assert wait_no_threads(2.0) == [], "pyloader threads were left behind"
     assert wait_no_children(3.0) == [], "worker processes were left behind"
     assert _open_data_files(tmp_path / "data") == [], "data files were left open"
 
-    again = make() if how == "drop" else loader
     seen = []
     for batch in again:
         keep = batch[VALID].numpy() & ~batch[REPLAY].numpy()[:, None]

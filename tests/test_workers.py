@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 import pyloader as pl
-from conftest import wait_no_threads, write_chunks
+from conftest import STOP_WAYS, stop_early, wait_no_threads, write_chunks
 from pyloader.collators import NumpyCollator
 from pyloader.readers import NumpyReader
 from worker_helpers import EncodeDataset, InitRecorder, ListCollator, NumReader, recorded_workers
@@ -484,7 +484,7 @@ def test_worker_segfaults_inside_batch_encode(tmp_path):
 
 
 # -- 8. stopping early ---------------------------------------------------------------------------
-@pytest.mark.parametrize("how", ["break", "close", "del"])
+@pytest.mark.parametrize("how", STOP_WAYS)
 def test_stopping_early_ends_the_workers(tmp_path, how):
     sizes = [10] * 20
     write_chunks(tmp_path / "data", sizes)
@@ -494,21 +494,7 @@ def test_stopping_early_ends_the_workers(tmp_path, how):
         return pl.DataLoader(NumReader(4, delay=0.01), EncodeDataset(), ListCollator(), str(tmp_path / "data"),
                              num_workers=2, worker_init_fn=InitRecorder(str(tmp_path / "init")))
 
-    loader = make()
-    if how == "break":
-        for k, _ in enumerate(loader):
-            if k == 2:
-                break
-    elif how == "close":
-        it = iter(loader)
-        next(it), next(it), next(it)
-        loader.close()
-    else:
-        it = iter(loader)
-        next(it), next(it), next(it)
-        del it, loader
-        gc.collect()
-        loader = make()
+    loader = stop_early(make, how)
     records = recorded_workers(str(tmp_path / "init"))
     assert len(records) == 2
     assert wait_no_children(2.0) == []
