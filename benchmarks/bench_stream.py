@@ -5,6 +5,8 @@
     python benchmarks/bench_stream.py --quick    # small data, a smoke run
     python benchmarks/bench_stream.py --write    # also rewrite the stream section of
                                                  # benchmarks/README.md and draw img/bench_stream.png
+    python benchmarks/bench_stream.py --files 256 --loader pyloader-w0 --loader psd-w0
+                                                 # more data, some loaders only (no --write)
 
 The same text streams (``--files`` files of ``--tokens`` token ids, one id per
 line), parsed by the same user function for every loader, are cut into B rows of
@@ -270,8 +272,9 @@ def results_markdown(res: Dict[str, dict], cfg: dict, args, machine: str, wall: 
                 r = res.get(f"{parser}/B{B}/{name}")
                 head = [parser, str(B), LABELS[name]]
                 if r is None:
-                    rows.append(head + [f"skipped: {skipped}"] + ["-"] * 7)
-                    continue
+                    if skipped and name.startswith("psd"):
+                        rows.append(head + [f"skipped: {skipped}"] + ["-"] * 7)
+                    continue  # else not asked for (--loader)
                 if "error" in r:
                     rows.append(head + ["FAILED: " + r["error"]] + ["-"] * 7)
                     continue
@@ -343,15 +346,21 @@ def main() -> None:
     H.common_args(ap, "rewrite benchmarks/README.md's stream section, draw the plot", "2 full, 1 quick", RESULTS_JSON)
     ap.add_argument("--parse", action="append", choices=list(PARSERS),
                     help="a workload to run (repeatable; default: all of them)")
+    ap.add_argument("--files", type=int, help="number of text files (default: the size's)")
+    ap.add_argument("--tokens", type=int, help="token ids per file (default: the size's)")
+    ap.add_argument("--loader", action="append", choices=LOADERS, help="a loader to run (repeatable; default: all)")
     args = ap.parse_args()
+    if args.write and (args.loader or args.files or args.tokens):
+        ap.error("--write records the full set-up: leave out --loader, --files and --tokens")
     if H.child_or_replot(args, child, RESULTS_JSON, plot, os.path.join(REPO, "img", "bench_stream.png")):
         return
     cfg = dict(SIZES["quick" if args.quick else "full"], parsers=args.parse or list(PARSERS))
+    cfg.update({k: getattr(args, k) for k in ("files", "tokens") if getattr(args, k)})
     args.repeats = args.repeats or (1 if args.quick else 2)
     machine = H.machine_line() + "; code measured: " + H.source_digest(os.path.join(REPO, "pyloader"))
     print(f"machine: {machine}")
     skipped = ensure_psd()
-    loaders = [n for n in LOADERS if not (skipped and n.startswith("psd"))]
+    loaders = [n for n in args.loader or LOADERS if not (skipped and n.startswith("psd"))]
     entries = [f"{p}/B{B}/{n}" for p in cfg["parsers"] for B in cfg["rows"] for n in loaders]
     t_all = time.perf_counter()
     data = tempfile.mkdtemp(prefix="pyloader-stream-bench-")
