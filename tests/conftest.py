@@ -7,8 +7,9 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
+import psutil
 import pytest
 
 import pyloader as pl
@@ -65,6 +66,37 @@ def wait_no_threads(timeout: float = 1.5) -> List[str]:
     while our_threads() and time.monotonic() < deadline:
         time.sleep(0.02)
     return our_threads()
+
+
+def _is_mp_infrastructure(proc: psutil.Process) -> bool:
+    """The forkserver server or resource tracker multiprocessing keeps for this process's lifetime."""
+    try:
+        if proc.ppid() != os.getpid():
+            return False
+        cmdline = " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    return "multiprocessing.forkserver" in cmdline or "multiprocessing.resource_tracker" in cmdline
+
+
+def leftover_children() -> List[Tuple[int, str]]:
+    """Descendants of this process, zombies included, except multiprocessing's own helpers."""
+    out = []
+    for proc in psutil.Process().children(recursive=True):
+        if _is_mp_infrastructure(proc):
+            continue
+        try:
+            out.append((proc.pid, proc.status()))
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def wait_no_children(timeout: float = 2.0) -> List[Tuple[int, str]]:
+    deadline = time.monotonic() + timeout
+    while leftover_children() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return leftover_children()
 
 
 STOP_WAYS = ("break", "close", "exception", "drop")

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import pyloader as pl
-from conftest import STOP_WAYS, stop_early, wait_no_threads
+from conftest import STOP_WAYS, stop_early, wait_no_children, wait_no_threads
 from pyloader.collators import NumpyCollator, TorchCollator
 
 pytestmark = pytest.mark.timeout(120)
@@ -438,8 +438,6 @@ def _open_data_files(folder: Path) -> list:
 def test_stopping_mid_stream_leaves_nothing(tmp_path, how, workers):
     """Rows stopped inside their files: no thread, worker process or open file of ours remains,
     and the next epoch still delivers every sample exactly once."""
-    from test_workers import wait_no_children
-
     lengths = [200, 130, 170, 90, 210]
     write_streams(tmp_path / "data", lengths)
 

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 import pyloader as pl
-from conftest import STOP_WAYS, stop_early, wait_no_threads, write_chunks
+from conftest import STOP_WAYS, stop_early, wait_no_children, wait_no_threads, write_chunks
 from pyloader.collators import NumpyCollator
 from pyloader.readers import NumpyReader
 from worker_helpers import EncodeDataset, InitRecorder, ListCollator, NumReader, recorded_workers
@@ -38,37 +38,6 @@ TOTAL = sum(SIZES)
 
 
 # -- helpers ---------------------------------------------------------------------------
-def _is_mp_infrastructure(proc: psutil.Process) -> bool:
-    """The forkserver server or resource tracker multiprocessing keeps for this process's lifetime."""
-    try:
-        if proc.ppid() != os.getpid():
-            return False
-        cmdline = " ".join(proc.cmdline())
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return False
-    return "multiprocessing.forkserver" in cmdline or "multiprocessing.resource_tracker" in cmdline
-
-
-def leftover_children() -> List[Tuple[int, str]]:
-    """Descendants of this process, zombies included, except multiprocessing's own helpers."""
-    out = []
-    for proc in psutil.Process().children(recursive=True):
-        if _is_mp_infrastructure(proc):
-            continue
-        try:
-            out.append((proc.pid, proc.status()))
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
-def wait_no_children(timeout: float = 2.0) -> List[Tuple[int, str]]:
-    deadline = time.monotonic() + timeout
-    while leftover_children() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return leftover_children()
-
-
 def gone(pid: int) -> bool:
     try:
         return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
