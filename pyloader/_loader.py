@@ -42,6 +42,11 @@ class DataLoader:
     (each holding at most 2 pieces from ``iter_file``, or the whole file when
     ``read_file`` is used), and ``shuffle_buffer`` samples.
 
+    User methods that run in this process (all of them without ``num_workers``)
+    run ``num_threads`` at a time: code written in Python holds the GIL, so more
+    threads only take turns; readers that release it (compressed or slow I/O,
+    image decoding) can use more.
+
     Randomness is a pure function of ``random_seed`` (file order, shuffle
     buffer), ``datareader.random_seed`` (in-file order) and the epoch.
     """
@@ -52,7 +57,8 @@ class DataLoader:
                  drop_last: bool = False, prefetch_files: int = 4, on_error: ErrorPolicy = "raise",
                  max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None,
                  stream: bool = False, seq_len: Optional[int] = None, padding_mode: str = "zeros",
-                 pad_value: Any = 0, num_workers: int = 0, worker_init_fn: Optional[Callable[[int], None]] = None,
+                 pad_value: Any = 0, num_workers: int = 0, num_threads: int = 1,
+                 worker_init_fn: Optional[Callable[[int], None]] = None,
                  start_method: Optional[str] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None, even_batches: str = "pad") -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -68,6 +74,7 @@ class DataLoader:
             raise ValueError(f"shuffle_buffer must be an integer >= 0, got {shuffle_buffer!r}")
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        self.num_threads = _positive("num_threads", num_threads)
         if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
             raise ValueError(f"start_method must be one of {multiprocessing.get_all_start_methods()}, "
                              f"got {start_method!r}")
@@ -134,10 +141,11 @@ class DataLoader:
             errors=self._errors,
             stats=self._stats, finish=self._finish, stream=self.stream, seq_len=self.seq_len,
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
-            worker_init_fn=self.worker_init_fn, start_method=self.start_method, sharding=self.sharding,
+            num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
+            sharding=self.sharding,
             count_cache=self._count_cache)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
-                      self.max_queue_size, threads=self.prefetch_files + 2 * _GROUPS_IN_FLIGHT)
+                      self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 
     def _consumed(self, batch: Batch) -> Any:
         self.epoch = batch.epoch

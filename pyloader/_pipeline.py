@@ -13,7 +13,7 @@ from ._frameworks import attach_meta
 from ._map import OrderedMap, Step
 from ._pool import WorkerPool
 from ._read import ReadFiles
-from ._runners import PoolRunner, ThreadRunner
+from ._runners import Lane, PoolRunner, ThreadRunner
 from ._shard import Sharding, stream_target
 from ._source import FileSource, FileTask
 from ._stream import StreamBatcher
@@ -43,6 +43,7 @@ class Settings:
     padding_mode: str = "zeros"
     pad_value: Any = 0
     num_workers: int = 0
+    num_threads: int = 1
     worker_init_fn: Optional[Callable[[int], None]] = None
     start_method: Optional[str] = None
     sharding: Sharding = Sharding()
@@ -136,15 +137,19 @@ async def _skip(groups: AsyncIterator[Group], start: Start) -> AsyncIterator[Gro
 
 
 async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
-    """The stages of one run, chained; ``run_blocking(fn, *args)`` runs ``fn`` off the loop."""
+    """The stages of one run, chained; ``run_blocking(fn, *args)`` runs ``fn`` off the loop.
+
+    User methods run in this process ``num_threads`` at a time (``Lane``).
+    """
     there, here, local = split_steps(s)
+    lane = Lane(run_blocking, s.num_threads)
     pool = None
     if s.num_workers:
         pool = WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method)
         pool.start()
-        runner: Any = PoolRunner(pool, here, run_blocking, all_steps=local)
+        runner: Any = PoolRunner(pool, here, lane, run_blocking, all_steps=local)
     else:
-        runner = ThreadRunner(s.reader, local, run_blocking)
+        runner = ThreadRunner(s.reader, local, lane, run_blocking)
     try:
         counts = await count_samples(s, run_blocking) if s.sharding.active else None
         source = FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)

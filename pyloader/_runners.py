@@ -7,11 +7,17 @@ Both runners offer the same two calls, so the stages do not care which is used:
   group, given as ``Columns`` or as ``Segments`` (rows of pieces, possibly kept
   in workers); one ``Outcome`` per batch. ``StackedRows`` run at once on the
   loop when every step can (``run_stacked``), else like any other group.
+
+User methods that run in this process go through a ``Lane`` (at most
+``num_threads`` at once); fetching a remote file's bytes, which is only I/O,
+goes through ``run_io``.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
+import itertools
 import time
 from typing import Any, AsyncIterator, Callable, Deque, List, Optional, Sequence, Tuple, Union
 
@@ -29,11 +35,66 @@ _DONE = object()
 PREFETCH_MAX_BYTES = 256 * 2**20  # a larger remote file is streamed by its reader instead
 
 
-async def _fetch_remote(run_blocking: Callable, task: FileTask) -> Optional[bytes]:
+STEPS = (0,)  # a Lane priority: encoding and collating a group the consumer waits for
+
+
+def read_priority(task: FileTask) -> Tuple[int, int, int]:
+    """A Lane priority for reading ``task``: after the steps, earlier files first."""
+    return (1, task.epoch, task.pos)
+
+
+class Lane:
+    """Runs blocking calls ``threads`` at a time; a waiting call with a lower ``priority``
+    starts first, calls of equal priority in the order they came.
+
+    User methods that run in this process share one lane. Python code holds the
+    GIL, so user methods running in several threads at once only take turns,
+    with each other and with the consumer, and every switch costs (a JSON parse
+    and encode ran about 15% slower in 8 threads than in 1). The steps go before
+    reads, and earlier files before later ones, so batches the consumer waits for
+    are not queued behind files that are read ahead (as in a worker, ``_worker``).
+
+    A call cancelled while its function runs frees its slot at once; the thread
+    finishes the function on its own.
+    """
+
+    def __init__(self, run_blocking: Callable, threads: int) -> None:
+        self._run_blocking = run_blocking
+        self._free = threads
+        self._waiting: List[Tuple[Any, int, asyncio.Future]] = []  # a heap; never waiting while a slot is free
+        self._order = itertools.count()
+
+    async def run(self, fn: Callable, *args: Any, priority: Any = STEPS) -> Any:
+        if self._free:
+            self._free -= 1
+        else:
+            turn = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiting, (priority, next(self._order), turn))
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():  # given the slot as it was cancelled
+                    self._release()
+                raise
+        try:
+            return await self._run_blocking(fn, *args)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._waiting:
+            turn = heapq.heappop(self._waiting)[2]
+            if not turn.done():  # not cancelled while waiting
+                turn.set_result(None)
+                return
+        self._free += 1
+
+
+async def _fetch_remote(run_io: Callable, task: FileTask) -> Optional[bytes]:
     """A remote file's bytes, fetched while earlier files are being worked on (hides latency)."""
     if not is_url(task.path):
         return None
-    return await run_blocking(fetch_bytes, task.path, PREFETCH_MAX_BYTES)
+    return await run_io(fetch_bytes, task.path, PREFETCH_MAX_BYTES)
 
 
 BatchData = Union[Columns, Segments]
@@ -62,9 +123,9 @@ class LocalSteps:
     _WINDOW = 8
     _MEASURED = 3
 
-    def __init__(self, steps: List[Step], run_blocking: Callable) -> None:
+    def __init__(self, steps: List[Step], lane: Lane) -> None:
         self.steps = steps
-        self.run_blocking = run_blocking
+        self.lane = lane
         self._recent: Deque[float] = collections.deque(maxlen=self._WINDOW)
 
     def cost(self) -> Optional[float]:
@@ -77,7 +138,7 @@ class LocalSteps:
         if done is not None:
             return done
         cheap = len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW
-        result, took = _timed(self.steps, datas) if cheap else await self.run_blocking(_timed, self.steps, datas)
+        result, took = _timed(self.steps, datas) if cheap else await self.lane.run(_timed, self.steps, datas)
         self._recent.append(took)
         return result
 
@@ -85,16 +146,17 @@ class LocalSteps:
 class ThreadRunner:
     """``num_workers=0``: everything in this process, off the event loop (see ``LocalSteps``)."""
 
-    def __init__(self, reader: DataReader, steps: List[Step], run_blocking: Callable) -> None:
+    def __init__(self, reader: DataReader, steps: List[Step], lane: Lane, run_io: Callable) -> None:
         self.reader = reader
-        self.run_blocking = run_blocking
-        self.run = LocalSteps(steps, run_blocking).run
+        self.lane = lane
+        self.run_io = run_io
+        self.run = LocalSteps(steps, lane).run
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Columns, None]]:
-        gen = pieces_with_end(self.reader, task, await _fetch_remote(self.run_blocking, task))
+        gen = pieces_with_end(self.reader, task, await _fetch_remote(self.run_io, task))
         try:
             while True:
-                item = await self.run_blocking(next, gen, _DONE)
+                item = await self.lane.run(next, gen, _DONE, priority=read_priority(task))
                 if item is _DONE:
                     return
                 columns, last = item
@@ -125,17 +187,18 @@ class PoolRunner:
     RUN_HERE_BELOW = 100e-6
     _REMEASURE = 64
 
-    def __init__(self, pool: WorkerPool, finish: List[Step], run_blocking: Callable,
+    def __init__(self, pool: WorkerPool, finish: List[Step], lane: Lane, run_io: Callable,
                  all_steps: List[Step]) -> None:
         self.pool = pool
         self.finish = finish
-        self.run_blocking = run_blocking
-        self.here = LocalSteps(all_steps, run_blocking)
+        self.lane = lane
+        self.run_io = run_io
+        self.here = LocalSteps(all_steps, lane)
         self._turn = 0
         self._sent = 0  # groups of rows here that went to workers since the last measurement
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Optional[Columns], Any]]:
-        data = await _fetch_remote(self.run_blocking, task)
+        data = await _fetch_remote(self.run_io, task)
         worker = self._reader_for_next_file()
         gid = self.pool.new_id()
         self.pool.post(worker, ("open", gid, task, data))
@@ -227,7 +290,7 @@ class PoolRunner:
                 raise reply
         outcomes = [_outcome(ok, value) for reply in replies for ok, value in reply]
         if self.finish:
-            outcomes = await self.run_blocking(_finish_each, self.finish, outcomes)
+            outcomes = await self.lane.run(_finish_each, self.finish, outcomes)
         return outcomes
 
 

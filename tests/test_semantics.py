@@ -67,6 +67,90 @@ def test_exactly_once_whatever_the_relative_speed(make_loader, reader_delay, con
     assert got == list(range(46))
 
 
+class Overlap:
+    """Counts the user-method calls running at once (each holds the call ``delay`` seconds, GIL released)."""
+
+    def __init__(self, delay):
+        self.delay = delay
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+
+    def __call__(self, fn, *args):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            time.sleep(self.delay)
+            return fn(*args)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+class OverlapReader(IdReader):
+    def __init__(self, overlap, batch_size):
+        super().__init__(batch_size)
+        self.overlap = overlap
+
+    def read_file(self, path):
+        return self.overlap(super().read_file, path)
+
+
+class OverlapEncode(pl.Dataset):
+    def __init__(self, overlap):
+        self.overlap = overlap
+
+    def batch_encode(self, batch):
+        return self.overlap(dict, batch)
+
+
+@pytest.mark.parametrize("num_threads", [1, 3])
+def test_user_methods_run_num_threads_at_a_time(tmp_path, num_threads):
+    """Without workers, read_file and batch_encode share ``num_threads`` threads (default 1: Python
+    code holds the GIL, so more would only take turns); the batches do not depend on it."""
+    write_chunks(tmp_path, [6] * 12)
+    overlap = Overlap(0.01)
+    kwargs = {} if num_threads == 1 else {"num_threads": num_threads}
+    loader = pl.DataLoader(OverlapReader(overlap, 4), OverlapEncode(overlap), ListCollator(), str(tmp_path),
+                           prefetch_files=6, **kwargs)
+    assert ids_of(list(loader)) == list(range(72))
+    if num_threads == 1:
+        assert overlap.most == 1
+    else:
+        assert 1 < overlap.most <= num_threads
+
+
+def test_lane_runs_steps_first_then_earlier_files_and_survives_cancelled_waiters():
+    """The lane user methods share: a group's steps (the consumer waits for them) before reads,
+    reads of earlier files first, ties in arrival order; a waiter cancelled does not keep a slot."""
+    import asyncio
+
+    from pyloader._runners import Lane
+
+    order = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        gate = threading.Event()
+        lane = Lane(lambda fn, *args: loop.run_in_executor(None, fn, *args), 1)
+        holder = asyncio.ensure_future(lane.run(gate.wait, 5))  # takes the only slot
+        await asyncio.sleep(0)
+        waiting = [asyncio.ensure_future(call) for call in (
+            lane.run(order.append, "read f2", priority=(1, 0, 2)),
+            lane.run(order.append, "read f1", priority=(1, 0, 1)),
+            lane.run(order.append, "steps a"),
+            lane.run(order.append, "cancelled"),
+            lane.run(order.append, "steps b"))]
+        await asyncio.sleep(0.05)
+        waiting[3].cancel()
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(holder, *waiting, return_exceptions=True), 5)
+        await asyncio.wait_for(lane.run(order.append, "after"), 5)  # the slot came back
+
+    asyncio.run(main())
+    assert order == ["steps a", "steps b", "read f1", "read f2", "after"]
+
+
 def test_file_order_shuffle_is_seeded_and_changes_per_epoch(make_loader):
     sizes = [3] * 12
     a = make_loader(sizes, batch_size=3, shuffle=True, num_epoch=2, random_seed=7)
