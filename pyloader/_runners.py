@@ -50,7 +50,7 @@ class Lane:
     User methods that run in this process share one lane. Python code holds the
     GIL, so user methods running in several threads at once only take turns,
     with each other and with the consumer, and every switch costs (a JSON parse
-    and encode ran about 15% slower in 8 threads than in 1). The steps go before
+    and encode ran about 10% slower in 8 threads than in 1). The steps go before
     reads, and earlier files before later ones, so batches the consumer waits for
     are not queued behind files that are read ahead (as in a worker, ``_worker``).
 
