@@ -57,7 +57,7 @@ SIZES = {
 
 SECTIONS = {
     "json": ["json/plain", "json/torch-w0", "json/torch-w2", "json/tf-interleave2", "json/pyloader-w0",
-             "json/pyloader-w2"],
+             "json/pyloader-w0+t1", "json/pyloader-w2"],
     "npy": ["npy/raw-np.load", "npy/torch-w0", "npy/torch-w2", "npy/pyloader-w0", "npy/pyloader-w2"],
     "latency": ["lat0/pyloader-w2", "latL/pyloader-w2", "lat0/torch-w2", "latL/torch-w2",
                 "lat0/pyloader-w0", "latL/pyloader-w0"],
@@ -71,8 +71,10 @@ LABELS = {
     "pyloader-w0": "pyloader, 0 workers", "pyloader-w2": "pyloader, 2 workers",
     "raw-np.load": "raw np.load loop (1 process)",
     "pyloader-w0+mt": "pyloader, 0 workers, MALLOC_MMAP_THRESHOLD_=1 MiB",
+    "pyloader-w0+t1": "pyloader, 0 workers, num_threads=1",
 }
-# "+mt" entries: the same loader with glibc's mmap threshold pinned (a diagnosis of target 4)
+# "+mt" entries: the same loader with glibc's mmap threshold pinned (a diagnosis of target 4);
+# "+t1": with num_threads=1, the setting the README gives Python user code
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2 ** 20)}
 
 # ==================================================================================================
@@ -235,7 +237,7 @@ def _pyloader_json_classes():
     return JsonReader, Encode, Collate
 
 
-def build_pyloader_json(data_dir: Any, cfg: dict, workers: int):
+def build_pyloader_json(data_dir: Any, cfg: dict, workers: int, threads: Optional[int] = None):
     import pyloader as pl
 
     import torch  # noqa: F401  (imported up front, like every other torch entry)
@@ -245,7 +247,7 @@ def build_pyloader_json(data_dir: Any, cfg: dict, workers: int):
 
     def make():
         holder["loader"] = pl.DataLoader(JsonReader(batch_size=cfg["json_batch"]), Encode(), Collate(), data_dir,
-                                         num_workers=workers)
+                                         num_workers=workers, num_threads=threads)
         return iter(holder["loader"])
 
     return make, lambda: holder["loader"].close()
@@ -344,7 +346,7 @@ def wait_for_threads(timeout: float = 10.0) -> Tuple[List[str], float]:
 
 def child(entry: str, data: str, cfg: dict) -> None:
     kind, loader = entry.split("/")
-    loader = loader.split("+")[0]
+    loader, *options = loader.split("+")
     workers = int(loader.rsplit("-w", 1)[1]) if "-w" in loader else 0
     if kind == "json":
         folder = os.path.join(data, "json")
@@ -356,7 +358,7 @@ def child(entry: str, data: str, cfg: dict) -> None:
         elif loader.startswith("tf"):
             make, close = build_tf_json(files, cfg)
         else:
-            make, close = build_pyloader_json(folder, cfg, workers)
+            make, close = build_pyloader_json(folder, cfg, workers, 1 if "t1" in options else None)
     elif kind.startswith("lat"):
         latency = cfg["latency_ms"] / 1000 if kind == "latL" else 0.0
         urls = setup_latency_fs(os.path.join(data, "json"), latency)

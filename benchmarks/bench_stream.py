@@ -7,6 +7,7 @@
                                                  # benchmarks/README.md and draw img/bench_stream.png
     python benchmarks/bench_stream.py --files 256 --loader pyloader-w0 --loader psd-w0
                                                  # more data, some loaders only (no --write)
+    python benchmarks/bench_stream.py --threads 1 # pyloader with num_threads=1 (no --write)
 
 The same text streams (``--files`` files of ``--tokens`` token ids, one id per
 line), parsed by the same user function for every loader, are cut into B rows of
@@ -102,7 +103,7 @@ def windows(path: str, T: int, parser: str):
 
 
 # -- the loaders: each returns an iterator of (tokens [B, T], valid [B, T]) as NumPy arrays ---------
-def run_pyloader(files_dir: str, B: int, T: int, workers: int, parser: str):
+def run_pyloader(files_dir: str, B: int, T: int, workers: int, parser: str, threads: Optional[int] = None):
     import pyloader as pl
     from pyloader.collators import TorchCollator
 
@@ -115,7 +116,7 @@ def run_pyloader(files_dir: str, B: int, T: int, workers: int, parser: str):
 
     def make():
         loader = pl.DataLoader(TokenReader(batch_size=B), pl.IdentityDataset(), TorchCollator(), files_dir,
-                               stream=True, seq_len=T, num_workers=workers)
+                               stream=True, seq_len=T, num_workers=workers, num_threads=threads)
         try:
             for batch in loader:
                 # zero padding never replays a file (the exactly-once check would see it): valid is enough
@@ -207,7 +208,7 @@ def child(entry: str, data: str, cfg: dict) -> None:
     workers = int(loader.rsplit("-w", 1)[1])
     files = sorted(os.path.join(data, f) for f in os.listdir(data))
     if loader.startswith("pyloader"):
-        make = run_pyloader(data, B, T, workers, parser)
+        make = run_pyloader(data, B, T, workers, parser, cfg.get("threads"))
     else:
         make = (run_psd if loader.startswith("psd") else run_zip)(files, B, T, workers, parser)
     baseline = H.own_memory()
@@ -303,7 +304,8 @@ def results_markdown(res: Dict[str, dict], cfg: dict, args, machine: str, wall: 
         f"B rows per batch. tokens/s counts delivered tokens (padding excluded). Parse: the user function every "
         "loader calls on a file's text, " + "; ".join(f"`{k}` = `{v}`" for k, v in PARSERS.items()
                                                       if k in cfg["parsers"]) + ". \"The faster peer\" is the "
-        "fastest of the pytorch-stream-dataloader and zip entries for the same parse and B.",
+        "fastest of the pytorch-stream-dataloader and zip entries for the same parse and B."
+        + (f" pyloader runs with num_threads={cfg['threads']}." if cfg.get("threads") else ""),
         table,
         "Throughput of every run (tokens/s): " + "; ".join(
             f"{e}: {', '.join(f'{x:,.0f}' for x in r.get('all_samples_per_s', []))}" for e, r in res.items()) + ".",
@@ -351,13 +353,14 @@ def main() -> None:
     ap.add_argument("--files", type=int, help="number of text files (default: the size's)")
     ap.add_argument("--tokens", type=int, help="token ids per file (default: the size's)")
     ap.add_argument("--loader", action="append", choices=LOADERS, help="a loader to run (repeatable; default: all)")
+    ap.add_argument("--threads", type=int, help="pyloader's num_threads (default: pyloader's default)")
     args = ap.parse_args()
-    if args.write and (args.loader or args.files or args.tokens):
-        ap.error("--write records the full set-up: leave out --loader, --files and --tokens")
+    if args.write and (args.loader or args.files or args.tokens or args.threads):
+        ap.error("--write records the full set-up: leave out --loader, --files, --tokens and --threads")
     if H.child_or_replot(args, child, RESULTS_JSON, plot, os.path.join(REPO, "img", "bench_stream.png")):
         return
     cfg = dict(SIZES["quick" if args.quick else "full"], parsers=args.parse or list(PARSERS))
-    cfg.update({k: getattr(args, k) for k in ("files", "tokens") if getattr(args, k)})
+    cfg.update({k: getattr(args, k) for k in ("files", "tokens", "threads") if getattr(args, k)})
     args.repeats = args.repeats or (1 if args.quick else 2)
     machine = H.machine_line() + "; code measured: " + H.source_digest(os.path.join(REPO, "pyloader"))
     print(f"machine: {machine}")

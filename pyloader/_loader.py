@@ -43,9 +43,10 @@ class DataLoader:
     ``read_file`` is used), and ``shuffle_buffer`` samples.
 
     User methods that run in this process (all of them without ``num_workers``)
-    run ``num_threads`` at a time: code written in Python holds the GIL, so more
-    threads only take turns; readers that release it (compressed or slow I/O,
-    image decoding) can use more.
+    run ``num_threads`` at a time (default: one per file read ahead and per group
+    being encoded). Methods that release the GIL (NumPy parsing, decompression,
+    slow I/O) use them all; code written in Python holds the GIL, so its threads
+    only take turns, and ``num_threads=1`` spares the switches.
 
     Randomness is a pure function of ``random_seed`` (file order, shuffle
     buffer), ``datareader.random_seed`` (in-file order) and the epoch.
@@ -57,7 +58,7 @@ class DataLoader:
                  drop_last: bool = False, prefetch_files: int = 4, on_error: ErrorPolicy = "raise",
                  max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None,
                  stream: bool = False, seq_len: Optional[int] = None, padding_mode: str = "zeros",
-                 pad_value: Any = 0, num_workers: int = 0, num_threads: int = 1,
+                 pad_value: Any = 0, num_workers: int = 0, num_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  start_method: Optional[str] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None, even_batches: str = "pad") -> None:
@@ -74,7 +75,9 @@ class DataLoader:
             raise ValueError(f"shuffle_buffer must be an integer >= 0, got {shuffle_buffer!r}")
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
-        self.num_threads = _positive("num_threads", num_threads)
+        # default: every file read ahead and every group in flight at once
+        self.num_threads = prefetch_files + _GROUPS_IN_FLIGHT if num_threads is None else \
+            _positive("num_threads", num_threads)
         if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
             raise ValueError(f"start_method must be one of {multiprocessing.get_all_start_methods()}, "
                              f"got {start_method!r}")
