@@ -47,12 +47,14 @@ class Lane:
     """Runs blocking calls ``threads`` at a time; a waiting call with a lower ``priority``
     starts first, calls of equal priority in the order they came.
 
-    User methods that run in this process share one lane. Python code holds the
-    GIL, so user methods running in several threads at once only take turns,
-    with each other and with the consumer, and every switch costs (a JSON parse
-    and encode ran about 10% slower in 8 threads than in 1). The steps go before
-    reads, and earlier files before later ones, so batches the consumer waits for
-    are not queued behind files that are read ahead (as in a worker, ``_worker``).
+    User methods that run in this process share one lane, ``num_threads`` wide. The
+    loader's default lets every file read ahead and every group in flight run at
+    once, which pays for methods that release the GIL; Python code holds it, so
+    its threads only take turns, with each other and with the consumer, and every
+    switch costs (a JSON parse and encode ran up to 10% slower in 8 threads than
+    in 1). When calls wait, the steps go before reads and earlier files before
+    later ones, so batches the consumer waits for are not queued behind files that
+    are read ahead (as in a worker, ``_worker``).
 
     A call cancelled while its function runs frees its slot at once; the thread
     finishes the function on its own.
