@@ -9,6 +9,23 @@ from ._columns import Columns, check_columns, n_rows
 __all__ = ["DataReader", "Dataset", "DataCollator", "IdentityDataset"]
 
 
+def is_thread_safe(obj: Any) -> bool:
+    """Whether the loader may call ``obj``'s methods from several threads at once.
+
+    Only a class can say so, with ``thread_safe = True``, and the word holds for
+    the methods of that class and of its bases: a subclass that defines a method
+    of its own (a ``read_file`` keeping state on ``self``) is called one call at
+    a time again, unless it says ``thread_safe = True`` itself.
+    """
+    declared_at, safe = None, False
+    for depth, cls in enumerate(type(obj).__mro__):
+        if declared_at is None and "thread_safe" in cls.__dict__:
+            declared_at, safe = depth, bool(cls.__dict__["thread_safe"])
+        if declared_at is None and any(callable(v) and not k.startswith("__") for k, v in cls.__dict__.items()):
+            return False  # a method defined below any declaration
+    return safe
+
+
 class DataReader(abc.ABC):
     """Reads one chunk file into a dict of equal-length columns.
 
@@ -58,7 +75,13 @@ class DataReader(abc.ABC):
 
 
 class Dataset(abc.ABC):
-    """Turns a raw batch (dict of lists) into an encoded batch (dict of lists)."""
+    """Turns a raw batch (dict of lists) into an encoded batch (dict of lists).
+
+    ``batch_encode`` is called one batch at a time unless the class says
+    ``thread_safe = True`` (see ``is_thread_safe``).
+    """
+
+    thread_safe = False
 
     @abc.abstractmethod
     def batch_encode(self, batch_data: Dict[str, List]) -> Dict[str, List]:
@@ -68,12 +91,20 @@ class Dataset(abc.ABC):
 class IdentityDataset(Dataset):
     """A ``Dataset`` that passes batches through, for readers that yield model-ready fields."""
 
+    thread_safe = True
+
     def batch_encode(self, batch_data: Dict[str, List]) -> Dict[str, List]:
         return batch_data
 
 
 class DataCollator(abc.ABC):
-    """Turns an encoded batch into the tensors the model takes."""
+    """Turns an encoded batch into the tensors the model takes.
+
+    ``collate_batch`` is called one batch at a time unless the class says
+    ``thread_safe = True`` (see ``is_thread_safe``).
+    """
+
+    thread_safe = False
 
     @abc.abstractmethod
     def collate_batch(self, features: Dict[str, List]) -> Dict[str, Any]:

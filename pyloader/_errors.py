@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 logger = logging.getLogger("pyloader")
 
@@ -13,15 +13,64 @@ class PipelineError(RuntimeError):
 
     ``stage`` names the method, ``paths`` the files involved, and the original
     exception is chained as ``__cause__`` (and kept as ``original``).
+
+    The error keeps the original's type: ``PipelineError(stage, paths, exc)`` is
+    an instance of a subclass of both ``PipelineError`` and ``type(exc)``, so
+    ``except ValueError`` catches a ``ValueError`` raised in ``read_file``. Where
+    that type cannot be subclassed (or is ``StopIteration``, which would end the
+    consumer's loop silently), it is a plain ``PipelineError``.
     """
+
+    def __new__(cls, stage: str, paths: Sequence[str], original: BaseException) -> "PipelineError":
+        if cls is PipelineError:
+            cls = _typed(type(original))
+        try:
+            return type(original).__new__(cls, stage) if cls is not PipelineError else super().__new__(cls, stage)
+        except Exception:
+            return super().__new__(PipelineError, stage)
 
     def __init__(self, stage: str, paths: Sequence[str], original: BaseException) -> None:
         self.stage = stage
         self.paths = tuple(paths)
         self.original = original
         where = ", ".join(repr(p) for p in self.paths) if self.paths else "no file"
-        super().__init__(f"{stage} failed on {where}: {type(original).__name__}: {original}")
+        super().__init__(f"{stage} failed on {where}: {describe(original)}")
         self.__cause__ = original
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        cls = PipelineError if type(self) in _typed_cache.values() else type(self)
+        return cls, (self.stage, self.paths, self.original)
+
+
+_NOT_TYPED = (StopIteration, StopAsyncIteration)
+_typed_cache: Dict[type, type] = {}
+
+
+def _typed(original: type) -> type:
+    """``PipelineError`` for errors of type ``original``: a subclass of both, made once per type."""
+    if not issubclass(original, Exception) or issubclass(original, (PipelineError, *_NOT_TYPED)):
+        return PipelineError
+    if original not in _typed_cache:
+        try:
+            _typed_cache[original] = type(
+                f"PipelineError[{original.__qualname__}]", (PipelineError, original),
+                {"__module__": "pyloader", "__qualname__": f"PipelineError[{original.__qualname__}]",
+                 "__doc__": PipelineError.__doc__})
+        except TypeError:  # a final type, or instance layouts that cannot be combined
+            _typed_cache[original] = PipelineError
+    return _typed_cache[original]
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message``, even for an exception whose ``__str__`` raises."""
+    try:
+        text = str(exc)
+    except Exception as failed:
+        text = f"<str() failed: {type(failed).__name__}>"
+    return f"{type(exc).__name__}: {text}"
 
 
 class Failure:

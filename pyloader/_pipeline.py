@@ -107,7 +107,7 @@ def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
     return there, here, [encode, collate, *finish]
 
 
-async def count_samples(s: Settings, run_blocking: Callable) -> List[int]:
+async def count_samples(s: Settings, lane: Lane) -> List[int]:
     """Samples per file (``DataReader.count``), several files at once; computed once per loader."""
     if s.count_cache.get("files") != s.files:
         limit = asyncio.Semaphore(s.prefetch_files)
@@ -115,7 +115,7 @@ async def count_samples(s: Settings, run_blocking: Callable) -> List[int]:
         async def one(path: str) -> int:
             async with limit:
                 try:
-                    n = await run_blocking(s.reader.count, path)
+                    n = await lane.run(s.reader.count, path, uses=(s.reader,))
                 except Exception as exc:
                     raise PipelineError("count", [path], exc) from exc
             if not isinstance(n, int) or n < 0:
@@ -147,11 +147,11 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     if s.num_workers:
         pool = WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method)
         pool.start()
-        runner: Any = PoolRunner(pool, here, lane, run_blocking, all_steps=local)
+        runner: Any = PoolRunner(pool, here, lane, run_blocking, all_steps=local, uses=(s.dataset, s.collator))
     else:
-        runner = ThreadRunner(s.reader, local, lane, run_blocking)
+        runner = ThreadRunner(s.reader, local, lane, run_blocking, uses=(s.dataset, s.collator))
     try:
-        counts = await count_samples(s, run_blocking) if s.sharding.active else None
+        counts = await count_samples(s, lane) if s.sharding.active else None
         source = FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
         # stream rows need several files before their first batch (no ramp there), and rows whose
         # files end at the same step all need a new one at once: a file per row is read ahead

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import heapq
 import itertools
+import threading
 import time
-from typing import Any, AsyncIterator, Callable, Deque, List, Optional, Sequence, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from ._abc import DataReader
+from ._abc import DataReader, is_thread_safe
 from ._batch import Segments, StackedOutputs
 from ._columns import Columns, n_rows, slice_rows
 from ._files import is_url
@@ -56,40 +58,128 @@ class Lane:
     later ones, so batches the consumer waits for are not queued behind files that
     are read ahead (as in a worker, ``_worker``).
 
-    A call cancelled while its function runs frees its slot at once; the thread
-    finishes the function on its own.
+    A call names the user objects it ``uses``; two calls using the same object that
+    is not thread-safe (``is_thread_safe``) never run at once: the later one waits
+    without taking a thread. A call cancelled while its function runs frees its
+    slot at once; the thread finishes the function on its own, and only then
+    frees its objects.
     """
 
     def __init__(self, run_blocking: Callable, threads: int) -> None:
         self._run_blocking = run_blocking
         self._free = threads
-        self._waiting: List[Tuple[Any, int, asyncio.Future]] = []  # a heap; never waiting while a slot is free
+        self._busy: Set[int] = set()  # ids of the objects that calls now running use
+        self._waiting: List[Tuple[Any, int, Tuple[int, ...], asyncio.Future]] = []  # a heap
         self._order = itertools.count()
+        self._exclusive: Dict[int, bool] = {}
 
-    async def run(self, fn: Callable, *args: Any, priority: Any = STEPS) -> Any:
-        if self._free:
-            self._free -= 1
+    def exclusive(self, uses: Sequence[Any]) -> Tuple[int, ...]:
+        """The ids of the objects of ``uses`` that must not run two calls at once."""
+        out = []
+        for obj in uses:
+            if id(obj) not in self._exclusive:
+                self._exclusive[id(obj)] = not is_thread_safe(obj)
+            if self._exclusive[id(obj)]:
+                out.append(id(obj))
+        return tuple(out)
+
+    def idle(self, keys: Tuple[int, ...]) -> bool:
+        """No running call uses any of ``keys`` (from ``exclusive``)."""
+        return self._busy.isdisjoint(keys)
+
+    async def run(self, fn: Callable, *args: Any, priority: Any = STEPS, uses: Sequence[Any] = ()) -> Any:
+        keys = self.exclusive(uses)
+        if self._free and self.idle(keys):
+            self._take(keys)
         else:
             turn = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiting, (priority, next(self._order), turn))
+            heapq.heappush(self._waiting, (priority, next(self._order), keys, turn))
             try:
                 await turn
             except asyncio.CancelledError:
                 if turn.done() and not turn.cancelled():  # given the slot as it was cancelled
-                    self._release()
+                    self._free += 1
+                    self._release_keys(keys)
                 raise
+        call = _Call(fn, args)
         try:
-            return await self._run_blocking(fn, *args)
+            return await self._run_blocking(call)
         finally:
-            self._release()
+            self._free += 1
+            if call.abandon():
+                self._release_keys(keys)
+            else:
+                call.on_end(asyncio.get_running_loop(), self._release_keys, keys)
+            self._grant()
 
-    def _release(self) -> None:
-        while self._waiting:
-            turn = heapq.heappop(self._waiting)[2]
-            if not turn.done():  # not cancelled while waiting
+    def _take(self, keys: Tuple[int, ...]) -> None:
+        self._free -= 1
+        self._busy.update(keys)
+
+    def _release_keys(self, keys: Tuple[int, ...]) -> None:
+        self._busy.difference_update(keys)
+        self._grant()
+
+    def _grant(self) -> None:
+        """Start the waiting calls that can start now, best priority first."""
+        if not self._free or not self._waiting:
+            return
+        kept = []
+        for entry in sorted(self._waiting):
+            turn, keys = entry[3], entry[2]
+            if turn.done():  # cancelled while waiting
+                continue
+            if self._free and self.idle(keys):
+                self._take(keys)
                 turn.set_result(None)
+            else:
+                kept.append(entry)
+        heapq.heapify(kept)
+        self._waiting = kept
+
+
+class _Call:
+    """A function to run in a thread that tells the loop when it is over, even after the
+    awaiting coroutine was cancelled (the objects it uses stay taken until then); a
+    call cancelled before its thread picked it up never runs."""
+
+    def __init__(self, fn: Callable, args: Tuple[Any, ...]) -> None:
+        self.fn, self.args = fn, args
+        self._lock = threading.Lock()
+        self._state = "pending"  # -> running -> over, or pending -> abandoned
+        self._notify: Optional[Callable[[], None]] = None
+
+    def __call__(self) -> Any:
+        with self._lock:
+            if self._state != "pending":
+                return None
+            self._state = "running"
+        try:
+            return self.fn(*self.args)
+        finally:
+            with self._lock:
+                self._state, notify = "over", self._notify
+            if notify is not None:
+                notify()
+
+    def abandon(self) -> bool:
+        """True when the function is not running (over, or now never to start)."""
+        with self._lock:
+            if self._state == "pending":
+                self._state = "abandoned"
+            return self._state != "running"
+
+    def on_end(self, loop: asyncio.AbstractEventLoop, fn: Callable, *args: Any) -> None:
+        """Call ``fn(*args)`` on ``loop`` once the running function is over."""
+        def notify() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing waits any more
+                loop.call_soon_threadsafe(fn, *args)
+
+        with self._lock:
+            if self._state == "running":
+                self._notify = notify
                 return
-        self._free += 1
+        fn(*args)
 
 
 async def _fetch_remote(run_io: Callable, task: FileTask) -> Optional[bytes]:
@@ -125,9 +215,11 @@ class LocalSteps:
     _WINDOW = 8
     _MEASURED = 3
 
-    def __init__(self, steps: List[Step], lane: Lane) -> None:
+    def __init__(self, steps: List[Step], lane: Lane, uses: Sequence[Any]) -> None:
         self.steps = steps
         self.lane = lane
+        self.uses = uses
+        self._keys = lane.exclusive(uses)
         self._recent: Deque[float] = collections.deque(maxlen=self._WINDOW)
 
     def cost(self) -> Optional[float]:
@@ -139,8 +231,9 @@ class LocalSteps:
         done = run_stacked(self.steps, datas)
         if done is not None:
             return done
-        cheap = len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW
-        result, took = _timed(self.steps, datas) if cheap else await self.lane.run(_timed, self.steps, datas)
+        cheap = len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW and self.lane.idle(self._keys)
+        result, took = _timed(self.steps, datas) if cheap else \
+            await self.lane.run(_timed, self.steps, datas, uses=self.uses)
         self._recent.append(took)
         return result
 
@@ -148,17 +241,18 @@ class LocalSteps:
 class ThreadRunner:
     """``num_workers=0``: everything in this process, off the event loop (see ``LocalSteps``)."""
 
-    def __init__(self, reader: DataReader, steps: List[Step], lane: Lane, run_io: Callable) -> None:
+    def __init__(self, reader: DataReader, steps: List[Step], lane: Lane, run_io: Callable,
+                 uses: Sequence[Any]) -> None:
         self.reader = reader
         self.lane = lane
         self.run_io = run_io
-        self.run = LocalSteps(steps, lane).run
+        self.run = LocalSteps(steps, lane, uses).run
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Columns, None]]:
         gen = pieces_with_end(self.reader, task, await _fetch_remote(self.run_io, task))
         try:
             while True:
-                item = await self.lane.run(next, gen, _DONE, priority=read_priority(task))
+                item = await self.lane.run(next, gen, _DONE, priority=read_priority(task), uses=(self.reader,))
                 if item is _DONE:
                     return
                 columns, last = item
@@ -190,12 +284,13 @@ class PoolRunner:
     _REMEASURE = 64
 
     def __init__(self, pool: WorkerPool, finish: List[Step], lane: Lane, run_io: Callable,
-                 all_steps: List[Step]) -> None:
+                 all_steps: List[Step], uses: Sequence[Any]) -> None:
         self.pool = pool
         self.finish = finish
         self.lane = lane
         self.run_io = run_io
-        self.here = LocalSteps(all_steps, lane)
+        self.uses = uses
+        self.here = LocalSteps(all_steps, lane, uses)
         self._turn = 0
         self._sent = 0  # groups of rows here that went to workers since the last measurement
 
@@ -292,7 +387,7 @@ class PoolRunner:
                 raise reply
         outcomes = [_outcome(ok, value) for reply in replies for ok, value in reply]
         if self.finish:
-            outcomes = await self.lane.run(_finish_each, self.finish, outcomes)
+            outcomes = await self.lane.run(_finish_each, self.finish, outcomes, uses=self.uses)
         return outcomes
 
 

@@ -14,6 +14,8 @@ class NumpyCollator(ArrayCollator):
     Takes the keyword options of ``ArrayCollator``.
     """
 
+    thread_safe = True  # holds no per-call state on self
+
     @row_wise
     def convert_array(self, key: str, array: np.ndarray) -> np.ndarray:
         return array

@@ -21,6 +21,8 @@ class TFCollator(ArrayCollator):
     loader's process.
     """
 
+    thread_safe = True  # holds no per-call state on self
+
     converts_in_main = True
 
     @row_wise

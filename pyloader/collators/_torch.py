@@ -21,6 +21,8 @@ class TorchCollator(ArrayCollator):
     Pinning is the loader's job: ``DataLoader(pin_memory=True)``.
     """
 
+    thread_safe = True  # holds no per-call state on self
+
     @row_wise
     def convert_array(self, key: str, array: np.ndarray) -> Any:
         import torch

@@ -21,6 +21,8 @@ class CSVReader(LineReader):
     Values are strings unless converted. An empty file gives no samples.
     """
 
+    thread_safe = True  # holds no per-call state on self
+
     def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42,
                  fields: Optional[Sequence[str]] = None, delimiter: str = ",", header: bool = True,
                  converters: Optional[Dict[str, Callable[[str], Any]]] = None,

@@ -24,6 +24,8 @@ class JsonLinesReader(LineReader):
     when it is installed, else ``json``. An empty file gives no samples.
     """
 
+    thread_safe = True  # holds no per-call state on self
+
     def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42,
                  fields: Optional[Sequence[str]] = None, piece_size: int = 4096) -> None:
         super().__init__(batch_size, shuffle, random_seed, piece_size)

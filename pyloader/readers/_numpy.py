@@ -36,6 +36,8 @@ class NumpyReader(DataReader):
     the file (and the key).
     """
 
+    thread_safe = True  # holds no per-call state on self
+
     def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42,
                  key: str = "x", mmap: bool = True, piece_size: int = 65536) -> None:
         super().__init__(batch_size=batch_size, shuffle=shuffle, random_seed=random_seed)

@@ -17,6 +17,8 @@ class TextLinesReader(LineReader):
     line number. An empty file gives no samples.
     """
 
+    thread_safe = True  # holds no per-call state on self
+
     def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42,
                  field: str = "text", strip_newline: bool = True, skip_blank: bool = False,
                  encoding: str = "utf-8", piece_size: int = 4096) -> None:
