@@ -134,6 +134,7 @@ class ErrorHandler:
         self.policy = resolve_policy(on_error)
         self.max_errors = max_errors
         self.stats = stats
+        self.skipped = 0  # in this iteration: max_errors counts per iteration
 
     def __call__(self, stage: str, paths: Sequence[str], exc: BaseException) -> None:
         if isinstance(exc, WorkerDied):
@@ -141,6 +142,8 @@ class ErrorHandler:
         error = exc if isinstance(exc, PipelineError) else PipelineError(stage, paths, exc)
         self.policy(error)  # raises to stop
         self.stats.errors.append(str(error))
-        if self.max_errors is not None and len(self.stats.errors) > self.max_errors:
+        self.skipped += 1
+        if self.max_errors is not None and self.skipped > self.max_errors:
             raise TooManyErrors(stage, paths, RuntimeError(
-                f"{len(self.stats.errors)} errors skipped, more than max_errors={self.max_errors}; last: {error}"))
+                f"{self.skipped} errors skipped in this iteration, more than max_errors={self.max_errors}; "
+                f"last: {error}"))

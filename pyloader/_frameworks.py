@@ -51,6 +51,9 @@ def mover(device: Any, non_blocking: bool) -> Callable[[Any], Any]:
     import torch
 
     device = torch.device(device)
+    backend = getattr(torch, device.type, None)
+    if device.type != "cpu" and not getattr(backend, "is_available", lambda: True)():
+        raise ValueError(f"device={str(device)!r}, but torch.{device.type}.is_available() is False on this machine")
     return lambda batch: map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
 
 

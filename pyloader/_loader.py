@@ -1,23 +1,23 @@
 """The public ``DataLoader``: settings, iteration, resume state."""
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
-import json
 import weakref
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch, Group, Stacked
 from ._engine import Engine
-from ._errors import ErrorHandler, ErrorPolicy, Stats
+from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
 from ._files import DataDir, list_files
 from ._frameworks import mover, pinner, unstack
-from ._pipeline import Settings, Start, batches
-from ._shard import resolve as resolve_sharding
+from ._length import count_files, epoch_batches
+from ._pipeline import Settings, batches
+from ._shard import Sharding, resolve as resolve_sharding
+from ._source import FileSource
+from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
 from ._stream import PADDING_MODES
 
-_STATE_FORMAT = "pyloader.state/1"
 _GROUPS_IN_FLIGHT = 2  # being encoded and collated without workers
 _GROUPS_PER_WORKER = 4  # with workers: enough that one worker's file does not hold the other idle
 
@@ -28,25 +28,83 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
-class DataLoader:
-    """Streams the chunk files of ``data_dir`` as collated batches, for ``num_epoch`` epochs.
+def _check_objects(datareader: Any, dataset: Any, datacollator: Any) -> None:
+    for name, obj, cls in (("datareader", datareader, DataReader), ("dataset", dataset, Dataset),
+                           ("datacollator", datacollator, DataCollator)):
+        if not isinstance(obj, cls):
+            raise TypeError(f"{name} must be a pyloader.{cls.__name__}, got {type(obj).__name__}")
 
-    Each iteration (``for`` or ``async for``) is a fresh pass over ``num_epoch``
-    epochs, run by an asyncio pipeline on a background thread. Every sample of
-    every file is delivered exactly once per epoch; only an epoch's last batch
-    may be short (dropped with ``drop_last``). Memory is bounded by settings:
-    ``max_queue_size`` collated batches ready (or one group, when a group is
-    larger), 2 groups of at most 32 consecutive batches being encoded and
-    collated (4 per worker with ``num_workers``), ``prefetch_files`` files read ahead
-    (in stream mode ``max(prefetch_files, batch_size)``: one per row)
-    (each holding at most 2 pieces from ``iter_file``, or the whole file when
-    ``read_file`` is used), and ``shuffle_buffer`` samples.
+
+def _check_counts(a: Dict[str, Any]) -> None:
+    for name in ("num_epoch", "max_queue_size", "prefetch_files"):
+        _positive(name, a[name])
+    for name in ("num_threads", "seq_len"):
+        if a[name] is not None:
+            _positive(name, a[name])
+    for name in ("shuffle_buffer", "num_workers"):
+        value = a[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def _check_modes(a: Dict[str, Any]) -> None:
+    methods = multiprocessing.get_all_start_methods()
+    if a["start_method"] is not None and a["start_method"] not in methods:
+        raise ValueError(f"start_method must be one of {methods}, got {a['start_method']!r}")
+    if a["padding_mode"] not in PADDING_MODES:
+        raise ValueError(f"padding_mode must be one of {PADDING_MODES}, got {a['padding_mode']!r}")
+    if a["stream"] and a["shuffle_buffer"]:
+        raise ValueError("stream mode keeps each row in file order: shuffle_buffer must be 0")
+    if a["stream"] and a["datareader"].shuffle:
+        raise ValueError("stream mode reads every file in order: use DataReader(shuffle=False) "
+                         "(DataLoader(shuffle=True) still shuffles the file order)")
+    if not a["stream"] and a["seq_len"] is not None:
+        raise ValueError("seq_len applies to stream mode only (stream=True)")
+
+
+class _Run:
+    """The bookkeeping of one iteration, shared by the loader and its iterator: where it
+    began, the position of the last batch handed out, and how it ended."""
+
+    def __init__(self, start: Start) -> None:
+        self.start = start
+        self.epoch, self.consumed = start.epoch, start.skip
+        self.last_epoch: Optional[int] = None  # the epoch of the last batch handed out
+        self.ended: Optional[str] = None  # "exhausted", "closed"
+
+    def position(self) -> Start:
+        return Start(self.epoch, self.consumed, self.start.end)
+
+    def close(self) -> None:
+        if self.ended is None:
+            self.ended = "closed"
+
+
+class DataLoader:
+    """Streams the chunk files of ``data_dir`` as collated batches, ``num_epoch`` epochs per iteration.
+
+    Each iteration (``for`` or ``async for``) runs the next ``num_epoch`` epochs on
+    an asyncio pipeline in a background thread: the first iteration epochs
+    ``0 .. num_epoch-1``, the next one the epochs after them, so a framework that
+    calls ``iter()`` once per epoch gets every epoch reshuffled. ``set_epoch(e)``
+    makes the next iteration start at epoch ``e``. An iteration left early
+    (``break``, ``close()``, an error) is over: the next one starts with the epoch
+    after the last one it handed a batch of (at the same place when it handed
+    out none). Every sample of every file is delivered exactly once per epoch;
+    only an epoch's last batch may be short (dropped with ``drop_last``).
+
+    Memory is bounded by settings: ``max_queue_size`` collated batches ready (or
+    one group, when a group is larger), 2 groups of at most 32 consecutive batches
+    being encoded and collated (4 per worker with ``num_workers``),
+    ``prefetch_files`` files read ahead (in stream mode ``max(prefetch_files,
+    batch_size)``: one per row) (each holding at most 2 pieces from
+    ``iter_file``, or the whole file when ``read_file`` is used), and
+    ``shuffle_buffer`` samples.
 
     User methods that run in this process (all of them without ``num_workers``)
     run ``num_threads`` at a time (default: one per file read ahead and per group
-    being encoded). Methods that release the GIL (NumPy parsing, decompression,
-    slow I/O) use them all; code written in Python holds the GIL, so its threads
-    only take turns, and ``num_threads=1`` spares the switches.
+    being encoded), and never two at once on one object unless its class says
+    ``thread_safe = True``.
 
     Randomness is a pure function of ``random_seed`` (file order, shuffle
     buffer), ``datareader.random_seed`` (in-file order) and the epoch.
@@ -63,40 +121,18 @@ class DataLoader:
                  start_method: Optional[str] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None, even_batches: str = "pad") -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        for name, obj, cls in (("datareader", datareader, DataReader), ("dataset", dataset, Dataset),
-                               ("datacollator", datacollator, DataCollator)):
-            if not isinstance(obj, cls):
-                raise TypeError(f"{name} must be a pyloader.{cls.__name__}, got {type(obj).__name__}")
+        _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
-        _positive("num_epoch", num_epoch)
-        _positive("max_queue_size", max_queue_size)
-        _positive("prefetch_files", prefetch_files)
-        if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
-            raise ValueError(f"shuffle_buffer must be an integer >= 0, got {shuffle_buffer!r}")
-        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
-            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        _check_counts(self._arguments)
+        _check_modes(self._arguments)
+        resolve_sharding(rank, world_size, even_batches)  # explicit values are checked now
+        self._rank, self._world_size, self._even_batches = rank, world_size, even_batches
         # default: every file read ahead and every group in flight at once
-        self.num_threads = prefetch_files + _GROUPS_IN_FLIGHT if num_threads is None else \
-            _positive("num_threads", num_threads)
-        if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
-            raise ValueError(f"start_method must be one of {multiprocessing.get_all_start_methods()}, "
-                             f"got {start_method!r}")
+        self.num_threads = prefetch_files + _GROUPS_IN_FLIGHT if num_threads is None else num_threads
         self.num_workers = num_workers
-        self.sharding = resolve_sharding(rank, world_size, even_batches)
         self._count_cache: Dict[str, Any] = {}
         self.worker_init_fn = worker_init_fn
         self.start_method = start_method
-        if seq_len is not None:
-            _positive("seq_len", seq_len)
-        if padding_mode not in PADDING_MODES:
-            raise ValueError(f"padding_mode must be one of {PADDING_MODES}, got {padding_mode!r}")
-        if stream and shuffle_buffer:
-            raise ValueError("stream mode keeps each row in file order: shuffle_buffer must be 0")
-        if stream and datareader.shuffle:
-            raise ValueError("stream mode reads every file in order: use DataReader(shuffle=False) "
-                             "(DataLoader(shuffle=True) still shuffles the file order)")
-        if not stream and seq_len is not None:
-            raise ValueError("seq_len applies to stream mode only (stream=True)")
         self.stream = bool(stream)
         self.seq_len = seq_len
         self.padding_mode = padding_mode
@@ -114,26 +150,66 @@ class DataLoader:
         self.prefetch_files = prefetch_files
         self.pin_memory = bool(pin_memory)
         self.device = device
+        self.on_error, self.max_errors = on_error, max_errors
         self._stats = Stats()
-        self._errors = ErrorHandler(on_error, max_errors, self._stats)
+        ErrorHandler(on_error, max_errors, self._stats)  # checks them now; each iteration gets its own
         self._finish = pinner() if self.pin_memory else None
         self._move = mover(device, self.pin_memory) if device is not None else None
-        self._run: Optional[weakref.ref] = None
-        self._start = Start()
-        self._position = (0, 0)  # (epoch, batches of it consumed)
+        self._iterator: Optional[weakref.ref] = None
+        self._record: Optional[_Run] = None  # the latest iteration, if any since the last set_epoch/load
+        self._next = fresh(0, num_epoch)
+        self._files_digest: Optional[str] = None
         self.epoch: Optional[int] = None
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> "LoaderIterator":
-        self.close()
-        start, self._start = self._start, Start()
-        self._position = (start.epoch, start.skip)
-        it = LoaderIterator(self, self._engine(start))
-        self._run = weakref.ref(it)
+        start = self._upcoming()
+        self._supersede()
+        record = _Run(start)
+        self._record = record
+        it = LoaderIterator(self, record)
+        self._iterator = weakref.ref(it)
         return it
 
     def __aiter__(self) -> "LoaderIterator":
         return self.__iter__()
+
+    def _upcoming(self) -> Start:
+        """Where the next iteration begins (see the class docstring)."""
+        r = self._record
+        if r is None:
+            return self._next
+        if r.ended == "exhausted":
+            return fresh(r.start.end, self.num_epoch)
+        return after(r.last_epoch, r.start, self.num_epoch)
+
+    def _where(self) -> Start:
+        """The consumer's position: after the last batch handed out, or where the next iteration begins."""
+        r = self._record
+        if r is None or r.ended == "exhausted":
+            return self._upcoming()
+        return r.position()
+
+    def _supersede(self) -> None:
+        it = self._iterator() if self._iterator is not None else None
+        if it is not None:
+            it.supersede()
+        self._iterator = None
+
+    @property
+    def sharding(self) -> Sharding:
+        """This process's rank and world size: the explicit ones, else resolved now (see ``_shard.resolve``)."""
+        return resolve_sharding(self._rank, self._world_size, self._even_batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration start at ``epoch`` (as ``DistributedSampler.set_epoch`` does).
+
+        A running iteration is not changed; the next ``iter()`` ends it.
+        """
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        self._next = fresh(epoch, self.num_epoch)
+        self._record = None
 
     def _engine(self, start: Start) -> Engine:
         settings = Settings(
@@ -141,7 +217,7 @@ class DataLoader:
             num_epoch=self.num_epoch, max_queue_size=self.max_queue_size, shuffle=self.shuffle,
             random_seed=self.random_seed, shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
             prefetch_files=self.prefetch_files, concurrency=_GROUPS_PER_WORKER * self.num_workers or _GROUPS_IN_FLIGHT,
-            errors=self._errors,
+            errors=ErrorHandler(self.on_error, self.max_errors, self._stats),
             stats=self._stats, finish=self._finish, stream=self.stream, seq_len=self.seq_len,
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
@@ -150,24 +226,48 @@ class DataLoader:
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 
-    def _consumed(self, batch: Batch) -> Any:
+    def _consumed(self, batch: Batch, record: _Run) -> Any:
         self.epoch = batch.epoch
-        self._position = (batch.epoch, batch.index + 1)
+        record.epoch, record.consumed, record.last_epoch = batch.epoch, batch.index + 1, batch.epoch
         self._stats.batches += 1
         return self._move(batch.data) if self._move is not None else batch.data
 
     def close(self) -> None:
         """Stop the running iteration, if any: its tasks and threads end within a second."""
-        it = self._run() if self._run is not None else None
+        it = self._iterator() if self._iterator is not None else None
         if it is not None:
             it.close()
-        self._run = None
+        self._iterator = None
 
     def __enter__(self) -> "DataLoader":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def __bool__(self) -> bool:
+        return True  # not len(): truth must not count the files
+
+    def __len__(self) -> int:
+        """The batches one iteration yields on this rank (steps, in stream mode): those of the
+        epochs of the running iteration, else of the next one, from their first batch.
+
+        It needs the samples of every file: ``DataReader.count`` is called once per
+        file on first use, and the counts are kept for the loader's life. When a
+        count fails, the length is unknown: ``TypeError``, as for any unsized
+        object, with the count's error (naming the file) as its cause.
+        """
+        r = self._record
+        start = r.start if r is not None and r.ended is None else self._upcoming()
+        try:
+            counts = count_files(self.datareader, self.files, self._count_cache, self.prefetch_files)
+        except PipelineError as exc:
+            raise TypeError(f"the loader's length is unknown: {exc}") from exc
+        sharding, source = self.sharding, FileSource(self.files, start.end, self.shuffle, self.random_seed)
+        epochs = range(start.epoch, start.end) if self.stream else range(start.epoch, start.epoch + 1)
+        n = sum(epoch_batches(counts, source.order(e), self.datareader.batch_size, self.drop_last, sharding,
+                              self.stream, self.seq_len) for e in epochs)
+        return n if self.stream else n * (start.end - start.epoch)
 
     @property
     def stats(self) -> Dict[str, Any]:
@@ -176,58 +276,58 @@ class DataLoader:
 
     # -- resume --------------------------------------------------------------------
     def _fingerprint(self) -> Dict[str, Any]:
-        digest = hashlib.sha1("\n".join(self.files).encode()).hexdigest()
-        return {"files": digest, "num_files": len(self.files), "batch_size": self.datareader.batch_size,
+        if self._files_digest is None:
+            self._files_digest = files_digest(self.files)
+        sharding = self.sharding
+        return {"files": self._files_digest, "num_files": len(self.files), "batch_size": self.datareader.batch_size,
                 "shuffle": self.shuffle, "random_seed": self.random_seed,
                 "reader_shuffle": self.datareader.shuffle, "reader_seed": self.datareader.random_seed,
                 "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "stream": self.stream,
-                "seq_len": self.seq_len, "padding_mode": self.padding_mode, "rank": self.sharding.rank,
-                "world_size": self.sharding.world_size, "even_batches": self.sharding.even_batches}
+                "seq_len": self.seq_len, "padding_mode": self.padding_mode, "rank": sharding.rank,
+                "world_size": sharding.world_size, "even_batches": sharding.even_batches}
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the consumer is: the batches handed over so far, not those read ahead.
 
         Small and JSON-serializable; restoring it with ``load_state_dict`` makes
-        the next iteration yield exactly the batches that would have followed.
+        the next iteration yield exactly the batches that would have followed the
+        last one handed out (also when that iteration was left early), or, after
+        an iteration that ran to its end, the next iteration.
         """
-        epoch, consumed = self._position
-        return {"format": _STATE_FORMAT, "epoch": epoch, "batches_in_epoch": consumed,
-                "settings": self._fingerprint()}
+        return make_state(self._where(), self._fingerprint())
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Make the next iteration resume from ``state`` (from ``state_dict``).
 
         Everything is checked before anything changes: a state that is not
-        ours, or that was saved with other data or settings, raises ``ValueError``.
+        ours, or that was saved with other data or settings, raises ``ValueError``
+        naming each setting that differs, with both values.
         """
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ValueError(f"not a pyloader state (expected format {_STATE_FORMAT!r})")
-        theirs = state.get("settings")
-        if not isinstance(theirs, dict):
-            raise ValueError("the state has no settings fingerprint")
-        ours = self._fingerprint()
-        diff = sorted(k for k in ours if json.dumps(ours[k]) != json.dumps(theirs.get(k)))
-        if diff:
-            raise ValueError(f"the state was saved with other data or settings: {', '.join(diff)} differ")
-        epoch, consumed = state.get("epoch"), state.get("batches_in_epoch")
-        for name, value in (("epoch", epoch), ("batches_in_epoch", consumed)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"the state's {name} must be an integer >= 0, got {value!r}")
-        if epoch > self.num_epoch:
-            raise ValueError(f"the state's epoch {epoch} is beyond num_epoch={self.num_epoch}")
+        start = read_state(state, self._fingerprint(), old_files_digest(self.files), self.num_epoch)
         self.close()
-        self._start = Start(epoch, consumed)
-        self._position = (epoch, consumed)
+        self._next, self._record = start, None
 
     def shard(self, rank: int, world_size: int) -> "DataLoader":
         """A loader with the same settings that reads only the share of ``rank`` among ``world_size``."""
         return DataLoader(**{**self._arguments, "rank": rank, "world_size": world_size})
 
+    # -- pickling: the settings and the position, never a running iteration -------------
+    def __getstate__(self) -> Dict[str, Any]:
+        start = self._where()
+        return {"arguments": self._arguments, "next": (start.epoch, start.skip, start.end),
+                "counts": dict(self._count_cache)}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(**state["arguments"])  # type: ignore[misc]
+        self._next = Start(*state["next"])
+        self._count_cache.update(state["counts"])
+
     # -- frameworks ----------------------------------------------------------------
-    def to_tf_dataset(self, output_signature: Any = None, input_context: Any = None):
+    def to_tf_dataset(self, output_signature: Any = None, input_context: Any = None) -> Any:
         """A ``tf.data.Dataset`` over this loader (``from_generator``); see ``pyloader._tf``.
 
-        Inside ``strategy.distribute_datasets_from_function(fn)``, pass ``fn``'s
+        Each pass over it is the loader's next iteration (the next epoch). Inside
+        ``strategy.distribute_datasets_from_function(fn)``, pass ``fn``'s
         ``tf.distribute.InputContext``: the dataset then holds input pipeline
         ``input_pipeline_id``'s share of ``num_input_pipelines``, split like ranks.
         """
@@ -238,19 +338,35 @@ class DataLoader:
             loader = self.shard(input_context.input_pipeline_id, input_context.num_input_pipelines)
         return to_tf_dataset(loader, output_signature)
 
+    def _peek(self, limit: int) -> list:
+        """Up to ``limit`` first batches of the next iteration, leaving the loader's position as it was."""
+        it = LoaderIterator(self, _Run(self._upcoming()), track=False)
+        try:
+            return [batch for _, batch in zip(range(limit), it)]
+        finally:
+            it.close()
+
 
 class LoaderIterator:
-    """One pass over the data; ``break``, ``close()`` or dropping it stops the pipeline.
+    """One iteration; ``break``, ``close()`` or dropping it stops the pipeline.
 
     Batches arrive from the pipeline in groups and are handed out one at a time;
-    the loader's position advances only as each is handed out.
+    the loader's position advances only as each is handed out. A newer
+    ``iter(loader)`` ends this one: taking another batch from it then raises
+    ``RuntimeError`` (never a silent, short end).
     """
 
-    def __init__(self, loader: DataLoader, engine: Engine) -> None:
+    def __init__(self, loader: DataLoader, record: _Run, track: bool = True) -> None:
         self._loader = loader
-        self._engine = engine
+        self._record = record
+        self._track = track
+        self._superseded = False
         self._ready: Iterator[Batch] = iter(())
-        self._finalizer = weakref.finalize(self, engine.stop)
+        self._start_engine(record.start)
+
+    def _start_engine(self, start: Start) -> None:
+        self._engine = self._loader._engine(start)
+        self._finalizer = weakref.finalize(self, _stop, self._engine, self._record)
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -258,9 +374,17 @@ class LoaderIterator:
     def __next__(self) -> Any:
         batch = next(self._ready, None)
         if batch is None:
-            self._ready = _each(self._engine.get())
+            self._check_current()
+            while True:
+                try:
+                    group = self._engine.get()
+                    break
+                except StopIteration:
+                    if not self._ended_empty():
+                        raise
+            self._ready = _each(group)
             batch = next(self._ready)  # groups are never empty
-        return self._loader._consumed(batch)
+        return self._hand_out(batch)
 
     def __aiter__(self) -> "LoaderIterator":
         return self
@@ -268,13 +392,54 @@ class LoaderIterator:
     async def __anext__(self) -> Any:
         batch = next(self._ready, None)
         if batch is None:
-            self._ready = _each(await self._engine.aget())
+            self._check_current()
+            while True:
+                try:
+                    group = await self._engine.aget()
+                    break
+                except StopAsyncIteration:
+                    if not self._ended_empty():
+                        raise
+            self._ready = _each(group)
             batch = next(self._ready)
-        return self._loader._consumed(batch)
+        return self._hand_out(batch)
+
+    def _hand_out(self, batch: Batch) -> Any:
+        if not self._track:
+            return batch.data
+        return self._loader._consumed(batch, self._record)
+
+    def _check_current(self) -> None:
+        if self._superseded:
+            raise RuntimeError("this iterator was ended by a newer iter() of the same DataLoader: a loader "
+                               "runs one iteration at a time (use loader.shard() or another DataLoader for two)")
+
+    def _ended_empty(self) -> bool:
+        """At the end: True when the iteration resumed past its last batch (a state saved at the
+        very end of an iteration) and went on with the next iteration instead of ending empty."""
+        r = self._record
+        r.ended = "exhausted"
+        if r.last_epoch is not None or r.start.skip == 0 or not self._track:
+            return False
+        self._finalizer()
+        r = self._record = _Run(fresh(r.start.end, self._loader.num_epoch))
+        self._loader._record = r
+        self._start_engine(r.start)
+        return True
+
+    def supersede(self) -> None:
+        if self._record.ended is None:
+            self._superseded = True
+        self.close()
 
     def close(self) -> None:
         self._ready = iter(())
         self._finalizer()
+
+
+def _stop(engine: Engine, record: _Run) -> None:
+    engine.stop()
+    record.close()
 
 
 def _each(group: Group) -> Iterator[Batch]:

@@ -8,14 +8,16 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
-from ._errors import ErrorHandler, PipelineError, Stats
+from ._errors import ErrorHandler, Stats
 from ._frameworks import attach_meta
+from ._length import checked_count
 from ._map import OrderedMap, Step
 from ._pool import WorkerPool
 from ._read import ReadFiles
 from ._runners import Lane, PoolRunner, ThreadRunner
 from ._shard import Sharding, stream_target
 from ._source import FileSource, FileTask
+from ._state import Start
 from ._stream import StreamBatcher
 
 
@@ -48,14 +50,6 @@ class Settings:
     start_method: Optional[str] = None
     sharding: Sharding = Sharding()
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
-
-
-@dataclass(frozen=True)
-class Start:
-    """Where a run begins: ``epoch``, after skipping its first ``skip`` batches."""
-
-    epoch: int = 0
-    skip: int = 0
 
 
 class CheckedEncode:
@@ -114,13 +108,7 @@ async def count_samples(s: Settings, lane: Lane) -> List[int]:
 
         async def one(path: str) -> int:
             async with limit:
-                try:
-                    n = await lane.run(s.reader.count, path, uses=(s.reader,))
-                except Exception as exc:
-                    raise PipelineError("count", [path], exc) from exc
-            if not isinstance(n, int) or n < 0:
-                raise PipelineError("count", [path], ValueError(f"count returned {n!r}, expected an int >= 0"))
-            return n
+                return await lane.run(checked_count, s.reader, path, uses=(s.reader,))
 
         s.count_cache.update(files=list(s.files), counts=await asyncio.gather(*(one(p) for p in s.files)))
     return s.count_cache["counts"]
@@ -152,7 +140,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
         runner = ThreadRunner(s.reader, local, lane, run_blocking, uses=(s.dataset, s.collator))
     try:
         counts = await count_samples(s, lane) if s.sharding.active else None
-        source = FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
+        source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
         # stream rows need several files before their first batch (no ramp there), and rows whose
         # files end at the same step all need a new one at once: a file per row is read ahead
         ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files

@@ -100,20 +100,26 @@ def test_resume_continues_exactly(data, setting, position):
     resumed_loader = _loader(data, loader_kwargs, reader_kwargs)
     resumed_loader.load_state_dict(state)
     tail = _run(resumed_loader)
-    assert head + tail == full, f"resume after {k} of {len(full)} batches"
+    if k < len(full):
+        assert head + tail == full, f"resume after {k} of {len(full)} batches"
+    else:  # after the last batch the iteration is over: resuming gives the next one
+        uninterrupted = _loader(data, loader_kwargs, reader_kwargs)
+        _run(uninterrupted)
+        assert tail == _run(uninterrupted)
     assert wait_no_threads() == []
 
 
 @pytest.mark.parametrize("setting", ["plain", "all_three"])
-def test_state_of_a_finished_pass_resumes_to_nothing(data, setting):
+def test_state_of_a_finished_iteration_resumes_with_the_next_one(data, setting):
     loader_kwargs, reader_kwargs = SETTINGS[setting]
     loader = _loader(data, loader_kwargs, reader_kwargs)
-    full = _run(loader)
+    _run(loader)
     state = json.loads(json.dumps(loader.state_dict()))
+    second, third = _run(loader), _run(loader)
     other = _loader(data, loader_kwargs, reader_kwargs)
     other.load_state_dict(state)
-    assert _run(other) == []
-    assert _run(other) == full  # and the next iteration is a fresh full pass
+    assert _run(other) == second
+    assert _run(other) == third
 
 
 def test_state_before_any_iteration_resumes_at_the_start(data):
@@ -187,18 +193,24 @@ def test_state_counts_consumed_batches_not_read_ahead(tmp_path, shuffled):
     assert head + _run(resumed) == full
 
 
-def test_after_a_resumed_iteration_the_next_is_a_fresh_full_pass(data):
+def _iterations(data, setting: str, n: int) -> List[List[Tuple[int, List[int]]]]:
+    loader_kwargs, reader_kwargs = SETTINGS[setting]
+    loader = _loader(data, loader_kwargs, reader_kwargs)
+    return [_run(loader) for _ in range(n)]
+
+
+def test_after_a_resumed_iteration_the_next_ones_go_on_with_the_next_epochs(data):
     loader_kwargs, reader_kwargs = SETTINGS["all_three"]
-    full = _run(_loader(data, loader_kwargs, reader_kwargs))
+    full, second, third = _iterations(data, "all_three", 3)
     _, state = _consume(_loader(data, loader_kwargs, reader_kwargs), 11)
     loader = _loader(data, loader_kwargs, reader_kwargs)
     loader.load_state_dict(state)
     assert _run(loader) == full[11:]
-    assert _run(loader) == full
-    assert _run(loader) == full
+    assert _run(loader) == second
+    assert _run(loader) == third
 
 
-def test_break_in_a_resumed_iteration_then_iterate_again_is_a_fresh_pass(data):
+def test_break_in_a_resumed_iteration_then_iterate_again_starts_the_next_epoch(data):
     loader_kwargs, reader_kwargs = SETTINGS["shuffle_buffer"]
     full = _run(_loader(data, loader_kwargs, reader_kwargs))
     _, state = _consume(_loader(data, loader_kwargs, reader_kwargs), 4)
@@ -207,7 +219,11 @@ def test_break_in_a_resumed_iteration_then_iterate_again_is_a_fresh_pass(data):
     for batch in loader:
         assert list(batch["id"]) == full[4][1]
         break
-    assert _run(loader) == full
+    after_break = _run(loader)
+    assert after_break[0][0] == full[4][0] + 1  # the epoch after the one left early
+    fresh = _loader(data, loader_kwargs, reader_kwargs)
+    fresh.set_epoch(after_break[0][0])
+    assert _run(fresh) == after_break
 
 
 # -- refusing foreign states -----------------------------------------------------------

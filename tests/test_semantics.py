@@ -155,7 +155,9 @@ def test_file_order_shuffle_is_seeded_and_changes_per_epoch(make_loader):
     a = make_loader(sizes, batch_size=3, shuffle=True, num_epoch=2, random_seed=7)
     first = [b["id"] for b in a]
     again = [b["id"] for b in a]
-    assert first == again  # re-iteration is a fresh, identical pass
+    assert first != again  # the next iteration runs the next two epochs
+    b = make_loader(sizes, batch_size=3, shuffle=True, num_epoch=2, random_seed=7)
+    assert [b["id"] for b in b] == first  # same seed, same epochs, same order
     epoch0, epoch1 = sum(first[:12], []), sum(first[12:], [])
     assert sorted(epoch0) == sorted(epoch1) == list(range(36))
     assert epoch0 != list(range(36)) and epoch0 != epoch1
