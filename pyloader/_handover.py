@@ -1,10 +1,16 @@
-"""The bounded queue between the event loop (producer) and the consumer's thread."""
+"""The bounded queue between the event loop (producer) and the consumer.
+
+Contract: ``put`` is awaited on the producer's loop; ``get`` blocks a consumer
+thread, ``aget`` is awaited on the consumer's own event loop. Neither consumer
+call goes through the producer's loop, and neither takes an item unless it
+returns it: an ``aget`` cancelled while it waits leaves every item in the queue.
+"""
 from __future__ import annotations
 
 import asyncio
 import collections
 import threading
-from typing import Any, Deque
+from typing import Any, Deque, List, Tuple
 
 EMPTY = object()  # get() timed out
 
@@ -13,11 +19,28 @@ def _weight(item: Any) -> int:
     return len(item) if isinstance(item, list) else 1
 
 
+def _resolve(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+Waiter = Tuple[asyncio.AbstractEventLoop, asyncio.Future]
+
+
+def _wake(waiters: List[Waiter]) -> None:
+    for loop, waiter in waiters:
+        try:
+            loop.call_soon_threadsafe(_resolve, waiter)
+        except RuntimeError:
+            pass  # the consumer's loop is closed: nobody waits there any more
+
+
 class HandOver:
     """Holds at most ``maxsize`` items, a list counting as its length (a group of
     batches); a list larger than that still goes in when the queue is empty. The
     loop side awaits ``put``; the consumer side blocks in ``get`` without a round
-    trip through the loop, so a hand-over costs one condition-variable wake-up."""
+    trip through the loop, so a hand-over costs one condition-variable wake-up;
+    ``aget`` costs one ``call_soon_threadsafe`` to the consumer's loop."""
 
     def __init__(self, maxsize: int, loop: asyncio.AbstractEventLoop) -> None:
         self._maxsize = maxsize
@@ -26,6 +49,7 @@ class HandOver:
         self._size = 0  # summed weights of the items held
         self._cond = threading.Condition(threading.Lock())
         self._space = asyncio.Event()
+        self._waiters: List[Waiter] = []  # aget()s waiting on their loops
         self._closed = False
 
     async def put(self, item: Any) -> None:
@@ -36,15 +60,41 @@ class HandOver:
                     self._items.append(item)
                     self._size += weight
                     self._cond.notify()
-                    return
+                    waiters, self._waiters = self._waiters, []
+                    break
                 self._space.clear()
             await self._space.wait()
+        _wake(waiters)
 
     def get(self, timeout: float) -> Any:
         """The next item, or ``EMPTY`` after ``timeout`` seconds or once closed."""
         with self._cond:
             if not self._items and not self._closed:
                 self._cond.wait_for(lambda: self._items or self._closed, timeout)
+        return self._take()
+
+    async def aget(self, timeout: float) -> Any:
+        """``get`` awaited on the calling event loop, with no thread blocked for it."""
+        loop = asyncio.get_running_loop()
+        entry = None
+        with self._cond:
+            if not self._items and not self._closed:
+                entry = (loop, loop.create_future())
+                self._waiters.append(entry)
+        if entry is not None:
+            timer = loop.call_later(timeout, _resolve, entry[1])
+            try:
+                await entry[1]
+            finally:
+                timer.cancel()
+                with self._cond:
+                    if entry in self._waiters:
+                        self._waiters.remove(entry)
+        return self._take()
+
+    def _take(self) -> Any:
+        """The first item (``EMPTY`` if none), and room made for the producer."""
+        with self._cond:
             if not self._items:
                 return EMPTY
             item = self._items.popleft()
@@ -63,3 +113,5 @@ class HandOver:
             self._items.clear()
             self._size = 0
             self._cond.notify_all()
+            waiters, self._waiters = self._waiters, []
+        _wake(waiters)
