@@ -86,8 +86,9 @@ def is_blank(line: str) -> bool:
 
 # the ASCII bytes ``is_blank`` strips: a line of them and these alone is blank, without decoding
 _ASCII_SPACE = bytes(c for c in range(128) if chr(c).isspace())
-# every ASCII byte, then escapes and shifts of codecs with state (unicode_escape, ISO-2022, HZ, UTF-7)
-_PROBE = bytes(range(128)) + b"\\u2028 \\x20 \x1b$B!!\x1b(B ~{!!~} +AAA-"
+# every ASCII byte (the backslash doubled: a valid escape), then escapes and shifts of codecs
+# with state (unicode_escape, ISO-2022, HZ, UTF-7)
+_PROBE = bytes(range(128)).replace(b"\\", b"\\\\") + b" \\u2028 \\x20 \x1b$B!!\x1b(B ~{!!~} +AAA-"
 
 
 def _bytes_tell_lines(codec: str) -> bool:
