@@ -73,13 +73,20 @@ def _hidden(name: str) -> bool:
     return name.startswith(".") or name.startswith("_")
 
 
+_SPECIAL = ("named pipe", "socket", "device", "special file")
+
+
 def _kind(path: str) -> str:
     """What ``path`` is, following symbolic links: ``"file"`` (regular), ``"folder"``,
-    ``"missing"`` (nothing there, or a link to nothing), or the name of a special file."""
+    ``"missing"`` (nothing there, or a link to nothing), ``"unreachable"`` (``os.stat``
+    fails otherwise: a link loop, a folder on the way that may not be searched), or one
+    of ``_SPECIAL``."""
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return "missing"
+    except OSError:
+        return "unreachable"
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
@@ -91,17 +98,30 @@ def _kind(path: str) -> str:
     return "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file"
 
 
+def _refused(described: str, path: str, kind: str) -> FileNotFoundError:
+    """The error for a path named outright that is not a file to load; ``described`` leads
+    the sentence: ``"data_dir 'x'"`` or ``"data_dir lists 'x', which"``."""
+    if kind == "missing":
+        return FileNotFoundError(f"{described} does not exist")
+    if kind == "unreachable":
+        try:
+            os.stat(path)
+        except OSError as e:
+            return FileNotFoundError(f"{described} cannot be examined: {e}")
+    return FileNotFoundError(f"{described} is a {kind}, not a regular file")
+
+
 def _readable_entries(paths: Iterable[str]) -> List[str]:
     """``paths`` less folders and special files: opening a named pipe or a device could block
-    forever. Special files are named in a warning; a link to nothing is kept, so that the
-    missing file is reported when it is read rather than lost silently."""
+    forever. Special files are named in a warning; a link to nothing, or a path ``os.stat``
+    fails on, is kept, so that the reading reports it rather than it being lost silently."""
     kept, special = [], []
     for path in paths:
         kind = _kind(path)
-        if kind in ("file", "missing"):
-            kept.append(path)
-        elif kind != "folder":
+        if kind in _SPECIAL:
             special.append(f"{path!r} ({kind})")
+        elif kind != "folder":
+            kept.append(path)
     if special:
         shown = ", ".join(special[:5]) + (f" and {len(special) - 5} more" if len(special) > 5 else "")
         logger.warning("data_dir: skipping %d entries that are not regular files: %s", len(special), shown)
@@ -163,10 +183,8 @@ def _listed(paths: List[str]) -> List[str]:
         raise FileNotFoundError("data_dir is an empty list: no files to load")
     for p in paths:
         kind = "file" if is_url(p) else _kind(_local(p))
-        if kind == "missing":
-            raise FileNotFoundError(f"data_dir lists {p!r}, which does not exist")
         if kind != "file":
-            raise FileNotFoundError(f"data_dir lists {p!r}, which is a {kind}, not a regular file")
+            raise _refused(f"data_dir lists {p!r}, which", _local(p), kind)
     return paths
 
 
@@ -216,6 +234,4 @@ def _one(spec: str) -> List[str]:
         return _walk(_local(spec))
     if kind == "file":
         return [spec]
-    if kind == "missing":
-        raise FileNotFoundError(f"data_dir {spec!r} does not exist")
-    raise FileNotFoundError(f"data_dir {spec!r} is a {kind}, not a regular file or a folder")
+    raise _refused(f"data_dir {spec!r}", _local(spec), kind)

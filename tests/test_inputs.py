@@ -109,6 +109,21 @@ def test_a_named_pipe_given_by_name_is_refused_at_construction(tmp_path):
         pl.list_files([str(tmp_path)])
 
 
+def test_links_to_nothing_and_link_loops_are_listed_by_walks_and_globs_and_refused_in_a_list(tmp_path):
+    """They could be missing data: reading them reports it, where skipping them would lose it silently."""
+    chunks = write_chunks(tmp_path, [2])
+    os.symlink(tmp_path / "nowhere.txt", tmp_path / "part-0001.txt")
+    os.symlink(tmp_path / "part-0003.txt", tmp_path / "part-0002.txt")
+    os.symlink(tmp_path / "part-0002.txt", tmp_path / "part-0003.txt")
+    links = [str(tmp_path / f"part-000{i}.txt") for i in (1, 2, 3)]
+    assert pl.list_files(str(tmp_path)) == chunks + links
+    assert pl.list_files(str(tmp_path / "*.txt")) == chunks + links
+    with pytest.raises(FileNotFoundError, match="which does not exist"):
+        pl.list_files(links[:1])
+    with pytest.raises(FileNotFoundError, match="cannot be examined: .*symbolic links"):
+        pl.list_files(links[1:2])
+
+
 def test_skipping_a_file_that_fails_partway_keeps_the_pieces_read_before(tmp_path):
     """As the README says of ``on_error="skip"``: what was delivered stays delivered."""
     (tmp_path / "a.jsonl").write_text("".join(f'{{"id": {i}}}\n' for i in range(4)))
