@@ -144,7 +144,7 @@ def _header(fp: IO[bytes], size: int) -> Optional[Tuple[Tuple[int, ...], bool, n
     needed, held = math.prod(shape) * dtype.itemsize, size - (fp.tell() - start)
     if needed > held:
         raise ValueError(f"truncated array data: the header's shape {shape} and dtype {dtype} "
-                         f"need {needed} bytes, the file holds {max(held, 0)}")
+                         f"need {needed} bytes, only {max(held, 0)} follow the header")
     return shape, fortran_order, dtype
 
 
