@@ -2,17 +2,22 @@
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import glob
 import io
+import logging
 import os
 import re
+import stat
 import threading
-from typing import IO, Dict, Iterator, List, Optional, Sequence, Union
+from typing import IO, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _GLOB_CHARS = set("*?[")
+
+logger = logging.getLogger("pyloader")
 
 
 def is_url(path: str) -> bool:
@@ -68,6 +73,61 @@ def _hidden(name: str) -> bool:
     return name.startswith(".") or name.startswith("_")
 
 
+_SPECIAL = ("named pipe", "socket", "device", "special file")
+
+
+def _kind(path: str) -> str:
+    """What ``path`` is, following symbolic links: ``"file"`` (regular), ``"folder"``,
+    ``"missing"`` (nothing there, or a link to nothing), ``"unreachable"`` (``os.stat``
+    fails otherwise: a link loop, a folder on the way that may not be searched), or one
+    of ``_SPECIAL``."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except OSError:
+        return "unreachable"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    if stat.S_ISFIFO(mode):
+        return "named pipe"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file"
+
+
+def _refused(described: str, path: str, kind: str) -> FileNotFoundError:
+    """The error for a path named outright that is not a file to load; ``described`` leads
+    the sentence: ``"data_dir 'x'"`` or ``"data_dir lists 'x', which"``."""
+    if kind == "missing":
+        return FileNotFoundError(f"{described} does not exist")
+    if kind == "unreachable":
+        try:
+            os.stat(path)
+        except OSError as e:
+            return FileNotFoundError(f"{described} cannot be examined: {e}")
+    return FileNotFoundError(f"{described} is a {kind}, not a regular file")
+
+
+def _readable_entries(paths: Iterable[str]) -> List[str]:
+    """``paths`` less folders and special files: opening a named pipe or a device could block
+    forever. Special files are named in a warning; a link to nothing, or a path ``os.stat``
+    fails on, is kept, so that the reading reports it rather than it being lost silently."""
+    kept, special = [], []
+    for path in paths:
+        kind = _kind(path)
+        if kind in _SPECIAL:
+            special.append(f"{path!r} ({kind})")
+        elif kind != "folder":
+            kept.append(path)
+    if special:
+        shown = ", ".join(special[:5]) + (f" and {len(special) - 5} more" if len(special) > 5 else "")
+        logger.warning("data_dir: skipping %d entries that are not regular files: %s", len(special), shown)
+    return kept
+
+
 def _walk(root: str) -> List[str]:
     """Files under ``root``, following symlinked folders once each (a link loop ends there)."""
     found = []
@@ -81,37 +141,97 @@ def _walk(root: str) -> List[str]:
                 keep.append(d)
         dirnames[:] = keep
         found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if not _hidden(f))
-    return found
+    return _readable_entries(found)
+
+
+def _parts(path: str) -> List[str]:
+    return [part for part in path.split("/") if part]
+
+
+def _glob_aligns(pattern: Sequence[str], names: Sequence[str], strict: bool) -> bool:
+    """Whether the path ``names`` matches the glob ``pattern`` (both split at ``/``) with,
+    when ``strict``, every name starting with ``.`` or ``_`` matched by a pattern part that
+    starts with the same character: wildcards and ``**`` do not match such names."""
+    if not pattern:
+        return not names
+    part, rest = pattern[0], pattern[1:]
+    if part == "**":
+        for k in range(len(names) + 1):
+            if _glob_aligns(rest, names[k:], strict):
+                return True
+            if k < len(names) and strict and _hidden(names[k]):
+                return False
+        return False
+    if not names or not fnmatch.fnmatch(names[0], part):
+        return False
+    if strict and _hidden(names[0]) and part[0] != names[0][0]:
+        return False
+    return _glob_aligns(rest, names[1:], strict)
+
+
+def _glob_keeps(spec: str, path: str) -> bool:
+    """False for a match of the glob ``spec`` that only a wildcard's match of a ``.``/``_``
+    name explains. A match that cannot be aligned with ``spec`` at all (a backend that
+    rewrites its paths) is kept."""
+    pattern, names = _parts(spec), _parts(path)
+    return _glob_aligns(pattern, names, strict=True) or not _glob_aligns(pattern, names, strict=False)
+
+
+def _listed(paths: List[str]) -> List[str]:
+    """An explicit list of paths, taken as given: each must be a regular file (or a URL)."""
+    if not paths:
+        raise FileNotFoundError("data_dir is an empty list: no files to load")
+    for p in paths:
+        kind = "file" if is_url(p) else _kind(_local(p))
+        if kind != "file":
+            raise _refused(f"data_dir lists {p!r}, which", _local(p), kind)
+    return paths
 
 
 def list_files(data_dir: DataDir) -> List[str]:
     """The chunk files named by ``data_dir``, in a fixed (sorted) order.
 
-    ``data_dir`` is a folder (walked recursively, hidden entries skipped), a glob
-    pattern, a list of paths, or an fsspec URL of any of these. Nothing found:
-    ``FileNotFoundError`` saying what was searched.
+    ``data_dir`` is one of:
+
+    - a folder, walked recursively: files and folders whose names start with ``.`` or
+      ``_`` (``.git``, Spark's ``_SUCCESS``, Parquet's ``_metadata``) are skipped, and so
+      are entries that are not regular files (named pipes, sockets, devices: opening one
+      could block forever), with a warning; a symbolic link counts as what it points to,
+      and a link to nothing is kept, to fail when it is read;
+    - a glob pattern (``**`` recursive), with the same rules: a name starting with ``.``
+      or ``_`` is matched only by a pattern part starting with the same character
+      (``data/*`` skips ``data/_SUCCESS``, ``data/_*`` lists it);
+    - a list of paths, taken as given (nothing skipped, order kept): each must be a
+      regular file, else ``FileNotFoundError`` saying what it is;
+    - an fsspec URL of a folder, a glob or a file, with the same rules.
+
+    Nothing found: ``FileNotFoundError`` saying what was searched.
     """
     if isinstance(data_dir, (list, tuple)):
-        paths = [os.fspath(p) for p in data_dir]
-        if not paths:
-            raise FileNotFoundError("data_dir is an empty list: no files to load")
-        for p in paths:
-            if not is_url(p) and not os.path.isfile(_local(p)):
-                raise FileNotFoundError(f"data_dir lists {p!r}, which is not a file")
-        return paths
+        return _listed([os.fspath(p) for p in data_dir])
     spec = os.fspath(data_dir)
+    globbed = any(c in spec for c in _GLOB_CHARS)
     if is_url(spec):
         from ._remote import list_remote
 
         files = list_remote(spec)
-    elif any(c in spec for c in _GLOB_CHARS):
-        files = sorted(p for p in glob.glob(_local(spec), recursive=True) if os.path.isfile(p))
-    elif os.path.isdir(_local(spec)):
-        files = _walk(_local(spec))
-    elif os.path.isfile(_local(spec)):
-        files = [spec]
+        files = [f for f in files if _glob_keeps(spec, f)] if globbed else files
+    elif globbed:
+        matches = sorted(glob.glob(_local(spec), recursive=True))
+        files = _readable_entries(p for p in matches if _glob_keeps(_local(spec), p))
     else:
-        raise FileNotFoundError(f"data_dir {spec!r} does not exist")
+        files = _one(spec)
     if not files:
-        raise FileNotFoundError(f"no files found under data_dir {spec!r} (hidden files are skipped)")
+        raise FileNotFoundError(f"no files found under data_dir {spec!r} (names starting with "
+                                "'.' or '_' and special files are skipped)")
     return files
+
+
+def _one(spec: str) -> List[str]:
+    """The files of a local path that is not a glob: a folder's walk, or the file itself."""
+    kind = _kind(_local(spec))
+    if kind == "folder":
+        return _walk(_local(spec))
+    if kind == "file":
+        return [spec]
+    raise _refused(f"data_dir {spec!r}", _local(spec), kind)

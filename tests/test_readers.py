@@ -1,12 +1,17 @@
 """Tests for the built-in readers in pyloader.readers."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 import uuid
+import zipfile
+from pathlib import Path
 
 import fsspec
 import numpy as np
 import pytest
+from numpy.lib import format as npformat
 
 from pyloader import DataReader
 from pyloader._columns import concat
@@ -403,7 +408,7 @@ def test_npy_empty_file(tmp_path):
 @pytest.mark.parametrize("mmap", [True, False])
 def test_npy_corrupt_and_truncated(tmp_path, mmap):
     good = save_npy(tmp_path, "good.npy", np.arange(100, dtype=np.float64))
-    data = open(good, "rb").read()
+    data = Path(good).read_bytes()
     cases = {
         "garbage.npy": b"this is not a numpy file at all",
         "trunc_data.npy": data[:-40],
@@ -428,7 +433,7 @@ def test_npy_object_array_refused(tmp_path):
 def test_npz_corrupt_and_truncated(tmp_path):
     path = str(tmp_path / "good.npz")
     np.savez_compressed(path, a=np.arange(10000), b=np.arange(10000) * 2.0)
-    data = open(path, "rb").read()
+    data = Path(path).read_bytes()
     for name, blob in {"trunc.npz": data[: len(data) // 2], "flipped.npz": data[:200] + b"\0" * 400 + data[600:],
                        "head.npz": data[:4]}.items():
         bad = write(tmp_path, name, blob)
@@ -504,3 +509,108 @@ def test_fast_jsonl_count_matches_reading(tmp_path, text):
     path.write_bytes(text.encode("utf-8"))
     reader = JsonLinesReader()
     assert reader.count(str(path)) == sum(len(p["a"]) for p in reader.iter_file(str(path)))
+
+
+# ---------------------------------------------------------------- issue 18: malformed input
+
+
+def test_a_csv_with_an_unterminated_quote_names_the_line(tmp_path):
+    path = write(tmp_path, "open.csv", 'a,b\n1,2\n3,"never closed\n4,5\n6,7\n')
+    for call in both_ways(CSVReader(piece_size=1), path):
+        error = raises_naming(path, call, "line 3", "unterminated quoted field")
+        assert isinstance(error.__cause__, csv.Error)
+
+
+def test_a_csv_with_text_after_a_closing_quote_names_the_line_and_its_record(tmp_path):
+    path = write(tmp_path, "after.csv", 'a,b\n1,"two\nlines" and more,2\n')
+    for call in both_ways(CSVReader(), path):
+        raises_naming(path, call, "line 3", "record starting on line 2")
+
+
+def npy_bytes(shape, descr="<f8", data=b"", fortran_order=False):
+    """A ``.npy`` file whose header says ``shape`` whatever ``data`` holds."""
+    buf = io.BytesIO()
+    npformat.write_array_header_1_0(buf, {"descr": descr, "fortran_order": fortran_order, "shape": shape})
+    return buf.getvalue() + data
+
+
+def all_three(reader, path):
+    return both_ways(reader, path) + [lambda: reader.count(path)]
+
+
+@pytest.mark.parametrize("shape, fortran_order", [((-5,), False), ((3, -2), False), ((0, -1), False),
+                                                  ((-2, 3), True), ((True,), False)])
+@pytest.mark.parametrize("mmap", [True, False])
+def test_an_npy_header_with_a_negative_or_non_integer_shape_is_an_error_naming_the_file(
+        tmp_path, shape, fortran_order, mmap):
+    path = write(tmp_path, "bad.npy", npy_bytes(shape, data=b"\0" * 64, fortran_order=fortran_order))
+    for call in all_three(NumpyReader(mmap=mmap), path):
+        raises_naming(path, call, "shape")
+
+
+@pytest.mark.parametrize("shape", [(1000,), (2 ** 62,), (2 ** 40, 2 ** 40)])
+@pytest.mark.parametrize("mmap", [True, False])
+def test_an_npy_header_promising_more_data_than_the_file_holds_fails_before_reading_and_in_count(
+        tmp_path, shape, mmap):
+    path = write(tmp_path, "short.npy", npy_bytes(shape, data=np.arange(10.0).tobytes()))
+    for call in all_three(NumpyReader(mmap=mmap, piece_size=4), path):
+        raises_naming(path, call, "truncated", "80")
+
+
+def test_an_npz_member_whose_header_lies_is_an_error_naming_the_file(tmp_path):
+    path = str(tmp_path / "bad.npz")
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("ok.npy", npy_bytes((2,), data=np.zeros(2).tobytes()))
+        archive.writestr("neg.npy", npy_bytes((-2,)))
+    for call in all_three(NumpyReader(), path):
+        raises_naming(path, call, "shape")
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("big.npy", npy_bytes((1000,), data=np.zeros(2).tobytes()))
+    for call in all_three(NumpyReader(), path):
+        raises_naming(path, call, "truncated")
+
+
+# Lines end at "\n" alone: the other characters str.splitlines breaks at stay inside a line.
+LINE_ENDS = {
+    "separators_x1c_to_x1f": ("a\n\x1c\n\x1d\x1e\x1f\nb\x1cc\n", ["a", "\x1c", "\x1d\x1e\x1f", "b\x1cc"]),
+    "next_line_x85": ("a\n\x85\nb\x85c\n", ["a", "\x85", "b\x85c"]),
+    "line_separator_u2028": ("a\n\u2028\u2029\nb\u2028c", ["a", "\u2028\u2029", "b\u2028c"]),
+    "crlf_and_lone_cr": ("a\r\n\r\nb\rc\r\n", ["a", "", "b\rc"]),
+    "no_final_newline": ("a\n\x1c", ["a", "\x1c"]),
+    "byte_order_mark_only": ("\ufeff", ["\ufeff"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LINE_ENDS))
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "latin-1", "utf-16"])
+def test_text_count_and_reading_split_lines_only_at_newline(tmp_path, name, encoding):
+    text, lines = LINE_ENDS[name]
+    if encoding == "latin-1":  # its own separators, \x85 and \x1c, and no byte order mark
+        latin = str.maketrans({"\u2028": "\x85", "\u2029": "\x1c", "\ufeff": "\xff"})
+        text, lines = text.translate(latin), [line.translate(latin) for line in lines]
+    if encoding == "utf-8-sig":  # written as UTF-8: a lone byte order mark is what the codec drops
+        lines = [] if text == "\ufeff" else lines
+    path = write(tmp_path, "t.txt", text.encode("utf-8" if encoding == "utf-8-sig" else encoding))
+    for skip_blank, expected in ((False, lines), (True, [line for line in lines if line.strip()])):
+        reader = TextLinesReader(encoding=encoding, skip_blank=skip_blank, piece_size=2)
+        assert reader.read_file(path)[0]["text"] == expected
+        assert reader.count(path) == len(expected) == sum(len(p["text"]) for p in reader.iter_file(path))
+
+
+@pytest.mark.parametrize("blank", ["\x1c", "\x1d\x1e\x1f", " \x1f\t", "\x85", "\u2028", "\u3000\r"])
+def test_jsonl_count_agrees_with_reading_when_a_line_holds_only_unicode_whitespace(tmp_path, blank):
+    text = '{"a": "x\u2028y\x85"}\n' + blank + '\n{"a": 2}\r\n' + blank + "\n" + '{"a": 3}'
+    path = write(tmp_path, "d.jsonl", text)
+    reader = JsonLinesReader(piece_size=1)
+    assert reader.read_file(path) == ({"a": ["x\u2028y\x85", 2, 3]}, 3)
+    assert reader.count(path) == 3
+
+
+def test_fast_counting_is_left_to_reading_for_codecs_whose_bytes_cannot_tell(tmp_path):
+    """Escapes and shifts (unicode_escape, ISO-2022) hide blanks and line ends from the raw bytes."""
+    cases = {"unicode-escape": b"a\n\\u2028\nb\n", "iso2022_jp": "a\n\u3000\nb\n".encode("iso2022_jp")}
+    for encoding, data in cases.items():
+        path = write(tmp_path, "t.txt", data)
+        reader = TextLinesReader(encoding=encoding, skip_blank=True)
+        assert reader.read_file(path) == ({"text": ["a", "b"]}, 2)
+        assert reader.count(path) == 2

@@ -78,26 +78,51 @@ def iter_lines(path: str, encoding: str = "utf-8") -> Iterator[Tuple[int, str]]:
         yield number + 1, pending
 
 
+def is_blank(line: str) -> bool:
+    """Whether ``line`` holds only whitespace, as ``str.isspace`` defines it (``"\\x1c"``,
+    ``"\\x85"`` and ``"\\u2028"`` included): the one definition reading and counting share."""
+    return not line.strip()
+
+
+# the ASCII bytes ``is_blank`` strips: a line of them and these alone is blank, without decoding
+_ASCII_SPACE = bytes(c for c in range(128) if chr(c).isspace())
+# every ASCII byte (the backslash doubled: a valid escape), then escapes and shifts of codecs
+# with state (unicode_escape, ISO-2022, HZ, UTF-7)
+_PROBE = bytes(range(128)).replace(b"\\", b"\\\\") + b" \\u2028 \\x20 \x1b$B!!\x1b(B ~{!!~} +AAA-"
+
+
+def _bytes_tell_lines(codec: str) -> bool:
+    """Whether ``codec`` decodes ASCII bytes to themselves whatever surrounds them (not UTF-16
+    or -32, EBCDIC, nor a codec with escapes or shifts): then ``b"\\n"`` ends a line, ASCII
+    whitespace bytes are whitespace, and a line decodes alone as it does within its file."""
+    try:
+        return _PROBE.decode(codec) == _PROBE.decode("ascii")
+    except (UnicodeError, LookupError):
+        return False
+
+
 def count_lines(path: str, encoding: str, skip_blank: bool) -> Optional[int]:
-    """The lines of ``path`` as ``iter_lines`` gives them (minus blank ones with ``skip_blank``),
-    counted on the raw bytes without decoding, or ``None`` when the encoding does not write
-    ``"\n"`` as that byte (UTF-16, UTF-32): then only decoding can tell."""
+    """The lines of ``path`` as ``iter_lines`` gives them (minus the blank ones with
+    ``skip_blank``), counted on the raw bytes, or ``None`` when the bytes alone cannot tell
+    (``_bytes_tell_lines``); then only decoding can. A line ends at ``"\\n"`` alone, in
+    counting and reading alike; a last line without one counts when it holds text (a lone
+    byte order mark, which the ``-sig`` codec drops, does not)."""
     codec = encoding.replace("-sig", "")  # the BOM is dealt with here, on the first line only
-    if "\n".encode(codec) != b"\n":
+    if not _bytes_tell_lines(codec):
         return None
     n = 0
     with open_file(path, "rb") as f:
         for number, raw in enumerate(f):
-            if not skip_blank:
-                n += 1
-                continue
             if number == 0 and raw.startswith(codecs.BOM_UTF8) and encoding.endswith("-sig"):
                 raw = raw[len(codecs.BOM_UTF8):]
-            stripped = raw.strip()
-            if stripped and not stripped.isascii():  # other whitespace than ASCII's: decode to be exact
-                stripped = stripped.decode(codec, errors="replace").strip().encode()
-            n += bool(stripped)
+            n += not _blank_bytes(raw, codec) if skip_blank else bool(raw)
     return n
+
+
+def _blank_bytes(raw: bytes, codec: str) -> bool:
+    """``is_blank`` of ``raw`` decoded, decoding only a line with bytes beyond ASCII."""
+    stripped = raw.strip(_ASCII_SPACE)
+    return not stripped if stripped.isascii() else is_blank(stripped.decode(codec, errors="replace"))
 
 
 def strip_newline(line: str) -> str:

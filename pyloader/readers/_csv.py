@@ -17,7 +17,9 @@ class CSVReader(LineReader):
     required. ``converters`` maps a field to a callable applied to each of its
     values (e.g. ``int``). Blank lines are skipped. A row with the wrong number of
     cells, a value its converter rejects, malformed CSV or bytes that are not
-    UTF-8 raise ``ValueError`` naming the file and the 1-based line number.
+    UTF-8 raise ``ValueError`` naming the file and the 1-based line number. Malformed
+    means what ``csv``'s ``strict`` mode rejects: a quote left open at the end of the
+    file (the line named is where its record starts), or text after a closing quote.
     Values are strings unless converted. An empty file gives no samples.
     """
 
@@ -43,8 +45,9 @@ class CSVReader(LineReader):
                 raise ValueError(f"converter given for {field!r}, which is not in fields {self.fields}")
 
     def rows(self, path: str) -> Tuple[List[str], Iterator[Row]]:
-        reader = csv.reader((line for _, line in iter_lines(path, "utf-8-sig")), delimiter=self.delimiter)
-        records = self._records(path, reader)
+        lines = _Lines(iter_lines(path, "utf-8-sig"))
+        reader = csv.reader(lines, delimiter=self.delimiter, strict=True)
+        records = self._records(path, reader, lines)
         if not self.header:
             fields: List[str] = self.fields  # type: ignore[assignment]
             return fields, self._convert(path, reader, records, fields, list(range(len(fields))), len(fields))
@@ -62,15 +65,21 @@ class CSVReader(LineReader):
         return fields, self._convert(path, reader, records, fields, index, len(names))
 
     @staticmethod
-    def _records(path: str, reader: Any) -> Iterator[List[str]]:
-        """Non-empty rows of ``reader``; ``csv.Error`` becomes a ``ValueError``."""
+    def _records(path: str, reader: Any, lines: "_Lines") -> Iterator[List[str]]:
+        """Non-empty rows of ``reader``; ``csv.Error`` becomes a ``ValueError`` naming the line
+        (for a quote never closed, the line where its record starts)."""
         while True:
+            start = reader.line_num + 1
             try:
                 record = next(reader)
             except StopIteration:
                 return
             except csv.Error as e:
-                raise file_error(path, f"malformed CSV: {e}", reader.line_num) from e
+                if lines.done:
+                    raise file_error(path, f"malformed CSV: unterminated quoted field: the file ends "
+                                     f"inside the record starting on line {start} ({e})", start) from e
+                where = f" (in the record starting on line {start})" if start < reader.line_num else ""
+                raise file_error(path, f"malformed CSV: {e}{where}", reader.line_num) from e
             if record:
                 yield record
 
@@ -95,3 +104,22 @@ class CSVReader(LineReader):
                                          reader.line_num) from e
                 row.append(value)
             yield tuple(row)
+
+
+class _Lines:
+    """The text lines of a file for ``csv.reader``, telling whether they have run out: a
+    ``csv.Error`` then means the file ended inside a quoted field."""
+
+    def __init__(self, numbered: Iterator[Tuple[int, str]]) -> None:
+        self._numbered = numbered
+        self.done = False
+
+    def __iter__(self) -> "_Lines":
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._numbered)[1]
+        except StopIteration:
+            self.done = True
+            raise

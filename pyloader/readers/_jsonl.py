@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-from ._base import LineReader, Row, check_fields, count_lines, file_error, iter_lines
+from ._base import LineReader, Row, check_fields, count_lines, file_error, is_blank, iter_lines
 
 try:
     from orjson import loads as _loads
@@ -52,7 +52,7 @@ class JsonLinesReader(LineReader):
     @staticmethod
     def _objects(path: str) -> Iterator[Tuple[int, dict]]:
         for number, line in iter_lines(path, "utf-8-sig"):
-            if not line.strip():
+            if is_blank(line):
                 continue
             try:
                 obj: Any = _loads(line)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import zipfile
 import zlib
 from typing import IO, Dict, Iterator, Optional, Tuple
@@ -32,8 +33,9 @@ class NumpyReader(DataReader):
     are used, and are let go with the last batch using them); other files are read
     through ``open_file`` (``iter_file`` reads them ``piece_size`` rows at a time,
     except Fortran-ordered arrays, which are read whole). An empty, corrupt or
-    truncated file, a 0-d array, or unequal lengths raise ``ValueError`` naming
-    the file (and the key).
+    truncated file (the header is checked against the file's size before any row is
+    read, and by ``count`` too), a header with a negative or non-integer shape, a
+    0-d array, or unequal lengths raise ``ValueError`` naming the file (and the key).
     """
 
     thread_safe = True  # holds no per-call state on self
@@ -75,15 +77,19 @@ class NumpyReader(DataReader):
         if head.startswith(b"PK"):
             archive = stack.enter_context(zipfile.ZipFile(f))
             arrays = {}
-            for name in archive.namelist():
-                if not name.endswith(".npy"):
-                    raise file_error(path, f"archive member {name!r} is not a .npy array")
-                arrays[name[:-4]] = _Rows.from_stream(stack.enter_context(archive.open(name)))
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise file_error(path, f"archive member {info.filename!r} is not a .npy array")
+                member = stack.enter_context(archive.open(info))
+                arrays[info.filename[:-4]] = _Rows.from_stream(member, info.file_size)
             return arrays
+        size = f.seek(0, 2)
+        f.seek(0)
         if self.mmap and not is_url(path):
+            _header(f, size)  # the streamed path's checks and messages; NumPy's differ
             f.close()
             return {self.key: _Rows(npformat.open_memmap(_local(path), mode="c"))}
-        return {self.key: _Rows.from_stream(f)}
+        return {self.key: _Rows.from_stream(f, size)}
 
 
 class _Rows:
@@ -97,14 +103,12 @@ class _Rows:
         self.pos = 0
 
     @classmethod
-    def from_stream(cls, fp: IO[bytes]) -> "_Rows":
+    def from_stream(cls, fp: IO[bytes], size: int) -> "_Rows":
+        """The rows of the ``.npy`` data at ``fp``'s position, ``size`` bytes in all."""
         start = fp.tell()
-        version = npformat.read_magic(fp)
-        if version in ((1, 0), (2, 0)):
-            read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
-            shape, fortran_order, dtype = read_header(fp)
-            if dtype.hasobject:
-                raise ValueError("arrays of Python objects (pickled data) are not supported")
+        header = _header(fp, size)
+        if header is not None:
+            shape, fortran_order, dtype = header
             if not fortran_order or len(shape) < 2:
                 return cls(stream=fp, shape=shape, dtype=dtype)
         fp.seek(start)  # Fortran order or a newer format: let NumPy read it whole
@@ -121,6 +125,29 @@ class _Rows:
             _fill(self.stream, out)
         self.pos += k
         return out
+
+
+def _header(fp: IO[bytes], size: int) -> Optional[Tuple[Tuple[int, ...], bool, np.dtype]]:
+    """``(shape, fortran_order, dtype)`` from the header of the ``.npy`` data at ``fp``'s
+    position, ``size`` bytes in all, leaving ``fp`` at the data; ``None`` for a format
+    version only NumPy's whole-array reader knows (3.0). ``ValueError`` unless the header
+    describes an array the bytes after it can hold: a shape of integers >= 0 (NumPy takes
+    ``-5`` or ``True`` as given), no pickled objects."""
+    start = fp.tell()
+    version = npformat.read_magic(fp)
+    if version not in ((1, 0), (2, 0)):
+        return None
+    read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+    shape, fortran_order, dtype = read_header(fp)
+    if not all(type(d) is int and d >= 0 for d in shape):
+        raise ValueError(f"invalid header: shape {shape!r} is not a tuple of integers >= 0")
+    if dtype.hasobject:
+        raise ValueError("arrays of Python objects (pickled data) are not supported")
+    needed, held = math.prod(shape) * dtype.itemsize, size - (fp.tell() - start)
+    if needed > held:
+        raise ValueError(f"truncated array data: the header's shape {shape} and dtype {dtype} "
+                         f"need {needed} bytes, only {max(held, 0)} follow the header")
+    return shape, fortran_order, dtype
 
 
 def _fill(fp: IO[bytes], out: np.ndarray) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Iterator, List, Tuple
 
-from ._base import LineReader, Row, check_encoding, count_lines, iter_lines, strip_newline
+from ._base import LineReader, Row, check_encoding, count_lines, is_blank, iter_lines, strip_newline
 
 __all__ = ["TextLinesReader"]
 
@@ -40,6 +40,6 @@ class TextLinesReader(LineReader):
 
     def _rows(self, path: str) -> Iterator[Row]:
         for _, line in iter_lines(path, self.encoding):
-            if self.skip_blank and not line.strip():
+            if self.skip_blank and is_blank(line):
                 continue
             yield (strip_newline(line) if self.strip_newline else line,)
