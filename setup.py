@@ -12,7 +12,8 @@ from setuptools import setup
 
 NOT_RELATIVE = r"(?!https?://|#)"
 # an HTML paragraph holding an image the repository serves (the README's figure, with its caption)
-HTML_FIGURE = re.compile(r"<p\b[^>]*>(?:(?!</p>).)*?<img\b[^>]*\bsrc=\"" + NOT_RELATIVE + r"(?:(?!</p>).)*</p>\n*", re.S)
+HTML_FIGURE = re.compile(
+    r"<p\b[^>]*>(?:(?!</p>).)*?<img\b[^>]*\bsrc=\"" + NOT_RELATIVE + r"(?:(?!</p>).)*</p>\n*", re.DOTALL)
 MARKDOWN_IMAGE = re.compile(r"!\[[^\]]*\]\(" + NOT_RELATIVE + r"[^)]*\)\n*")
 MARKDOWN_LINK = re.compile(r"\[([^\]]+)\]\(" + NOT_RELATIVE + r"[^)]*\)")
 
