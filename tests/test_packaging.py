@@ -23,10 +23,12 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from email.message import Message
+from importlib.metadata import version as installed_version
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +62,7 @@ def source_version() -> str:
 
 
 def skip_outside_the_source(folder: str, names: list[str]) -> set[str]:
-    """copytree filter: caches and build outputs anywhere; git, venvs and dot folders at the top, except .ci."""
+    """copytree filter: caches and build outputs anywhere; at the top, dot folders (.git, .venv...) but .ci."""
     skipped = {n for n in names if n in ("__pycache__", "build", "dist") or n.endswith(".egg-info")}
     if Path(folder) == ROOT:
         skipped |= {n for n in names if n.startswith(".") and n != ".ci"}
@@ -70,7 +72,7 @@ def skip_outside_the_source(folder: str, names: list[str]) -> set[str]:
 def make_venv(folder: Path) -> Path:
     """A virtual environment without pip that sees this interpreter's packages; its python."""
     run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(folder)], cwd=folder.parent)
-    python = folder / "bin" / "python"
+    python = folder / ("Scripts" if os.name == "nt" else "bin") / "python"
     purelib = run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=folder).strip()
     # --system-site-packages reaches the base interpreter only: when this one is itself a venv, add its packages
     # too; after the new venv's own site-packages, so the wheel's pyloader comes first.
@@ -80,6 +82,8 @@ def make_venv(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    # pyproject.toml's build-system requirement; the test extra installs it (no download without isolation)
+    assert Version(installed_version("setuptools")) >= Version("77"), "pip install -e '.[test]' installs setuptools>=77"
     work = tmp_path_factory.mktemp("packaging")
     source = work / "source"
     shutil.copytree(ROOT, source, ignore=skip_outside_the_source)
