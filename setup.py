@@ -1,31 +1,31 @@
+"""The one piece of metadata pyproject.toml cannot state statically: the long description.
+
+Everything else is in pyproject.toml. The README shows images and links files by
+paths inside the repository, which break on a package index page, so the long
+description is the README with those images dropped and those links reduced to
+their text (the files they name ship in the sdist).
+"""
+import re
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
-here = Path(__file__).parent
+NOT_RELATIVE = r"(?!https?://|#)"
+# an HTML paragraph holding an image the repository serves (the README's figure, with its caption)
+HTML_FIGURE = re.compile(
+    r"<p\b[^>]*>(?:(?!</p>).)*?<img\b[^>]*\bsrc=\"" + NOT_RELATIVE + r"(?:(?!</p>).)*</p>\n*", re.DOTALL)
+MARKDOWN_IMAGE = re.compile(r"!\[[^\]]*\]\(" + NOT_RELATIVE + r"[^)]*\)\n*")
+MARKDOWN_LINK = re.compile(r"\[([^\]]+)\]\(" + NOT_RELATIVE + r"[^)]*\)")
+
+
+def index_description(readme: str) -> str:
+    """The README as a package index shows it: no image or link that only resolves in the repository."""
+    readme = HTML_FIGURE.sub("", readme)
+    readme = MARKDOWN_IMAGE.sub("", readme)
+    return MARKDOWN_LINK.sub(r"\1", readme)
+
 
 setup(
-    name="pyloader-ml",
-    version="0.1.0",
-    description="Stream datasets far larger than memory, stored as many chunk files, into PyTorch and TensorFlow 2",
-    long_description=(here / "README.md").read_text(encoding="utf-8"),
+    long_description=index_description((Path(__file__).resolve().parent / "README.md").read_text(encoding="utf-8")),
     long_description_content_type="text/markdown",
-    license="Apache-2.0",
-    packages=find_packages(include=["pyloader", "pyloader.*"]),
-    python_requires=">=3.10",
-    install_requires=["numpy>=1.24"],
-    extras_require={
-        "torch": ["torch>=2.1"],
-        "tensorflow": ["tensorflow-cpu>=2.15"],
-        "remote": ["fsspec>=2023.6", "s3fs>=2023.6"],
-        "test": [
-            "pytest>=7.4", "pytest-asyncio>=0.23", "pytest-timeout>=2.2", "hypothesis>=6.90",
-            "psutil>=5.9", "moto[server]>=5.0", "fsspec>=2023.6", "s3fs>=2023.6", "matplotlib>=3.7",
-        ],
-    },
-    classifiers=[
-        "Programming Language :: Python :: 3",
-        "Topic :: Scientific/Engineering :: Artificial Intelligence",
-        "License :: OSI Approved :: Apache Software License",
-    ],
 )

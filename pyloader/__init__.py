@@ -14,4 +14,4 @@ __all__ = [
     "DataReader", "Dataset", "DataCollator", "IdentityDataset", "DataLoader", "LoaderIterator",
     "PipelineError", "TooManyErrors", "WorkerDied", "reraise", "warn_and_skip", "open_file", "list_files",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
