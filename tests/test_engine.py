@@ -112,7 +112,10 @@ def test_an_exit_request_from_batch_encode_arrives_as_itself_and_leaves_no_pendi
             del loader, info
             assert pending_tasks_of_ours() == []
     assert [r.getMessage() for r in caplog.records] == []  # e.g. "Task was destroyed but it is pending!"
-    assert [str(w.message) for w in caught] == []
+    # only warnings about our run count (scanning every object can make other libraries warn)
+    ours = [str(w.message) for w in caught if issubclass(w.category, (RuntimeWarning, ResourceWarning))
+            or "pyloader" in w.filename or "asyncio" in w.filename]
+    assert ours == []
     assert wait_no_threads() == []
 
 

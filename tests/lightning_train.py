@@ -1,0 +1,79 @@
+"""Lightning training fed by pyloader, run by tests/test_training_stacks.py in its own processes.
+
+The loader is built before ``Trainer.fit`` (and, under ``strategy="ddp"``, before the
+process group exists). Every training step records the ids it trained on; each rank
+writes them to ``<out>.rank<r>.json`` when training ends.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import lightning as L
+import torch
+
+import pyloader as pl
+from pyloader.collators import TorchCollator
+
+
+class IdLines(pl.DataReader):
+    """One integer sample id per line; keeps the file's rows on ``self`` (not thread-safe)."""
+
+    def read_file(self, path):
+        with pl.open_file(path, "rt") as f:
+            self.rows = [int(line) for line in f if line.strip()]
+        return {"id": list(self.rows)}, len(self.rows)
+
+
+class Recorder(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list = []
+
+    def training_step(self, batch, batch_idx):
+        ids = batch["id"].tolist()
+        padding = batch["__padding__"].tolist() if "__padding__" in batch else [False] * len(ids)
+        self.seen.append({"epoch": self.current_epoch, "step": self.global_step, "ids": ids, "padding": padding})
+        return self.layer(batch["id"].float().unsqueeze(1)).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    def on_train_end(self) -> None:
+        with open(f"{self.out}.rank{self.global_rank}.json", "w") as f:
+            json.dump({"seen": self.seen, "num_training_batches": self.trainer.num_training_batches}, f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--ckpt-dir", default=None)
+    parser.add_argument("--ckpt-every", type=int, default=0)
+    parser.add_argument("--resume", default=None)
+    args = parser.parse_args()
+
+    loader = pl.DataLoader(IdLines(batch_size=4), pl.IdentityDataset(), TorchCollator(), args.data,
+                           shuffle=True, num_workers=args.workers)
+    callbacks = []
+    if args.ckpt_every:
+        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
+            dirpath=args.ckpt_dir, filename="{step}", every_n_train_steps=args.ckpt_every, save_top_k=-1))
+    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=args.devices, strategy=args.strategy,
+                        logger=False, enable_checkpointing=bool(callbacks), callbacks=callbacks,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    model = Recorder()
+    model.out = args.out
+    trainer.fit(model, train_dataloaders=loader, ckpt_path=args.resume)
+    loader.close()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    main()
