@@ -10,8 +10,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence
 
-from ._abc import DataReader, is_thread_safe
+from ._abc import DataReader
 from ._errors import PipelineError
+from ._runners import Exclusive
 from ._shard import Sharding, bounds, stream_steps, stream_target
 
 
@@ -30,16 +31,17 @@ def cached_counts(cache: Dict[str, object], files: Sequence[str]) -> Optional[Li
     return cache["counts"] if cache.get("files") == list(files) else None  # type: ignore[return-value]
 
 
-def count_files(reader: DataReader, files: Sequence[str], cache: Dict[str, object], threads: int) -> List[int]:
-    """The samples of every file, counted ``threads`` at a time (one at a time for a reader
-    that is not thread-safe), kept in ``cache``."""
+def count_files(reader: DataReader, files: Sequence[str], cache: Dict[str, object], threads: int,
+                exclusive: Exclusive) -> List[int]:
+    """The samples of every file, counted ``threads`` at a time (one at a time, under its lock,
+    for a reader that is not thread-safe), kept in ``cache``."""
     counts = cached_counts(cache, files)
     if counts is None:
-        width = threads if is_thread_safe(reader) else 1
-        if width == 1:
-            counts = [checked_count(reader, p) for p in files]
+        keys = exclusive.keys([reader])
+        if keys or threads == 1:
+            counts = [exclusive.call(keys, checked_count, reader, p) for p in files]
         else:
-            with ThreadPoolExecutor(width, thread_name_prefix="pyloader-count") as pool:
+            with ThreadPoolExecutor(threads, thread_name_prefix="pyloader-count") as pool:
                 counts = list(pool.map(lambda p: checked_count(reader, p), files))
         cache.update(files=list(files), counts=counts)
     return counts

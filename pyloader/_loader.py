@@ -13,6 +13,7 @@ from ._files import DataDir, list_files
 from ._frameworks import mover, pinner, unstack
 from ._length import count_files, epoch_batches
 from ._pipeline import Settings, batches
+from ._runners import Exclusive
 from ._shard import Sharding, resolve as resolve_sharding
 from ._source import FileSource
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
@@ -131,6 +132,7 @@ class DataLoader:
         self.num_threads = prefetch_files + _GROUPS_IN_FLIGHT if num_threads is None else num_threads
         self.num_workers = num_workers
         self._count_cache: Dict[str, Any] = {}
+        self._exclusive = Exclusive((datareader, dataset, datacollator))
         self.worker_init_fn = worker_init_fn
         self.start_method = start_method
         self.stream = bool(stream)
@@ -222,7 +224,7 @@ class DataLoader:
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
             sharding=self.sharding,
-            count_cache=self._count_cache)
+            count_cache=self._count_cache, exclusive=self._exclusive)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 
@@ -260,7 +262,8 @@ class DataLoader:
         r = self._record
         start = r.start if r is not None and r.ended is None else self._upcoming()
         try:
-            counts = count_files(self.datareader, self.files, self._count_cache, self.prefetch_files)
+            counts = count_files(self.datareader, self.files, self._count_cache, self.prefetch_files,
+                                 self._exclusive)
         except PipelineError as exc:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
         sharding, source = self.sharding, FileSource(self.files, start.end, self.shuffle, self.random_seed)

@@ -14,7 +14,7 @@ from ._length import checked_count
 from ._map import OrderedMap, Step
 from ._pool import WorkerPool
 from ._read import ReadFiles
-from ._runners import Lane, PoolRunner, ThreadRunner
+from ._runners import Exclusive, Lane, PoolRunner, ThreadRunner
 from ._shard import Sharding, stream_target
 from ._source import FileSource, FileTask
 from ._state import Start
@@ -50,6 +50,7 @@ class Settings:
     start_method: Optional[str] = None
     sharding: Sharding = Sharding()
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
+    exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
 
 
 class CheckedEncode:
@@ -130,7 +131,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     User methods run in this process ``num_threads`` at a time (``Lane``).
     """
     there, here, local = split_steps(s)
-    lane = Lane(run_blocking, s.num_threads)
+    lane = Lane(run_blocking, s.num_threads, s.exclusive)
     pool = None
     if s.num_workers:
         pool = WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method)

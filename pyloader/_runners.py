@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import heapq
 import itertools
 import threading
 import time
@@ -45,6 +44,25 @@ def read_priority(task: FileTask) -> Tuple[int, int, int]:
     return (1, task.epoch, task.pos)
 
 
+class Exclusive:
+    """One lock per user object that is not thread-safe (``is_thread_safe``): a call
+    ``using`` such objects holds their locks while it runs, wherever it runs from
+    (the lane's threads, or ``len()`` counting in the caller's thread)."""
+
+    def __init__(self, objects: Sequence[Any]) -> None:
+        self._locks = {id(obj): threading.Lock() for obj in objects if not is_thread_safe(obj)}
+
+    def keys(self, uses: Sequence[Any]) -> Tuple[int, ...]:
+        """The locks a call using ``uses`` needs, in the one order every call takes them in."""
+        return tuple(sorted({id(obj) for obj in uses if id(obj) in self._locks}))
+
+    def call(self, keys: Tuple[int, ...], fn: Callable, *args: Any) -> Any:
+        with contextlib.ExitStack() as held:
+            for key in keys:
+                held.enter_context(self._locks[key])
+            return fn(*args)
+
+
 class Lane:
     """Runs blocking calls ``threads`` at a time; a waiting call with a lower ``priority``
     starts first, calls of equal priority in the order they came.
@@ -58,128 +76,62 @@ class Lane:
     later ones, so batches the consumer waits for are not queued behind files that
     are read ahead (as in a worker, ``_worker``).
 
-    A call names the user objects it ``uses``; two calls using the same object that
-    is not thread-safe (``is_thread_safe``) never run at once: the later one waits
-    without taking a thread. A call cancelled while its function runs frees its
-    slot at once; the thread finishes the function on its own, and only then
-    frees its objects.
+    A call names the user objects it ``uses``: it holds their ``Exclusive`` locks
+    while it runs, and the lane does not start a call whose objects another call
+    of its own is using (it waits without taking a thread). A call cancelled while
+    its function runs frees its slot at once; the thread finishes the function
+    on its own, still holding the locks.
     """
 
-    def __init__(self, run_blocking: Callable, threads: int) -> None:
+    def __init__(self, run_blocking: Callable, threads: int, exclusive: Exclusive) -> None:
         self._run_blocking = run_blocking
         self._free = threads
-        self._busy: Set[int] = set()  # ids of the objects that calls now running use
-        self._waiting: List[Tuple[Any, int, Tuple[int, ...], asyncio.Future]] = []  # a heap
+        self.exclusive = exclusive
+        self._busy: Set[int] = set()  # the locks that calls now running hold
+        self._waiting: List[Tuple[Any, int, Tuple[int, ...], asyncio.Future]] = []
         self._order = itertools.count()
-        self._exclusive: Dict[int, bool] = {}
-
-    def exclusive(self, uses: Sequence[Any]) -> Tuple[int, ...]:
-        """The ids of the objects of ``uses`` that must not run two calls at once."""
-        out = []
-        for obj in uses:
-            if id(obj) not in self._exclusive:
-                self._exclusive[id(obj)] = not is_thread_safe(obj)
-            if self._exclusive[id(obj)]:
-                out.append(id(obj))
-        return tuple(out)
 
     def idle(self, keys: Tuple[int, ...]) -> bool:
-        """No running call uses any of ``keys`` (from ``exclusive``)."""
+        """No call of this lane holds any of ``keys`` (from ``Exclusive.keys``)."""
         return self._busy.isdisjoint(keys)
 
     async def run(self, fn: Callable, *args: Any, priority: Any = STEPS, uses: Sequence[Any] = ()) -> Any:
-        keys = self.exclusive(uses)
+        keys = self.exclusive.keys(uses)
         if self._free and self.idle(keys):
             self._take(keys)
         else:
             turn = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiting, (priority, next(self._order), keys, turn))
+            self._waiting.append((priority, next(self._order), keys, turn))
             try:
                 await turn
             except asyncio.CancelledError:
                 if turn.done() and not turn.cancelled():  # given the slot as it was cancelled
-                    self._free += 1
-                    self._release_keys(keys)
+                    self._release(keys)
                 raise
-        call = _Call(fn, args)
         try:
-            return await self._run_blocking(call)
+            return await self._run_blocking(self.exclusive.call, keys, fn, *args)
         finally:
-            self._free += 1
-            if call.abandon():
-                self._release_keys(keys)
-            else:
-                call.on_end(asyncio.get_running_loop(), self._release_keys, keys)
-            self._grant()
+            self._release(keys)
 
     def _take(self, keys: Tuple[int, ...]) -> None:
         self._free -= 1
         self._busy.update(keys)
 
-    def _release_keys(self, keys: Tuple[int, ...]) -> None:
+    def _release(self, keys: Tuple[int, ...]) -> None:
+        """Free a slot and ``keys``, and start the waiting calls that can start now, best priority first."""
+        self._free += 1
         self._busy.difference_update(keys)
-        self._grant()
-
-    def _grant(self) -> None:
-        """Start the waiting calls that can start now, best priority first."""
-        if not self._free or not self._waiting:
-            return
         kept = []
         for entry in sorted(self._waiting):
-            turn, keys = entry[3], entry[2]
+            turn, wanted = entry[3], entry[2]
             if turn.done():  # cancelled while waiting
                 continue
-            if self._free and self.idle(keys):
-                self._take(keys)
+            if self._free and self.idle(wanted):
+                self._take(wanted)
                 turn.set_result(None)
             else:
                 kept.append(entry)
-        heapq.heapify(kept)
         self._waiting = kept
-
-
-class _Call:
-    """A function to run in a thread that tells the loop when it is over, even after the
-    awaiting coroutine was cancelled (the objects it uses stay taken until then); a
-    call cancelled before its thread picked it up never runs."""
-
-    def __init__(self, fn: Callable, args: Tuple[Any, ...]) -> None:
-        self.fn, self.args = fn, args
-        self._lock = threading.Lock()
-        self._state = "pending"  # -> running -> over, or pending -> abandoned
-        self._notify: Optional[Callable[[], None]] = None
-
-    def __call__(self) -> Any:
-        with self._lock:
-            if self._state != "pending":
-                return None
-            self._state = "running"
-        try:
-            return self.fn(*self.args)
-        finally:
-            with self._lock:
-                self._state, notify = "over", self._notify
-            if notify is not None:
-                notify()
-
-    def abandon(self) -> bool:
-        """True when the function is not running (over, or now never to start)."""
-        with self._lock:
-            if self._state == "pending":
-                self._state = "abandoned"
-            return self._state != "running"
-
-    def on_end(self, loop: asyncio.AbstractEventLoop, fn: Callable, *args: Any) -> None:
-        """Call ``fn(*args)`` on ``loop`` once the running function is over."""
-        def notify() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: nothing waits any more
-                loop.call_soon_threadsafe(fn, *args)
-
-        with self._lock:
-            if self._state == "running":
-                self._notify = notify
-                return
-        fn(*args)
 
 
 async def _fetch_remote(run_io: Callable, task: FileTask) -> Optional[bytes]:
@@ -219,7 +171,7 @@ class LocalSteps:
         self.steps = steps
         self.lane = lane
         self.uses = uses
-        self._keys = lane.exclusive(uses)
+        self._keys = lane.exclusive.keys(uses)
         self._recent: Deque[float] = collections.deque(maxlen=self._WINDOW)
 
     def cost(self) -> Optional[float]:
@@ -232,7 +184,7 @@ class LocalSteps:
         if done is not None:
             return done
         cheap = len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW and self.lane.idle(self._keys)
-        result, took = _timed(self.steps, datas) if cheap else \
+        result, took = self.lane.exclusive.call(self._keys, _timed, self.steps, datas) if cheap else \
             await self.lane.run(_timed, self.steps, datas, uses=self.uses)
         self._recent.append(took)
         return result

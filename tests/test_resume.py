@@ -265,10 +265,11 @@ def test_state_from_other_settings_is_refused(data, what, loader_change, reader_
 
 def test_state_from_other_files_is_refused(tmp_path):
     write_chunks(tmp_path / "a", SIZES)
-    write_chunks(tmp_path / "b", SIZES)
+    write_chunks(tmp_path / "b", SIZES, prefix="other")  # the same samples under other names
+    write_chunks(tmp_path / "c", [n + 1 for n in SIZES])  # the same names, other sizes
     loader_kwargs, reader_kwargs = BASE
     _, state = _consume(_loader(tmp_path / "a", loader_kwargs, reader_kwargs), 3)
-    for other_data in (str(tmp_path / "b"), sorted(pl.list_files(str(tmp_path / "a")))[:-1]):
+    for other_data in (str(tmp_path / "b"), str(tmp_path / "c"), sorted(pl.list_files(str(tmp_path / "a")))[:-1]):
         other = pl.DataLoader(IdReader(BATCH, **reader_kwargs), pl.IdentityDataset(), ListCollator(),
                               other_data, **loader_kwargs)
         with pytest.raises(ValueError) as info:

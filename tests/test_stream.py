@@ -393,6 +393,8 @@ def test_a_file_per_row_is_read_ahead(tmp_path):
     reading, most = [0], [0]
 
     class Counting(PieceReader):
+        thread_safe = True  # its state is guarded: reads may overlap
+
         def iter_file(self, path):
             with lock:
                 reading[0] += 1

@@ -156,16 +156,17 @@ def test_an_error_in_read_file_keeps_its_type_and_names_the_file(tmp_path, num_w
     assert type(info.value.__cause__) is type(exc)
 
 
+class FailOnNine(pl.Dataset):
+    def batch_encode(self, batch_data):
+        if 9 in batch_data["id"]:
+            raise ZeroDivisionError("nine")
+        return batch_data
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_an_error_in_batch_encode_keeps_its_type(tmp_path, num_workers):
-    class Encode(pl.Dataset):
-        def batch_encode(self, batch_data):
-            if 9 in batch_data["id"]:
-                raise ZeroDivisionError("nine")
-            return batch_data
-
     write_chunks(tmp_path / "d", [8, 8])
-    loader = pl.DataLoader(IdReader(4), Encode(), ListCollator(), str(tmp_path / "d"), num_workers=num_workers)
+    loader = pl.DataLoader(IdReader(4), FailOnNine(), ListCollator(), str(tmp_path / "d"), num_workers=num_workers)
     with loader, pytest.raises(ZeroDivisionError, match="batch_encode failed on .*part-0001.txt"):
         list(loader)
 
