@@ -6,6 +6,10 @@ into ``world_size`` contiguous ranges whose sizes differ by at most one; rank
 The ranges are disjoint and together cover the epoch. To give every rank the
 same number of steps, ``even_batches="pad"`` tops the short ranks up with
 repeated samples flagged as padding, and ``"drop"`` trims the long ones.
+
+Every rank's step count is planned from ``DataReader.count`` alone (the same on
+every rank), so no rank needs to ask the others; a rank that loses samples or
+batches to a skipped error still gives the planned steps (``_batch``, ``_even``).
 """
 from __future__ import annotations
 

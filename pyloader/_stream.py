@@ -13,8 +13,9 @@ time (``_step``).
 
 Rows from different files share a batch as files share one outside stream mode:
 array fields take NumPy's common dtype (an int64 file beside a float64 one gives
-float64), samples of different shapes are a ``ValueError`` and dtypes with no
-common type a ``TypeError``, each naming two of the files. Under ranks the steps
+float64); samples of different shapes and fields only some files have are a
+``ValueError``, dtypes with no common one a ``TypeError``, each naming two of the
+files. Under ranks the steps
 are planned from ``DataReader.count``, so each file is checked against its count
 (a mismatch fails like a read error, naming the file), and every epoch pads the
 same way whatever came before it (a resumed run too).

@@ -180,6 +180,27 @@ def test_torchrun_ddp_equal_steps(tmp_path, sizes, extra):
     assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == sorted(expected)
 
 
+@pytest.mark.parametrize("extra", [(), ("--stream",)])
+def test_torchrun_ddp_keeps_equal_steps_after_a_skipped_bad_file(tmp_path, extra):
+    """A file that fails to parse is skipped on the rank that reads it; that rank pads, so the
+    all-reduce of every step finds the other rank there (unequal steps would hang it)."""
+    sizes = [5, 11, 2, 8]
+    if "--stream" in extra:
+        from test_stream import write_streams
+
+        write_streams(tmp_path / "data", sizes)
+        expected = [f * 1000 + p for f, n in enumerate(sizes) for p in range(n) if f != 1] * 2
+        bad = tmp_path / "data" / "s001.txt"
+    else:
+        write_chunks(tmp_path / "data", sizes)
+        expected = [i for i in range(sum(sizes)) if not 5 <= i < 16] * 2
+        bad = tmp_path / "data" / "part-0001.txt"
+    bad.write_text(bad.read_text().replace("\n", "\nnot a number\n", 1))  # counted as a sample; fails to parse
+    ranks = torchrun(tmp_path / "data", tmp_path / "out", "--on-error", "skip", *extra)
+    assert ranks[0]["steps"] == ranks[1]["steps"] > 0
+    assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == sorted(expected)
+
+
 # -- tf.distribute ---------------------------------------------------------------------------
 def test_tf_distribute_input_pipelines(tmp_path):
     import tensorflow as tf
