@@ -541,3 +541,20 @@ def test_stream_rows_whose_files_have_other_fields_name_both_files(tmp_path):
 
     with pytest.raises(ValueError, match=r"s000\.txt.*s001\.txt.*different fields"):
         list(pl.DataLoader(Extra(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True))
+
+
+@pytest.mark.parametrize("how", STOP_WAYS)
+def test_stopping_a_stream_rank_mid_file_leaves_nothing(tmp_path, how):
+    """Under ranks each row's pieces are checked against the file's count on the way: stopping
+    inside the files still leaves no thread or open file behind."""
+    write_streams(tmp_path / "data", [200, 130, 170, 90, 210])
+
+    def make():
+        return pl.DataLoader(OpenFileReader(2), pl.IdentityDataset(), TorchCollator(), str(tmp_path / "data"),
+                             stream=True, seq_len=4, max_queue_size=2, rank=0, world_size=2)
+
+    again = stop_early(make, how, after=5)
+    assert wait_no_threads(2.0) == [], "pyloader threads were left behind"
+    assert _open_data_files(tmp_path / "data") == [], "data files were left open"
+    assert len(list(again)) > 5
+    assert wait_no_threads(2.0) == [] and _open_data_files(tmp_path / "data") == []
