@@ -277,13 +277,12 @@ class FailOn(pl.Dataset):
         return batch
 
 
-def each_rank(folder, world_size=2, dataset=None, reader=None, **kwargs):
-    """Each rank's batches as (ids, padding flags) per batch: a stream batch's flags say which
-    samples are not real (``__valid__`` false, or replayed)."""
+def each_rank(folder, world_size=2, dataset=None, **kwargs):
+    """Each rank's batches (JSON lines, 3 samples or rows), as ``flagged`` gives them."""
     stream = kwargs.get("stream", False)
     runs = []
     for rank in range(world_size):
-        loader = pl.DataLoader(reader or JsonLinesReader(3, piece_size=2), dataset or pl.IdentityDataset(),
+        loader = pl.DataLoader(JsonLinesReader(3, piece_size=2), dataset or pl.IdentityDataset(),
                                NumpyCollator() if stream else ListCollator(), str(folder), rank=rank,
                                world_size=world_size, **kwargs)
         runs.append([flagged(b, stream) for b in loader])
@@ -291,6 +290,8 @@ def each_rank(folder, world_size=2, dataset=None, reader=None, **kwargs):
 
 
 def flagged(batch, stream):
+    """A batch as (ids, padding flags); in stream mode (with ``seq_len``) a sample is flagged
+    when it is not real data: ``__valid__`` false, or replayed."""
     if not stream:
         return list(batch["id"]), batch[PADDING].tolist()
     not_real = ~batch["__valid__"] | batch["__replay__"][:, None]
@@ -298,6 +299,7 @@ def flagged(batch, stream):
 
 
 def real(run, stream):
+    """The ids of a run's real samples (not flagged), in order."""
     if stream:
         return [i for ids, pads in run for row, flags in zip(ids, pads) for i, pad in zip(row, flags) if not pad]
     return [i for ids, pads in run for i, pad in zip(ids, pads) if not pad]
@@ -329,7 +331,6 @@ def test_a_file_skipped_after_a_bad_line_leaves_every_rank_the_planned_steps(tmp
 def test_a_batch_skipped_after_batch_encode_failed_becomes_a_padding_batch(tmp_path, settings):
     """The failed batch's step is kept: a copy of the next batch, flagged as padding."""
     write_jsonl(tmp_path, [9, 4, 15, 2, 7])
-    stream = settings.get("stream", False)
     clean = each_rank(tmp_path, dataset=FailOn(-1), **settings)
     runs = each_rank(tmp_path, dataset=FailOn(14), on_error="skip", **settings)
     assert [len(r) for r in runs] == [len(r) for r in clean]
