@@ -58,7 +58,7 @@ class EvenSteps:
         return holes
 
     async def iterate(self, groups: AsyncIterator[Group]) -> AsyncIterator[Group]:
-        last: Optional[Sample] = None
+        last: Optional[Sample] = None  # for holes at the end of the run: keeps one group's arrays alive
         async for group in groups:
             start = 0
             # a Stacked group is whole (a failure turns it into a plain one): holes come only before it
