@@ -194,12 +194,20 @@ class Batcher:
 
     Without a shuffle buffer a batch is a ``Segments`` of the pieces it spans;
     with one, the buffer's output is joined here (it holds the rows anyway).
+
+    Under ranks ``steps(e)`` is the number of batches every rank gives in epoch
+    ``e``. A share that lost samples to a skipped error gives fewer; it is topped
+    up with copies of its epoch's last batch, flagged as padding (the rows of
+    that batch stay referenced until the epoch ends).
     """
 
     def __init__(self, files: Sequence[str], batch_size: int, drop_last: bool,
-                 shuffle_buffer: int, seed: int, flag_padding: bool = False) -> None:
+                 shuffle_buffer: int, seed: int, flag_padding: bool = False,
+                 steps: Optional[Callable[[int], int]] = None) -> None:
         self.files = files
         self.flag_padding = flag_padding
+        self.steps = steps
+        self._last: Optional[Tuple[Any, int, Tuple[str, ...]]] = None  # (data, rows, paths) of the last batch cut
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.shuffle_buffer = shuffle_buffer
@@ -232,13 +240,28 @@ class Batcher:
         if parts[0][0].task is not None:
             segments = Segments(tuple(parts))
             meta = self._meta(lambda: np.concatenate([np.full(end - start, p.task.pad) for p, start, end in parts]))
-            return Batch(epoch, index, segments, segments.paths, meta)
-        src = np.concatenate([p.columns[SRC][start:end] for p, start, end in parts])
-        paths = tuple(self.files[i] for i in np.unique(src))
-        columns = assemble([(p.columns, start, end) for p, start, end in parts], paths)
-        columns.pop(SRC)
-        pad = columns.pop(PAD)
-        return Batch(epoch, index, columns, paths, self._meta(lambda: pad))
+            batch = Batch(epoch, index, segments, segments.paths, meta)
+        else:
+            src = np.concatenate([p.columns[SRC][start:end] for p, start, end in parts])
+            paths = tuple(self.files[i] for i in np.unique(src))
+            columns = assemble([(p.columns, start, end) for p, start, end in parts], paths)
+            columns.pop(SRC)
+            pad = columns.pop(PAD)
+            batch = Batch(epoch, index, columns, paths, self._meta(lambda: pad))
+        if self.steps is not None:
+            self._last = (_copy(batch.data), size, batch.paths)
+        return batch
+
+    def _padding(self, epoch: int, index: int) -> Iterator[Group]:
+        """Copies of the epoch's last batch, flagged as padding, from batch ``index`` up to the
+        batches planned for ``epoch`` (under ranks); in groups of at most ``GroupSize.LIMIT``."""
+        if self.steps is None or self._last is None:
+            return  # no batch this epoch: the padding is made later, from collated batches (``EvenSteps``)
+        data, size, paths = self._last
+        end = self.steps(epoch)
+        for start in range(index, end, GroupSize.LIMIT):
+            yield [Batch(epoch, k, _copy(data), paths, self._meta(lambda: np.ones(size, dtype=bool)))
+                   for k in range(start, min(end, start + GroupSize.LIMIT))]
 
     def _meta(self, pad: Callable[[], np.ndarray]) -> Optional[Dict[str, np.ndarray]]:
         """The ``__padding__`` flags, worked out only when ranks are padded."""
@@ -267,9 +290,12 @@ class Batcher:
                     index += len(group)
                 if self._count and not self.drop_last:
                     yield [self._batch(item.epoch, index, self._count)]
+                    index += 1
+                for group in self._padding(item.epoch, index):
+                    yield group
                 self._pending.clear()
                 self._count = 0
-                epoch, index, buffer = None, 0, None
+                epoch, index, buffer, self._last = None, 0, None, None
                 continue
             if epoch is None:
                 epoch = item.task.epoch
@@ -287,6 +313,11 @@ class Batcher:
                 for group in self._full(epoch, index, sizes):
                     yield group
                     index += len(group)
+
+
+def _copy(data: Any) -> Any:
+    """A batch's raw data for another batch: a ``Segments`` is never changed, columns may be (by ``batch_encode``)."""
+    return dict(data) if isinstance(data, dict) else data
 
 
 def _mixed(columns: Columns) -> Piece:

@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Sequence
 from ._abc import DataReader
 from ._errors import PipelineError
 from ._runners import Exclusive
-from ._shard import Sharding, bounds, stream_steps, stream_target
+from ._shard import stream_steps
+from ._source import FileSource
 
 
 def checked_count(reader: DataReader, path: str) -> int:
@@ -27,36 +28,46 @@ def checked_count(reader: DataReader, path: str) -> int:
     return n
 
 
-def cached_counts(cache: Dict[str, object], files: Sequence[str]) -> Optional[List[int]]:
+def cached_counts(cache: Dict[str, object], files: Sequence[str]) -> Optional[List[Optional[int]]]:
     return cache["counts"] if cache.get("files") == list(files) else None  # type: ignore[return-value]
 
 
 def count_files(reader: DataReader, files: Sequence[str], cache: Dict[str, object], threads: int,
-                exclusive: Exclusive) -> List[int]:
+                exclusive: Exclusive, skip_failed: bool) -> List[Optional[int]]:
     """The samples of every file, counted ``threads`` at a time (one at a time, under its lock,
-    for a reader that is not thread-safe), kept in ``cache``."""
+    for a reader that is not thread-safe), kept in ``cache``. A count that fails raises its
+    ``PipelineError``, or with ``skip_failed`` is ``None`` and left out of the cache, so that
+    the run counts it again and reports it through the error policy."""
     counts = cached_counts(cache, files)
-    if counts is None:
-        keys = exclusive.keys([reader])
-        if keys or threads == 1:
-            counts = [exclusive.call(keys, checked_count, reader, p) for p in files]
-        else:
-            with ThreadPoolExecutor(threads, thread_name_prefix="pyloader-count") as pool:
-                counts = list(pool.map(lambda p: checked_count(reader, p), files))
+    if counts is not None:
+        return counts
+    keys = exclusive.keys([reader])
+
+    def one(path: str) -> Optional[int]:
+        try:
+            return exclusive.call(keys, checked_count, reader, path)
+        except PipelineError:
+            if not skip_failed:
+                raise
+            return None
+
+    if keys or threads == 1:
+        counts = [one(p) for p in files]
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix="pyloader-count") as pool:
+            counts = list(pool.map(one, files))
+    if None not in counts:
         cache.update(files=list(files), counts=counts)
     return counts
 
 
-def epoch_batches(counts: Sequence[int], order: Sequence[int], batch_size: int, drop_last: bool,
-                  sharding: Sharding, stream: bool, seq_len: Optional[int]) -> int:
-    """The batches (steps, in stream mode) of one epoch whose files come in ``order``, for this rank."""
+def epoch_batches(source: FileSource, epoch: int, batch_size: int, drop_last: bool, stream: bool,
+                  seq_len: Optional[int]) -> int:
+    """The batches (steps, in stream mode) of ``epoch`` for this rank; ``source`` holds the counts."""
+    if source.sharding.active:
+        return source.steps(epoch, batch_size, seq_len, drop_last)
+    counts = [n or 0 for n in source.counts or ()]  # a file whose count failed and was skipped: none
     if stream:
-        if sharding.active:
-            return stream_target(order, counts, batch_size, seq_len or 1, sharding)
-        return stream_steps([counts[i] for i in order], batch_size, seq_len or 1)
+        return stream_steps([counts[i] for i in source.order(epoch)], batch_size, seq_len or 1)
     samples = sum(counts)
-    if sharding.active:
-        cuts = bounds(samples, sharding.world_size)
-        sizes = [cuts[r + 1] - cuts[r] for r in range(sharding.world_size)]
-        samples = max(sizes) if sharding.even_batches == "pad" else min(sizes)
     return samples // batch_size if drop_last else -(-samples // batch_size)

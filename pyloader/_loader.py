@@ -257,19 +257,21 @@ class DataLoader:
         It needs the samples of every file: ``DataReader.count`` is called once per
         file on first use, and the counts are kept for the loader's life. When a
         count fails, the length is unknown: ``TypeError``, as for any unsized
-        object, with the count's error (naming the file) as its cause.
+        object, with the count's error (naming the file) as its cause; when
+        errors are skipped (``on_error``), that file counts as empty.
         """
         r = self._record
         start = r.start if r is not None and r.ended is None else self._upcoming()
         try:
             counts = count_files(self.datareader, self.files, self._count_cache, self.prefetch_files,
-                                 self._exclusive)
+                                 self._exclusive, skip_failed=self.on_error != "raise")
         except PipelineError as exc:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
-        sharding, source = self.sharding, FileSource(self.files, start.end, self.shuffle, self.random_seed)
+        source = FileSource(self.files, start.end, self.shuffle, self.random_seed, self.sharding, counts,
+                            whole_files=self.stream)
         epochs = range(start.epoch, start.end) if self.stream else range(start.epoch, start.epoch + 1)
-        n = sum(epoch_batches(counts, source.order(e), self.datareader.batch_size, self.drop_last, sharding,
-                              self.stream, self.seq_len) for e in epochs)
+        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, self.stream, self.seq_len)
+                for e in epochs)
         return n if self.stream else n * (start.end - start.epoch)
 
     @property

@@ -9,13 +9,14 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
 from ._errors import ErrorHandler, Stats
+from ._even import EvenSteps
 from ._frameworks import attach_meta
 from ._length import checked_count
 from ._map import OrderedMap, Step
 from ._pool import WorkerPool
 from ._read import ReadFiles
 from ._runners import Exclusive, Lane, PoolRunner, ThreadRunner
-from ._shard import Sharding, stream_target
+from ._shard import Sharding
 from ._source import FileSource, FileTask
 from ._state import Start
 from ._stream import StreamBatcher
@@ -102,14 +103,20 @@ def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
     return there, here, [encode, collate, *finish]
 
 
-async def count_samples(s: Settings, lane: Lane) -> List[int]:
-    """Samples per file (``DataReader.count``), several files at once; computed once per loader."""
+async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
+    """Samples per file (``DataReader.count``), several files at once; computed once per loader.
+    A failure goes through the error policy: skipped, the file's count is ``None`` (it is left out)."""
     if s.count_cache.get("files") != s.files:
         limit = asyncio.Semaphore(s.prefetch_files)
 
-        async def one(path: str) -> int:
+        async def one(path: str) -> Optional[int]:
             async with limit:
-                return await lane.run(checked_count, s.reader, path, uses=(s.reader,))
+                try:
+                    return await lane.run(checked_count, s.reader, path, uses=(s.reader,))
+                except Exception as exc:
+                    s.errors("count", [path], exc)
+                    s.stats.skipped_files += 1
+                    return None
 
         s.count_cache.update(files=list(s.files), counts=await asyncio.gather(*(one(p) for p in s.files)))
     return s.count_cache["counts"]
@@ -148,23 +155,27 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
         read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, ahead, s.errors, s.stats,
                          start_ahead=None if s.stream else max(0, s.num_workers - 1))
         files = read.iterate(source.iterate(start.epoch), tasks)
+        steps = None
+        if s.sharding.active:
+            def steps(epoch: int) -> int:
+                return source.steps(epoch, s.reader.batch_size, s.seq_len, s.drop_last)
         if s.stream:
-            target = fallback = None
+            fallback = None
             if s.sharding.active:
-                def target(epoch: int) -> int:
-                    return stream_target(source.order(epoch), counts, s.reader.batch_size, s.seq_len or 1, s.sharding)
-
                 def fallback(epoch: int) -> List[FileTask]:
                     return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed).tasks(epoch))
             batcher: Any = StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
-                                         target, fallback)
+                                         steps, fallback)
         else:
             batcher = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
-                              flag_padding=s.sharding.active and s.sharding.even_batches == "pad")
+                              flag_padding=s.sharding.active, steps=steps)
         raw = batcher.iterate(files, read)
         if start.skip:
             raw = _skip(raw, start)
-        async for group in OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
+        groups = OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks)
+        if steps is not None:  # a batch skipped after an error leaves a hole, padded there
+            groups = EvenSteps(steps, start.epoch, start.skip, start.end).iterate(groups)
+        async for group in groups:
             read.open_up()
             yield attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
     finally:

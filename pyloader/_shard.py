@@ -6,6 +6,10 @@ into ``world_size`` contiguous ranges whose sizes differ by at most one; rank
 The ranges are disjoint and together cover the epoch. To give every rank the
 same number of steps, ``even_batches="pad"`` tops the short ranks up with
 repeated samples flagged as padding, and ``"drop"`` trims the long ones.
+
+Every rank's step count is planned from ``DataReader.count`` alone (the same on
+every rank), so no rank needs to ask the others; a rank that loses samples or
+batches to a skipped error still gives the planned steps (``_batch``, ``_even``).
 """
 from __future__ import annotations
 
@@ -66,13 +70,26 @@ def ranges(order: Sequence[int], counts: Sequence[int], lo: int, hi: int) -> Lis
     return out
 
 
-def rank_ranges(order: Sequence[int], counts: Sequence[int], s: Sharding) -> Tuple[List[Range], List[Range]]:
-    """This rank's share of an epoch, and the padding ranges that even out the step count."""
+def _shares(order: Sequence[int], counts: Sequence[int], s: Sharding) -> Tuple[List[int], int]:
+    """Where the ranks' shares of an epoch start (and the last ends), and how many samples every
+    rank reads: the longest share (pad) or the shortest (drop)."""
     total = sum(counts[i] for i in order)
     cuts = bounds(total, s.world_size)
     sizes = [cuts[r + 1] - cuts[r] for r in range(s.world_size)]
-    mine = sizes[s.rank]
-    target = max(sizes) if s.even_batches == "pad" else min(sizes)
+    return cuts, max(sizes) if s.even_batches == "pad" else min(sizes)
+
+
+def planned_steps(order: Sequence[int], counts: Sequence[int], s: Sharding, batch_size: int, drop_last: bool) -> int:
+    """The number of batches every rank gives in an epoch (outside stream mode)."""
+    target = _shares(order, counts, s)[1]
+    return target // batch_size if drop_last else -(-target // batch_size)
+
+
+def rank_ranges(order: Sequence[int], counts: Sequence[int], s: Sharding) -> Tuple[List[Range], List[Range]]:
+    """This rank's share of an epoch, and the padding ranges that even out the step count."""
+    cuts, target = _shares(order, counts, s)
+    total = cuts[-1]
+    mine = cuts[s.rank + 1] - cuts[s.rank]
     lo = cuts[s.rank]
     if target <= mine:
         return ranges(order, counts, lo, lo + target), []

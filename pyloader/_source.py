@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Union
 
 from ._rng import FILE_ORDER, derive_rng
-from ._shard import Sharding, rank_ranges, stream_files
+from ._shard import Sharding, planned_steps, rank_ranges, stream_files, stream_target
 
 
 @dataclass(frozen=True)
@@ -14,7 +14,7 @@ class FileTask:
 
     Only rows ``start:end`` are read (``end=None``: to the end); ``pad`` marks
     rows read again only to even out the ranks' step counts; ``count`` is what
-    ``DataReader.count`` said the file holds (under ranks).
+    ``DataReader.count`` said the file holds (under ranks; the file is checked against it).
     """
 
     epoch: int
@@ -40,17 +40,23 @@ class FileSource:
 
     The order of epoch ``e`` is the sorted list, or with ``shuffle`` a permutation
     drawn from ``(seed, e)``: the same on every run, rank and worker.
+
+    Under ranks ``counts`` gives the samples per file (``DataReader.count``); a file
+    whose count is ``None`` (its ``count`` failed and was skipped) is left out:
+    counted as empty and never read.
     """
 
     def __init__(self, files: Sequence[str], num_epoch: int, shuffle: bool, seed: int,
-                 sharding: Sharding = Sharding(), counts: Optional[Sequence[int]] = None,
+                 sharding: Sharding = Sharding(), counts: Optional[Sequence[Optional[int]]] = None,
                  whole_files: bool = False) -> None:
         self.files = list(files)
         self.num_epoch = num_epoch
         self.shuffle = shuffle
         self.seed = seed
         self.sharding = sharding
-        self.counts = counts  # samples per file; needed to split epochs across ranks
+        # samples per file; needed to split epochs across ranks
+        self.counts = None if counts is None else [n or 0 for n in counts]
+        self.left_out = frozenset(i for i, n in enumerate(counts or ()) if n is None)
         self.whole_files = whole_files  # stream mode: ranks split files, not sample ranges
 
     def order(self, epoch: int) -> List[int]:
@@ -61,11 +67,15 @@ class FileSource:
     def tasks(self, epoch: int) -> Iterator[FileTask]:
         """The files this rank reads in ``epoch``: all of them, or its share plus padding."""
         order = self.order(epoch)
-        if not self.sharding.active or self.whole_files:
-            mine = set(stream_files(order, self.sharding)) if self.sharding.active else None
+        if not self.sharding.active:
             for pos, index in enumerate(order):
-                if mine is None or index in mine:
-                    yield FileTask(epoch, pos, index, self.files[index])
+                yield FileTask(epoch, pos, index, self.files[index])
+            return
+        if self.whole_files:
+            mine = set(stream_files(order, self.sharding)) - self.left_out
+            for pos, index in enumerate(order):
+                if index in mine:
+                    yield FileTask(epoch, pos, index, self.files[index], count=self.counts[index])
             return
         assert self.counts is not None, "sharding needs the sample counts"
         pos_of = {index: pos for pos, index in enumerate(order)}
@@ -73,6 +83,14 @@ class FileSource:
         for pad, part in ((False, share), (True, padding)):
             for index, start, end in part:
                 yield FileTask(epoch, pos_of[index], index, self.files[index], start, end, pad, self.counts[index])
+
+    def steps(self, epoch: int, batch_size: int, seq_len: Optional[int], drop_last: bool) -> int:
+        """The number of steps every rank gives in ``epoch``, planned from the counts alone
+        (under ranks), so that no rank needs to ask the others."""
+        order = self.order(epoch)
+        if self.whole_files:
+            return stream_target(order, self.counts, batch_size, seq_len or 1, self.sharding)
+        return planned_steps(order, self.counts, self.sharding, batch_size, drop_last)
 
     def iterate(self, start_epoch: int = 0) -> Iterator[SourceItem]:
         for epoch in range(start_epoch, self.num_epoch):

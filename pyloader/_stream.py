@@ -10,9 +10,19 @@ While no row reaches the end of its piece, the next steps are cut all at once:
 one array copy per row and field for a whole group of steps (``_cut_steps``).
 Steps where a row reaches a piece's end, and list columns, are cut one at a
 time (``_step``).
+
+Rows from different files share a batch as files share one outside stream mode:
+array fields take NumPy's common dtype (an int64 file beside a float64 one gives
+float64); samples of different shapes and fields only some files have are a
+``ValueError``, dtypes with no common one a ``TypeError``, each naming two of the
+files. Under ranks the steps
+are planned from ``DataReader.count``, so each file is checked against its count
+(a mismatch fails like a read error, naming the file), and every epoch pads the
+same way whatever came before it (a resumed run too).
 """
 from __future__ import annotations
 
+import contextlib
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -26,6 +36,38 @@ from ._source import EpochEnd, FileTask
 FIRST, VALID, REPLAY, STREAM_ID, POSITION = "__first__", "__valid__", "__replay__", "__stream_id__", "__position__"
 META_KEYS = (FIRST, VALID, REPLAY, STREAM_ID, POSITION)
 PADDING_MODES = ("zeros", "data")
+
+
+class _Counted:
+    """A file's pieces (a ``FileStream``'s), checked against its ``DataReader.count``.
+
+    Under ranks every rank plans its steps from the counts: a file holding more
+    samples would be cut off at the planned step, one holding fewer would shift
+    the plan. Either fails like a read error (through the error policy), naming
+    the file, as soon as the pieces show it.
+    """
+
+    def __init__(self, stream: FileStream) -> None:
+        self.task = stream.task
+        self._stream = stream
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        count, seen = self.task.count, 0
+        async with contextlib.aclosing(self._stream.pieces()) as pieces:
+            async for piece in pieces:
+                seen += piece.n
+                if seen > count:
+                    raise ValueError(f"file {self.task.path!r} has more samples than the {count} DataReader.count "
+                                     f"said: the ranks' steps, planned from the counts, would cut it short")
+                yield piece
+        if seen < count:
+            raise ValueError(f"file {self.task.path!r} has {seen} samples but DataReader.count said {count}: "
+                             f"ranks would take different numbers of steps")
+
+
+def _row_pieces(read: ReadFiles, stream: FileStream) -> AsyncIterator[Piece]:
+    """The pieces a row takes from ``stream``: checked against the file's count when there is one."""
+    return read.pieces(stream if stream.task.count is None else _Counted(stream))  # type: ignore[arg-type]
 
 
 class _Row:
@@ -106,6 +148,8 @@ class StreamBatcher:
         # for a rank that has none of its own (padding needs the fields' shapes)
         self.target = target
         self.fallback = fallback
+        # the columns last cut in this epoch: the fields' layout for a step with no live row (reset
+        # at each epoch, so every epoch pads alike whatever came before, and so does a resumed run)
         self._template: Optional[Columns] = None
         step = rows * (seq_len or 1)
         self.group_limit = min(self.MAX_GROUP, max(GroupSize.LIMIT, self.GROUP_SAMPLES // step))
@@ -113,28 +157,36 @@ class StreamBatcher:
     def _pad(self, key: str) -> Any:
         return self.pad_value.get(key, 0) if isinstance(self.pad_value, abc.Mapping) else self.pad_value
 
-    def _field(self, columns: List[Sequence], like: Sequence, pad: Any, width: int) -> Any:
-        """One field of the batch from each row's window (``<= width`` samples), padded to ``width``.
+    def _field(self, key: str, columns: List[Optional[Sequence]], paths: List[Optional[str]], like: Sequence,
+               width: int) -> Any:
+        """Field ``key`` of the batch from each row's window (``<= width`` samples of file
+        ``paths[r]``; ``None`` for a row without a file), padded to ``width``. ``like`` is the
+        field in the epoch's template, which gives the layout when no row has a file.
 
-        Array columns give an array ``[B, ...]`` or ``[B, T, ...]``; list columns
-        give a list of samples or a list of ``T``-sample lists.
+        When every window holds an array: an array ``[B, ...]`` or ``[B, T, ...]`` of their
+        common dtype (``_common_layout``). Otherwise a list of samples or of ``T``-sample lists.
         """
-        if isinstance(like, np.ndarray):
-            out = np.full((len(columns), width) + like.shape[1:], pad, dtype=like.dtype)
+        pad = self._pad(key)
+        live = [(path, col) for path, col in zip(paths, columns) if col is not None]
+        arrays = all(isinstance(col, np.ndarray) for _, col in live) if live else isinstance(like, np.ndarray)
+        if arrays:
+            dtype, sample = _common_layout(key, live) if live else (like.dtype, like.shape[1:])
+            out = np.full((len(columns), width) + sample, pad, dtype=dtype)
             for r, col in enumerate(columns):
-                out[r, :len(col)] = col
+                if col is not None:
+                    out[r, :len(col)] = col
             return out if self.seq_len else out[:, 0]
-        sample = next((col[0] for col in columns if len(col)), None)
-        if sample is not None and np.ndim(sample):  # samples are sequences: pad with one of their shape
-            pad = np.full(np.shape(sample), pad).tolist()
+        first = next((col[0] for _, col in live), None)
+        if first is not None and np.ndim(first):  # samples are sequences: pad with one of their shape
+            pad = np.full(np.shape(first), pad).tolist()
         if self.seq_len:
-            return [list(col) + [pad] * (width - len(col)) for col in columns]
-        return [col[0] if len(col) else pad for col in columns]
+            return [[pad] * width if col is None else list(col) + [pad] * (width - len(col)) for col in columns]
+        return [pad if col is None else col[0] for col in columns]
 
     async def _next_row(self, unread: AsyncIterator[FileStream], read: ReadFiles) -> Optional[_Row]:
         """The next unread file that has samples, as a row cursor (empty files are skipped)."""
         async for stream in unread:
-            row = _Row(read.pieces(stream), stream.task, replay=False)
+            row = _Row(_row_pieces(read, stream), stream.task, replay=False)
             await row.prime()
             if not row.exhausted:
                 return row
@@ -144,7 +196,7 @@ class StreamBatcher:
         """Padding with data: the files already delivered, replayed in plan order."""
         for attempt in range(len(delivered)):
             task = delivered[(count + attempt) % len(delivered)]
-            row = _Row(read.pieces(read.open(task)), task, replay=True)
+            row = _Row(_row_pieces(read, read.open(task)), task, replay=True)
             await row.prime()
             if not row.exhausted:
                 return row
@@ -158,6 +210,7 @@ class StreamBatcher:
         index = 0
         sizes = GroupSize(self.group_limit)
         target = self.target(epoch) if self.target is not None else None
+        self._template = None
         try:
             while target is None or index < target:
                 first = np.zeros(self.rows, dtype=bool)
@@ -222,17 +275,19 @@ class StreamBatcher:
         cuts = [None if row is None else row.cut(steps * width) for row in rows]
         template = next(piece for piece, _ in filter(None, cuts))
         self._template = template
+        files = [(row.task.path, cut[0]) for row, cut in zip(rows, cuts) if cut is not None]
         data: Dict[str, np.ndarray] = {}
-        for key, like in template.items():
+        for key in template:
             if key == SRC:
                 continue
+            dtype, sample = _common_layout(key, [(path, piece[key]) for path, piece in files])
             # [steps, B, (T,) ...]: each step's batch is one contiguous block
-            shape = (steps, len(rows)) + window[1:] + like.shape[1:]
-            out = np.empty(shape, like.dtype) if all(cuts) else np.full(shape, self._pad(key), like.dtype)
+            shape = (steps, len(rows)) + window[1:] + sample
+            out = np.empty(shape, dtype) if all(cuts) else np.full(shape, self._pad(key), dtype)
             for r, cut in enumerate(cuts):
                 if cut is not None:
                     piece, offset = cut
-                    out[:, r] = piece[key][offset:offset + steps * width].reshape(window + like.shape[1:])
+                    out[:, r] = piece[key][offset:offset + steps * width].reshape(window + sample)
             data[key] = out
         # metadata for the whole group at once; each batch gets row k of every array
         live = np.array([row is not None for row in rows])
@@ -267,16 +322,18 @@ class StreamBatcher:
             paths.add(row.task.path)
         template = next((w for w in windows if w is not None), self._template)
         self._template = template
+        files = [None if row is None else row.task.path for row in rows]
+        first_path = next((path for path in files if path is not None), None)
+        for path, window in zip(files, windows):
+            if window is not None and window.keys() != template.keys():
+                raise ValueError(f"files {first_path!r} and {path!r} have different fields ({sorted(template)} and "
+                                 f"{sorted(window)}): stream rows in one batch need the same fields")
         data: Dict[str, Any] = {}
         for key, like in template.items():
             if key == SRC:
                 continue
-            columns = []
-            for r, window in enumerate(windows):
-                if window is not None and key not in window:
-                    raise ValueError(f"file {rows[r].task.path!r} has no field {key!r}, which other files have")
-                columns.append(window[key] if window is not None else like[:0])
-            data[key] = self._field(columns, like, self._pad(key), width)
+            columns = [None if window is None else window[key] for window in windows]
+            data[key] = self._field(key, columns, files, like, width)
         meta = {FIRST: first, VALID: valid if self.seq_len else valid[:, 0], REPLAY: replay,
                 STREAM_ID: stream_id, POSITION: position}
         return Batch(epoch, index, data, tuple(sorted(paths)), meta)
@@ -306,6 +363,26 @@ class StreamBatcher:
                 yield batch
             async for stream in files:  # cut short (even_batches="drop"): the rest is not read
                 stream.cancel()
+
+
+def _common_layout(key: str, columns: Sequence[Tuple[str, np.ndarray]]) -> Tuple[np.dtype, Tuple[int, ...]]:
+    """The dtype and sample shape of field ``key`` in a batch whose rows hold these arrays
+    (``(path, array)``, at least one): NumPy's common dtype, as files joined outside stream
+    mode get. Samples of different shapes cannot share a batch (``ValueError``), nor
+    dtypes without a common one (``TypeError``); either error names two of the files."""
+    first_path, first = columns[0]
+    dtype, sample = first.dtype, first.shape[1:]
+    for path, col in columns[1:]:
+        if col.shape[1:] != sample:
+            raise ValueError(f"field {key!r} has samples of shape {sample} in file {first_path!r} but "
+                             f"{col.shape[1:]} in file {path!r}: stream rows in one batch need one shape")
+        if col.dtype != dtype:
+            try:
+                dtype = np.result_type(dtype, col.dtype)
+            except TypeError as exc:
+                raise TypeError(f"field {key!r} holds {first.dtype} in file {first_path!r} and {col.dtype} in "
+                                f"file {path!r}, which have no common dtype: {exc}") from exc
+    return dtype, sample
 
 
 async def _nothing() -> AsyncIterator[FileStream]:

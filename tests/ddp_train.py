@@ -20,6 +20,11 @@ class IdLines(pl.DataReader):
             ids = [int(line) for line in f if line.strip()]
         return {"id": ids}, len(ids)
 
+    def count(self, path):
+        """Lines, unparsed: a line that does not parse fails the read, not the count."""
+        with pl.open_file(path, "rt") as f:
+            return sum(1 for line in f if line.strip())
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -29,13 +34,14 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--even", default="pad")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--on-error", default="raise")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     loader = pl.DataLoader(IdLines(batch_size=3), pl.IdentityDataset(), TorchCollator(), args.data,
                            num_epoch=args.epochs, shuffle=True, num_workers=args.workers, even_batches=args.even,
-                           stream=args.stream, seq_len=2 if args.stream else None)
+                           stream=args.stream, seq_len=2 if args.stream else None, on_error=args.on_error)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     steps, seen = 0, []

@@ -14,6 +14,7 @@ import pytest
 import pyloader as pl
 from conftest import IdReader, ListCollator, write_chunks
 from pyloader.collators import NumpyCollator
+from pyloader.readers import JsonLinesReader
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +80,7 @@ def test_drop_mode_stops_every_rank_at_the_shortest(tmp_path):
     write_chunks(tmp_path, [10, 1])  # 11 samples: shares of 6 and 5
     runs = rank_runs(str(tmp_path), 2, even_batches="drop", batch_size=5)
     assert [sum(len(b["id"]) for b in r) for r in runs] == [5, 5]
-    assert all(PADDING not in b for r in runs for b in r)
+    assert not any(b[PADDING].any() for r in runs for b in r)  # flagged on every batch under ranks: none here
     ids = real_ids(runs[0]) + real_ids(runs[1])
     assert len(set(ids)) == 10  # one sample is left out this epoch: the documented trade-off
 
@@ -179,6 +180,27 @@ def test_torchrun_ddp_equal_steps(tmp_path, sizes, extra):
     assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == sorted(expected)
 
 
+@pytest.mark.parametrize("extra", [(), ("--stream",)])
+def test_torchrun_ddp_keeps_equal_steps_after_a_skipped_bad_file(tmp_path, extra):
+    """A file that fails to parse is skipped on the rank that reads it; that rank pads, so the
+    all-reduce of every step finds the other rank there (unequal steps would hang it)."""
+    sizes = [5, 11, 2, 8]
+    if "--stream" in extra:
+        from test_stream import write_streams
+
+        write_streams(tmp_path / "data", sizes)
+        expected = [f * 1000 + p for f, n in enumerate(sizes) for p in range(n) if f != 1] * 2
+        bad = tmp_path / "data" / "s001.txt"
+    else:
+        write_chunks(tmp_path / "data", sizes)
+        expected = [i for i in range(sum(sizes)) if not 5 <= i < 16] * 2
+        bad = tmp_path / "data" / "part-0001.txt"
+    bad.write_text(bad.read_text().replace("\n", "\nnot a number\n", 1))  # counted as a sample; fails to parse
+    ranks = torchrun(tmp_path / "data", tmp_path / "out", "--on-error", "skip", *extra)
+    assert ranks[0]["steps"] == ranks[1]["steps"] > 0
+    assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == sorted(expected)
+
+
 # -- tf.distribute ---------------------------------------------------------------------------
 def test_tf_distribute_input_pipelines(tmp_path):
     import tensorflow as tf
@@ -228,3 +250,232 @@ def test_a_count_that_overstates_the_file_is_an_error(tmp_path):
 
     with pytest.raises(pl.PipelineError, match="DataReader.count"):
         list(pl.DataLoader(Boastful(4), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=1, world_size=2))
+
+
+# -- errors skipped under ranks: the steps stay those planned ----------------------------------
+def write_jsonl(folder: Path, sizes, bad=None) -> None:
+    """One JSON-lines file per size, ids running on across files; ``bad=(file, line)`` breaks that line."""
+    folder.mkdir(parents=True, exist_ok=True)
+    next_id = 0
+    for i, size in enumerate(sizes):
+        lines = [json.dumps({"id": next_id + j}) for j in range(size)]
+        if bad is not None and bad[0] == i:
+            lines[bad[1]] = "{broken"
+        (folder / f"part-{i:04d}.jsonl").write_text("".join(line + "\n" for line in lines))
+        next_id += size
+
+
+class FailOn(pl.Dataset):
+    """``batch_encode`` fails on the batches holding sample ``bad``."""
+
+    def __init__(self, bad):
+        self.bad = bad
+
+    def batch_encode(self, batch):
+        if self.bad in np.ravel(np.asarray(batch["id"])).tolist():
+            raise ValueError(f"cannot encode sample {self.bad}")
+        return batch
+
+
+def each_rank(folder, world_size=2, dataset=None, **kwargs):
+    """Each rank's batches (JSON lines, 3 samples or rows), as ``flagged`` gives them."""
+    stream = kwargs.get("stream", False)
+    runs = []
+    for rank in range(world_size):
+        loader = pl.DataLoader(JsonLinesReader(3, piece_size=2), dataset or pl.IdentityDataset(),
+                               NumpyCollator() if stream else ListCollator(), str(folder), rank=rank,
+                               world_size=world_size, **kwargs)
+        runs.append([flagged(b, stream) for b in loader])
+    return runs
+
+
+def flagged(batch, stream):
+    """A batch as (ids, padding flags); in stream mode (with ``seq_len``) a sample is flagged
+    when it is not real data: ``__valid__`` false, or replayed."""
+    if not stream:
+        return list(batch["id"]), batch[PADDING].tolist()
+    not_real = ~batch["__valid__"] | batch["__replay__"][:, None]
+    return np.asarray(batch["id"]).tolist(), not_real.tolist()
+
+
+def real(run, stream):
+    """The ids of a run's real samples (not flagged), in order."""
+    if stream:
+        return [i for ids, pads in run for row, flags in zip(ids, pads) for i, pad in zip(row, flags) if not pad]
+    return [i for ids, pads in run for i, pad in zip(ids, pads) if not pad]
+
+
+SKIP_SETTINGS = [{}, {"shuffle": True, "shuffle_buffer": 5}, {"num_workers": 2},
+                 {"drop_last": True}, {"even_batches": "drop"}, {"stream": True, "seq_len": 2, "shuffle": True}]
+
+
+@pytest.mark.parametrize("settings", SKIP_SETTINGS)
+def test_a_file_skipped_after_a_bad_line_leaves_every_rank_the_planned_steps(tmp_path, settings):
+    sizes = [9, 4, 15, 2, 7]
+    write_jsonl(tmp_path / "clean", sizes)
+    write_jsonl(tmp_path / "bad", sizes, bad=(2, 6))  # ids 13..27: 13..18 arrive before the bad line
+    stream = settings.get("stream", False)
+    clean = each_rank(tmp_path / "clean", **settings)
+    runs = each_rank(tmp_path / "bad", on_error="skip", **settings)
+    assert [len(r) for r in runs] == [len(r) for r in clean]
+    assert len({len(r) for r in runs}) == 1
+    for run, plan in zip(runs, clean):
+        got, planned = real(run, stream), real(plan, stream)
+        assert len(got) == len(set(got)) and set(got) <= set(planned)
+        assert set(planned) - set(got) <= set(range(13, 28)), "only the bad file's samples are missing"
+        if set(planned) - set(got):  # the rank that lost samples makes up their steps with padding
+            assert any(np.all(pads) for _, pads in run)
+
+
+@pytest.mark.parametrize("settings", [{}, {"num_workers": 2}, {"stream": True, "seq_len": 3}])
+def test_a_batch_skipped_after_batch_encode_failed_becomes_a_padding_batch(tmp_path, settings):
+    """The failed batch's step is kept: a copy of the next batch, flagged as padding."""
+    write_jsonl(tmp_path, [9, 4, 15, 2, 7])
+    clean = each_rank(tmp_path, dataset=FailOn(-1), **settings)
+    runs = each_rank(tmp_path, dataset=FailOn(14), on_error="skip", **settings)
+    assert [len(r) for r in runs] == [len(r) for r in clean]
+    failed = [(rank, k) for rank, run in enumerate(clean) for k, (ids, _) in enumerate(run) if 14 in np.ravel(ids)]
+    assert len(failed) == 1
+    rank, k = failed[0]
+    for r, (run, plan) in enumerate(zip(runs, clean)):
+        for step, (got, want) in enumerate(zip(run, plan)):
+            if (r, step) != (rank, k):
+                assert got == want
+    ids, pads = runs[rank][k]
+    assert ids == clean[rank][k + 1][0] and np.all(pads)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_count_that_fails_is_skipped_under_the_skip_policy(tmp_path, stream):
+    write_chunks(tmp_path, [6, 6, 6])
+
+    class NoCount(IdReader):
+        def count(self, path):
+            if path.endswith("part-0001.txt"):
+                raise OSError("the index is gone")
+            return super().count(path)
+
+        def iter_file(self, path):
+            columns, _ = self.read_file(path)
+            yield columns
+
+    settings = {"stream": True, "seq_len": 2} if stream else {}
+    with pytest.raises(pl.PipelineError, match="count failed on .*part-0001.txt"):
+        list(pl.DataLoader(NoCount(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=0, world_size=2,
+                           **settings))
+    runs, stats = [], []
+    for rank in range(2):
+        loader = pl.DataLoader(NoCount(2), pl.IdentityDataset(), NumpyCollator() if stream else ListCollator(),
+                               str(tmp_path), rank=rank, world_size=2, on_error="skip", **settings)
+        runs.append([flagged(b, stream) for b in loader])
+        stats.append(loader.stats)
+    assert len({len(r) for r in runs}) == 1
+    assert sorted(i for r in runs for i in real(r, stream)) == list(range(6)) + list(range(12, 18))
+    assert all(s["skipped_files"] == 1 and "part-0001.txt" in s["errors"][0] for s in stats)
+
+
+@pytest.mark.parametrize("settings", [{"shuffle": True, "num_epoch": 2}, {"stream": True, "seq_len": 2}])
+def test_resume_after_errors_skipped_under_ranks_is_exact(tmp_path, settings):
+    """Wherever the checkpoint falls (among padding too), the rest is what the run would have given."""
+    write_jsonl(tmp_path, [9, 4, 15, 2, 7], bad=(2, 6))
+
+    def make(rank):
+        return pl.DataLoader(JsonLinesReader(3, piece_size=2), FailOn(3), ListCollator() if not settings.get("stream")
+                             else NumpyCollator(), str(tmp_path), rank=rank, world_size=2, on_error="skip", **settings)
+
+    stream = settings.get("stream", False)
+    steps = []
+    for rank in range(2):
+        full = [flagged(b, stream) for b in make(rank)]
+        steps.append(len(full))
+        for taken in range(1, len(full)):
+            first = make(rank)
+            it = iter(first)
+            head = [flagged(next(it), stream) for _ in range(taken)]
+            state = json.loads(json.dumps(first.state_dict()))
+            first.close()
+            resumed = make(rank)
+            resumed.load_state_dict(state)
+            assert head + [flagged(b, stream) for b in resumed] == full, taken
+    assert steps[0] == steps[1]
+
+
+def test_an_epoch_left_without_batches_is_padded_from_the_next_real_batch(tmp_path):
+    """Rank 0's only file fails in epoch 0 (and reads in epoch 1): its one step of epoch 0 is padding."""
+    write_chunks(tmp_path, [3, 3])
+
+    class FailsOnce(IdReader):
+        failed = False
+
+        def count(self, path):
+            return 3
+
+        def read_file(self, path):
+            if path.endswith("part-0000.txt") and not self.failed:
+                self.failed = True
+                raise OSError("flaky disk")
+            return super().read_file(path)
+
+    loader = pl.DataLoader(FailsOnce(3), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=0, world_size=2,
+                           num_epoch=2, on_error="skip")
+    got = [(loader.epoch, b["id"], b[PADDING].tolist()) for b in loader]
+    assert got == [(0, [0, 1, 2], [True] * 3), (1, [0, 1, 2], [False] * 3)]
+
+
+def test_a_rank_whose_every_batch_fails_raises_rather_than_give_fewer_steps(tmp_path):
+    write_chunks(tmp_path, [3, 3])
+    loader = pl.DataLoader(IdReader(3), FailOn(4), ListCollator(), str(tmp_path), rank=1, world_size=2,
+                           on_error="skip")
+    with pytest.raises(RuntimeError, match="nothing to pad"):
+        list(loader)
+
+
+# -- stream mode under ranks ------------------------------------------------------------------
+@pytest.mark.parametrize("count,match", [(2, "more samples than the 2 DataReader.count said"),
+                                         (12, "has 10 samples but DataReader.count said 12")])
+def test_stream_mode_under_ranks_checks_each_file_against_its_count(tmp_path, count, match):
+    """Files of 2, 2, 2 and 10 samples, the last counted wrong: an error naming it, on the rank that reads it."""
+    from test_stream import PieceReader, write_streams
+
+    write_streams(tmp_path, [2, 2, 2, 10])
+
+    class Miscounted(PieceReader):
+        def count(self, path):
+            return count if path.endswith("s003.txt") else 2
+
+    with pytest.raises(pl.PipelineError, match=rf"s003\.txt.*{match}"):
+        list(pl.DataLoader(Miscounted(1), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
+                           rank=1, world_size=2))
+    runs = [list(pl.DataLoader(Miscounted(1), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
+                               rank=rank, world_size=2, on_error="skip")) for rank in range(2)]
+    assert len(runs[0]) == len(runs[1])  # the bad file is skipped, and the steps still agree
+
+
+def test_a_stream_rank_without_files_pads_every_epoch_alike(tmp_path):
+    """Two files over three ranks: rank 2 owns none in any epoch; its padding steps are the same in
+    every epoch, and a resumed run gives them again."""
+    from test_stream import PieceReader, write_streams
+
+    write_streams(tmp_path, [5, 3])
+
+    def make():
+        return pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
+                             seq_len=2, rank=2, world_size=3, num_epoch=3)
+
+    def as_lists(batch):
+        return {key: np.asarray(value).tolist() for key, value in batch.items()}
+
+    loader = make()
+    epochs = {}
+    for batch in loader:
+        epochs.setdefault(loader.epoch, []).append(as_lists(batch))
+    assert sorted(epochs) == [0, 1, 2] and epochs[0] == epochs[1] == epochs[2]
+    full = [b for e in sorted(epochs) for b in epochs[e]]
+    first = make()
+    it = iter(first)
+    head = [as_lists(next(it)) for _ in range(len(epochs[0]) + 1)]  # into epoch 1
+    state = first.state_dict()
+    first.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [as_lists(b) for b in resumed] == full

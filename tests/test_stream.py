@@ -458,3 +458,105 @@ def test_stopping_mid_stream_leaves_nothing(tmp_path, how, workers):
         seen.extend(batch["id"].numpy()[keep].tolist())
     assert sorted(seen) == sorted(f * 1000 + p for f, n in enumerate(lengths) for p in range(n))
     assert wait_no_threads(2.0) == [] and _open_data_files(tmp_path / "data") == []
+
+
+# -- rows from files that differ -----------------------------------------------------------------
+def write_npy(folder: Path, arrays) -> None:
+    for i, array in enumerate(arrays):
+        np.save(folder / f"s{i:03d}.npy", array)
+
+
+def rows_of(batches, rows):
+    """Each row's valid samples, joined over the batches."""
+    out = [[] for _ in range(rows)]
+    for batch in batches:
+        x = np.asarray(batch["x"]).reshape(rows, -1)
+        valid = np.asarray(batch[VALID]).reshape(rows, -1)
+        for r in range(rows):
+            out[r].extend(x[r][valid[r]].tolist())
+    return out
+
+
+@pytest.mark.parametrize("piece", [1, 64])  # step by step, and many steps cut at once
+@pytest.mark.parametrize("seq_len", [None, 3])
+@pytest.mark.parametrize("first,second", [
+    (np.arange(6, dtype=np.int64), np.full(6, 0.5)),
+    (np.arange(6, dtype=np.int32), np.arange(6, dtype=np.int64) + 2**40),
+])
+def test_stream_rows_from_files_of_different_dtypes_take_their_common_dtype(tmp_path, piece, seq_len, first, second):
+    from pyloader.readers import NumpyReader
+
+    write_npy(tmp_path, [first, second])
+    loader = pl.DataLoader(NumpyReader(2, piece_size=piece), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                           stream=True, seq_len=seq_len)
+    batches = list(loader)
+    assert all(b["x"].dtype == np.result_type(first, second) for b in batches)
+    assert rows_of(batches, 2) == [first.tolist(), second.tolist()]
+
+
+def test_stream_rows_of_arrays_beside_rows_of_lists_keep_their_values(tmp_path):
+    """One file read as an int64 array, the other as a list of floats: nothing is cast to the first."""
+    write_streams(tmp_path, [4, 4])
+
+    class Mixed(pl.DataReader):
+        def read_file(self, path):
+            raise AssertionError("stream mode must read through iter_file")
+
+        def iter_file(self, path):
+            with open(path) as f:
+                ids = [int(line) for line in f]
+            yield {"x": np.array(ids)} if path.endswith("s000.txt") else {"x": [i + 0.5 for i in ids]}
+
+    batches = list(pl.DataLoader(Mixed(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
+                                 seq_len=2))
+    assert rows_of(batches, 2) == [[0, 1, 2, 3], [1000.5, 1001.5, 1002.5, 1003.5]]
+
+
+@pytest.mark.parametrize("piece", [1, 64])
+def test_stream_rows_with_samples_of_different_shapes_name_both_files(tmp_path, piece):
+    from pyloader.readers import NumpyReader
+
+    write_npy(tmp_path, [np.zeros((4, 3)), np.zeros((4, 4))])
+    loader = pl.DataLoader(NumpyReader(2, piece_size=piece), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                           stream=True, seq_len=2)
+    with pytest.raises(ValueError, match=r"shape \(3,\) in file .*s000\.npy.* \(4,\) in file .*s001\.npy"):
+        list(loader)
+
+
+def test_stream_rows_whose_dtypes_have_no_common_one_name_both_files(tmp_path):
+    from pyloader.readers import NumpyReader
+
+    write_npy(tmp_path, [np.arange(4), np.arange(4).astype("datetime64[s]")])
+    loader = pl.DataLoader(NumpyReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True)
+    with pytest.raises(TypeError, match=r"s000\.npy.*s001\.npy"):
+        list(loader)
+
+
+def test_stream_rows_whose_files_have_other_fields_name_both_files(tmp_path):
+    """A field only some files have is not dropped without a word."""
+    write_streams(tmp_path, [3, 3])
+
+    class Extra(PieceReader):
+        def iter_file(self, path):
+            for piece in super().iter_file(path):
+                yield {**piece, "extra": piece["id"]} if path.endswith("s001.txt") else piece
+
+    with pytest.raises(ValueError, match=r"s000\.txt.*s001\.txt.*different fields"):
+        list(pl.DataLoader(Extra(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True))
+
+
+@pytest.mark.parametrize("how", STOP_WAYS)
+def test_stopping_a_stream_rank_mid_file_leaves_nothing(tmp_path, how):
+    """Under ranks each row's pieces are checked against the file's count on the way: stopping
+    inside the files still leaves no thread or open file behind."""
+    write_streams(tmp_path / "data", [200, 130, 170, 90, 210])
+
+    def make():
+        return pl.DataLoader(OpenFileReader(2), pl.IdentityDataset(), TorchCollator(), str(tmp_path / "data"),
+                             stream=True, seq_len=4, max_queue_size=2, rank=0, world_size=2)
+
+    again = stop_early(make, how, after=5)
+    assert wait_no_threads(2.0) == [], "pyloader threads were left behind"
+    assert _open_data_files(tmp_path / "data") == [], "data files were left open"
+    assert len(list(again)) > 5
+    assert wait_no_threads(2.0) == [] and _open_data_files(tmp_path / "data") == []
