@@ -3,17 +3,30 @@
 ``concurrent.futures.ThreadPoolExecutor`` joins its threads at interpreter exit,
 so one stuck ``read_file`` would hang the exit of the whole program; these
 threads never hold the interpreter up, and ``shutdown`` waits for them only as
-long as it is told to.
+long as it is told to. At interpreter exit, threads still inside a user method get
+up to ``EXIT_GRACE_S`` in all to leave it: a thread inside an extension (torch)
+while the interpreter is torn down can abort the process.
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 _STOP = None
+EXIT_GRACE_S = 5.0
+_busy: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads of ours inside a call now
+
+
+@atexit.register
+def _let_user_code_finish() -> None:
+    deadline = time.monotonic() + EXIT_GRACE_S
+    for thread in list(_busy):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class DaemonExecutor(concurrent.futures.Executor):
@@ -46,6 +59,7 @@ class DaemonExecutor(concurrent.futures.Executor):
                 return
             future, fn, args, kwargs = item
             if future.set_running_or_notify_cancel():
+                _busy.add(threading.current_thread())
                 try:
                     result = fn(*args, **kwargs)
                 except BaseException as exc:
@@ -53,6 +67,8 @@ class DaemonExecutor(concurrent.futures.Executor):
                     del exc
                 else:
                     future.set_result(result)
+                finally:
+                    _busy.discard(threading.current_thread())
             del item, future, fn, args, kwargs
             self._idle.release()
 
