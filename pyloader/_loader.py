@@ -14,6 +14,7 @@ from ._errors import ErrorHandler, ErrorPolicy, Stats
 from ._files import DataDir, list_files
 from ._frameworks import mover, pinner, unstack
 from ._pipeline import Settings, Start, batches
+from ._pool import KeptPool
 from ._shard import resolve as resolve_sharding
 from ._stream import PADDING_MODES
 
@@ -61,7 +62,8 @@ class DataLoader:
                  pad_value: Any = 0, num_workers: int = 0, num_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  start_method: Optional[str] = None, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, even_batches: str = "pad") -> None:
+                 world_size: Optional[int] = None, even_batches: str = "pad",
+                 persistent_workers: bool = False) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         for name, obj, cls in (("datareader", datareader, DataReader), ("dataset", dataset, Dataset),
                                ("datacollator", datacollator, DataCollator)):
@@ -86,6 +88,13 @@ class DataLoader:
         self._count_cache: Dict[str, Any] = {}
         self.worker_init_fn = worker_init_fn
         self.start_method = start_method
+        if persistent_workers and not num_workers:
+            raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0")
+        self.persistent_workers = bool(persistent_workers)
+        # ended by close(), or when the loader is collected or the interpreter exits
+        self._kept_workers = KeptPool() if persistent_workers else None
+        if self._kept_workers is not None:
+            weakref.finalize(self, self._kept_workers.close)
         if seq_len is not None:
             _positive("seq_len", seq_len)
         if padding_mode not in PADDING_MODES:
@@ -125,7 +134,7 @@ class DataLoader:
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> "LoaderIterator":
-        self.close()
+        self._stop_run()
         start, self._start = self._start, Start()
         self._position = (start.epoch, start.skip)
         it = LoaderIterator(self, self._engine(start))
@@ -145,7 +154,7 @@ class DataLoader:
             stats=self._stats, finish=self._finish, stream=self.stream, seq_len=self.seq_len,
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
-            sharding=self.sharding,
+            kept_workers=self._kept_workers, sharding=self.sharding,
             count_cache=self._count_cache)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
@@ -157,7 +166,13 @@ class DataLoader:
         return self._move(batch.data) if self._move is not None else batch.data
 
     def close(self) -> None:
-        """Stop the running iteration, if any: its tasks and threads end within a second."""
+        """Stop the running iteration, if any: its tasks and threads end within a second; and
+        end the worker processes kept with ``persistent_workers`` (the next iteration starts new ones)."""
+        self._stop_run()
+        if self._kept_workers is not None:
+            self._kept_workers.close()
+
+    def _stop_run(self) -> None:
         it = self._run() if self._run is not None else None
         if it is not None:
             it.close()
@@ -215,7 +230,7 @@ class DataLoader:
                 raise ValueError(f"the state's {name} must be an integer >= 0, got {value!r}")
         if epoch > self.num_epoch:
             raise ValueError(f"the state's epoch {epoch} is beyond num_epoch={self.num_epoch}")
-        self.close()
+        self._stop_run()
         self._start = Start(epoch, consumed)
         self._position = (epoch, consumed)
 
