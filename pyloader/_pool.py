@@ -263,21 +263,26 @@ class WorkerPool:
             worker.process.close()
 
     # -- requests --------------------------------------------------------------------
+    # Once the run has ended (detached), its tasks still being cancelled may ask: they get
+    # nothing (a cancelled future), never an error that would hide their cancellation.
     def alive(self, index: int) -> bool:
-        return self._workers[index].dead is None
+        return self._loop is not None and self._workers[index].dead is None
 
     def least_loaded(self) -> int:
         live = [w for w in self._workers if w.dead is None] or self._workers
-        return min(live, key=lambda w: len(w.pending)).index
+        return min(live, key=lambda w: len(w.pending)).index if live else 0
 
     def post(self, index: int, message: tuple) -> None:
         """Send without waiting for a reply (tagged with the file id it is about, if any)."""
-        worker = self._workers[index]
-        if worker.dead is None and self._loop is not None:
-            self._send(worker, message, message[1] if isinstance(message[1], int) else -1)
+        if self._loop is not None and self._workers[index].dead is None:
+            self._send(self._workers[index], message, message[1] if isinstance(message[1], int) else -1)
 
     def request(self, index: int, op: str, *args: Any, doing: str) -> asyncio.Future:
         """Send ``(op, rid, *args)``; the future gets the reply (or the worker's failure)."""
+        if self._loop is None:
+            future = asyncio.get_running_loop().create_future()
+            future.cancel()
+            return future
         worker = self._workers[index]
         future = self._loop.create_future()
         if worker.dead is not None:
