@@ -54,6 +54,7 @@ class MessageLost(Exception):
         super().__init__(f"message {tag} could not be decoded: {type(cause).__name__}: {cause}")
         self.tag = tag
         self.gen = gen
+        self.cause = cause
         self.__cause__ = cause
 
 

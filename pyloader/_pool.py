@@ -237,7 +237,7 @@ class WorkerPool:
             # or a sibling would never see the end of file that tells it the loader has gone
             siblings = [w.fd for w in self._workers] + [ours.fileno()] if self._method == "fork" else []
             current = ctx.RawValue("q", -1)  # the request the worker is running
-            process = ctx.Process(target=worker_main,
+            process = ctx.Process(target=worker_main,  # type: ignore[attr-defined]
                                   args=(index, theirs, siblings, current, self._generation, *self._args),
                                   name=f"pyloader-worker-{index}", daemon=True)
             try:
@@ -330,6 +330,7 @@ class WorkerPool:
             _ipc.send(worker.sock, message, tag, self._generation.value)
         except BlockingIOError:  # the worker is busy and its socket full: send when writable
             worker.outbox.append((tag, message))
+            assert self._loop is not None  # sending only while attached
             self._loop.add_writer(worker.fd, self._writable, worker)
         except (ConnectionError, EOFError):
             self._died(worker)
@@ -347,7 +348,8 @@ class WorkerPool:
             except Exception as exc:  # cannot be sent (no descriptor left for its memfd, ...)
                 self._fail_request(worker, tag, exc)
             worker.outbox.pop(0)
-        self._loop.remove_writer(worker.fd)
+        if self._loop is not None:  # not detached by a death above
+            self._loop.remove_writer(worker.fd)
 
     # -- replies and deaths ------------------------------------------------------------
     def _readable(self, worker: _Worker) -> None:
@@ -362,7 +364,7 @@ class WorkerPool:
             except BlockingIOError:
                 return True
             except _ipc.MessageLost as lost:
-                self._fail_request(worker, lost.tag, lost.__cause__)
+                self._fail_request(worker, lost.tag, lost.cause)
                 continue
             except (EOFError, OSError):
                 return False

@@ -40,7 +40,7 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Set, Tuple
 
 from . import _ipc
 from ._batch import assemble
@@ -116,7 +116,7 @@ def _next_request(inbox: Deque[tuple], started: Set[int]) -> tuple:
     return inbox.popleft()
 
 
-def _failing(error: BaseException) -> Iterator[Any]:
+def _failing(error: BaseException) -> Generator[Any, None, None]:
     """Stands for a file whose ``open`` request could not be decoded here."""
     raise error
     yield  # a generator
@@ -133,7 +133,7 @@ class _Server:
         self.reader = reader
         self.steps = steps
         self.gen = generation.value  # every queued request is of this generation
-        self.files: Dict[int, Iterator[Tuple[Columns, bool]]] = {}
+        self.files: Dict[int, Any] = {}  # generators of (piece, last), from pieces_with_end
         self.started: Set[int] = set()  # files that gave a piece
         self.kept: Dict[int, Columns] = {}
         self.inbox: Deque[tuple] = collections.deque()
@@ -215,7 +215,7 @@ class _Server:
 
     def _lost(self, lost: _ipc.MessageLost) -> None:
         """A request that cannot be decoded here: its reply (or its file's next piece) is the error."""
-        error = lost.__cause__
+        error = lost.cause
         error.add_note("pyloader: a request from the loader could not be decoded in the worker process")
         self.files[lost.tag] = _failing(error)
         self._reply(lost.tag, (False, _error(error)))
