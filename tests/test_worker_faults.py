@@ -20,7 +20,8 @@ import pytest
 import pyloader as pl
 from conftest import write_chunks
 from test_workers import REPO, TESTS, all_notes, consume_until_error, ids_of, nothing_left_behind  # noqa: F401
-from worker_helpers import EncodeDataset, ListCollator, NumReader, OddResultCollator, recorded_workers, refuse_to_init
+from worker_helpers import (EncodeDataset, ListCollator, LockReader, NumReader, OddResultCollator, recorded_workers,
+                            refuse_to_init)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,6 +67,21 @@ def test_a_collate_batch_result_that_cannot_be_pickled_is_an_error_naming_the_fi
     cause = err.__cause__
     assert type(cause) is TypeError and "pickle" in str(cause) and "lock" in str(cause)
     assert "must be picklable" in all_notes(cause) and "in the worker process" in all_notes(cause)
+
+
+@pytest.mark.timeout(60)
+def test_rows_that_cannot_be_pickled_are_an_error_naming_their_file(tmp_path):
+    """With a shuffle buffer the rows read in a worker come to the loader's process."""
+    paths = write_chunks(tmp_path / "data", [8] * 4)
+    loader = pl.DataLoader(LockReader(4, locked={"part-0002.txt"}), EncodeDataset(), ListCollator(),
+                           str(tmp_path / "data"), num_workers=2, shuffle_buffer=4)
+    with pytest.raises(pl.PipelineError) as info:
+        list(loader)
+    loader.close()
+    err = info.value
+    assert err.stage == "read_file" and err.paths == (paths[2],) and paths[2] in str(err)
+    assert type(err.__cause__) is TypeError and "lock" in str(err.__cause__)
+    assert "must be picklable" in all_notes(err.__cause__)
 
 
 # -- worker_init_fn ----------------------------------------------------------------------------

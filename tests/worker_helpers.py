@@ -233,3 +233,18 @@ class OpenFileReader(NumReader):
                     ids = []
             if ids:
                 yield {"id": ids}
+
+
+class LockReader(NumReader):
+    """Like ``NumReader``, but the files named in ``locked`` also give a column of locks,
+    which cannot be pickled."""
+
+    def __init__(self, batch_size: int = 4, locked: Iterable[str] = ()) -> None:
+        super().__init__(batch_size)
+        self.locked = frozenset(locked)
+
+    def iter_file(self, path: str) -> Iterator[Dict[str, list]]:
+        for piece in super().iter_file(path):
+            if os.path.basename(path) in self.locked:
+                piece = {**piece, "lock": [threading.Lock() for _ in piece["id"]]}
+            yield piece
