@@ -18,11 +18,11 @@ about 1,000 batches. ``_map_shared`` calls libc's ``mmap`` instead (the same
 cost) and unmaps when the last view is gone.
 
 Every message carries two integers outside its pickle: ``tag`` (the request id
-of a reply, or of a request that expects one) and ``gen`` (the generation of a
-request, see ``_pool``). A message that arrives but cannot be decoded — its
-pickle fails in this process, or its descriptor was dropped because this
-process has no free one (``EMFILE``) — raises ``MessageLost`` with them, so
-what waits for it fails instead of waiting forever. ``Sealed`` wraps one result
+of a request or of its reply, the file id of an ``open``) and ``gen`` (the
+generation of a request, see ``_pool``). A message that arrives but cannot be
+decoded — its pickle fails in this process, or its descriptor was dropped
+because this process has no free one (``EMFILE``) — raises ``MessageLost``
+with them, so what waits for it fails instead of waiting forever. ``Sealed`` wraps one result
 inside a message so that it is unpickled on its own, later: one result that
 cannot be unpickled fails alone, not the whole message.
 """
