@@ -13,6 +13,7 @@ from ._files import DataDir, list_files
 from ._frameworks import mover, pinner, unstack
 from ._length import count_files, epoch_batches
 from ._pipeline import Settings, batches
+from ._pool import KeptPool
 from ._runners import Exclusive
 from ._shard import Sharding, resolve as resolve_sharding
 from ._source import FileSource
@@ -120,7 +121,8 @@ class DataLoader:
                  pad_value: Any = 0, num_workers: int = 0, num_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  start_method: Optional[str] = None, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, even_batches: str = "pad") -> None:
+                 world_size: Optional[int] = None, even_batches: str = "pad",
+                 persistent_workers: bool = False) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
@@ -135,6 +137,13 @@ class DataLoader:
         self._exclusive = Exclusive((datareader, dataset, datacollator))
         self.worker_init_fn = worker_init_fn
         self.start_method = start_method
+        if persistent_workers and not num_workers:
+            raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0")
+        self.persistent_workers = bool(persistent_workers)
+        # ended by close(), or when the loader is collected or the interpreter exits
+        self._kept_workers = KeptPool() if persistent_workers else None
+        if self._kept_workers is not None:
+            weakref.finalize(self, self._kept_workers.close)
         self.stream = bool(stream)
         self.seq_len = seq_len
         self.padding_mode = padding_mode
@@ -223,7 +232,7 @@ class DataLoader:
             stats=self._stats, finish=self._finish, stream=self.stream, seq_len=self.seq_len,
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
-            sharding=self.sharding,
+            kept_workers=self._kept_workers, sharding=self.sharding,
             count_cache=self._count_cache, exclusive=self._exclusive)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
@@ -235,7 +244,13 @@ class DataLoader:
         return self._move(batch.data) if self._move is not None else batch.data
 
     def close(self) -> None:
-        """Stop the running iteration, if any: its tasks and threads end within a second."""
+        """Stop the running iteration, if any: its tasks and threads end within a second; and
+        end the worker processes kept with ``persistent_workers`` (the next iteration starts new ones)."""
+        self._stop_run()
+        if self._kept_workers is not None:
+            self._kept_workers.close()
+
+    def _stop_run(self) -> None:
         it = self._iterator() if self._iterator is not None else None
         if it is not None:
             it.close()
@@ -309,7 +324,7 @@ class DataLoader:
         naming each setting that differs, with both values.
         """
         start = read_state(state, self._fingerprint(), old_files_digest(self.files), self.num_epoch)
-        self.close()
+        self._stop_run()
         self._next, self._record = start, None
 
     def shard(self, rank: int, world_size: int) -> "DataLoader":

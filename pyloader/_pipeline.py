@@ -13,7 +13,7 @@ from ._even import EvenSteps
 from ._frameworks import attach_meta
 from ._length import checked_count
 from ._map import OrderedMap, Step
-from ._pool import WorkerPool
+from ._pool import KeptPool, WorkerPool
 from ._read import ReadFiles
 from ._runners import Exclusive, Lane, PoolRunner, ThreadRunner
 from ._shard import Sharding
@@ -49,6 +49,7 @@ class Settings:
     num_threads: int = 1
     worker_init_fn: Optional[Callable[[int], None]] = None
     start_method: Optional[str] = None
+    kept_workers: Optional[KeptPool] = None  # persistent_workers: the pool outlives the run
     sharding: Sharding = Sharding()
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
@@ -141,7 +142,11 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     lane = Lane(run_blocking, s.num_threads, s.exclusive)
     pool = None
     if s.num_workers:
-        pool = WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method)
+        def make_pool() -> WorkerPool:
+            return WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method,
+                              persistent=s.kept_workers is not None)
+
+        pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
         pool.start()
         runner: Any = PoolRunner(pool, here, lane, run_blocking, all_steps=local, uses=(s.dataset, s.collator))
     else:
@@ -180,4 +185,4 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
             yield attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
     finally:
         if pool is not None:
-            pool.close()
+            pool.finish()

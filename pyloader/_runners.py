@@ -18,8 +18,10 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import os
 import threading
 import time
+import weakref
 from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ._abc import DataReader, is_thread_safe
@@ -47,10 +49,15 @@ def read_priority(task: FileTask) -> Tuple[int, int, int]:
 class Exclusive:
     """One lock per user object that is not thread-safe (``is_thread_safe``): a call
     ``using`` such objects holds their locks while it runs, wherever it runs from
-    (the lane's threads, or ``len()`` counting in the caller's thread)."""
+    (the lane's threads, or ``len()`` counting in the caller's thread). A forked
+    child gets fresh locks: one held by a thread of the parent would never be released."""
 
     def __init__(self, objects: Sequence[Any]) -> None:
         self._locks = {id(obj): threading.Lock() for obj in objects if not is_thread_safe(obj)}
+        _all_exclusive.add(self)
+
+    def _renew(self) -> None:
+        self._locks = {key: threading.Lock() for key in self._locks}
 
     def keys(self, uses: Sequence[Any]) -> Tuple[int, ...]:
         """The locks a call using ``uses`` needs, in the one order every call takes them in."""
@@ -61,6 +68,17 @@ class Exclusive:
             for key in keys:
                 held.enter_context(self._locks[key])
             return fn(*args)
+
+
+_all_exclusive: "weakref.WeakSet[Exclusive]" = weakref.WeakSet()
+
+
+def _renew_locks_in_child() -> None:
+    for exclusive in list(_all_exclusive):
+        exclusive._renew()
+
+
+os.register_at_fork(after_in_child=_renew_locks_in_child)
 
 
 class Lane:

@@ -22,10 +22,10 @@ import psutil
 import pytest
 
 import pyloader as pl
-from conftest import STOP_WAYS, stop_early, wait_no_children, wait_no_threads, write_chunks
+from conftest import STOP_WAYS, our_threads, stop_early, wait_no_children, wait_no_threads, write_chunks
 from pyloader.collators import NumpyCollator
 from pyloader.readers import NumpyReader
-from worker_helpers import EncodeDataset, InitRecorder, ListCollator, NumReader, recorded_workers
+from worker_helpers import EncodeDataset, InitRecorder, ListCollator, NumReader, OpenFileReader, recorded_workers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -536,3 +536,148 @@ def test_skip_policy_with_workers(tmp_path, caplog):
     assert paths[2] in stats["errors"][0] and paths[5] in stats["errors"][1]
     assert stats["samples_read"] == len(ids)
     assert paths[2] in caplog.text and paths[5] in caplog.text
+
+
+# -- 11. persistent workers ----------------------------------------------------------------------
+def alive_pids(records: List[Tuple[int, int]]) -> List[int]:
+    return [pid for _, pid in records if not gone(pid)]
+
+
+def threads_once_settled(expected: set, timeout: float = 1.5) -> List[str]:
+    """Our threads, once none but ``expected`` remain (or the timeout passed)."""
+    deadline = time.monotonic() + timeout
+    while set(our_threads()) - expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return our_threads()
+
+
+def test_persistent_workers_serve_every_iteration_until_close(tmp_path):
+    write_chunks(tmp_path / "data", SIZES)
+    (tmp_path / "init").mkdir()
+    config = {"num_epoch": 2, "shuffle": True, "reader": {"shuffle": True, "piece": 3}}
+    want = run_config(str(tmp_path / "data"), 0, config)
+    loader = pl.DataLoader(NumReader(4, shuffle=True, piece=3), EncodeDataset(), NumpyCollator(),
+                           str(tmp_path / "data"), num_epoch=2, shuffle=True, random_seed=3, num_workers=2,
+                           worker_init_fn=InitRecorder(str(tmp_path / "init")), persistent_workers=True)
+    for run in range(3):
+        loader.set_epoch(0)  # every iteration compared with the same epochs
+        assert_same_batches([(loader.epoch, batch) for batch in loader], want, f"iteration {run}")
+        records = recorded_workers(str(tmp_path / "init"))
+        assert [wid for wid, _ in records] == [0, 1], "workers were started again"
+        assert alive_pids(records) == [pid for _, pid in records], "the workers ended with the iteration"
+        # the thread that started the workers stays with them (a worker ends when that thread ends)
+        assert threads_once_settled({"pyloader-workers-0"}) == ["pyloader-workers-0"]
+    loader.close()
+    assert wait_no_children(3.0) == []
+    assert alive_pids(records) == []
+    loader.set_epoch(0)
+    with loader:  # closed is not broken: the next iteration starts new workers
+        assert_same_batches([(loader.epoch, batch) for batch in loader], want, "after close")
+    assert len(recorded_workers(str(tmp_path / "init"))) == 4
+
+
+@pytest.mark.parametrize("name", ["plain", "shuffle_buffer", "pieces_across_files", "stream", "everything"])
+def test_persistent_workers_after_an_early_stop_give_the_next_iteration_exactly_its_batches(tmp_path, name):
+    """Stopping mid-iteration leaves requests in flight and pieces kept in the workers: none of
+    it may reach the next iteration (which must equal a fresh loader's output)."""
+    write_chunks(tmp_path / "data", SIZES * 3)
+    config = dict(CONFIGS[name])
+    want = run_config(str(tmp_path / "data"), 0, config)
+    reader_kw = dict(config.pop("reader", {}))
+    batch_size = reader_kw.pop("batch_size", 4)
+    dataset = pl.IdentityDataset() if config.pop("dataset", None) == "identity" else EncodeDataset()
+    loader = pl.DataLoader(NumReader(batch_size, delay=0.002, **reader_kw), dataset, NumpyCollator(),
+                           str(tmp_path / "data"), num_workers=2, random_seed=3, persistent_workers=True, **config)
+    with loader:
+        for after in (1, 5, 2):
+            for k, _ in enumerate(loader, 1):
+                if k == after:
+                    break
+            loader.set_epoch(0)  # the next iteration would start with the next epoch
+            assert_same_batches([(loader.epoch, batch) for batch in loader], want, f"{name} after {after}")
+
+
+def test_persistent_workers_forget_the_files_of_an_iteration_left_early(tmp_path):
+    write_chunks(tmp_path / "data", [40] * 6)
+    (tmp_path / "init").mkdir()
+    loader = pl.DataLoader(OpenFileReader(4, piece=4), EncodeDataset(), ListCollator(), str(tmp_path / "data"),
+                           num_workers=2, worker_init_fn=InitRecorder(str(tmp_path / "init")), persistent_workers=True)
+
+    def open_in_workers() -> List[str]:
+        pids = [pid for _, pid in recorded_workers(str(tmp_path / "init"))]
+        return [f.path for pid in pids for f in psutil.Process(pid).open_files() if "part-" in f.path]
+
+    with loader:
+        for k, _ in enumerate(loader, 1):
+            if k == 3:
+                break  # files are left mid-read in the workers (closed as soon as they see the run ended)
+        assert ids_of(loader) == list(range(240))
+        assert open_in_workers() == []
+
+
+def test_persistent_workers_end_when_the_loader_is_collected(tmp_path):
+    write_chunks(tmp_path / "data", SIZES)
+    (tmp_path / "init").mkdir()
+    loader = pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), str(tmp_path / "data"), num_workers=2,
+                           worker_init_fn=InitRecorder(str(tmp_path / "init")), persistent_workers=True)
+    assert ids_of(loader) == list(range(TOTAL))
+    records = recorded_workers(str(tmp_path / "init"))
+    assert len(alive_pids(records)) == 2
+    del loader
+    gc.collect()
+    assert wait_no_children(3.0) == []
+    assert alive_pids(records) == []
+    assert wait_no_threads() == []
+
+
+@pytest.mark.parametrize("mid_iteration", [False, True])
+def test_persistent_workers_end_at_interpreter_exit(tmp_path, mid_iteration):
+    write_chunks(tmp_path / "data", SIZES)
+    (tmp_path / "init").mkdir()
+    code = textwrap.dedent(f"""
+        import pyloader as pl
+        from worker_helpers import EncodeDataset, InitRecorder, ListCollator, NumReader
+
+        loader = pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), {str(tmp_path / "data")!r},
+                               num_workers=2, worker_init_fn=InitRecorder({str(tmp_path / "init")!r}),
+                               persistent_workers=True)
+        print("IDS", sum(len(b["id"]) for b in loader))
+        it = iter(loader)
+        if {mid_iteration!r}:
+            next(it)
+        print("EXITING", flush=True)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert out.stdout.split() == ["IDS", str(TOTAL), "EXITING"]
+    assert out.stderr == ""
+    records = recorded_workers(str(tmp_path / "init"))
+    assert len(records) == 2
+    deadline = time.monotonic() + 5
+    while alive_pids(records) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive_pids(records) == []
+
+
+def test_persistent_workers_are_started_again_after_one_died(tmp_path):
+    write_chunks(tmp_path / "data", SIZES)
+    (tmp_path / "init").mkdir()
+    loader = pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), str(tmp_path / "data"), num_workers=2,
+                           worker_init_fn=InitRecorder(str(tmp_path / "init")), persistent_workers=True)
+    with loader:
+        assert ids_of(loader) == list(range(TOTAL))
+        first = recorded_workers(str(tmp_path / "init"))
+        os.kill(first[0][1], signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while not gone(first[0][1]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ids_of(loader) == list(range(TOTAL))
+        assert len(recorded_workers(str(tmp_path / "init"))) == 4
+        assert alive_pids(first) == []
+
+
+def test_persistent_workers_need_workers(tmp_path):
+    write_chunks(tmp_path / "data", [3])
+    with pytest.raises(ValueError, match="num_workers"):
+        pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), str(tmp_path / "data"), persistent_workers=True)

@@ -168,3 +168,83 @@ def recorded_workers(folder: str) -> List[Tuple[int, int]]:
         if wid.isdigit() and pid.isdigit():
             out.append((int(wid), int(pid)))
     return sorted(out)
+
+
+def refuse_to_init(worker_id: int) -> None:
+    """A ``worker_init_fn`` that fails, from a named function for the traceback to mention."""
+    raise ValueError(f"no device for worker {worker_id}")
+
+
+def cannot_be_rebuilt(text: str) -> None:
+    raise ValueError(f"cannot be rebuilt here: {text}")
+
+
+class RebuildFails:
+    """Pickles fine in a worker, but unpickling it (in the loader) raises ValueError."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __reduce__(self):
+        return cannot_be_rebuilt, (self.text,)
+
+
+class OddResultCollator(ListCollator):
+    """Like ``ListCollator``, but the batch holding ``on_id`` gets an odd extra column:
+    ``"lock"``, which cannot be pickled, or ``"rebuild"``, which cannot be unpickled."""
+
+    def __init__(self, on_id: int, odd: str) -> None:
+        super().__init__()
+        self.on_id = on_id
+        self.odd = odd
+
+    def collate_batch(self, features):
+        out = super().collate_batch(features)
+        if self.on_id in out["id"]:
+            out["odd"] = threading.Lock() if self.odd == "lock" else RebuildFails(f"batch of {self.on_id}")
+        return out
+
+
+class BlobCollator(pl.DataCollator):
+    """``id`` and ``blob``: per sample ``width`` float64 copies of its id, so that a batch's
+    arrays travel out of band (through a memfd), not inside the pickle."""
+
+    def __init__(self, width: int = 4096) -> None:
+        self.width = width
+
+    def collate_batch(self, features):
+        import numpy as np
+
+        ids = np.asarray(features["id"], dtype=np.int64)
+        return {"id": ids, "blob": np.repeat(ids.astype(np.float64)[:, None], self.width, axis=1)}
+
+
+class OpenFileReader(NumReader):
+    """Reads ``piece`` lines at a time and keeps the file open in between (the default reader
+    loads each file first): a file left mid-read stays open in the process reading it."""
+
+    def iter_file(self, path: str) -> Iterator[Dict[str, list]]:
+        with open(path) as f:
+            ids: List[int] = []
+            for line in f:
+                ids.append(int(line))
+                if len(ids) == self.piece:
+                    yield {"id": ids}
+                    ids = []
+            if ids:
+                yield {"id": ids}
+
+
+class LockReader(NumReader):
+    """Like ``NumReader``, but the files named in ``locked`` also give a column of locks,
+    which cannot be pickled."""
+
+    def __init__(self, batch_size: int = 4, locked: Iterable[str] = ()) -> None:
+        super().__init__(batch_size)
+        self.locked = frozenset(locked)
+
+    def iter_file(self, path: str) -> Iterator[Dict[str, list]]:
+        for piece in super().iter_file(path):
+            if os.path.basename(path) in self.locked:
+                piece = {**piece, "lock": [threading.Lock() for _ in piece["id"]]}
+            yield piece
