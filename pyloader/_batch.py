@@ -203,8 +203,9 @@ class Batcher:
 
     def __init__(self, files: Sequence[str], batch_size: int, drop_last: bool,
                  shuffle_buffer: int, seed: int, flag_padding: bool = False,
-                 steps: Optional[Callable[[int], int]] = None) -> None:
+                 steps: Optional[Callable[[int], int]] = None, resumed: Tuple[int, int] = (-1, 0)) -> None:
         self.files = files
+        self.resumed = resumed  # (epoch, first batch): an epoch whose files start past its first batches
         self.flag_padding = flag_padding
         self.steps = steps
         self._last: Optional[Tuple[Any, int, Tuple[str, ...]]] = None  # (data, rows, paths) of the last batch cut
@@ -276,12 +277,17 @@ class Batcher:
             index += len(group)
             yield group
 
+    def _first_index(self, epoch: int) -> int:
+        return self.resumed[1] if epoch == self.resumed[0] else 0
+
     async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Group]:
         epoch, index = None, 0
         buffer: Optional[ShuffleBuffer] = None
         sizes = GroupSize()
         async for item in items:
             if isinstance(item, EpochEnd):
+                if epoch is None:
+                    index = self._first_index(item.epoch)
                 if buffer is not None:
                     for columns in buffer.drain():
                         self._push(_mixed(columns))
@@ -299,6 +305,7 @@ class Batcher:
                 continue
             if epoch is None:
                 epoch = item.task.epoch
+                index = self._first_index(epoch)
                 if self.shuffle_buffer:
                     buffer = ShuffleBuffer(self.shuffle_buffer, self.seed, epoch)
             async for piece in read.pieces(item):

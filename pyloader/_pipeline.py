@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
-from ._errors import ErrorHandler, Stats
+from ._errors import ErrorHandler, Stats, reraise
 from ._even import EvenSteps
 from ._frameworks import attach_meta
 from ._length import checked_count
@@ -152,14 +152,18 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     else:
         runner = ThreadRunner(s.reader, local, lane, run_blocking, uses=(s.dataset, s.collator))
     try:
-        counts = await count_samples(s, lane) if s.sharding.active else None
+        # a resumed epoch starts past the files before its position, found from the counts; a
+        # shuffle buffer or stream rows depend on everything before it, and so does the sample
+        # a batch starts at once errors may have been skipped: those replay the epoch
+        past_files = bool(start.skip) and not s.stream and not s.shuffle_buffer and s.errors.policy is reraise
+        counts = await count_samples(s, lane) if s.sharding.active or past_files else None
         source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
         # stream rows need several files before their first batch (no ramp there), and rows whose
         # files end at the same step all need a new one at once: a file per row is read ahead
         ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
         read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, ahead, s.errors, s.stats,
                          start_ahead=None if s.stream else max(0, s.num_workers - 1))
-        files = read.iterate(source.iterate(start.epoch), tasks)
+        files = read.iterate(source.iterate(start.epoch, start.skip * s.reader.batch_size if past_files else 0), tasks)
         steps = None
         if s.sharding.active:
             def steps(epoch: int) -> int:
@@ -173,9 +177,10 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
                                          steps, fallback)
         else:
             batcher = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
-                              flag_padding=s.sharding.active, steps=steps)
+                              flag_padding=s.sharding.active, steps=steps,
+                              resumed=(start.epoch, start.skip) if past_files else (-1, 0))
         raw = batcher.iterate(files, read)
-        if start.skip:
+        if start.skip and not past_files:
             raw = _skip(raw, start)
         groups = OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks)
         if steps is not None:  # a batch skipped after an error leaves a hole, padded there

@@ -1,6 +1,7 @@
 """Stage 1: which file is read when — the per-epoch plan of files."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Union
 
@@ -92,7 +93,24 @@ class FileSource:
             return stream_target(order, self.counts, batch_size, seq_len or 1, self.sharding)
         return planned_steps(order, self.counts, self.sharding, batch_size, drop_last)
 
-    def iterate(self, start_epoch: int = 0) -> Iterator[SourceItem]:
+    def tasks_after(self, epoch: int, rows: int) -> Iterator[FileTask]:
+        """``tasks(epoch)`` less their first ``rows`` rows (a resumed epoch): the files wholly
+        before that point are not read at all, and the one it falls in is read from there on.
+        Needs the counts."""
+        assert self.counts is not None, "resuming past whole files needs the sample counts"
+        for task in self.tasks(epoch):
+            end = self.counts[task.index] if task.end is None else task.end
+            if rows >= end - task.start:
+                rows -= end - task.start
+                continue
+            if rows:
+                task = dataclasses.replace(task, start=task.start + rows, end=end, count=self.counts[task.index])
+                rows = 0
+            yield task
+
+    def iterate(self, start_epoch: int = 0, skip_rows: int = 0) -> Iterator[SourceItem]:
+        """Every epoch's tasks from ``start_epoch`` on, each epoch closed by an ``EpochEnd``;
+        the first epoch less its first ``skip_rows`` rows (see ``tasks_after``)."""
         for epoch in range(start_epoch, self.num_epoch):
-            yield from self.tasks(epoch)
+            yield from self.tasks_after(epoch, skip_rows) if skip_rows and epoch == start_epoch else self.tasks(epoch)
             yield EpochEnd(epoch)
