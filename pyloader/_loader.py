@@ -75,7 +75,8 @@ class _Run:
         self.ended: Optional[str] = None  # "exhausted", "closed"
 
     def position(self) -> Start:
-        return Start(self.epoch, self.consumed, self.start.end)
+        splits = self.start.splits if self.epoch == self.start.epoch else ()
+        return Start(self.epoch, self.consumed, self.start.end, splits)
 
     def close(self) -> None:
         if self.ended is None:

@@ -17,7 +17,7 @@ from ._pool import KeptPool, WorkerPool
 from ._read import ReadFiles
 from ._runners import Exclusive, Lane, PoolRunner, ThreadRunner
 from ._shard import Sharding
-from ._source import FileSource, FileTask
+from ._source import Elastic, FileSource, FileTask
 from ._state import Start
 from ._stream import StreamBatcher
 
@@ -155,15 +155,18 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
         # a resumed epoch starts past the files before its position, found from the counts; a
         # shuffle buffer or stream rows depend on everything before it, and so does the sample
         # a batch starts at once errors may have been skipped: those replay the epoch
-        past_files = bool(start.skip) and not s.stream and not s.shuffle_buffer and s.errors.policy is reraise
-        counts = await count_samples(s, lane) if s.sharding.active or past_files else None
-        source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
+        past_files = start.skip > start.base and not s.stream and not s.shuffle_buffer and s.errors.policy is reraise
+        elastic = Elastic(start.epoch, start.splits, s.reader.batch_size) if start.splits else None
+        counts = await count_samples(s, lane) if s.sharding.active or past_files or elastic else None
+        source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream,
+                            elastic=elastic)
         # stream rows need several files before their first batch (no ramp there), and rows whose
         # files end at the same step all need a new one at once: a file per row is read ahead
         ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
         read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, ahead, s.errors, s.stats,
                          start_ahead=None if s.stream else max(0, s.num_workers - 1))
-        files = read.iterate(source.iterate(start.epoch, start.skip * s.reader.batch_size if past_files else 0), tasks)
+        skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
+        files = read.iterate(source.iterate(start.epoch, skip_rows), tasks)
         steps = None
         if s.sharding.active:
             def steps(epoch: int) -> int:
@@ -178,7 +181,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
         else:
             batcher = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
                               flag_padding=s.sharding.active, steps=steps,
-                              resumed=(start.epoch, start.skip) if past_files else (-1, 0))
+                              resumed=(start.epoch, start.skip if past_files else start.base))
         raw = batcher.iterate(files, read)
         if start.skip and not past_files:
             raw = _skip(raw, start)

@@ -70,37 +70,84 @@ def ranges(order: Sequence[int], counts: Sequence[int], lo: int, hi: int) -> Lis
     return out
 
 
-def _shares(order: Sequence[int], counts: Sequence[int], s: Sharding) -> Tuple[List[int], int]:
-    """Where the ranks' shares of an epoch start (and the last ends), and how many samples every
+Span = Tuple[int, int]  # rows [a, b) of an epoch's sample stream
+Split = Tuple[int, int]  # (world size, batches every rank took) of a part of an epoch (elastic resume)
+
+
+def _length(spans: Sequence[Span]) -> int:
+    return sum(b - a for a, b in spans)
+
+
+def _slice(spans: Sequence[Span], lo: int, hi: int) -> List[Span]:
+    """Rows ``[lo, hi)`` of the rows of ``spans`` put end to end, as spans of the epoch stream."""
+    out, offset = [], 0
+    for a, b in spans:
+        start, end = max(lo, offset), min(hi, offset + b - a)
+        if start < end:
+            out.append((a + start - offset, a + end - offset))
+        offset += b - a
+    return out
+
+
+def _shares(spans: Sequence[Span], world_size: int, even_batches: str) -> Tuple[List[int], int]:
+    """Where the ranks' shares of ``spans`` start (and the last ends), and how many samples every
     rank reads: the longest share (pad) or the shortest (drop)."""
+    cuts = bounds(_length(spans), world_size)
+    sizes = [cuts[r + 1] - cuts[r] for r in range(world_size)]
+    return cuts, max(sizes) if even_batches == "pad" else min(sizes)
+
+
+def undelivered(total: int, splits: Sequence[Split], batch_size: int, even_batches: str) -> List[Span]:
+    """The rows of an epoch of ``total`` rows that no rank delivered in the ``splits`` before
+    (elastic resume): each split shares out what the one before it left, and every rank of it
+    took the same number of batches (from its share; beyond it, padding)."""
+    left: List[Span] = [(0, total)]
+    for world_size, batches in splits:
+        cuts, target = _shares(left, world_size, even_batches)
+        rest: List[Span] = []
+        for r in range(world_size):
+            taken = min(batches * batch_size, cuts[r + 1] - cuts[r], target)
+            rest.extend(_slice(left, cuts[r] + taken, cuts[r + 1]))
+        left = rest
+    return left
+
+
+def _spans(order: Sequence[int], counts: Sequence[int], splits: Sequence[Split], batch_size: int,
+           even_batches: str) -> List[Span]:
     total = sum(counts[i] for i in order)
-    cuts = bounds(total, s.world_size)
-    sizes = [cuts[r + 1] - cuts[r] for r in range(s.world_size)]
-    return cuts, max(sizes) if s.even_batches == "pad" else min(sizes)
+    return undelivered(total, splits, batch_size, even_batches) if splits else [(0, total)]
 
 
-def planned_steps(order: Sequence[int], counts: Sequence[int], s: Sharding, batch_size: int, drop_last: bool) -> int:
-    """The number of batches every rank gives in an epoch (outside stream mode)."""
-    target = _shares(order, counts, s)[1]
+def planned_steps(order: Sequence[int], counts: Sequence[int], s: Sharding, batch_size: int, drop_last: bool,
+                  splits: Sequence[Split] = ()) -> int:
+    """The number of batches every rank gives in an epoch (outside stream mode), or in what the
+    ``splits`` before left of it."""
+    target = _shares(_spans(order, counts, splits, batch_size, s.even_batches), s.world_size, s.even_batches)[1]
     return target // batch_size if drop_last else -(-target // batch_size)
 
 
-def rank_ranges(order: Sequence[int], counts: Sequence[int], s: Sharding) -> Tuple[List[Range], List[Range]]:
-    """This rank's share of an epoch, and the padding ranges that even out the step count."""
-    cuts, target = _shares(order, counts, s)
+def rank_ranges(order: Sequence[int], counts: Sequence[int], s: Sharding, splits: Sequence[Split] = (),
+                batch_size: int = 1) -> Tuple[List[Range], List[Range]]:
+    """This rank's share of an epoch (or of what the ``splits`` before left of it), and the
+    padding ranges that even out the step count."""
+    left = _spans(order, counts, splits, batch_size, s.even_batches)
+
+    def as_ranges(lo: int, hi: int) -> List[Range]:
+        return [r for a, b in _slice(left, lo, hi) for r in ranges(order, counts, a, b)]
+
+    cuts, target = _shares(left, s.world_size, s.even_batches)
     total = cuts[-1]
-    mine = cuts[s.rank + 1] - cuts[s.rank]
-    lo = cuts[s.rank]
-    if target <= mine:
-        return ranges(order, counts, lo, lo + target), []
-    # pad with the samples that follow this rank's share, wrapping around the epoch
-    need, pad, start = target - mine, [], cuts[s.rank + 1] % total if total else 0
+    lo, hi = cuts[s.rank], cuts[s.rank + 1]
+    if target <= hi - lo:
+        return as_ranges(lo, lo + target), []
+    # pad with the samples that follow this rank's share, wrapping around
+    need, pad, start = target - (hi - lo), [], hi % total if total else 0
     while need and total:
         take = min(need, total - start)
-        pad.extend(ranges(order, counts, start, start + take))
+        pad.extend(as_ranges(start, start + take))
         need -= take
         start = 0
-    return ranges(order, counts, lo, cuts[s.rank + 1]), pad
+    return as_ranges(lo, hi), pad
 
 
 def stream_steps(lengths: Sequence[int], rows: int, width: int) -> int:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 from ._rng import FILE_ORDER, derive_rng
-from ._shard import Sharding, planned_steps, rank_ranges, stream_files, stream_target
+from ._shard import Sharding, Split, planned_steps, rank_ranges, stream_files, stream_target
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,16 @@ class FileTask:
     end: Optional[int] = None
     pad: bool = False
     count: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """Epoch ``epoch`` was begun under other world sizes: every rank of split ``(world_size, n)``
+    took ``n`` batches of ``batch_size``; this run shares out what they left."""
+
+    epoch: int
+    splits: Tuple[Split, ...]
+    batch_size: int
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,7 @@ class FileSource:
 
     def __init__(self, files: Sequence[str], num_epoch: int, shuffle: bool, seed: int,
                  sharding: Sharding = Sharding(), counts: Optional[Sequence[Optional[int]]] = None,
-                 whole_files: bool = False) -> None:
+                 whole_files: bool = False, elastic: Optional[Elastic] = None) -> None:
         self.files = list(files)
         self.num_epoch = num_epoch
         self.shuffle = shuffle
@@ -59,6 +69,7 @@ class FileSource:
         self.counts = None if counts is None else [n or 0 for n in counts]
         self.left_out = frozenset(i for i, n in enumerate(counts or ()) if n is None)
         self.whole_files = whole_files  # stream mode: ranks split files, not sample ranges
+        self.elastic = elastic
 
     def order(self, epoch: int) -> List[int]:
         if not self.shuffle:
@@ -68,7 +79,7 @@ class FileSource:
     def tasks(self, epoch: int) -> Iterator[FileTask]:
         """The files this rank reads in ``epoch``: all of them, or its share plus padding."""
         order = self.order(epoch)
-        if not self.sharding.active:
+        if not self.sharding.active and not self._splits(epoch)[0]:
             for pos, index in enumerate(order):
                 yield FileTask(epoch, pos, index, self.files[index])
             return
@@ -80,7 +91,8 @@ class FileSource:
             return
         assert self.counts is not None, "sharding needs the sample counts"
         pos_of = {index: pos for pos, index in enumerate(order)}
-        share, padding = rank_ranges(order, self.counts, self.sharding)
+        splits, batch_size = self._splits(epoch)
+        share, padding = rank_ranges(order, self.counts, self.sharding, splits, batch_size)
         for pad, part in ((False, share), (True, padding)):
             for index, start, end in part:
                 yield FileTask(epoch, pos_of[index], index, self.files[index], start, end, pad, self.counts[index])
@@ -91,7 +103,15 @@ class FileSource:
         order = self.order(epoch)
         if self.whole_files:
             return stream_target(order, self.counts, batch_size, seq_len or 1, self.sharding)
-        return planned_steps(order, self.counts, self.sharding, batch_size, drop_last)
+        splits, _ = self._splits(epoch)
+        return sum(b for _, b in splits) + planned_steps(order, self.counts, self.sharding, batch_size, drop_last,
+                                                          splits)
+
+    def _splits(self, epoch: int) -> Tuple[Sequence[Split], int]:
+        """The parts of ``epoch`` taken under other world sizes before this run (elastic resume)."""
+        if self.elastic is None or self.elastic.epoch != epoch:
+            return (), 1
+        return self.elastic.splits, self.elastic.batch_size
 
     def tasks_after(self, epoch: int, rows: int) -> Iterator[FileTask]:
         """``tasks(epoch)`` less their first ``rows`` rows (a resumed epoch): the files wholly

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from ._files import is_url
 
@@ -25,11 +25,18 @@ OLD_FORMAT = "pyloader.state/1"  # before epochs went on across iterations: alwa
 @dataclass(frozen=True)
 class Start:
     """Where an iteration begins: ``epoch``, after skipping its first ``skip`` batches,
-    running to ``end`` (exclusive)."""
+    running to ``end`` (exclusive). ``splits``: the parts of ``epoch`` taken under other
+    world sizes, as ``(world_size, batches)`` (elastic resume; see ``_shard.undelivered``)."""
 
     epoch: int = 0
     skip: int = 0
     end: int = 1
+    splits: Tuple[Tuple[int, int], ...] = ()
+
+    @property
+    def base(self) -> int:
+        """The first batch of ``epoch`` under the current world size."""
+        return sum(batches for _, batches in self.splits)
 
 
 def _strip_scheme(path: str) -> str:
@@ -55,7 +62,10 @@ def old_files_digest(files: Sequence[str]) -> str:
 
 def make_state(start: Start, settings: Mapping[str, Any]) -> Dict[str, Any]:
     return {"format": FORMAT, "epoch": start.epoch, "batches_in_epoch": start.skip, "end_epoch": start.end,
-            "settings": dict(settings)}
+            "splits": [list(split) for split in start.splits], "settings": dict(settings)}
+
+
+_PER_RANK = ("rank", "world_size")  # any rank's state resumes every rank, under any world size
 
 
 def _integer(state: Mapping[str, Any], name: str) -> int:
@@ -75,7 +85,7 @@ def read_state(state: Any, ours: Mapping[str, Any], old_files: str, num_epoch: i
     if state["format"] == OLD_FORMAT:
         ours = {**ours, "files": old_files}
     differ = [f"{k} (saved {theirs.get(k)!r}, now {ours[k]!r})" for k in ours
-              if k in theirs or state["format"] == FORMAT
+              if k not in _PER_RANK and (k in theirs or state["format"] == FORMAT)
               if json.dumps(ours[k]) != json.dumps(theirs.get(k))]
     if differ:
         raise ValueError(f"the state was saved with other data or settings: {'; '.join(differ)}")
@@ -87,7 +97,34 @@ def read_state(state: Any, ours: Mapping[str, Any], old_files: str, num_epoch: i
     end = _integer(state, "end_epoch")
     if end <= epoch:
         raise ValueError(f"the state's end_epoch {end} must be after its epoch {epoch}")
-    return Start(epoch, skip, end)
+    start = Start(epoch, skip, end, _splits(state.get("splits", [])))
+    if skip < start.base:
+        raise ValueError(f"the state's batches_in_epoch {skip} is before its splits end ({start.base})")
+    return _elastic(start, theirs.get("world_size"), ours)
+
+
+def _splits(value: Any) -> Tuple[Tuple[int, int], ...]:
+    ok = isinstance(value, list) and all(
+        isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
+        and s[0] >= 1 and s[1] >= 0 for s in value)
+    if not ok:
+        raise ValueError(f"the state's splits must be a list of [world_size, batches], got {value!r}")
+    return tuple((w, b) for w, b in value)
+
+
+def _elastic(start: Start, saved_world: Any, ours: Mapping[str, Any]) -> Start:
+    """``start`` for this world size: under another one than the state's, the rest of the epoch
+    is shared out anew (what the saved ranks took becomes a split)."""
+    if not isinstance(saved_world, int) or saved_world < 1:
+        raise ValueError(f"the state's world_size must be an integer >= 1, got {saved_world!r}")
+    taken = start.skip - start.base
+    if saved_world == ours["world_size"] or not taken:
+        return start
+    if ours["stream"] or ours["shuffle_buffer"]:
+        raise ValueError(f"the state was saved mid-epoch under world_size={saved_world}, not {ours['world_size']}: "
+                         f"resuming under another world size is not supported in stream mode or with a "
+                         f"shuffle buffer (whose delivered samples are not a prefix of each rank's share)")
+    return Start(start.epoch, start.skip, start.end, (*start.splits, (saved_world, taken)))
 
 
 def after(last_epoch: Optional[int], start: Start, num_epoch: int) -> Start:

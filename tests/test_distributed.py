@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Dict, List
 
 import numpy as np
 import pytest
@@ -479,3 +480,89 @@ def test_a_stream_rank_without_files_pads_every_epoch_alike(tmp_path):
     resumed = make()
     resumed.load_state_dict(state)
     assert head + [as_lists(b) for b in resumed] == full
+
+
+# -- elastic resume: a state saved under one world size, loaded under another ---------------------
+def _real(batch) -> List[int]:
+    return [i for i, pad in zip(batch["id"], batch.get(PADDING, [False] * len(batch["id"]))) if not pad]
+
+
+@pytest.mark.parametrize("old, new", [(2, 3), (4, 2), (3, 1), (1, 2)])
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_state_resumes_exactly_under_another_world_size(tmp_path, old, new, where, shuffled):
+    sizes = [5, 0, 9, 3, 7, 1, 6, 11, 4, 8]  # 54 samples
+    write_chunks(tmp_path / "data", sizes)
+
+    def make(rank, world_size):
+        return pl.DataLoader(IdReader(3, shuffle=shuffled, random_seed=4), pl.IdentityDataset(), ListCollator(),
+                             str(tmp_path / "data"), num_epoch=2, shuffle=shuffled, rank=rank,
+                             world_size=world_size)
+
+    per_epoch = len(make(0, old)) // 2
+    k = max(1, int(where * per_epoch))
+    delivered, state = [], None
+    for rank in range(old):  # every old rank took k batches of epoch 0
+        loader = make(rank, old)
+        it = iter(loader)
+        for _ in range(k):
+            delivered.extend(_real(next(it)))
+        assert loader.epoch == 0
+        state = json.loads(json.dumps(loader.state_dict())) if state is None else state
+        it.close()
+
+    rest, steps = [], []
+    for rank in range(new):  # one rank's state resumes every new rank
+        loader = make(rank, new)
+        loader.load_state_dict(state)
+        epochs: Dict[int, List] = {}
+        for batch in loader:
+            epochs.setdefault(loader.epoch, []).append(batch)
+        rest.extend(i for b in epochs.get(0, []) for i in _real(b))
+        steps.append(len(epochs.get(0, [])))
+        fresh = make(rank, new)  # later epochs split as usual under the new world size
+        fresh.set_epoch(1)
+        assert [b["id"] for b in epochs[1]] == [b["id"] for b in fresh if fresh.epoch == 1]
+    assert len(set(steps)) == 1, f"unequal steps {steps}"
+    assert sorted(delivered + rest) == list(range(54)), "lost or repeated samples"
+
+
+def test_an_elastic_resume_is_refused_where_delivered_samples_are_not_a_prefix(tmp_path):
+    write_chunks(tmp_path / "data", [6] * 6)
+    loader = pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path / "data"),
+                           shuffle_buffer=5, rank=0, world_size=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    other = pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path / "data"),
+                          shuffle_buffer=5, rank=0, world_size=3)
+    with pytest.raises(ValueError, match="world_size=2"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_elastic_resume_can_be_resumed_again_under_a_third_world_size(tmp_path, num_workers):
+    write_chunks(tmp_path / "data", [5, 0, 9, 3, 7, 1, 6, 11, 4, 8])
+
+    def make(rank, world_size):
+        return pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path / "data"),
+                             shuffle=True, rank=rank, world_size=world_size, num_workers=num_workers)
+
+    delivered, state = [], None
+    for world_size, k in ((2, 3), (3, 2)):  # 2 ranks take 3 batches each, then 3 ranks take 2 each
+        saved = None
+        for rank in range(world_size):
+            loader = make(rank, world_size)
+            if state is not None:
+                loader.load_state_dict(state)
+            it = iter(loader)
+            for _ in range(k):
+                delivered.extend(_real(next(it)))
+            saved = saved or json.loads(json.dumps(loader.state_dict()))
+            it.close()
+        state = saved
+    last = make(0, 1)
+    last.load_state_dict(state)
+    rest = [i for b in last for i in _real(b)]
+    assert sorted(delivered + rest) == list(range(54))
