@@ -42,7 +42,7 @@ class DataReader(abc.ABC):
         self.random_seed = int(random_seed)
 
     @abc.abstractmethod
-    def read_file(self, path: str) -> Tuple[Dict[str, Sequence], int]:
+    def read_file(self, path: str) -> Tuple[Mapping[str, Any], int]:
         """Read the file at ``path``.
 
         Returns ``(dict_samples, n_sample)``: every value of ``dict_samples`` is a
@@ -50,7 +50,7 @@ class DataReader(abc.ABC):
         a local path or an fsspec URL; ``pyloader.open_file(path)`` opens either.
         """
 
-    def iter_file(self, path: str) -> Iterator[Dict[str, Sequence]]:
+    def iter_file(self, path: str) -> Iterator[Mapping[str, Any]]:
         """Yield the samples of ``path`` in order, as dict-of-lists pieces.
 
         Override it for files too large to hold in memory; stream mode and
@@ -67,9 +67,9 @@ class DataReader(abc.ABC):
         default reads the file through ``iter_file``; override it with something
         cheaper when the format allows (a header, an index, a line count).
         """
-        return sum(n_rows(piece) for piece in self.iter_file(path))
+        return sum(n_rows(dict(piece)) for piece in self.iter_file(path))
 
-    def checked(self, path: str, columns: Mapping[str, Sequence], n_sample: int | None = None) -> Columns:
+    def checked(self, path: str, columns: Mapping[str, Any], n_sample: int | None = None) -> Columns:
         """Validate what ``read_file``/``iter_file`` returned; ``ValueError`` names the file and key."""
         return check_columns(columns, n_sample, f"file {path!r}")
 
@@ -84,7 +84,7 @@ class Dataset(abc.ABC):
     thread_safe = False
 
     @abc.abstractmethod
-    def batch_encode(self, batch_data: Dict[str, List]) -> Dict[str, List]:
+    def batch_encode(self, batch_data: Dict[str, Any]) -> Dict[str, Any]:
         """Encode ``batch_data``; every returned value has one item per sample."""
 
 
@@ -93,7 +93,7 @@ class IdentityDataset(Dataset):
 
     thread_safe = True
 
-    def batch_encode(self, batch_data: Dict[str, List]) -> Dict[str, List]:
+    def batch_encode(self, batch_data: Dict[str, Any]) -> Dict[str, Any]:
         return batch_data
 
 
@@ -107,5 +107,5 @@ class DataCollator(abc.ABC):
     thread_safe = False
 
     @abc.abstractmethod
-    def collate_batch(self, features: Dict[str, List]) -> Dict[str, Any]:
+    def collate_batch(self, features: Dict[str, Any]) -> Dict[str, Any]:
         """Collate ``features`` (dict of lists, one item per sample) into a dict of tensors."""

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from operator import itemgetter
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
-Columns = Dict[str, Sequence]
+Column = Any  # a list or a NumPy array (or another sequence), one item per sample
+Columns = Dict[str, Column]
 
 
 def check_columns(columns: Mapping[str, Sequence], n_sample: Optional[int], where: str) -> Columns:

@@ -16,7 +16,7 @@ import contextlib
 import os
 import threading
 import weakref
-from typing import Any, AsyncIterator, Callable, List
+from typing import Any, AsyncGenerator, Callable, List
 
 from ._errors import Failure
 from ._handover import EMPTY, HandOver
@@ -74,7 +74,7 @@ class Engine:
     idempotent and safe from a finalizer.
     """
 
-    def __init__(self, make: Callable[[Callable, asyncio.TaskGroup], AsyncIterator[Any]],
+    def __init__(self, make: Callable[[Callable, asyncio.TaskGroup], AsyncGenerator[Any, None]],
                  max_queue_size: int, threads: int, name: str = "pyloader") -> None:
         self._make = make
         self._executor = DaemonExecutor(threads, f"{name}-io")

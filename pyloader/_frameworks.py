@@ -96,6 +96,7 @@ def attach_meta(group: List[Any]) -> List[Any]:
     stacked = group.meta if isinstance(group, Stacked) else None
     names = (stacked or group[0].meta).keys()
     if isinstance(group, Stacked) and group.outputs is not None:  # made at once: its batches have no data yet
+        assert stacked is not None
         _check_names(names, group.outputs)
         convert = _converter(group.outputs)
         group.outputs.update((key, convert(stacked[key])) for key in names)

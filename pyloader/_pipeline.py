@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
@@ -61,7 +61,7 @@ class CheckedEncode:
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
 
-    def __call__(self, columns: Mapping) -> Any:
+    def __call__(self, columns: Dict[str, Any]) -> Any:
         out = self.dataset.batch_encode(columns)
         if not isinstance(out, abc.Mapping):
             raise TypeError(f"batch_encode must return a dict of lists, got {type(out).__name__}")
@@ -78,7 +78,7 @@ class Collate:
     def __init__(self, collator: DataCollator) -> None:
         self.collator = collator
 
-    def __call__(self, features: Mapping) -> Any:
+    def __call__(self, features: Dict[str, Any]) -> Any:
         return self.collator.collate_batch(features)
 
     def on_stacked(self, columns: Mapping) -> Optional[Mapping]:
@@ -97,8 +97,9 @@ def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
     collate: Step = ("collate_batch", Collate(s.collator))
     finish: List[Step] = [] if s.finish is None else [("pin_memory", s.finish)]
     if s.num_workers and getattr(s.collator, "converts_in_main", False):
-        there = [encode, ("collate_batch", s.collator.stack)]
-        here = [("collate_batch", s.collator.convert), *finish]
+        split: Any = s.collator  # an ArrayCollator: stacking there, converting here
+        there = [encode, ("collate_batch", split.stack)]
+        here = [("collate_batch", split.convert), *finish]
     else:
         there, here = [encode, collate], finish
     return there, here, [encode, collate, *finish]
@@ -133,7 +134,8 @@ async def _skip(groups: AsyncIterator[Group], start: Start) -> AsyncIterator[Gro
             yield group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
 
 
-async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
+async def batches(s: Settings, start: Start, run_blocking: Callable,
+                  tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
     """The stages of one run, chained; ``run_blocking(fn, *args)`` runs ``fn`` off the loop.
 
     User methods run in this process ``num_threads`` at a time (``Lane``).

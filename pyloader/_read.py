@@ -11,7 +11,7 @@ import asyncio
 import collections
 import contextlib
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Deque, Iterator, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Deque, Generator, Iterator, Optional, Tuple, Union
 
 from ._abc import DataReader
 from ._columns import Columns, n_rows, slice_rows, take
@@ -67,7 +67,8 @@ def file_pieces(reader: DataReader, task: FileTask, data: Optional[bytes] = None
                          f"ranks would take different numbers of steps")
 
 
-def pieces_with_end(reader: DataReader, task: FileTask, data: Optional[bytes] = None) -> Iterator[Tuple[Columns, bool]]:
+def pieces_with_end(reader: DataReader, task: FileTask,
+                    data: Optional[bytes] = None) -> Generator[Tuple[Columns, bool], None, None]:
     """``file_pieces`` as ``(piece, last)``: ``last`` is true when the file is known to end there.
 
     A reader that gives a file in one piece (``read_file``) is looked ahead,

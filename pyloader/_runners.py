@@ -22,7 +22,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, AsyncIterator, Callable, cast, Deque, Dict, Generator, List, Optional, Sequence, Set, Tuple, Union
 
 from ._abc import DataReader, is_thread_safe
 from ._batch import Segments, StackedOutputs
@@ -219,7 +219,8 @@ class ThreadRunner:
         self.run = LocalSteps(steps, lane, uses).run
 
     async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Columns, None]]:
-        gen = pieces_with_end(self.reader, task, await _fetch_remote(self.run_io, task))
+        gen: Generator[Tuple[Columns, bool], None, None] = pieces_with_end(
+            self.reader, task, await _fetch_remote(self.run_io, task))
         try:
             while True:
                 item = await self.lane.run(next, gen, _DONE, priority=read_priority(task), uses=(self.reader,))
@@ -307,12 +308,15 @@ class PoolRunner:
 
     async def _gathered(self, data: BatchData) -> list:
         """Run a batch whose rows are not all in one worker: rows come here, then go to the least busy one."""
+        spec: List[Tuple[Any, int, int]] = []
+        paths: Tuple[str, ...] = ()
         if not isinstance(data, Segments):
-            spec, paths = [(data, 0, n_rows(data))], ()
+            spec = [(data, 0, n_rows(data))]
         else:
-            spec, paths = [], data.paths
+            paths = data.paths
             for p, start, end in data.parts:
                 if p.ref is None:
+                    assert p.columns is not None, "a piece held here has its columns"
                     part = slice_rows(p.columns, start, end)
                 else:
                     part = await self.pool.request(p.ref.worker, "fetch", p.ref.pid, start, end,
@@ -321,7 +325,7 @@ class PoolRunner:
         jobs = [(spec, paths)]
         return await self.pool.request(self.pool.least_loaded(), "run", jobs, doing=_doing(jobs))
 
-    def _run_here(self, datas: List[BatchData]) -> bool:
+    def _run_here(self, datas: Sequence[BatchData]) -> bool:
         if not all(_rows_here(data) for data in datas):
             return False
         cost = self.here.cost()
@@ -348,14 +352,16 @@ class PoolRunner:
             worker, spec = kept
             if not parts or parts[-1][0] != worker:
                 parts.append((worker, []))
-            parts[-1][1].append((spec, data.paths))
+            parts[-1][1].append((spec, cast(Segments, data).paths))
         replies = await asyncio.gather(*(
             self._gathered(jobs[0]) if worker is None else self.pool.request(worker, "run", jobs, doing=_doing(jobs))
             for worker, jobs in parts), return_exceptions=True)
+        done_replies: List[Any] = []
         for reply in replies:
             if isinstance(reply, BaseException):
                 raise reply
-        outcomes = [_outcome(ok, value) for reply in replies for ok, value in reply]
+            done_replies.append(reply)
+        outcomes = [_outcome(ok, value) for reply in done_replies for ok, value in reply]
         if self.finish:
             outcomes = await self.lane.run(_finish_each, self.finish, outcomes, uses=self.uses)
         return outcomes

@@ -114,7 +114,7 @@ class ArrayCollator(DataCollator):
     def convert(self, stacked: Tuple[Dict[str, Any], Dict[str, str]]) -> Dict[str, Any]:
         """The framework half of ``collate_batch``: ``convert(stack(f)) == collate_batch(f)``."""
         batch, pending = stacked
-        convert = {"array": self.convert_array, "strings": self.convert_strings}
+        convert: Dict[str, Callable[[str, Any], Any]] = {"array": self.convert_array, "strings": self.convert_strings}
         return {key: convert[pending[key]](key, value) if key in pending else value for key, value in batch.items()}
 
     @abc.abstractmethod
