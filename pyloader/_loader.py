@@ -7,6 +7,8 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch, Group, Stacked
+from ._bytes import DEFAULT_READAHEAD_BYTES
+from ._cache import DiskCache
 from ._engine import Engine
 from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
 from ._files import DataDir, list_files
@@ -37,12 +39,12 @@ def _check_objects(datareader: Any, dataset: Any, datacollator: Any) -> None:
 
 
 def _check_counts(a: Dict[str, Any]) -> None:
-    for name in ("num_epoch", "max_queue_size", "prefetch_files"):
+    for name in ("num_epoch", "max_queue_size", "prefetch_files", "readahead_bytes"):
         _positive(name, a[name])
-    for name in ("num_threads", "seq_len"):
+    for name in ("num_threads", "seq_len", "cache_limit"):
         if a[name] is not None:
             _positive(name, a[name])
-    for name in ("shuffle_buffer", "num_workers"):
+    for name in ("shuffle_buffer", "num_workers", "retries"):
         value = a[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
@@ -120,7 +122,9 @@ class DataLoader:
                  pad_value: Any = 0, num_workers: int = 0, num_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  start_method: Optional[str] = None, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, even_batches: str = "pad") -> None:
+                 world_size: Optional[int] = None, even_batches: str = "pad", cache_dir: Optional[str] = None,
+                 cache_limit: Optional[int] = None, retries: int = 3,
+                 readahead_bytes: int = DEFAULT_READAHEAD_BYTES) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
@@ -142,7 +146,9 @@ class DataLoader:
         self.datareader = datareader
         self.dataset = dataset
         self.datacollator = datacollator
-        self.files = list_files(data_dir)
+        self.files = list_files(data_dir, retries)
+        self._readahead_bytes, self._retries = readahead_bytes, retries
+        self._cache = None if cache_dir is None else DiskCache(cache_dir, cache_limit)
         self.num_epoch = num_epoch
         self.max_queue_size = max_queue_size
         self.shuffle = bool(shuffle)
@@ -224,7 +230,8 @@ class DataLoader:
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
             sharding=self.sharding,
-            count_cache=self._count_cache, exclusive=self._exclusive)
+            count_cache=self._count_cache, exclusive=self._exclusive,
+            readahead_bytes=self._readahead_bytes, retries=self._retries, cache=self._cache)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 

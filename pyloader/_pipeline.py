@@ -8,6 +8,8 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
+from ._bytes import DEFAULT_READAHEAD_BYTES, ReadAhead
+from ._cache import DiskCache
 from ._errors import ErrorHandler, Stats
 from ._even import EvenSteps
 from ._frameworks import attach_meta
@@ -52,6 +54,9 @@ class Settings:
     sharding: Sharding = Sharding()
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
+    readahead_bytes: int = DEFAULT_READAHEAD_BYTES
+    retries: int = 3
+    cache: Optional[DiskCache] = None
 
 
 class CheckedEncode:
@@ -139,13 +144,14 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     """
     there, here, local = split_steps(s)
     lane = Lane(run_blocking, s.num_threads, s.exclusive)
+    readahead = ReadAhead(run_blocking, s.reader, s.readahead_bytes, s.retries, s.cache)
     pool = None
     if s.num_workers:
         pool = WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method)
         pool.start()
-        runner: Any = PoolRunner(pool, here, lane, run_blocking, all_steps=local, uses=(s.dataset, s.collator))
+        runner: Any = PoolRunner(pool, here, lane, readahead, all_steps=local, uses=(s.dataset, s.collator))
     else:
-        runner = ThreadRunner(s.reader, local, lane, run_blocking, uses=(s.dataset, s.collator))
+        runner = ThreadRunner(s.reader, local, lane, readahead, uses=(s.dataset, s.collator))
     try:
         counts = await count_samples(s, lane) if s.sharding.active else None
         source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
