@@ -270,6 +270,8 @@ class ReadAhead:
         self._fetching: Dict[str, asyncio.Event] = {}  # remote files being fetched into the cache
 
     def _wanted(self, path: str) -> bool:
+        if not self.budget.limit:
+            return False  # readahead_bytes=0: readers open their files themselves
         if is_url(path):
             return True
         return self.local and not _maps_itself(self._reader, path)

@@ -39,12 +39,12 @@ def _check_objects(datareader: Any, dataset: Any, datacollator: Any) -> None:
 
 
 def _check_counts(a: Dict[str, Any]) -> None:
-    for name in ("num_epoch", "max_queue_size", "prefetch_files", "readahead_bytes"):
+    for name in ("num_epoch", "max_queue_size", "prefetch_files"):
         _positive(name, a[name])
     for name in ("num_threads", "seq_len", "cache_limit"):
         if a[name] is not None:
             _positive(name, a[name])
-    for name in ("shuffle_buffer", "num_workers", "retries"):
+    for name in ("shuffle_buffer", "num_workers", "retries", "readahead_bytes"):
         value = a[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")

@@ -400,7 +400,7 @@ def test_transient_errors_are_told_from_lasting_ones():
 
 def test_storage_arguments_are_checked(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(jsonl(0, 2))
-    for bad in ({"retries": -1}, {"retries": 1.5}, {"cache_limit": 0}, {"readahead_bytes": 0}):
+    for bad in ({"retries": -1}, {"retries": 1.5}, {"cache_limit": 0}, {"readahead_bytes": -1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             loader_over(str(tmp_path), **bad)
 
