@@ -101,8 +101,9 @@ class DataLoader:
     being encoded and collated (4 per worker with ``num_workers``),
     ``prefetch_files`` files read ahead (in stream mode ``max(prefetch_files,
     batch_size)``: one per row) (each holding at most 2 pieces from
-    ``iter_file``, or the whole file when ``read_file`` is used), and
-    ``shuffle_buffer`` samples.
+    ``iter_file``, or the whole file when ``read_file`` is used), the bytes
+    read ahead of the readers (``readahead_bytes``, exceeded by at most one file or
+    block per file the consumer waits for), and ``shuffle_buffer`` samples.
 
     User methods that run in this process (all of them without ``num_workers``)
     run ``num_threads`` at a time (default: one per file read ahead and per group
