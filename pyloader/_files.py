@@ -1,4 +1,9 @@
-"""Finding chunk files and opening them, on local disk or behind an fsspec URL."""
+"""Finding chunk files and opening them, on local disk or behind an fsspec URL (or chain of them,
+``simplecache::s3://…``).
+
+``open_file`` serves what the loader read ahead for a path (``prefetched``): bytes, or a
+stream of blocks still being read; otherwise it opens the file itself.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -10,11 +15,11 @@ import os
 import re
 import stat
 import threading
-from typing import IO, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
-_URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+_URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*(://|::)")  # a protocol, or the first link of an fsspec chain
 _GLOB_CHARS = set("*?[")
 
 logger = logging.getLogger("pyloader")
@@ -28,39 +33,96 @@ def _local(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
-_prefetched: Dict[str, List] = {}  # url -> [bytes, users]
-_prefetched_lock = threading.Lock()
+class Served:
+    """What the loader read ahead for one path, for ``open_file`` to serve to the reader."""
+
+    claimed = False  # the reader opened it
+
+    def open(self) -> Optional[IO[bytes]]:
+        """A binary file over the bytes, or ``None`` when they cannot be served (again)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """The file's read is over (or abandoned): let go of what is held. Idempotent."""
+
+
+class ServedBytes(Served):
+    """A whole file's bytes, served any number of times; ``on_done`` runs once, at the first
+    ``open`` or at ``release``, whichever comes first (the bytes are the parser's from then on)."""
+
+    def __init__(self, data: bytes, on_done: Optional[Callable[[], None]] = None) -> None:
+        self.data = data
+        self._on_done = on_done
+        self._lock = threading.Lock()
+
+    def _done(self) -> None:
+        with self._lock:
+            on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done()
+
+    def open(self) -> IO[bytes]:
+        self.claimed = True
+        self._done()
+        return io.BytesIO(self.data)
+
+    def release(self) -> None:
+        self._done()
+
+
+_served: Dict[str, List[Served]] = {}  # path -> what the loader read ahead for it
+_served_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def prefetched(path: str, data: Optional[bytes]) -> Iterator[None]:
-    """While inside, ``open_file(path)`` serves ``data`` (fetched ahead by the loader) from memory."""
+def prefetched(path: str, data: Union[None, bytes, Served]) -> Iterator[None]:
+    """While inside, ``open_file(path)`` serves ``data`` (read ahead by the loader) from memory."""
     if data is None:
         yield
         return
-    with _prefetched_lock:
-        entry = _prefetched.setdefault(path, [data, 0])
-        entry[1] += 1
+    served = data if isinstance(data, Served) else ServedBytes(data)
+    with _served_lock:
+        _served.setdefault(path, []).append(served)
     try:
         yield
     finally:
-        with _prefetched_lock:
-            entry[1] -= 1
-            if not entry[1]:
-                del _prefetched[path]
+        with _served_lock:
+            entries = _served[path]
+            entries.remove(served)
+            if not entries:
+                del _served[path]
+        served.release()
 
 
-def open_file(path: str, mode: str = "rb", **kwargs) -> IO:
+def _open_served(path: str) -> Optional[IO[bytes]]:
+    with _served_lock:
+        entries = list(_served.get(path, ()))
+    for served in entries:
+        f = served.open()
+        if f is not None:
+            return f
+    return None
+
+
+def direct_open(path: str) -> IO[bytes]:
+    """``path`` opened for binary reading, local or through fsspec, without the read-ahead."""
+    if is_url(path):
+        import fsspec  # optional: only remote data needs it
+
+        return fsspec.open(path, "rb").open()
+    return open(_local(path), "rb")
+
+
+def open_file(path: str, mode: str = "rb", **kwargs: Any) -> IO:
     """Open ``path`` for reading, whether it is a local path or an fsspec URL.
 
     Readers should open their files through this so that the same reader works
-    on local disk, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` and ``memory://``.
-    Text modes take ``encoding``/``errors``/``newline`` like ``open``. A remote
-    file the loader has already fetched is served from memory.
+    on local disk, ``file://``, ``s3://``, ``gs://``, ``http(s)://``, ``memory://`` and
+    fsspec chains (``simplecache::s3://…``). Text modes take ``encoding``/``errors``/
+    ``newline`` like ``open``. A file the loader has read ahead is served from memory.
     """
-    entry = _prefetched.get(path)
-    if entry is not None and "r" in mode:
-        raw = io.BytesIO(entry[0])
+    raw = _open_served(path) if "r" in mode else None
+    if raw is not None:
         return raw if "b" in mode else io.TextIOWrapper(raw, **kwargs)
     if is_url(path):
         import fsspec  # optional: only remote data needs it
@@ -188,7 +250,7 @@ def _listed(paths: List[str]) -> List[str]:
     return paths
 
 
-def list_files(data_dir: DataDir) -> List[str]:
+def list_files(data_dir: DataDir, retries: int = 0) -> List[str]:
     """The chunk files named by ``data_dir``, in a fixed (sorted) order.
 
     ``data_dir`` is one of:
@@ -203,7 +265,8 @@ def list_files(data_dir: DataDir) -> List[str]:
       (``data/*`` skips ``data/_SUCCESS``, ``data/_*`` lists it);
     - a list of paths, taken as given (nothing skipped, order kept): each must be a
       regular file, else ``FileNotFoundError`` saying what it is;
-    - an fsspec URL of a folder, a glob or a file, with the same rules.
+    - an fsspec URL (or chain, ``simplecache::s3://…``) of a folder, a glob or a file, with
+      the same rules; transient remote errors are retried ``retries`` times.
 
     Nothing found: ``FileNotFoundError`` saying what was searched.
     """
@@ -214,7 +277,7 @@ def list_files(data_dir: DataDir) -> List[str]:
     if is_url(spec):
         from ._remote import list_remote
 
-        files = list_remote(spec)
+        files = list_remote(spec, retries)
         files = [f for f in files if _glob_keeps(spec, f)] if globbed else files
     elif globbed:
         matches = sorted(glob.glob(_local(spec), recursive=True))

@@ -7,6 +7,8 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch, Group, Stacked
+from ._bytes import DEFAULT_READAHEAD_BYTES
+from ._cache import DiskCache
 from ._engine import Engine
 from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
 from ._files import DataDir, list_files
@@ -40,10 +42,10 @@ def _check_objects(datareader: Any, dataset: Any, datacollator: Any) -> None:
 def _check_counts(a: Dict[str, Any]) -> None:
     for name in ("num_epoch", "max_queue_size", "prefetch_files"):
         _positive(name, a[name])
-    for name in ("num_threads", "seq_len"):
+    for name in ("num_threads", "seq_len", "cache_limit"):
         if a[name] is not None:
             _positive(name, a[name])
-    for name in ("shuffle_buffer", "num_workers"):
+    for name in ("shuffle_buffer", "num_workers", "retries", "readahead_bytes"):
         value = a[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
@@ -101,8 +103,9 @@ class DataLoader:
     being encoded and collated (4 per worker with ``num_workers``),
     ``prefetch_files`` files read ahead (in stream mode ``max(prefetch_files,
     batch_size)``: one per row) (each holding at most 2 pieces from
-    ``iter_file``, or the whole file when ``read_file`` is used), and
-    ``shuffle_buffer`` samples.
+    ``iter_file``, or the whole file when ``read_file`` is used), the bytes
+    read ahead of the readers (``readahead_bytes``, exceeded by at most one file or
+    block per file the consumer waits for), and ``shuffle_buffer`` samples.
 
     User methods that run in this process (all of them without ``num_workers``)
     run ``num_threads`` at a time (default: one per file read ahead and per group
@@ -123,7 +126,9 @@ class DataLoader:
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  start_method: Optional[str] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None, even_batches: str = "pad",
-                 persistent_workers: bool = False) -> None:
+                 persistent_workers: bool = False, cache_dir: Optional[str] = None,
+                 cache_limit: Optional[int] = None, retries: int = 3,
+                 readahead_bytes: int = DEFAULT_READAHEAD_BYTES) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
@@ -152,7 +157,9 @@ class DataLoader:
         self.datareader = datareader
         self.dataset = dataset
         self.datacollator = datacollator
-        self.files = list_files(data_dir)
+        self.files = list_files(data_dir, retries)
+        self._readahead_bytes, self._retries = readahead_bytes, retries
+        self._cache = None if cache_dir is None else DiskCache(cache_dir, cache_limit)
         self.num_epoch = num_epoch
         self.max_queue_size = max_queue_size
         self.shuffle = bool(shuffle)
@@ -234,7 +241,8 @@ class DataLoader:
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
             kept_workers=self._kept_workers, sharding=self.sharding,
-            count_cache=self._count_cache, exclusive=self._exclusive)
+            count_cache=self._count_cache, exclusive=self._exclusive,
+            readahead_bytes=self._readahead_bytes, retries=self._retries, cache=self._cache)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 

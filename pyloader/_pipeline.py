@@ -8,6 +8,8 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, List, Map
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
+from ._bytes import DEFAULT_READAHEAD_BYTES, ReadAhead
+from ._cache import DiskCache
 from ._errors import ErrorHandler, Stats, reraise
 from ._even import EvenSteps
 from ._frameworks import attach_meta
@@ -53,6 +55,9 @@ class Settings:
     sharding: Sharding = Sharding()
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
+    readahead_bytes: int = DEFAULT_READAHEAD_BYTES
+    retries: int = 3
+    cache: Optional[DiskCache] = None
 
 
 class CheckedEncode:
@@ -142,6 +147,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
     """
     there, here, local = split_steps(s)
     lane = Lane(run_blocking, s.num_threads, s.exclusive)
+    readahead = ReadAhead(run_blocking, s.reader, s.readahead_bytes, s.retries, s.cache)
     pool = None
     if s.num_workers:
         def make_pool() -> WorkerPool:
@@ -150,9 +156,9 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
 
         pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
         pool.start()
-        runner: Any = PoolRunner(pool, here, lane, run_blocking, all_steps=local, uses=(s.dataset, s.collator))
+        runner: Any = PoolRunner(pool, here, lane, readahead, all_steps=local, uses=(s.dataset, s.collator))
     else:
-        runner = ThreadRunner(s.reader, local, lane, run_blocking, uses=(s.dataset, s.collator))
+        runner = ThreadRunner(s.reader, local, lane, readahead, uses=(s.dataset, s.collator))
     try:
         # a resumed epoch starts past the files before its position, found from the counts; a
         # shuffle buffer or stream rows depend on everything before it, and so does the sample

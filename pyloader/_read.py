@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Deque, Generator, Iterator, Optional, Tup
 from ._abc import DataReader
 from ._columns import Columns, n_rows, slice_rows, take
 from ._errors import ErrorHandler, Failure, Stats
-from ._files import prefetched
+from ._files import Served, prefetched
 from ._rng import IN_FILE, derive_rng
 from ._source import EpochEnd, FileTask, SourceItem
 
@@ -38,12 +38,12 @@ class Piece:
     ref: Any = None
 
 
-def file_pieces(reader: DataReader, task: FileTask, data: Optional[bytes] = None) -> Iterator[Columns]:
+def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Served] = None) -> Iterator[Columns]:
     """The validated pieces of one file, in the order the batcher consumes them.
 
     With in-file shuffling the whole file is needed, so it goes through
     ``read_file`` and one seeded permutation; otherwise it streams through
-    ``iter_file``. ``data``: the file's bytes, fetched ahead (remote files).
+    ``iter_file``. ``data``: the file's bytes, read ahead (``open_file`` serves them).
     """
     with prefetched(task.path, data):
         if task.start == 0 and task.end is None:
@@ -68,7 +68,7 @@ def file_pieces(reader: DataReader, task: FileTask, data: Optional[bytes] = None
 
 
 def pieces_with_end(reader: DataReader, task: FileTask,
-                    data: Optional[bytes] = None) -> Generator[Tuple[Columns, bool], None, None]:
+                    data: Union[None, bytes, Served] = None) -> Generator[Tuple[Columns, bool], None, None]:
     """``file_pieces`` as ``(piece, last)``: ``last`` is true when the file is known to end there.
 
     A reader that gives a file in one piece (``read_file``) is looked ahead,
@@ -111,10 +111,11 @@ class FileStream:
     errors) cancels the read, so no reader is left waiting on a full queue.
     """
 
-    def __init__(self, task: FileTask, queue: asyncio.Queue, reader: asyncio.Task) -> None:
+    def __init__(self, task: FileTask, queue: asyncio.Queue, reader: asyncio.Task, demand: asyncio.Event) -> None:
         self.task = task
         self._queue = queue
         self._reader = reader
+        self._demand = demand  # set once the consumer waits for this file: its read-ahead may exceed the budget
 
     def cancel(self) -> None:
         """The file is not wanted after all: stop reading it."""
@@ -122,6 +123,7 @@ class FileStream:
 
     async def pieces(self) -> AsyncIterator[Piece]:
         offset = self.task.start
+        self._demand.set()
         try:
             while True:
                 item = await self._queue.get()
@@ -173,9 +175,9 @@ class ReadFiles:
             self._limit = self.prefetch_files
             self._fill()
 
-    async def _read_one(self, task: FileTask, queue: asyncio.Queue) -> None:
+    async def _read_one(self, task: FileTask, queue: asyncio.Queue, demand: asyncio.Event) -> None:
         try:
-            async with contextlib.aclosing(self.runner.pieces(task, self.fetch)) as pieces:
+            async with contextlib.aclosing(self.runner.pieces(task, self.fetch, demand)) as pieces:
                 async for piece in pieces:
                     await queue.put(piece)
         except asyncio.CancelledError:
@@ -188,8 +190,9 @@ class ReadFiles:
     def open(self, task: FileTask) -> FileStream:
         """Start reading ``task``'s file now (outside the plan's read-ahead)."""
         queue: asyncio.Queue = asyncio.Queue(maxsize=PIECES_AHEAD)
-        reader = self._tasks.create_task(self._read_one(task, queue), name=f"pyloader-read:{task.path}")
-        return FileStream(task, queue, reader)
+        demand = asyncio.Event()
+        reader = self._tasks.create_task(self._read_one(task, queue, demand), name=f"pyloader-read:{task.path}")
+        return FileStream(task, queue, reader, demand)
 
     def _fill(self, need_one: bool = False) -> None:
         """Open files ahead of the one being batched, up to the limit (at least one when ``need_one``)."""

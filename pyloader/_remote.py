@@ -1,32 +1,170 @@
-"""Listing files behind an fsspec URL (s3://, gs://, http(s)://, memory://)."""
+"""Files behind fsspec URLs: listing (URL chains such as ``simplecache::s3://…`` too), one
+file's size and version, byte ranges, and retries of transient errors.
+
+Contracts:
+
+- A listed file's URL keeps the chain it was found through: listing
+  ``simplecache::s3://b/data`` gives ``simplecache::s3://b/data/part-0``.
+- Transient errors (a connection reset, refused or closed, a timeout, HTTP 5xx or 429,
+  S3's ``SlowDown``; see ``is_transient``) are retried up to ``retries`` times with
+  exponential backoff and full jitter (``BACKOFF_S`` doubling up to ``BACKOFF_CAP_S``,
+  from a private generator: the global ``random`` is never touched). Anything else
+  (a missing file, a refused permission) is raised at once.
+- After the last attempt the last error is raised as itself (same type), with a note
+  naming the file and the attempts made.
+"""
 from __future__ import annotations
 
-from typing import List, Optional
+import asyncio
+import errno
+import random
+import time
+from typing import Any, Awaitable, Callable, Iterator, List, Optional, Tuple
+
+BACKOFF_S = 0.05  # the first retry waits up to this long; each next one up to twice as long
+BACKOFF_CAP_S = 5.0
+
+_TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EPIPE,
+                     errno.EREMOTEIO, errno.EAGAIN}
+# by class name, so that neither botocore nor aiohttp need be imported to recognize theirs
+_TRANSIENT_NAMES = {"HTTPClientError", "ConnectionClosedError", "EndpointConnectionError", "ReadTimeoutError",
+                    "ConnectTimeoutError", "IncompleteReadError", "IncompleteRead", "ResponseStreamingError",
+                    "ClientPayloadError", "ServerDisconnectedError", "ClientConnectionError", "ClientOSError",
+                    "FSTimeoutError", "ProtocolError", "ChunkedEncodingError", "ResponseParserError"}
+_TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling",
+                    "ThrottlingException", "RequestLimitExceeded", "TooManyRequests"}
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
+
+_jitter = random.Random()  # private: the global generator is the user's
 
 
-def list_remote(url: str) -> List[str]:
+def _chained(exc: BaseException) -> Iterator[BaseException]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+
+
+def _status(exc: BaseException) -> Optional[int]:
+    """The HTTP status an exception carries (aiohttp's ``status``, botocore's response), if any."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return status
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code if isinstance(code, int) else None
+    return None
+
+
+def _one_is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return True
+    status = _status(exc)
+    if status is not None and (status >= 500 or status == 429):
+        return True
+    response = getattr(exc, "response", None)
+    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return code in _TRANSIENT_CODES or "SlowDown" in str(exc)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying may help: the error, or one it was raised from, is a dropped connection,
+    a timeout or a server's temporary failure. A missing file or a refused permission never is."""
+    if isinstance(exc, _PERMANENT):
+        return False
+    return any(_one_is_transient(e) for e in _chained(exc))
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry number ``attempt`` (0-based): full jitter over a doubling span."""
+    return _jitter.uniform(0.0, min(BACKOFF_CAP_S, BACKOFF_S * 2 ** attempt))
+
+
+def _give_up(exc: BaseException, what: str, attempts: int) -> BaseException:
+    if attempts > 1:
+        exc.add_note(f"pyloader: gave up on {what} after {attempts} attempts; this is the last error")
+    return exc
+
+
+def with_retries(call: Callable[[], Any], what: str, retries: int) -> Any:
+    """``call()``, retried on transient errors (``time.sleep`` between attempts): for the caller's thread."""
+    for attempt in range(retries + 1):
+        try:
+            return call()
+        except Exception as exc:
+            if attempt == retries or not is_transient(exc):
+                raise _give_up(exc, what, attempt + 1)
+        time.sleep(backoff(attempt))
+
+
+async def awith_retries(call: Callable[[], Awaitable[Any]], what: str, retries: int) -> Any:
+    """``await call()``, retried on transient errors; the waits between attempts can be cancelled."""
+    for attempt in range(retries + 1):
+        try:
+            return await call()
+        except Exception as exc:
+            if attempt == retries or not is_transient(exc):
+                raise _give_up(exc, what, attempt + 1)
+        await asyncio.sleep(backoff(attempt))
+
+
+def _chain(url: str) -> Tuple[List[str], int]:
+    """The ``::``-separated parts of ``url`` and the index of the one that carries the path (the
+    first with ``://``: ``simplecache::s3://b/k`` carries it in ``s3://b/k``, ``zip://m::s3://b/a.zip``
+    in ``zip://m``)."""
+    bits = url.split("::")
+    return bits, next((i for i, bit in enumerate(bits) if "://" in bit), len(bits) - 1)
+
+
+def _with_path(url: str, path: str) -> str:
+    """``url`` naming ``path`` (as its filesystem lists it) instead of its own path."""
+    bits, i = _chain(url)
+    protocol = bits[i].split("://", 1)[0]
+    bits[i] = path if "://" in path else f"{protocol}://{path}"
+    return "::".join(bits)
+
+
+def filesystem(url: str) -> Tuple[Any, str]:
+    """The fsspec filesystem of ``url`` (the outermost of a chain) and the path on it."""
+    from fsspec.core import url_to_fs  # optional: only remote data needs fsspec
+
+    return url_to_fs(url)
+
+
+def _hidden_below(path: str, root: str) -> bool:
+    return any(part.startswith((".", "_")) for part in path[len(root):].split("/") if part)
+
+
+def _list(url: str) -> List[str]:
     import fsspec
 
     fs, _, paths = fsspec.get_fs_token_paths(url)
-    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     found: List[str] = []
     for path in paths:
         if fs.isdir(path):
-            found.extend(p for p in fs.find(path) if not any(part.startswith((".", "_")) for part in p[len(path):].split("/") if part))
+            found.extend(p for p in fs.find(path) if not _hidden_below(p, path))
         elif fs.exists(path):
             found.append(path)
         else:
             raise FileNotFoundError(f"data_dir {url!r} does not exist")
-    return sorted(f if "://" in f else f"{protocol}://{f}" for f in found)
+    return sorted(_with_path(url, f) for f in found)
 
 
-def fetch_bytes(url: str, max_bytes: int) -> Optional[bytes]:
-    """The whole file behind ``url``, or ``None`` when it is larger than ``max_bytes``
-    (then the reader streams it itself). A missing file raises ``FileNotFoundError``."""
-    import fsspec
+def list_remote(url: str, retries: int = 0) -> List[str]:
+    """The files under ``url`` (a folder, a glob or a file; any fsspec protocol or chain), sorted."""
+    return with_retries(lambda: _list(url), repr(url), retries)
 
-    fs, _, (path,) = fsspec.get_fs_token_paths(url)
-    size = fs.size(path)
-    if size is not None and size > max_bytes:
-        return None
-    return fs.cat_file(path)
+
+def version(info: dict) -> str:
+    """What tells one content of a remote file from the next: its ETag, generation or
+    modification time, whichever the filesystem gives (with the size beside it)."""
+    for key in ("ETag", "etag", "generation", "md5Hash", "LastModified", "last_modified", "mtime", "created"):
+        if info.get(key) is not None:
+            return f"{key}={info[key]}"
+    return ""

@@ -9,8 +9,8 @@ Both runners offer the same two calls, so the stages do not care which is used:
   loop when every step can (``run_stacked``), else like any other group.
 
 User methods that run in this process go through a ``Lane`` (at most
-``num_threads`` at once); fetching a remote file's bytes, which is only I/O,
-goes through ``run_io``.
+``num_threads`` at once); reading a file's bytes ahead, which is only I/O, goes
+through the run's ``ReadAhead`` (``_bytes``).
 """
 from __future__ import annotations
 
@@ -27,15 +27,14 @@ from typing import Any, AsyncIterator, Callable, cast, Deque, Dict, Generator, L
 from ._abc import DataReader, is_thread_safe
 from ._batch import Segments, StackedOutputs
 from ._columns import Columns, n_rows, slice_rows
-from ._files import is_url
+from ._bytes import ReadAhead
+from ._files import Served
 from ._map import Outcome, Step, StepFailed, run_each, run_stacked
 from ._pool import RemoteRef, WorkerPool, rebuild_error
 from ._read import pieces_with_end
-from ._remote import fetch_bytes
 from ._source import FileTask
 
 _DONE = object()
-PREFETCH_MAX_BYTES = 256 * 2**20  # a larger remote file is streamed by its reader instead
 
 
 STEPS = (0,)  # a Lane priority: encoding and collating a group the consumer waits for
@@ -152,13 +151,6 @@ class Lane:
         self._waiting = kept
 
 
-async def _fetch_remote(run_io: Callable, task: FileTask) -> Optional[bytes]:
-    """A remote file's bytes, fetched while earlier files are being worked on (hides latency)."""
-    if not is_url(task.path):
-        return None
-    return await run_io(fetch_bytes, task.path, PREFETCH_MAX_BYTES)
-
-
 BatchData = Union[Columns, Segments]
 
 
@@ -211,19 +203,23 @@ class LocalSteps:
 class ThreadRunner:
     """``num_workers=0``: everything in this process, off the event loop (see ``LocalSteps``)."""
 
-    def __init__(self, reader: DataReader, steps: List[Step], lane: Lane, run_io: Callable,
+    def __init__(self, reader: DataReader, steps: List[Step], lane: Lane, readahead: ReadAhead,
                  uses: Sequence[Any]) -> None:
         self.reader = reader
         self.lane = lane
-        self.run_io = run_io
+        self.readahead = readahead
         self.run = LocalSteps(steps, lane, uses).run
 
-    async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Columns, None]]:
-        gen: Generator[Tuple[Columns, bool], None, None] = pieces_with_end(
-            self.reader, task, await _fetch_remote(self.run_io, task))
+    async def pieces(self, task: FileTask, fetch: bool,
+                     demand: asyncio.Event) -> AsyncIterator[Tuple[int, Columns, None]]:
+        """The file's pieces, its bytes read ahead (``demand``: the consumer waits for this file)."""
+        served = await self.readahead.fetch(task.path, demand)
+        gen: Generator[Tuple[Columns, bool], None, None] = pieces_with_end(self.reader, task, served)
         try:
             while True:
                 item = await self.lane.run(next, gen, _DONE, priority=read_priority(task), uses=(self.reader,))
+                if item is _DONE or item[1]:
+                    self.readahead.unused(task.path, served)
                 if item is _DONE:
                     return
                 columns, last = item
@@ -235,6 +231,8 @@ class ThreadRunner:
                 gen.close()  # the reader's own clean-up (closing its file)
             except ValueError:
                 pass  # still running in the executor: it closes when collected
+            if served is not None:
+                served.release()
 
 
 class PoolRunner:
@@ -254,26 +252,31 @@ class PoolRunner:
     RUN_HERE_BELOW = 100e-6
     _REMEASURE = 64
 
-    def __init__(self, pool: WorkerPool, finish: List[Step], lane: Lane, run_io: Callable,
+    def __init__(self, pool: WorkerPool, finish: List[Step], lane: Lane, readahead: ReadAhead,
                  all_steps: List[Step], uses: Sequence[Any]) -> None:
         self.pool = pool
         self.finish = finish
         self.lane = lane
-        self.run_io = run_io
+        self.readahead = readahead
         self.uses = uses
         self.here = LocalSteps(all_steps, lane, uses)
         self._turn = 0
         self._sent = 0  # groups of rows here that went to workers since the last measurement
 
-    async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Optional[Columns], Any]]:
-        data = await _fetch_remote(self.run_io, task)
+    async def pieces(self, task: FileTask, fetch: bool,
+                     demand: asyncio.Event) -> AsyncIterator[Tuple[int, Optional[Columns], Any]]:
+        """The file's pieces, read in a worker from the bytes read ahead here (a file larger than
+        the read-ahead budget: read by the worker itself)."""
+        served = await self.readahead.fetch(task.path, demand, streams=False)
         worker = self._reader_for_next_file()
         gid = self.pool.new_id()
-        self.pool.post(worker, ("open", gid, task, data))
+        self.pool.post(worker, ("open", gid, task, _bytes_of(served)))
         try:
             while True:
                 pid = self.pool.new_id()
                 got = await self.pool.request(worker, "next", gid, pid, fetch, doing=f"reading {task.path!r}")
+                if served is not None:
+                    served.release()  # the bytes are the worker's now
                 if got is None:
                     return
                 n, columns, last = got
@@ -282,6 +285,8 @@ class PoolRunner:
                     return
         finally:
             self.pool.post(worker, ("close", gid))
+            if served is not None:
+                served.release()
 
     def _reader_for_next_file(self) -> int:
         """The next live worker in turn: files go round the workers in plan order.
@@ -365,6 +370,10 @@ class PoolRunner:
         if self.finish:
             outcomes = await self.lane.run(_finish_each, self.finish, outcomes, uses=self.uses)
         return outcomes
+
+
+def _bytes_of(served: Optional[Served]) -> Optional[bytes]:
+    return getattr(served, "data", None)
 
 
 def _rows_here(data: BatchData) -> bool:

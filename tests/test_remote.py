@@ -101,16 +101,16 @@ def test_latency_is_hidden_by_several_files_in_flight(num_workers):
     assert slow.max_in_flight <= 4 + 1  # and no more than prefetch_files ahead (+ the current one)
 
 
-def test_large_remote_file_is_streamed_by_its_reader(monkeypatch):
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_remote_file_larger_than_the_readahead_budget_is_streamed(num_workers):
     import numpy as np
-    from pyloader import _runners
 
-    monkeypatch.setattr(_runners, "PREFETCH_MAX_BYTES", 1000)
     fs = fsspec.filesystem("memory")
-    with fs.open("/big-remote/rows.npy", "wb") as f:
+    with fs.open(f"/big-remote{num_workers}/rows.npy", "wb") as f:
         np.save(f, np.arange(5000, dtype=np.int64))
     loader = pl.DataLoader(NumpyReader(256, key="id", piece_size=500), pl.IdentityDataset(), NumpyCollator(),
-                           "memory://big-remote")
+                           f"memory://big-remote{num_workers}", readahead_bytes=1000, num_workers=num_workers,
+                           start_method="fork" if num_workers else None)  # a worker reads it: it must see memory://
     assert ids(loader) == list(range(5000))
 
 
