@@ -4,8 +4,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Sequence, Tuple, Union
 
-from ._batch import Group, Stacked, StackedOutputs, StackedRows
-from ._errors import ErrorHandler, Failure, Stats
+from ._batch import Group, Segments, Stacked, StackedOutputs, StackedRows
+from ._columns import n_rows
+from ._errors import ErrorHandler, Failure
+from ._stats import BusySink, Stats, timed
 
 _END = object()
 Step = Tuple[str, Callable[[Any], Any]]
@@ -19,12 +21,14 @@ class StepFailed(Exception):
         self.step = step
 
 
-def run_steps(steps: Sequence[Step], data: Any) -> Any:
+def run_steps(steps: Sequence[Step], data: Any, busy: Optional[BusySink] = None) -> Any:
     """Apply the steps in turn; one call off the loop for all of them, so a batch
-    crosses threads once rather than once per step."""
+    crosses threads once rather than once per step. Each step's time goes to ``busy``
+    under its name, and shows as a profiler range."""
     for name, fn in steps:
         try:
-            data = fn(data)
+            with timed(busy, name):
+                data = fn(data)
         except Exception as exc:
             raise StepFailed(name) from exc
     return data
@@ -37,18 +41,21 @@ def _same(data: Any) -> Any:
 Outcome = Union[Any, StepFailed]  # a batch's result, or the step that failed on it
 
 
-def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = _same) -> List[Outcome]:
-    """``run_steps`` on every batch of a group; a batch that fails does not stop the others."""
+def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = _same,
+             busy: Optional[BusySink] = None) -> List[Outcome]:
+    """``run_steps`` on every batch of a group; a batch that fails does not stop the others.
+    The whole group's time goes to ``busy`` as ``encode``."""
     out: List[Outcome] = []
-    for data in datas:
-        try:
-            out.append(run_steps(steps, prepare(data)))
-        except StepFailed as failed:
-            out.append(failed)
+    with timed(busy, "encode"):
+        for data in datas:
+            try:
+                out.append(run_steps(steps, prepare(data), busy))
+            except StepFailed as failed:
+                out.append(failed)
     return out
 
 
-def run_stacked(steps: Sequence[Step], datas: Sequence[Any]) -> Optional[StackedOutputs]:
+def run_stacked(steps: Sequence[Step], datas: Sequence[Any], busy: Optional[BusySink] = None) -> Optional[StackedOutputs]:
     """The outputs of ``steps`` on ``datas``, computed at once for the whole group when
     ``datas`` are ``StackedRows``, else (or when that cannot be) ``None``.
 
@@ -63,16 +70,32 @@ def run_stacked(steps: Sequence[Step], datas: Sequence[Any]) -> Optional[Stacked
         return None
     value = datas.columns
     try:
-        for _, fn in steps:
-            on_stacked = getattr(fn, "on_stacked", None)
-            value = on_stacked(value) if on_stacked is not None else None
-            if value is None:
-                return None
+        with timed(busy, "encode"):
+            for name, fn in steps:
+                on_stacked = getattr(fn, "on_stacked", None)
+                with timed(busy, name):
+                    value = on_stacked(value) if on_stacked is not None else None
+                if value is None:
+                    return None
         if any(column.shape[0] != len(datas) for column in value.values()):
             return None
     except Exception:
         return None
     return StackedOutputs(value)
+
+
+def batch_rows(data: Any) -> int:
+    """The samples of a batch not encoded yet (its rows, as cut), for ``loader.stats``."""
+    if isinstance(data, Segments):
+        return sum(end - start for _, start, end in data.parts)
+    return n_rows(data) if isinstance(data, dict) else 0
+
+
+def _stacked_rows(columns: Any) -> int:
+    """The rows of each batch of a ``Stacked`` group (its columns are ``[steps, rows, ...]``)."""
+    for column in (columns or {}).values():
+        return int(column.shape[1]) if column.ndim > 1 else 1
+    return 0
 
 
 class OrderedMap:
@@ -126,6 +149,7 @@ class OrderedMap:
                 group, future = item
                 item = None
                 outcomes = await future
+                _count_rows(group)
                 if isinstance(outcomes, StackedOutputs):  # a Stacked group run at once
                     group.columns, group.outputs = None, outcomes
                     done: Group = group
@@ -153,6 +177,17 @@ class OrderedMap:
                 item = queue.get_nowait()
                 if isinstance(item, tuple):
                     _discard(item[1])
+
+
+def _count_rows(group: Group) -> None:
+    """Give each batch its ``rows`` while its raw data is still at hand."""
+    if isinstance(group, Stacked):
+        rows = _stacked_rows(group.columns)
+        for batch in group:
+            batch.rows = rows
+    else:
+        for batch in group:
+            batch.rows = batch_rows(batch.data)
 
 
 def _kept(group: Group, kept: List[int]) -> Group:

@@ -122,10 +122,12 @@ async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
     return s.count_cache["counts"]
 
 
-async def _skip(groups: AsyncIterator[Group], start: Start) -> AsyncIterator[Group]:
+async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats) -> AsyncIterator[Group]:
     async for group in groups:
         # batches replayed to rebuild the state are not encoded again
         kept = [k for k, b in enumerate(group) if b.epoch != start.epoch or b.index >= start.skip]
+        if len(kept) < len(group):
+            stats.replayed(len(group) - len(kept), {p for b in group[:len(group) - len(kept)] for p in b.paths})
         if len(kept) == len(group):
             yield group
         elif kept:
@@ -141,11 +143,12 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     lane = Lane(run_blocking, s.num_threads, s.exclusive)
     pool = None
     if s.num_workers:
-        pool = WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method)
+        pool = WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method, busy=s.stats.busy)
         pool.start()
-        runner: Any = PoolRunner(pool, here, lane, run_blocking, all_steps=local, uses=(s.dataset, s.collator))
+        runner: Any = PoolRunner(pool, here, lane, run_blocking, all_steps=local, uses=(s.dataset, s.collator),
+                                 busy=s.stats.busy)
     else:
-        runner = ThreadRunner(s.reader, local, lane, run_blocking, uses=(s.dataset, s.collator))
+        runner = ThreadRunner(s.reader, local, lane, run_blocking, uses=(s.dataset, s.collator), busy=s.stats.busy)
     try:
         counts = await count_samples(s, lane) if s.sharding.active else None
         source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
@@ -171,7 +174,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
                               flag_padding=s.sharding.active, steps=steps)
         raw = batcher.iterate(files, read)
         if start.skip:
-            raw = _skip(raw, start)
+            raw = _skip(raw, start, s.stats)
         groups = OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks)
         if steps is not None:  # a batch skipped after an error leaves a hole, padded there
             groups = EvenSteps(steps, start.epoch, start.skip, start.end).iterate(groups)

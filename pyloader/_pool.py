@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _ipc
 from ._errors import WorkerDied
+from ._stats import Busy
 from ._worker import worker_main
 
 
@@ -56,9 +57,12 @@ class WorkerPool:
     """``num_workers`` processes serving ``_worker.worker_main`` requests."""
 
     def __init__(self, num_workers: int, reader: Any, steps: List[Tuple[str, Callable]],
-                 worker_init_fn: Optional[Callable[[int], None]], start_method: Optional[str]) -> None:
+                 worker_init_fn: Optional[Callable[[int], None]], start_method: Optional[str],
+                 busy: Optional[Busy] = None) -> None:
         self.num_workers = num_workers
         self._args = (reader, steps, worker_init_fn)
+        self._busy = busy
+        self._busy_rows: List[Any] = []  # where each worker adds its seconds (``loader.stats``)
         self._method = start_method or default_start_method()
         self._workers: List[_Worker] = []
         self._ids = itertools.count()
@@ -69,13 +73,15 @@ class WorkerPool:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         ctx = multiprocessing.get_context(self._method)
+        self._busy_rows = self._busy.worker_rows(self.num_workers) if self._busy is not None else []
         for index in range(self.num_workers):
             ours, theirs = _ipc.channel_pair()
             # a forked worker inherits the loader's ends of its siblings' sockets: it closes them,
             # or a sibling would never see the end of file that tells it the loader has gone
             siblings = [w.sock.fileno() for w in self._workers] + [ours.fileno()] if self._method == "fork" else []
             current = ctx.RawValue("q", -1)  # the request the worker is running
-            process = ctx.Process(target=worker_main, args=(index, theirs, siblings, current, *self._args),
+            row = self._busy_rows[index] if self._busy_rows else None
+            process = ctx.Process(target=worker_main, args=(index, theirs, siblings, current, *self._args, row),
                                   name=f"pyloader-worker-{index}", daemon=True)
             try:
                 process.start()
@@ -111,6 +117,8 @@ class WorkerPool:
                 worker.process.join(timeout)
             worker.process.close()
             self._fail(worker, died=False)
+        if self._busy is not None:
+            self._busy.fold(self._busy_rows)
 
     # -- requests --------------------------------------------------------------------
     def alive(self, index: int) -> bool:

@@ -37,6 +37,7 @@ from . import _ipc
 from ._batch import assemble
 from ._columns import Columns, n_rows, slice_rows
 from ._read import pieces_with_end
+from ._stats import BusySink, RowBusy, timed
 
 Segment = Tuple[Any, int, int]  # (pid or inline columns, start, end)
 RUN_GRACE_S = 0.005
@@ -68,12 +69,13 @@ def _error(exc: BaseException) -> tuple:
 
 
 def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segments: List[Segment],
-             paths: Tuple[str, ...]) -> Tuple[bool, Any]:
+             paths: Tuple[str, ...], busy: Optional[BusySink]) -> Tuple[bool, Any]:
     from ._map import run_steps
 
     try:
-        parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
-        return True, run_steps(steps, assemble(parts, paths))
+        with timed(busy, "encode"):
+            parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
+            return True, run_steps(steps, assemble(parts, paths), busy)
     except Exception as exc:
         return False, _error(exc)
 
@@ -126,7 +128,8 @@ def _next_request(inbox: Deque[tuple], started: Set[int]) -> tuple:
 
 
 def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], current: Any, reader: Any,
-                steps: List[Tuple[str, Callable]], worker_init_fn: Optional[Callable[[int], None]]) -> None:
+                steps: List[Tuple[str, Callable]], worker_init_fn: Optional[Callable[[int], None]],
+                busy_row: Any = None) -> None:
     for fd in inherited:
         try:
             os.close(fd)
@@ -141,6 +144,7 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
         torch.set_num_threads(1)  # N workers with a thread pool each would oversubscribe the cores
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
+    busy = RowBusy(busy_row) if busy_row is not None else None  # read by loader.stats
     files: Dict[int, Iterator[Columns]] = {}
     started: Set[int] = set()  # files that gave a piece
     kept: Dict[int, Columns] = {}
@@ -156,7 +160,7 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
         grace = 0.0
         if op == "open":
             _, gid, task, data = msg
-            files[gid] = pieces_with_end(reader, task, data)
+            files[gid] = pieces_with_end(reader, task, data, busy)
             continue
         if op == "close":
             started.discard(msg[1])
@@ -184,7 +188,7 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
                     reply = (rid, True, (n_rows(item[0]), None, item[1]))
                     grace = RUN_GRACE_S
             elif op == "run":
-                reply = (rid, True, [_run_job(steps, kept, segments, paths) for segments, paths in msg[2]])
+                reply = (rid, True, [_run_job(steps, kept, segments, paths, busy) for segments, paths in msg[2]])
             elif op == "fetch":
                 _, _, pid, start, end = msg
                 reply = (rid, True, slice_rows(kept[pid], start, end))
