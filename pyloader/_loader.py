@@ -375,11 +375,10 @@ class LoaderIterator:
         self._track = track
         self._superseded = False
         self._ready: Iterator[Batch] = iter(())
+        self._watch = loader._stats.watch(self, loader.max_queue_size) if track else None  # before any file is read
         self._start_engine(record.start)
-        self._watch: Optional[Watch] = None
-        if track:
-            bar = progress_bar(loader, record.start.skip) if loader.progress else None
-            self._watch = loader._stats.watch(self, loader.max_queue_size, bar)
+        if self._watch is not None and loader.progress:
+            self._watch.bar = progress_bar(loader, record.start.skip)
 
     def _start_engine(self, start: Start) -> None:
         self._engine = self._loader._engine(start)

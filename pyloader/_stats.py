@@ -279,7 +279,8 @@ class Stats:
             self._watch.replayed(batches, paths)
 
     def watch(self, owner: object, max_queue_size: int, bar: Any = None) -> Watch:
-        """Start watching a new iteration (``owner``, its iterator; the bar closes when it goes)."""
+        """Start watching a new iteration (``owner``, its iterator; the bar closes when it goes),
+        before it reads any file."""
         if self._watch is not None:
             self._finished = self._finished.plus(self._watch.figures)
         self.epoch_files.clear()  # of epochs an earlier iteration left before their end
