@@ -60,10 +60,10 @@ def make_reader(name: str, batch_size: int) -> DataReader:
     return cls(batch_size=batch_size)
 
 
-def make_loader(reader: DataReader, data: Any, num_workers: int = 0) -> DataLoader:
+def make_loader(reader: DataReader, data: Any, num_workers: int = 0, on_error: Any = "raise") -> DataLoader:
     from .collators import NumpyCollator
 
-    return DataLoader(reader, IdentityDataset(), NumpyCollator(), data, num_workers=num_workers)
+    return DataLoader(reader, IdentityDataset(), NumpyCollator(), data, num_workers=num_workers, on_error=on_error)
 
 
 # -- inspect ---------------------------------------------------------------------------
@@ -128,15 +128,18 @@ def inspect(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     out(f"{len(files)} files, {human(sizes)}, {counts} samples" + (f", {len(failed)} not counted" if failed else ""))
     for message in failed:
         out(f"error: {message}")
-    with make_loader(reader, files) as loader:
+    skipped: List[PipelineError] = []  # files that fail to read: listed, and the batch is made of the others
+    with make_loader(reader, files, on_error=skipped.append) as loader:
         batch = next(iter(loader), None)
+    for error in skipped:
+        out(f"error: {error}")
     if batch is None:
         out("no batch: the files hold no samples")
         return 1
     out(f"first batch ({args.reader} reader, batch_size={args.batch_size}, NumpyCollator):")
     for key, value in batch.items():
         out(f"  {key}: {describe_value(value)}")
-    return 1 if failed else 0
+    return 1 if failed or skipped else 0
 
 
 # -- bench -----------------------------------------------------------------------------

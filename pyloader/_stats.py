@@ -118,14 +118,14 @@ class Busy:
         with self._lock:
             self._rows = [r for r in self._rows if all(r is not done for done in rows)]
             for row in rows:
-                self._sums = [a + b for a, b in zip(self._sums, row)]
+                self._sums = [a + b for a, b in zip(self._sums, row, strict=True)]
 
     def seconds(self) -> Dict[str, float]:
         with self._lock:
             sums = list(self._sums)
             for row in self._rows:
-                sums = [a + b for a, b in zip(sums, row)]
-        return dict(zip(BUSY_SLOTS, sums))
+                sums = [a + b for a, b in zip(sums, row, strict=True)]
+        return dict(zip(BUSY_SLOTS, sums, strict=True))
 
 
 class RowBusy:
