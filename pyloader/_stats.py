@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Protocol, Set, TypeVar
+from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Set, Tuple, TypeVar
 
 logger = logging.getLogger("pyloader")
 
@@ -38,19 +38,26 @@ _NO_RANGE: ContextManager[Any] = contextlib.nullcontext()
 T = TypeVar("T")
 
 
+def profiling() -> bool:
+    """Whether torch is imported and its profiler is on (torch is never imported here)."""
+    profiler = sys.modules.get("torch.autograd.profiler")
+    return profiler is not None and bool(getattr(profiler, "_is_profiler_enabled", False))
+
+
 def profiled(name: str) -> ContextManager[Any]:
     """A torch profiler range ``pyloader::<name>`` while torch's profiler is on, else a no-op.
 
     Torch records ranges of the thread that started the profiler (the consumer's wait);
     those of the loader's threads show with ``profile_all_threads`` (see the README).
     """
-    profiler = sys.modules.get("torch.autograd.profiler")
-    if profiler is None or not getattr(profiler, "_is_profiler_enabled", False):
+    if not profiling():
         return _NO_RANGE
-    return profiler.record_function(f"pyloader::{name}")
+    return sys.modules["torch.autograd.profiler"].record_function(f"pyloader::{name}")
 
 
 class BusySink(Protocol):
+    def add_all(self, spent: Iterable[Tuple[str, float]]) -> None: ...
+
     def add(self, slot: str, seconds: float) -> None: ...
 
 
@@ -72,6 +79,30 @@ class timed:
     def __exit__(self, *exc: Any) -> None:
         if self.busy is not None:
             self.busy.add(self.slot, time.perf_counter() - self.began)
+        self.range.__exit__(*exc)
+
+
+class GroupClock:
+    """``with GroupClock(busy, steps) as clock:`` times a group's ``encode`` stage; ``run_steps``
+    adds each step's seconds to ``clock.steps``; all go to ``busy`` at the end, in one call
+    (one lock per group rather than per batch and step)."""
+
+    __slots__ = ("busy", "names", "steps", "began", "range")
+
+    def __init__(self, busy: Optional[BusySink], steps: Sequence[Tuple[str, Any]]) -> None:
+        self.busy = busy
+        self.names = [name for name, _ in steps]
+        self.steps = [0.0] * len(steps)
+
+    def __enter__(self) -> "GroupClock":
+        self.range = profiled("encode")
+        self.range.__enter__()
+        self.began = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.busy is not None:
+            self.busy.add_all([("encode", time.perf_counter() - self.began), *zip(self.names, self.steps, strict=True)])
         self.range.__exit__(*exc)
 
 
@@ -101,10 +132,14 @@ class Busy:
         self._rows: List[Any] = []  # one per running worker
 
     def add(self, slot: str, seconds: float) -> None:
-        i = _SLOT.get(slot)
-        if i is not None:  # steps the stats do not list (a collator's split halves share a name)
-            with self._lock:
-                self._sums[i] += seconds
+        self.add_all(((slot, seconds),))
+
+    def add_all(self, spent: Iterable[Tuple[str, float]]) -> None:
+        with self._lock:
+            for slot, seconds in spent:
+                i = _SLOT.get(slot)
+                if i is not None:  # a step the stats do not list counts only in its stage
+                    self._sums[i] += seconds
 
     def worker_rows(self, n: int) -> List[Any]:
         """A shared row for each of ``n`` workers about to start (see ``RowBusy``)."""
@@ -135,9 +170,13 @@ class RowBusy:
         self.row = row
 
     def add(self, slot: str, seconds: float) -> None:
-        i = _SLOT.get(slot)
-        if i is not None:
-            self.row[i] += seconds
+        self.add_all(((slot, seconds),))
+
+    def add_all(self, spent: Iterable[Tuple[str, float]]) -> None:
+        for slot, seconds in spent:
+            i = _SLOT.get(slot)
+            if i is not None:
+                self.row[i] += seconds
 
 
 @dataclasses.dataclass

@@ -37,7 +37,7 @@ from . import _ipc
 from ._batch import assemble
 from ._columns import Columns, n_rows, slice_rows
 from ._read import pieces_with_end
-from ._stats import BusySink, RowBusy, timed
+from ._stats import BusySink, GroupClock, RowBusy
 
 Segment = Tuple[Any, int, int]  # (pid or inline columns, start, end)
 RUN_GRACE_S = 0.005
@@ -69,15 +69,20 @@ def _error(exc: BaseException) -> tuple:
 
 
 def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segments: List[Segment],
-             paths: Tuple[str, ...], busy: Optional[BusySink]) -> Tuple[bool, Any]:
+             paths: Tuple[str, ...], spent: List[float]) -> Tuple[bool, Any]:
     from ._map import run_steps
 
     try:
-        with timed(busy, "encode"):
-            parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
-            return True, run_steps(steps, assemble(parts, paths), busy)
+        parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
+        return True, run_steps(steps, assemble(parts, paths), spent)
     except Exception as exc:
         return False, _error(exc)
+
+
+def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], jobs: List[Tuple[List[Segment], Any]],
+              busy: Optional[BusySink]) -> List[Tuple[bool, Any]]:
+    with GroupClock(busy, steps) as clock:
+        return [_run_job(steps, kept, segments, paths, clock.steps) for segments, paths in jobs]
 
 
 def _receive(sock: socket.socket, inbox: Deque[tuple], grace: float = 0.0) -> None:
@@ -188,7 +193,7 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
                     reply = (rid, True, (n_rows(item[0]), None, item[1]))
                     grace = RUN_GRACE_S
             elif op == "run":
-                reply = (rid, True, [_run_job(steps, kept, segments, paths, busy) for segments, paths in msg[2]])
+                reply = (rid, True, _run_jobs(steps, kept, msg[2], busy))
             elif op == "fetch":
                 _, _, pid, start, end = msg
                 reply = (rid, True, slice_rows(kept[pid], start, end))
