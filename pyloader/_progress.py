@@ -8,6 +8,7 @@ share of the consumer's time spent inside ``next()``), refreshed at most every
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 from ._stats import Figures
@@ -35,7 +36,7 @@ class Progress:
         from tqdm.auto import tqdm
 
         self._bar = tqdm(total=total, initial=initial, unit="batch", desc="pyloader", dynamic_ncols=True)
-        self._next_postfix = 0.0
+        self._next_postfix = time.perf_counter() + POSTFIX_EVERY_S  # the first batches' figures say little
 
     def update(self, figures: Figures, now: float) -> None:
         self._bar.update(1)

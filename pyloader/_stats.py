@@ -269,8 +269,8 @@ class Watch:
         if self._last is not None:
             self.figures.step_s += began - self._last
             self._last = None
+        self.close()  # the bar's last line before the epoch's log line
         self._next_epoch(None, began)
-        self.close()
 
     def close(self) -> None:
         if self.bar is not None:
