@@ -19,7 +19,7 @@ from ._runners import Exclusive
 from ._shard import Sharding, resolve as resolve_sharding
 from ._source import FileSource
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
-from ._stats import Watch, profiled
+from ._stats import profiled
 from ._stream import PADDING_MODES
 
 _GROUPS_IN_FLIGHT = 2  # being encoded and collated without workers

@@ -64,7 +64,8 @@ def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any
     return out
 
 
-def run_stacked(steps: Sequence[Step], datas: Sequence[Any], busy: Optional[BusySink] = None) -> Optional[StackedOutputs]:
+def run_stacked(steps: Sequence[Step], datas: Sequence[Any],
+                busy: Optional[BusySink] = None) -> Optional[StackedOutputs]:
     """The outputs of ``steps`` on ``datas``, computed at once for the whole group when
     ``datas`` are ``StackedRows``, else (or when that cannot be) ``None``.
 

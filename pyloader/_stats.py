@@ -26,11 +26,11 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Set, Tuple, TypeVar
+from typing import (Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Set, Tuple,
+                    TypeVar)
 
 logger = logging.getLogger("pyloader")
 
-STAGES = ("read", "encode", "hand_over")
 METHODS = ("read_file", "batch_encode", "collate_batch", "pin_memory")
 BUSY_SLOTS = ("read", "encode", "read_file", "batch_encode", "collate_batch", "pin_memory")
 _SLOT = {name: i for i, name in enumerate(BUSY_SLOTS)}
