@@ -37,6 +37,7 @@ class Batch:
     data: Any
     paths: Tuple[str, ...]
     meta: Optional[Dict[str, np.ndarray]] = None  # stream mode: per-row flags, kept out of user code
+    rows: int = 0  # its samples as cut, set before encoding (``_map``), counted by ``loader.stats``
 
 
 Group = List[Batch]  # consecutive batches of one epoch, in order

@@ -149,6 +149,10 @@ class Engine:
             raise StopIteration
         return item
 
+    def queued(self) -> int:
+        """The items' weight (batches) waiting for the consumer now."""
+        return self._queue.size if self._queue is not None else 0
+
     def _next(self) -> Any:
         while self._pending():
             item = self._queue.get(_POLL_S)

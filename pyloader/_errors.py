@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+
+from ._stats import Stats
 
 logger = logging.getLogger("pyloader")
 
@@ -108,21 +109,6 @@ def resolve_policy(on_error: ErrorPolicy) -> Callable[[PipelineError], None]:
     if on_error in _NAMED:
         return _NAMED[on_error]
     raise ValueError(f"on_error must be 'raise', 'skip' or a callable, got {on_error!r}")
-
-
-@dataclass
-class Stats:
-    """Counters of one loader, updated as batches are produced."""
-
-    files_read: int = 0
-    samples_read: int = 0
-    batches: int = 0
-    skipped_files: int = 0
-    skipped_batches: int = 0
-    errors: List[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()}
 
 
 class ErrorHandler:

@@ -66,6 +66,11 @@ class HandOver:
             await self._space.wait()
         _wake(waiters)
 
+    @property
+    def size(self) -> int:
+        """The summed weights of the items held now (a snapshot, read without the lock)."""
+        return self._size
+
     def get(self, timeout: float) -> Any:
         """The next item, or ``EMPTY`` after ``timeout`` seconds or once closed."""
         with self._cond:

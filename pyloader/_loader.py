@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, Optional
 
@@ -16,10 +17,12 @@ from ._frameworks import mover, pinner, unstack
 from ._length import count_files, epoch_batches
 from ._pipeline import Settings, batches
 from ._pool import KeptPool
+from ._progress import check as check_progress, progress_bar
 from ._runners import Exclusive
 from ._shard import Sharding, resolve as resolve_sharding
 from ._source import FileSource
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
+from ._stats import profiled
 from ._stream import PADDING_MODES
 
 _GROUPS_IN_FLIGHT = 2  # being encoded and collated without workers
@@ -128,7 +131,7 @@ class DataLoader:
                  world_size: Optional[int] = None, even_batches: str = "pad",
                  persistent_workers: bool = False, cache_dir: Optional[str] = None,
                  cache_limit: Optional[int] = None, retries: int = 3,
-                 readahead_bytes: int = DEFAULT_READAHEAD_BYTES) -> None:
+                 readahead_bytes: int = DEFAULT_READAHEAD_BYTES, progress: bool = False) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
@@ -136,6 +139,9 @@ class DataLoader:
         _check_modes(self._arguments)
         resolve_sharding(rank, world_size, even_batches)  # explicit values are checked now
         self._rank, self._world_size, self._even_batches = rank, world_size, even_batches
+        if progress:
+            check_progress()
+        self.progress = bool(progress)
         # default: every file read ahead and every group in flight at once
         self.num_threads = prefetch_files + _GROUPS_IN_FLIGHT if num_threads is None else num_threads
         self.num_workers = num_workers
@@ -300,7 +306,9 @@ class DataLoader:
 
     @property
     def stats(self) -> Dict[str, Any]:
-        """Counters: files and samples read, batches handed over, files and batches skipped, errors."""
+        """Counters over the loader's life (files and samples read, batches handed over, files and
+        batches skipped, errors), and rates and timings of the running iteration (``"iteration"``)
+        and of the loader's life (``"total"``): a plain dict, see the README, *Watching a run*."""
         return self._stats.as_dict()
 
     # -- resume --------------------------------------------------------------------
@@ -391,7 +399,10 @@ class LoaderIterator:
         self._track = track
         self._superseded = False
         self._ready: Iterator[Batch] = iter(())
+        self._watch = loader._stats.watch(self, loader.max_queue_size) if track else None  # before any file is read
         self._start_engine(record.start)
+        if self._watch is not None and loader.progress:
+            self._watch.bar = progress_bar(loader, record.start.skip)
 
     def _start_engine(self, start: Start) -> None:
         self._engine = self._loader._engine(start)
@@ -401,42 +412,64 @@ class LoaderIterator:
         return self
 
     def __next__(self) -> Any:
+        began = got = time.perf_counter()
         batch = next(self._ready, None)
         if batch is None:
             self._check_current()
-            while True:
-                try:
-                    group = self._engine.get()
-                    break
-                except StopIteration:
-                    if not self._ended_empty():
-                        raise
+            self._asking()
+            with profiled("wait"):
+                while True:
+                    try:
+                        group = self._engine.get()
+                        break
+                    except StopIteration:
+                        if not self._ended_empty():
+                            self._ended(began)
+                            raise
+            got = time.perf_counter()
             self._ready = _each(group)
             batch = next(self._ready)  # groups are never empty
-        return self._hand_out(batch)
+        return self._hand_out(batch, began, got)
 
     def __aiter__(self) -> "LoaderIterator":
         return self
 
     async def __anext__(self) -> Any:
+        began = got = time.perf_counter()
         batch = next(self._ready, None)
         if batch is None:
             self._check_current()
-            while True:
-                try:
-                    group = await self._engine.aget()
-                    break
-                except StopAsyncIteration:
-                    if not self._ended_empty():
-                        raise
+            self._asking()
+            with profiled("wait"):
+                while True:
+                    try:
+                        group = await self._engine.aget()
+                        break
+                    except StopAsyncIteration:
+                        if not self._ended_empty():
+                            self._ended(began)
+                            raise
+            got = time.perf_counter()
             self._ready = _each(group)
             batch = next(self._ready)
-        return self._hand_out(batch)
+        return self._hand_out(batch, began, got)
 
-    def _hand_out(self, batch: Batch) -> Any:
+    def _hand_out(self, batch: Batch, began: float, got: float) -> Any:
+        """The batch's data, handed over by a ``next()`` that began at ``began`` and had it at ``got``."""
         if not self._track:
             return batch.data
-        return self._loader._consumed(batch, self._record)
+        data = self._loader._consumed(batch, self._record)
+        if self._watch is not None:
+            self._watch.handed(batch.epoch, batch.rows, began, got)
+        return data
+
+    def _asking(self) -> None:
+        if self._watch is not None:
+            self._watch.asked(self._engine.queued())
+
+    def _ended(self, began: float) -> None:
+        if self._watch is not None:
+            self._watch.end(began)
 
     def _check_current(self) -> None:
         if self._superseded:
@@ -464,6 +497,8 @@ class LoaderIterator:
     def close(self) -> None:
         self._ready = iter(())
         self._finalizer()
+        if self._watch is not None:
+            self._watch.close()
 
 
 def _stop(engine: Engine, record: _Run) -> None:

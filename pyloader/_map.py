@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Sequence, Tuple, Union
 
-from ._batch import Group, Stacked, StackedOutputs, StackedRows
-from ._errors import ErrorHandler, Failure, Stats
+from ._batch import Group, Segments, Stacked, StackedOutputs, StackedRows
+from ._columns import n_rows
+from ._errors import ErrorHandler, Failure
+from ._stats import BusySink, GroupClock, Stats, profiled, profiling, timed
 
 _END = object()
 Step = Tuple[str, Callable[[Any], Any]]
@@ -19,14 +22,24 @@ class StepFailed(Exception):
         self.step = step
 
 
-def run_steps(steps: Sequence[Step], data: Any) -> Any:
+def run_steps(steps: Sequence[Step], data: Any, spent: Optional[List[float]] = None) -> Any:
     """Apply the steps in turn; one call off the loop for all of them, so a batch
-    crosses threads once rather than once per step."""
-    for name, fn in steps:
+    crosses threads once rather than once per step. Step ``i``'s seconds are added to
+    ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range."""
+    ranges = profiling()  # checked once per batch: a step costs no more than two clock readings
+    for i, (name, fn) in enumerate(steps):
+        began = time.perf_counter()
         try:
-            data = fn(data)
+            if ranges:
+                with profiled(name):
+                    data = fn(data)
+            else:
+                data = fn(data)
         except Exception as exc:
             raise StepFailed(name) from exc
+        finally:
+            if spent is not None:
+                spent[i] += time.perf_counter() - began
     return data
 
 
@@ -37,18 +50,22 @@ def _same(data: Any) -> Any:
 Outcome = Union[Any, StepFailed]  # a batch's result, or the step that failed on it
 
 
-def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = _same) -> List[Outcome]:
-    """``run_steps`` on every batch of a group; a batch that fails does not stop the others."""
+def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = _same,
+             busy: Optional[BusySink] = None) -> List[Outcome]:
+    """``run_steps`` on every batch of a group; a batch that fails does not stop the others.
+    The group's time goes to ``busy`` (``GroupClock``)."""
     out: List[Outcome] = []
-    for data in datas:
-        try:
-            out.append(run_steps(steps, prepare(data)))
-        except StepFailed as failed:
-            out.append(failed)
+    with GroupClock(busy, steps) as clock:
+        for data in datas:
+            try:
+                out.append(run_steps(steps, prepare(data), clock.steps))
+            except StepFailed as failed:
+                out.append(failed)
     return out
 
 
-def run_stacked(steps: Sequence[Step], datas: Sequence[Any]) -> Optional[StackedOutputs]:
+def run_stacked(steps: Sequence[Step], datas: Sequence[Any],
+                busy: Optional[BusySink] = None) -> Optional[StackedOutputs]:
     """The outputs of ``steps`` on ``datas``, computed at once for the whole group when
     ``datas`` are ``StackedRows``, else (or when that cannot be) ``None``.
 
@@ -63,16 +80,35 @@ def run_stacked(steps: Sequence[Step], datas: Sequence[Any]) -> Optional[Stacked
         return None
     value = datas.columns
     try:
-        for _, fn in steps:
-            on_stacked = getattr(fn, "on_stacked", None)
-            value = on_stacked(value) if on_stacked is not None else None
-            if value is None:
-                return None
+        with timed(busy, "encode"):
+            for name, fn in steps:
+                on_stacked = getattr(fn, "on_stacked", None)
+                with timed(busy, name):
+                    value = on_stacked(value) if on_stacked is not None else None
+                if value is None:
+                    return None
         if any(column.shape[0] != len(datas) for column in value.values()):
             return None
     except Exception:
         return None
     return StackedOutputs(value)
+
+
+def batch_rows(data: Any) -> int:
+    """The samples of a batch not encoded yet (its rows, as cut), for ``loader.stats``."""
+    if isinstance(data, Segments):
+        parts = data.parts
+        if len(parts) == 1:  # most batches: one piece of one file
+            return parts[0][2] - parts[0][1]
+        return sum(end - start for _, start, end in parts)
+    return n_rows(data) if isinstance(data, dict) else 0
+
+
+def _stacked_rows(columns: Any) -> int:
+    """The rows of each batch of a ``Stacked`` group (its columns are ``[steps, rows, ...]``)."""
+    for column in (columns or {}).values():
+        return int(column.shape[1]) if column.ndim > 1 else 1
+    return 0
 
 
 class OrderedMap:
@@ -126,6 +162,7 @@ class OrderedMap:
                 group, future = item
                 item = None
                 outcomes = await future
+                _count_rows(group)
                 if isinstance(outcomes, StackedOutputs):  # a Stacked group run at once
                     group.columns, group.outputs = None, outcomes
                     done: Group = group
@@ -153,6 +190,17 @@ class OrderedMap:
                 item = queue.get_nowait()
                 if isinstance(item, tuple):
                     _discard(item[1])
+
+
+def _count_rows(group: Group) -> None:
+    """Give each batch its ``rows`` while its raw data is still at hand."""
+    if isinstance(group, Stacked):
+        rows = _stacked_rows(group.columns)
+        for batch in group:
+            batch.rows = rows
+    else:
+        for batch in group:
+            batch.rows = batch_rows(batch.data)
 
 
 def _kept(group: Group, kept: List[int]) -> Group:

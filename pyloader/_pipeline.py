@@ -129,10 +129,12 @@ async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
     return s.count_cache["counts"]
 
 
-async def _skip(groups: AsyncIterator[Group], start: Start) -> AsyncIterator[Group]:
+async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats) -> AsyncIterator[Group]:
     async for group in groups:
         # batches replayed to rebuild the state are not encoded again
         kept = [k for k, b in enumerate(group) if b.epoch != start.epoch or b.index >= start.skip]
+        if len(kept) < len(group):
+            stats.replayed(len(group) - len(kept), {p for b in group[:len(group) - len(kept)] for p in b.paths})
         if len(kept) == len(group):
             yield group
         elif kept:
@@ -155,10 +157,12 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
                               persistent=s.kept_workers is not None)
 
         pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
+        pool.busy = s.stats.busy
         pool.start()
-        runner: Any = PoolRunner(pool, here, lane, readahead, all_steps=local, uses=(s.dataset, s.collator))
+        runner: Any = PoolRunner(pool, here, lane, readahead, all_steps=local, uses=(s.dataset, s.collator),
+                                 busy=s.stats.busy)
     else:
-        runner = ThreadRunner(s.reader, local, lane, readahead, uses=(s.dataset, s.collator))
+        runner = ThreadRunner(s.reader, local, lane, readahead, uses=(s.dataset, s.collator), busy=s.stats.busy)
     try:
         # a resumed epoch starts past the files before its position, found from the counts; a
         # shuffle buffer or stream rows depend on everything before it, and so does the sample
@@ -174,6 +178,8 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
         read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, ahead, s.errors, s.stats,
                          start_ahead=None if s.stream else max(0, s.num_workers - 1))
         skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
+        if skip_rows:  # the file the position falls in is read again, up to the position
+            s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
         files = read.iterate(source.iterate(start.epoch, skip_rows), tasks)
         steps = None
         if s.sharding.active:
@@ -192,7 +198,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
                               resumed=(start.epoch, start.skip if past_files else start.base))
         raw = batcher.iterate(files, read)
         if start.skip and not past_files:
-            raw = _skip(raw, start)
+            raw = _skip(raw, start, s.stats)
         groups = OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks)
         if steps is not None:  # a batch skipped after an error leaves a hole, padded there
             groups = EvenSteps(steps, start.epoch, start.skip, start.end).iterate(groups)

@@ -42,6 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from . import _ipc
 from ._errors import WorkerDied
 from ._threads import DaemonExecutor
+from ._stats import BUSY_SLOTS, Busy
 from ._worker import INIT_FAILED, READY, worker_main
 
 NEEDS_MAIN_GUARD = 86  # exit code of a process that was bootstrapping when it tried to start workers
@@ -127,11 +128,13 @@ class WorkerPool:
 
     def __init__(self, num_workers: int, reader: Any, steps: List[Tuple[str, Callable]],
                  worker_init_fn: Optional[Callable[[int], None]], start_method: Optional[str],
-                 persistent: bool = False) -> None:
+                 persistent: bool = False, busy: Optional[Busy] = None) -> None:
         self.num_workers = num_workers
         self.steps = steps
         self.persistent = persistent
+        self.busy = busy  # where the workers' seconds go (``loader.stats``), set for each run
         self._args = (reader, steps, worker_init_fn)
+        self._rows: List[Any] = []  # a shared row per worker, where it adds its seconds
         self._method = start_method or default_start_method()
         self._workers: List[_Worker] = []
         self._generation: Any = None  # shared with the workers, made with them
@@ -156,6 +159,8 @@ class WorkerPool:
                 self._shut_down()
                 self._launch()
             self._loop = loop
+            if self.busy is not None:
+                self.busy.track(self._rows)
             for worker in self._workers:
                 worker.releases = []
                 loop.add_reader(worker.fd, self._readable, worker)
@@ -183,6 +188,14 @@ class WorkerPool:
                     loop.remove_writer(worker.fd)
                 worker.outbox = []
                 self._fail(worker, died=False)
+            self._fold()
+
+    def _fold(self) -> None:
+        """The run is over: its seconds in the workers go to its ``busy``, and the rows start again."""
+        if self.busy is not None and self._rows:
+            self.busy.fold(self._rows)
+            for row in self._rows:
+                row[:] = [0.0] * len(row)
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop every worker (from any thread): close the sockets (workers exit on EOF), then kill what is left."""
@@ -231,6 +244,7 @@ class WorkerPool:
     def _start_processes(self) -> None:
         ctx = multiprocessing.get_context(self._method)
         self._generation = ctx.RawValue("q", 0)
+        self._rows = [ctx.RawArray("d", len(BUSY_SLOTS)) for _ in range(self.num_workers)]
         for index in range(self.num_workers):
             ours, theirs = _ipc.channel_pair()
             # a forked worker inherits the loader's ends of its siblings' sockets: it closes them,
@@ -238,7 +252,8 @@ class WorkerPool:
             siblings = [w.fd for w in self._workers] + [ours.fileno()] if self._method == "fork" else []
             current = ctx.RawValue("q", -1)  # the request the worker is running
             process = ctx.Process(target=worker_main,  # type: ignore[attr-defined]
-                                  args=(index, theirs, siblings, current, self._generation, *self._args),
+                                  args=(index, theirs, siblings, current, self._generation, *self._args,
+                                        self._rows[index]),
                                   name=f"pyloader-worker-{index}", daemon=True)
             try:
                 process.start()
@@ -252,6 +267,7 @@ class WorkerPool:
             self._workers.append(_Worker(index, process, ours, current))
 
     def _shut_down(self, timeout: float = 1.0) -> None:
+        self._fold()
         workers, self._workers = self._workers, []
         for worker in workers:
             worker.sock.close()

@@ -15,10 +15,11 @@ from typing import Any, AsyncIterator, Deque, Generator, Iterator, Optional, Tup
 
 from ._abc import DataReader
 from ._columns import Columns, n_rows, slice_rows, take
-from ._errors import ErrorHandler, Failure, Stats
+from ._errors import ErrorHandler, Failure
 from ._files import Served, prefetched
 from ._rng import IN_FILE, derive_rng
 from ._source import EpochEnd, FileTask, SourceItem
+from ._stats import BusySink, Stats, clocked, timed
 
 PIECES_AHEAD = 2
 _DONE = object()
@@ -38,19 +39,21 @@ class Piece:
     ref: Any = None
 
 
-def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Served] = None) -> Iterator[Columns]:
+def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Served] = None,
+                busy: Optional[BusySink] = None) -> Iterator[Columns]:
     """The validated pieces of one file, in the order the batcher consumes them.
 
     With in-file shuffling the whole file is needed, so it goes through
     ``read_file`` and one seeded permutation; otherwise it streams through
     ``iter_file``. ``data``: the file's bytes, read ahead (``open_file`` serves them).
+    The reader's own time goes to ``busy`` as ``read_file``.
     """
     with prefetched(task.path, data):
         if task.start == 0 and task.end is None:
-            yield from _pieces(reader, task)
+            yield from _pieces(reader, task, busy)
             return
         offset = 0  # rows start:end only (a rank's share of the file)
-        pieces = _pieces(reader, task)
+        pieces = _pieces(reader, task, busy)
         for piece in pieces:
             n = n_rows(piece)
             lo, hi = max(task.start - offset, 0), min(task.end - offset, n)
@@ -67,16 +70,17 @@ def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Ser
                          f"ranks would take different numbers of steps")
 
 
-def pieces_with_end(reader: DataReader, task: FileTask,
-                    data: Union[None, bytes, Served] = None) -> Generator[Tuple[Columns, bool], None, None]:
+def pieces_with_end(reader: DataReader, task: FileTask, data: Union[None, bytes, Served] = None,
+                    busy: Optional[BusySink] = None) -> Generator[Tuple[Columns, bool], None, None]:
     """``file_pieces`` as ``(piece, last)``: ``last`` is true when the file is known to end there.
 
     A reader that gives a file in one piece (``read_file``) is looked ahead,
     which costs nothing, so the end of the file travels with its piece instead
     of taking another request; a failure found by the look-ahead comes after
     the piece. Streaming readers are not looked ahead (that would parse a piece early).
+    The time spent making each piece goes to ``busy`` as ``read``.
     """
-    gen = file_pieces(reader, task, data)
+    gen = clocked(file_pieces(reader, task, data, busy), busy, "read")
     if not (reader.shuffle or type(reader).iter_file is DataReader.iter_file):
         for piece in gen:
             yield piece, False
@@ -93,14 +97,15 @@ def pieces_with_end(reader: DataReader, task: FileTask,
             yield piece, ahead is None
 
 
-def _pieces(reader: DataReader, task: FileTask) -> Iterator[Columns]:
+def _pieces(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
     if reader.shuffle:
-        columns, n = reader.read_file(task.path)
+        with timed(busy, "read_file"):
+            columns, n = reader.read_file(task.path)
         columns = reader.checked(task.path, columns, n)
         perm = derive_rng(reader.random_seed, IN_FILE, task.epoch, task.index).permutation(n)
         yield take(columns, perm)
         return
-    for piece in reader.iter_file(task.path):
+    for piece in clocked(reader.iter_file(task.path), busy, "read_file"):
         yield reader.checked(task.path, piece)
 
 
@@ -223,7 +228,7 @@ class ReadFiles:
             async for piece in stream.pieces():
                 self.stats.samples_read += piece.n
                 yield piece
-            self.stats.files_read += 1
+            self.stats.file_read(stream.task.epoch)
         except Exception as exc:
             self.errors("read_file", [stream.task.path], exc)
             self.stats.skipped_files += 1

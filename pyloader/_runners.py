@@ -33,6 +33,7 @@ from ._map import Outcome, Step, StepFailed, run_each, run_stacked
 from ._pool import RemoteRef, WorkerPool, rebuild_error
 from ._read import pieces_with_end
 from ._source import FileTask
+from ._stats import Busy
 
 _DONE = object()
 
@@ -158,9 +159,9 @@ def _local(data: BatchData) -> Columns:
     return data.local() if isinstance(data, Segments) else data
 
 
-def _timed(steps: Sequence[Step], datas: List[BatchData]) -> Tuple[List[Outcome], float]:
+def _timed(steps: Sequence[Step], datas: List[BatchData], busy: Optional[Busy]) -> Tuple[List[Outcome], float]:
     start = time.perf_counter()
-    return run_each(steps, datas, _local), (time.perf_counter() - start) / max(1, len(datas))
+    return run_each(steps, datas, _local, busy), (time.perf_counter() - start) / max(1, len(datas))
 
 
 class LocalSteps:
@@ -177,10 +178,11 @@ class LocalSteps:
     _WINDOW = 8
     _MEASURED = 3
 
-    def __init__(self, steps: List[Step], lane: Lane, uses: Sequence[Any]) -> None:
+    def __init__(self, steps: List[Step], lane: Lane, uses: Sequence[Any], busy: Optional[Busy] = None) -> None:
         self.steps = steps
         self.lane = lane
         self.uses = uses
+        self.busy = busy
         self._keys = lane.exclusive.keys(uses)
         self._recent: Deque[float] = collections.deque(maxlen=self._WINDOW)
 
@@ -190,12 +192,12 @@ class LocalSteps:
         return min(self._recent) if len(self._recent) >= self._MEASURED else None
 
     async def run(self, datas: Sequence[BatchData]) -> Union[List[Outcome], StackedOutputs]:
-        done = run_stacked(self.steps, datas)
+        done = run_stacked(self.steps, datas, self.busy)
         if done is not None:
             return done
         cheap = len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW and self.lane.idle(self._keys)
-        result, took = self.lane.exclusive.call(self._keys, _timed, self.steps, datas) if cheap else \
-            await self.lane.run(_timed, self.steps, datas, uses=self.uses)
+        result, took = self.lane.exclusive.call(self._keys, _timed, self.steps, datas, self.busy) if cheap else \
+            await self.lane.run(_timed, self.steps, datas, self.busy, uses=self.uses)
         self._recent.append(took)
         return result
 
@@ -204,17 +206,18 @@ class ThreadRunner:
     """``num_workers=0``: everything in this process, off the event loop (see ``LocalSteps``)."""
 
     def __init__(self, reader: DataReader, steps: List[Step], lane: Lane, readahead: ReadAhead,
-                 uses: Sequence[Any]) -> None:
+                 uses: Sequence[Any], busy: Optional[Busy] = None) -> None:
         self.reader = reader
         self.lane = lane
         self.readahead = readahead
-        self.run = LocalSteps(steps, lane, uses).run
+        self.busy = busy
+        self.run = LocalSteps(steps, lane, uses, busy).run
 
     async def pieces(self, task: FileTask, fetch: bool,
                      demand: asyncio.Event) -> AsyncIterator[Tuple[int, Columns, None]]:
         """The file's pieces, its bytes read ahead (``demand``: the consumer waits for this file)."""
         served = await self.readahead.fetch(task.path, demand)
-        gen: Generator[Tuple[Columns, bool], None, None] = pieces_with_end(self.reader, task, served)
+        gen: Generator[Tuple[Columns, bool], None, None] = pieces_with_end(self.reader, task, served, self.busy)
         try:
             while True:
                 item = await self.lane.run(next, gen, _DONE, priority=read_priority(task), uses=(self.reader,))
@@ -253,13 +256,14 @@ class PoolRunner:
     _REMEASURE = 64
 
     def __init__(self, pool: WorkerPool, finish: List[Step], lane: Lane, readahead: ReadAhead,
-                 all_steps: List[Step], uses: Sequence[Any]) -> None:
+                 all_steps: List[Step], uses: Sequence[Any], busy: Optional[Busy] = None) -> None:
         self.pool = pool
         self.finish = finish
         self.lane = lane
         self.readahead = readahead
         self.uses = uses
-        self.here = LocalSteps(all_steps, lane, uses)
+        self.busy = busy
+        self.here = LocalSteps(all_steps, lane, uses, busy)
         self._turn = 0
         self._sent = 0  # groups of rows here that went to workers since the last measurement
 
@@ -343,7 +347,7 @@ class PoolRunner:
     async def run(self, datas: Sequence[BatchData]) -> Union[List[Outcome], StackedOutputs]:
         """Consecutive batches kept in one worker go in one request, sent at once; a batch
         whose rows must be gathered first (a file boundary) does not hold them up."""
-        done = run_stacked(self.here.steps, datas)
+        done = run_stacked(self.here.steps, datas, self.busy)
         if done is not None:
             return done
         if self._run_here(datas):
@@ -368,7 +372,7 @@ class PoolRunner:
             done_replies.append(reply)
         outcomes = [_outcome(ok, value) for reply in done_replies for ok, value in reply]
         if self.finish:
-            outcomes = await self.lane.run(_finish_each, self.finish, outcomes, uses=self.uses)
+            outcomes = await self.lane.run(_finish_each, self.finish, outcomes, self.busy, uses=self.uses)
         return outcomes
 
 
@@ -394,7 +398,7 @@ def _doing(jobs: list) -> str:
     return f"encoding and collating {len(jobs)} batch(es)" + (f" of {', '.join(map(repr, paths))}" if paths else "")
 
 
-def _finish_each(steps: Sequence[Step], outcomes: List[Outcome]) -> List[Outcome]:
+def _finish_each(steps: Sequence[Step], outcomes: List[Outcome], busy: Optional[Busy]) -> List[Outcome]:
     """The steps run here after the worker's, on the batches that did not fail there."""
-    done = iter(run_each(steps, [o for o in outcomes if not isinstance(o, StepFailed)]))
+    done = iter(run_each(steps, [o for o in outcomes if not isinstance(o, StepFailed)], busy=busy))
     return [o if isinstance(o, StepFailed) else next(done) for o in outcomes]

@@ -128,6 +128,16 @@ class FileSource:
                 rows = 0
             yield task
 
+    def cut_by(self, epoch: int, rows: int) -> List[str]:
+        """The file that the first ``rows`` rows of ``epoch`` end inside of, if they do."""
+        assert self.counts is not None, "finding a position needs the sample counts"
+        for task in self.tasks(epoch):
+            n = (self.counts[task.index] if task.end is None else task.end) - task.start
+            if rows < n:
+                return [task.path] if rows else []
+            rows -= n
+        return []
+
     def iterate(self, start_epoch: int = 0, skip_rows: int = 0) -> Iterator[SourceItem]:
         """Every epoch's tasks from ``start_epoch`` on, each epoch closed by an ``EpochEnd``;
         the first epoch less its first ``skip_rows`` rows (see ``tasks_after``)."""

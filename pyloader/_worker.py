@@ -47,6 +47,7 @@ from ._batch import assemble
 from ._columns import Columns, n_rows, slice_rows
 from ._map import StepFailed, run_steps
 from ._read import pieces_with_end
+from ._stats import BusySink, GroupClock, RowBusy
 
 Segment = Tuple[Any, int, int]  # (pid or inline columns, start, end)
 RUN_GRACE_S = 0.005
@@ -80,10 +81,10 @@ def _error(exc: BaseException) -> tuple:
 
 
 def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segments: List[Segment],
-             paths: Tuple[str, ...]) -> Tuple[bool, Any]:
+             paths: Tuple[str, ...], spent: List[float]) -> Tuple[bool, Any]:
     try:
         parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
-        result = run_steps(steps, assemble(parts, paths))
+        result = run_steps(steps, assemble(parts, paths), spent)
     except Exception as exc:
         return False, _error(exc)
     try:
@@ -94,6 +95,12 @@ def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segmen
         failed = StepFailed(last)
         failed.__cause__ = exc
         return False, _error(failed)
+
+
+def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], jobs: List[Tuple[List[Segment], Any]],
+              busy: Optional[BusySink]) -> List[Tuple[bool, Any]]:
+    with GroupClock(busy, steps) as clock:
+        return [_run_job(steps, kept, segments, paths, clock.steps) for segments, paths in jobs]
 
 
 _URGENT = ("open", "close", "release", "run", "fetch")
@@ -126,8 +133,9 @@ class _Server:
     """What a worker holds (open files, kept pieces, queued requests) and how it answers."""
 
     def __init__(self, sock: socket.socket, current: Any, generation: Any, reader: Any,
-                 steps: List[Tuple[str, Callable]]) -> None:
+                 steps: List[Tuple[str, Callable]], busy: Optional[BusySink]) -> None:
         self.sock = sock
+        self.busy = busy
         self.current = current
         self.generation = generation
         self.reader = reader
@@ -226,7 +234,7 @@ class _Server:
         op = msg[0]
         if op == "open":
             _, gid, task, data = msg
-            self.files[gid] = pieces_with_end(self.reader, task, data)
+            self.files[gid] = pieces_with_end(self.reader, task, data, self.busy)
             return None
         if op == "close":
             self.started.discard(msg[1])
@@ -260,7 +268,7 @@ class _Server:
             self.grace = RUN_GRACE_S
             return n_rows(item[0]), None, item[1]
         if op == "run":
-            return [_run_job(self.steps, self.kept, segments, paths) for segments, paths in msg[2]]
+            return _run_jobs(self.steps, self.kept, msg[2], self.busy)
         if op == "fetch":
             _, _, pid, start, end = msg
             return slice_rows(self.kept[pid], start, end)
@@ -281,7 +289,7 @@ class _Server:
 
 def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], current: Any, generation: Any,
                 reader: Any, steps: List[Tuple[str, Callable]],
-                worker_init_fn: Optional[Callable[[int], None]]) -> None:
+                worker_init_fn: Optional[Callable[[int], None]], busy_row: Any = None) -> None:
     for fd in inherited:
         try:
             os.close(fd)
@@ -306,7 +314,8 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
         _ipc.send(sock, (True, None), tag=READY)
     except OSError:
         os._exit(0)  # the loader has gone already
-    server = _Server(sock, current, generation, reader, steps)
+    busy = RowBusy(busy_row) if busy_row is not None else None  # read by loader.stats
+    server = _Server(sock, current, generation, reader, steps, busy)
     server.serve()
     server.close()
     os._exit(0)

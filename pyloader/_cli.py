@@ -1,0 +1,311 @@
+"""``python -m pyloader``: look at a dataset, and time the loader on it.
+
+* ``inspect DATA --reader R``: every file with its size and its samples
+  (``DataReader.count``), the totals, and the first batch (each field's type, shape
+  and first values). A file that cannot be counted is listed with its error.
+* ``bench DATA --reader R --workers 0,1,2 --batch-size N``: each ``num_workers``
+  setting runs one epoch (or ``--max-batches``) in a fresh Python process, so that
+  its peak memory is its own, with nothing done to the batches; it reports
+  samples/s (from ``loader.stats``), the time to the first batch and the peak
+  memory, and recommends the setting with the fewest workers among those within
+  ``--tolerance`` of the fastest.
+
+Batches are collated by ``NumpyCollator``, so neither torch nor TensorFlow is needed.
+Exit status: 0; 1 when something failed (the message names the file); 2 for bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import reprlib
+import resource
+import subprocess
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ._abc import DataReader, IdentityDataset
+from ._errors import PipelineError, describe
+from ._files import _local, is_url, list_files
+from ._length import checked_count
+from ._loader import DataLoader
+
+READERS = {
+    "jsonl": ("pyloader.readers", "JsonLinesReader"),
+    "text": ("pyloader.readers", "TextLinesReader"),
+    "csv": ("pyloader.readers", "CSVReader"),
+    "npy": ("pyloader.readers", "NumpyReader"),
+    "parquet": ("pyloader.readers._parquet", "ParquetReader"),
+}
+MEMORY_EVERY_S = 0.02
+
+
+class CommandError(Exception):
+    """A failure to report in one line (exit status 1)."""
+
+
+def make_reader(name: str, batch_size: int) -> DataReader:
+    """The built-in reader called ``name``, imported only now."""
+    module_name, class_name = READERS[name]
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise CommandError(f"the {name} reader ({module_name}.{class_name}) is not available in this "
+                           f"installation: {describe(exc)}") from exc
+    return cls(batch_size=batch_size)
+
+
+def make_loader(reader: DataReader, data: Any, num_workers: int = 0, on_error: Any = "raise") -> DataLoader:
+    from .collators import NumpyCollator
+
+    return DataLoader(reader, IdentityDataset(), NumpyCollator(), data, num_workers=num_workers, on_error=on_error)
+
+
+# -- inspect ---------------------------------------------------------------------------
+def file_size(path: str) -> Optional[int]:
+    """Bytes of a local file or an fsspec URL; ``None`` when they cannot be had."""
+    try:
+        if is_url(path):
+            import fsspec
+
+            fs, _, (one,) = fsspec.get_fs_token_paths(path)
+            return fs.size(one)
+        return os.path.getsize(_local(path))
+    except Exception:
+        return None
+
+
+def human(n: Optional[float]) -> str:
+    """Bytes, in the largest unit that keeps the number at 1 or more."""
+    if n is None:
+        return "?"
+    unit = "B"
+    for larger in ("KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            break
+        n, unit = n / 1024, larger
+    return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+
+
+def describe_value(value: Any) -> str:
+    """A field of a batch in one line: its type, shape and first values."""
+    short = reprlib.Repr()
+    short.maxlist = short.maxother = 4
+    short.maxstring = 40
+    if isinstance(value, np.ndarray):
+        flat = np.array2string(value.reshape(-1)[:4], threshold=4, max_line_width=200)
+        return f"ndarray {value.dtype} {tuple(value.shape)}: {flat}{' ...' if value.size > 4 else ''}"
+    if isinstance(value, list):
+        kinds = sorted({type(v).__name__ for v in value})
+        return f"list of {len(value)} {'/'.join(kinds)}: {short.repr(value)}"
+    return f"{type(value).__name__}: {short.repr(value)}"
+
+
+def inspect(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    reader = make_reader(args.reader, args.batch_size)
+    files = list_files(args.data)
+    failed: List[str] = []
+    sizes, counts = 0, 0
+    out(f"{'size':>10}  {'samples':>10}  file")
+    for k, path in enumerate(files):
+        size = file_size(path)
+        try:
+            n: Optional[int] = checked_count(reader, path)
+        except PipelineError as exc:
+            n = None
+            failed.append(str(exc))
+        sizes += size or 0
+        counts += n or 0
+        if k < args.max_files:
+            out(f"{human(size):>10}  {'error' if n is None else n:>10}  {path}")
+    if len(files) > args.max_files:
+        out(f"... and {len(files) - args.max_files} more files")
+    out(f"{len(files)} files, {human(sizes)}, {counts} samples" + (f", {len(failed)} not counted" if failed else ""))
+    for message in failed:
+        out(f"error: {message}")
+    skipped: List[PipelineError] = []  # files that fail to read: listed, and the batch is made of the others
+    with make_loader(reader, files, on_error=skipped.append) as loader:
+        batch = next(iter(loader), None)
+    for error in skipped:
+        out(f"error: {error}")
+    if batch is None:
+        out("no batch: the files hold no samples")
+        return 1
+    out(f"first batch ({args.reader} reader, batch_size={args.batch_size}, NumpyCollator):")
+    for key, value in batch.items():
+        out(f"  {key}: {describe_value(value)}")
+    return 1 if failed or skipped else 0
+
+
+# -- bench -----------------------------------------------------------------------------
+@dataclass
+class Result:
+    workers: int
+    samples_per_s: float = 0.0
+    samples: int = 0
+    batches: int = 0
+    first_batch_s: float = 0.0
+    peak_mib: float = 0.0
+    memory: str = ""  # how the peak was measured
+    error: Optional[str] = None
+
+
+class PeakMemory:
+    """The peak resident memory of this process and its children (the workers), sampled every
+    ``MEMORY_EVERY_S`` seconds with psutil; without psutil, this process's peak plus that of
+    its largest child that has ended (``getrusage``)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.how = "sampled RSS of the process and its workers"
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        try:
+            import psutil
+
+            self._process: Any = psutil.Process()
+        except ImportError:
+            self._process = None
+            self.how = "peak RSS of the process plus its largest worker's (no psutil)"
+
+    def _sample(self) -> None:
+        while True:
+            try:
+                procs = [self._process, *self._process.children(recursive=True)]
+                total = sum(p.memory_info().rss for p in procs if p.is_running())
+            except Exception:  # a worker ending between the listing and the reading
+                total = 0
+            self.peak = max(self.peak, total)
+            if self._stop.wait(MEMORY_EVERY_S):
+                return
+
+    def __enter__(self) -> "PeakMemory":
+        if self._process is not None:
+            self._thread = threading.Thread(target=self._sample, name="bench-memory", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        else:  # ru_maxrss is in KiB on Linux
+            self.peak = 1024 * (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                                + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+
+
+def measure(spec: Dict[str, Any]) -> Result:
+    """One setting, in this process: the loader's rates over one epoch (or ``max_batches``)."""
+    reader = make_reader(spec["reader"], spec["batch_size"])
+    with PeakMemory() as memory, make_loader(reader, spec["data"], spec["workers"]) as loader:
+        for k, _ in enumerate(loader, 1):
+            if spec["max_batches"] and k >= spec["max_batches"]:
+                break
+        seen = loader.stats["iteration"]
+    return Result(spec["workers"], seen["samples_per_s"], seen["samples"], seen["batches"],
+                  seen["first_batch_s"] or 0.0, memory.peak / 2**20, memory.how)
+
+
+def run_setting(spec: Dict[str, Any], timeout: float) -> Result:
+    """``measure(spec)`` in a fresh Python process running this same pyloader."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    command = [sys.executable, "-m", "pyloader", "_measure", json.dumps(spec)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return Result(spec["workers"], error=f"took longer than --timeout {timeout:g} s")
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return Result(spec["workers"], error=why)
+    return Result(**json.loads(lines[-1]))
+
+
+def recommend(results: Sequence[Result], tolerance: float) -> Optional[Result]:
+    """The setting with the fewest workers (then the least memory) within ``tolerance`` of the fastest."""
+    ran = [r for r in results if r.error is None and r.samples_per_s > 0]
+    if not ran:
+        return None
+    best = max(r.samples_per_s for r in ran)
+    return min((r for r in ran if r.samples_per_s >= (1 - tolerance) * best), key=lambda r: (r.workers, r.peak_mib))
+
+
+def parse_workers(text: str) -> List[int]:
+    try:
+        workers = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        workers = []
+    if not workers or any(w < 0 for w in workers):
+        raise argparse.ArgumentTypeError(f"expected numbers of workers >= 0 separated by commas, got {text!r}")
+    return workers
+
+
+def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    make_reader(args.reader, args.batch_size)  # an unknown or missing reader fails here, once
+    list_files(args.data)
+    results = []
+    out(f"{'workers':>7}  {'samples/s':>12}  {'samples':>9}  {'first batch':>11}  {'peak memory':>11}")
+    for workers in args.workers:
+        spec = {"data": args.data, "reader": args.reader, "batch_size": args.batch_size, "workers": workers,
+                "max_batches": args.max_batches}
+        r = run_setting(spec, args.timeout)
+        results.append(r)
+        if r.error is not None:
+            out(f"{workers:>7}  failed: {r.error}")
+        else:
+            out(f"{workers:>7}  {r.samples_per_s:>12,.0f}  {r.samples:>9}  {r.first_batch_s:>10.3f}s  "
+                f"{r.peak_mib:>7.0f} MiB")
+    chosen = recommend(results, args.tolerance)
+    if chosen is None:
+        out("no setting ran: nothing to recommend")
+        return 1
+    fastest = max(r.samples_per_s for r in results if r.error is None)
+    why = "the fastest" if chosen.samples_per_s == fastest else \
+        f"within {args.tolerance:.0%} of the fastest, with fewer workers"
+    out(f"recommended: num_workers={chosen.workers} ({why}); memory: {chosen.memory}")
+    return 1 if any(r.error is not None for r in results) else 0
+
+
+# -- the command line ------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m pyloader", description="Look at a dataset, time the loader on it.")
+    commands = top.add_subparsers(dest="command", required=True, metavar="{inspect,bench}")
+    for name, text in (("inspect", "list the files, their sizes and samples, and print a first batch"),
+                       ("bench", "samples/s and peak memory for each number of workers, and a recommendation")):
+        sub = commands.add_parser(name, help=text, description=text)
+        sub.add_argument("data", help="a folder, a glob or an fsspec URL (as DataLoader's data_dir)")
+        sub.add_argument("--reader", required=True, choices=sorted(READERS), help="the built-in reader")
+        sub.add_argument("--batch-size", type=int, default=16, help="samples per batch (default 16)")
+    inspect_ = commands.choices["inspect"]
+    inspect_.add_argument("--max-files", type=int, default=50, help="files listed one by one (default 50)")
+    bench_ = commands.choices["bench"]
+    bench_.add_argument("--workers", type=parse_workers, default=[0, 1, 2],
+                        help="the num_workers settings to time, e.g. 0,1,2 (the default)")
+    bench_.add_argument("--max-batches", type=int, default=0, help="stop each setting after this many batches "
+                        "(default 0: one epoch)")
+    bench_.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per setting (default 600)")
+    bench_.add_argument("--tolerance", type=float, default=0.05,
+                        help="a setting this close to the fastest, with fewer workers, is preferred (default 0.05)")
+    measure_ = commands.add_parser("_measure")  # one setting of bench, in its own process
+    measure_.add_argument("spec")
+    return top
+
+
+def main(argv: Optional[Sequence[str]] = None, out: Callable[[str], None] = print) -> int:
+    args = parser().parse_args(argv)
+    if getattr(args, "batch_size", 1) < 1:
+        parser().error(f"--batch-size must be >= 1, got {args.batch_size}")
+    try:
+        if args.command == "_measure":
+            out(json.dumps(asdict(measure(json.loads(args.spec)))))
+            return 0
+        return (inspect if args.command == "inspect" else bench)(args, out)
+    except (CommandError, PipelineError, FileNotFoundError, ValueError) as exc:
+        print(f"pyloader: error: {exc}", file=sys.stderr)
+        return 1

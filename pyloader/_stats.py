@@ -1,0 +1,376 @@
+"""What ``loader.stats`` reports: counters, rates and timings, for the running iteration
+and for the loader's life, and the per-epoch log line.
+
+Contracts:
+
+* Cheap: a ``time.perf_counter()`` pair around calls the loader makes anyway (a user
+  method, a file piece, the consumer's ``next()``) and a few additions per batch, per
+  piece or per call; never anything per sample.
+* ``Busy`` sums seconds per slot (``BUSY_SLOTS``) over the threads of the loader's
+  process and over its worker processes: each worker adds to a shared row of its own
+  (``worker_rows``), which is folded into the process's sums when the pool closes, so
+  nothing outlives the run.
+* ``Stats.as_dict()`` is plain data (ints, floats, strings, lists, dicts): it can be
+  handed to any logger as it is.
+* ``profiled(name)`` is a torch profiler range (``pyloader::<name>``) while torch's
+  profiler runs, else a no-op; it never imports torch.
+* The per-epoch line goes to the ``pyloader`` logger at INFO; nothing here configures logging.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import sys
+import threading
+import time
+import weakref
+from typing import (Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Set, Tuple,
+                    TypeVar)
+
+logger = logging.getLogger("pyloader")
+
+METHODS = ("read_file", "batch_encode", "collate_batch", "pin_memory")
+BUSY_SLOTS = ("read", "encode", "read_file", "batch_encode", "collate_batch", "pin_memory")
+_SLOT = {name: i for i, name in enumerate(BUSY_SLOTS)}
+_NO_RANGE: ContextManager[Any] = contextlib.nullcontext()
+T = TypeVar("T")
+
+
+def profiling() -> bool:
+    """Whether torch is imported and its profiler is on (torch is never imported here)."""
+    profiler = sys.modules.get("torch.autograd.profiler")
+    return profiler is not None and bool(getattr(profiler, "_is_profiler_enabled", False))
+
+
+def profiled(name: str) -> ContextManager[Any]:
+    """A torch profiler range ``pyloader::<name>`` while torch's profiler is on, else a no-op.
+
+    Torch records ranges of the thread that started the profiler (the consumer's wait);
+    those of the loader's threads show with ``profile_all_threads`` (see the README).
+    """
+    if not profiling():
+        return _NO_RANGE
+    return sys.modules["torch.autograd.profiler"].record_function(f"pyloader::{name}")
+
+
+class BusySink(Protocol):
+    def add_all(self, spent: Iterable[Tuple[str, float]]) -> None: ...
+
+    def add(self, slot: str, seconds: float) -> None: ...
+
+
+class timed:
+    """``with timed(busy, slot):`` adds the block's seconds to ``busy`` (when there is one)
+    and shows the block as a profiler range."""
+
+    __slots__ = ("busy", "slot", "began", "range")
+
+    def __init__(self, busy: Optional[BusySink], slot: str) -> None:
+        self.busy = busy
+        self.slot = slot
+
+    def __enter__(self) -> None:
+        self.range = profiled(self.slot)
+        self.range.__enter__()
+        self.began = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.busy is not None:
+            self.busy.add(self.slot, time.perf_counter() - self.began)
+        self.range.__exit__(*exc)
+
+
+class GroupClock:
+    """``with GroupClock(busy, steps) as clock:`` times a group's ``encode`` stage; ``run_steps``
+    adds each step's seconds to ``clock.steps``; all go to ``busy`` at the end, in one call
+    (one lock per group rather than per batch and step)."""
+
+    __slots__ = ("busy", "names", "steps", "began", "range")
+
+    def __init__(self, busy: Optional[BusySink], steps: Sequence[Tuple[str, Any]]) -> None:
+        self.busy = busy
+        self.names = [name for name, _ in steps]
+        self.steps = [0.0] * len(steps)
+
+    def __enter__(self) -> "GroupClock":
+        self.range = profiled("encode")
+        self.range.__enter__()
+        self.began = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.busy is not None:
+            self.busy.add_all([("encode", time.perf_counter() - self.began), *zip(self.names, self.steps, strict=True)])
+        self.range.__exit__(*exc)
+
+
+def clocked(items: Iterable[T], busy: Optional[BusySink], slot: str) -> Iterator[T]:
+    """``items``, each ``next`` timed into ``slot`` (see ``timed``); closing this closes ``items``."""
+    it = iter(items)
+    try:
+        while True:
+            try:
+                with timed(busy, slot):
+                    item = next(it)
+            except StopIteration:
+                return
+            yield item
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+class Busy:
+    """Seconds spent in each of ``BUSY_SLOTS``: in this process's threads, and in workers."""
+
+    def __init__(self) -> None:
+        self._sums = [0.0] * len(BUSY_SLOTS)
+        self._lock = threading.Lock()
+        self._rows: List[Any] = []  # one per running worker
+
+    def add(self, slot: str, seconds: float) -> None:
+        self.add_all(((slot, seconds),))
+
+    def add_all(self, spent: Iterable[Tuple[str, float]]) -> None:
+        with self._lock:
+            for slot, seconds in spent:
+                i = _SLOT.get(slot)
+                if i is not None:  # a step the stats do not list counts only in its stage
+                    self._sums[i] += seconds
+
+    def worker_rows(self, n: int) -> List[Any]:
+        """A shared row for each of ``n`` workers about to start (see ``RowBusy``)."""
+        rows = [multiprocessing.RawArray("d", len(BUSY_SLOTS)) for _ in range(n)]
+        with self._lock:
+            self._rows.extend(rows)
+        return rows
+
+    def track(self, rows: List[Any]) -> None:
+        """Count the seconds of workers already running in ``rows`` from now on (until ``fold``)."""
+        with self._lock:
+            self._rows.extend(r for r in rows if all(r is not mine for mine in self._rows))
+
+    def fold(self, rows: List[Any]) -> None:
+        """The workers of ``rows`` have ended: keep their seconds here and let the rows go."""
+        with self._lock:
+            self._rows = [r for r in self._rows if all(r is not done for done in rows)]
+            for row in rows:
+                self._sums = [a + b for a, b in zip(self._sums, row, strict=True)]
+
+    def seconds(self) -> Dict[str, float]:
+        with self._lock:
+            sums = list(self._sums)
+            for row in self._rows:
+                sums = [a + b for a, b in zip(sums, row, strict=True)]
+        return dict(zip(BUSY_SLOTS, sums, strict=True))
+
+
+class RowBusy:
+    """A worker's ``Busy``: adds to the worker's shared row, which nothing else writes."""
+
+    def __init__(self, row: Any) -> None:
+        self.row = row
+
+    def add(self, slot: str, seconds: float) -> None:
+        self.add_all(((slot, seconds),))
+
+    def add_all(self, spent: Iterable[Tuple[str, float]]) -> None:
+        for slot, seconds in spent:
+            i = _SLOT.get(slot)
+            if i is not None:
+                self.row[i] += seconds
+
+
+@dataclasses.dataclass
+class Figures:
+    """What the consumer saw of one iteration (or, summed, of several)."""
+
+    batches: int = 0
+    samples: int = 0  # rows of the batches handed over
+    seconds: float = 0.0  # from iter() to the last batch handed over
+    wait_s: float = 0.0  # inside next(): waiting for the pipeline, then handing the batch over
+    step_s: float = 0.0  # between batches: from one handed over to the next next()
+    hand_over_s: float = 0.0  # the part of wait_s spent handing over (unstacking, moving to a device)
+    fill: float = 0.0  # queue fill, summed over the consumer's requests to the pipeline
+    requests: int = 0
+    resume_files: int = 0
+    resume_batches: int = 0
+
+    def rate(self) -> float:
+        """Samples handed over per second."""
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    def stall_share(self) -> float:
+        """The share of the consumer's time spent inside ``next()``."""
+        busy = self.wait_s + self.step_s
+        return self.wait_s / busy if busy > 0 else 0.0
+
+    def plus(self, other: "Figures") -> "Figures":
+        return Figures(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
+
+    def minus(self, other: "Figures") -> "Figures":
+        return Figures(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)})
+
+
+_COUNTERS = ("files_read", "samples_read", "skipped_files", "skipped_batches")
+
+
+class Watch:
+    """The consumer's side of one iteration: its ``Figures``, the per-epoch log line, the progress bar."""
+
+    def __init__(self, max_queue_size: int, epoch_files: Dict[int, int], counters: Dict[str, int],
+                 busy: Dict[str, float], bar: Any = None) -> None:
+        self.max_queue_size = max_queue_size
+        self.epoch_files = epoch_files
+        self.counters = counters  # the loader's counters and busy seconds as the iteration began
+        self.busy = busy
+        self.bar = bar
+        self.figures = Figures()
+        self.began = time.perf_counter()
+        self.first_batch_s: Optional[float] = None
+        self._last: Optional[float] = None  # when the last batch was handed over
+        self._resumed: Set[str] = set()
+        self._epoch: Optional[int] = None
+        self._epoch_mark = self.began
+        self._epoch_figures = Figures()
+
+    def asked(self, queued: int) -> None:
+        """The consumer asks the pipeline for more, ``queued`` batches being ready."""
+        self.figures.fill += min(1.0, queued / self.max_queue_size)
+        self.figures.requests += 1
+
+    def handed(self, epoch: int, rows: int, began: float, got: float) -> None:
+        """A batch of ``epoch`` was handed over by a ``next()`` that began at ``began`` and had
+        the batch from the pipeline at ``got``."""
+        now = time.perf_counter()
+        f = self.figures
+        if self._last is None:
+            self.first_batch_s = now - self.began
+        else:
+            f.step_s += began - self._last
+        if epoch != self._epoch:
+            self._next_epoch(epoch, began)
+        f.wait_s += now - began
+        f.hand_over_s += now - got
+        f.batches += 1
+        f.samples += rows
+        f.seconds = now - self.began
+        self._last = now
+        if self.bar is not None:
+            self.bar.update(f, now)
+
+    def replayed(self, batches: int, paths: Iterable[str]) -> None:
+        """A resumed iteration read ``batches`` again (of files ``paths``) only to find its place."""
+        new = set(paths) - self._resumed
+        self._resumed |= new
+        self.figures.resume_files += len(new)
+        self.figures.resume_batches += batches
+
+    def end(self, began: float) -> None:
+        """The iteration ran to its end, found by a ``next()`` that began at ``began``."""
+        if self._last is not None:
+            self.figures.step_s += began - self._last
+            self._last = None
+        self.close()  # the bar's last line before the epoch's log line
+        self._next_epoch(None, began)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close(self.figures)
+
+    def _next_epoch(self, epoch: Optional[int], mark: float) -> None:
+        """Log the epoch that ends at ``mark`` (if any), and start counting ``epoch``'s."""
+        if self._epoch is not None:
+            f = self.figures.minus(self._epoch_figures)
+            f.seconds = mark - self._epoch_mark
+            logger.info("epoch %d: %d files, %d samples (%d batches) in %.2f s, %.1f samples/s, data stall %.1f%%",
+                        self._epoch, self.epoch_files.pop(self._epoch, 0), f.samples, f.batches, f.seconds,
+                        f.rate(), 100 * f.stall_share())
+            self._epoch_mark = mark  # the first epoch counts from iter(): its start-up is part of it
+        self._epoch = epoch
+        self._epoch_figures = dataclasses.replace(self.figures)
+
+
+class Stats:
+    """The counters of one loader (updated by the pipeline as it runs) and its iterations' ``Watch``es.
+
+    The counters count over the loader's life; ``as_dict()`` adds the ``iteration`` and
+    ``total`` reports (see the README, *Watching a run*).
+    """
+
+    def __init__(self) -> None:
+        self.files_read = 0
+        self.samples_read = 0
+        self.batches = 0
+        self.skipped_files = 0
+        self.skipped_batches = 0
+        self.errors: List[str] = []
+        self.busy = Busy()
+        self.epoch_files: Dict[int, int] = {}  # files read per epoch, until its log line takes them
+        self._watch: Optional[Watch] = None
+        self._finished = Figures()  # of the iterations before the current one
+        self._iterations = 0
+
+    def file_read(self, epoch: int) -> None:
+        self.files_read += 1
+        self.epoch_files[epoch] = self.epoch_files.get(epoch, 0) + 1
+
+    def replayed(self, batches: int, paths: Iterable[str]) -> None:
+        if self._watch is not None:
+            self._watch.replayed(batches, paths)
+
+    def watch(self, owner: object, max_queue_size: int, bar: Any = None) -> Watch:
+        """Start watching a new iteration (``owner``, its iterator; the bar closes when it goes),
+        before it reads any file."""
+        if self._watch is not None:
+            self._finished = self._finished.plus(self._watch.figures)
+        self.epoch_files.clear()  # of epochs an earlier iteration left before their end
+        self._watch = Watch(max_queue_size, self.epoch_files, self._counters(), self.busy.seconds(), bar)
+        self._iterations += 1
+        weakref.finalize(owner, self._watch.close)
+        return self._watch
+
+    def _counters(self) -> Dict[str, int]:
+        counters = {name: getattr(self, name) for name in _COUNTERS}
+        counters["error_count"] = len(self.errors)
+        return counters
+
+    def as_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {name: getattr(self, name) for name in (*_COUNTERS, "batches")}
+        out["errors"] = list(self.errors)
+        counters, busy = self._counters(), self.busy.seconds()
+        watch = self._watch
+        current = watch.figures if watch is not None else Figures()
+        if watch is not None:
+            iteration = _report(current, {k: v - watch.counters[k] for k, v in counters.items()},
+                                {k: v - watch.busy[k] for k, v in busy.items()})
+        else:
+            iteration = _report(current, dict.fromkeys(counters, 0), dict.fromkeys(busy, 0.0))
+        iteration["first_batch_s"] = watch.first_batch_s if watch is not None else None
+        out["iteration"] = iteration
+        out["total"] = _report(self._finished.plus(current), counters, busy)
+        out["total"]["iterations"] = self._iterations
+        return out
+
+
+def _report(f: Figures, counters: Dict[str, int], busy: Dict[str, float]) -> Dict[str, Any]:
+    """One of ``stats["iteration"]`` and ``stats["total"]``."""
+    return {
+        **counters,
+        "batches": f.batches,
+        "samples": f.samples,
+        "seconds": f.seconds,
+        "batches_per_s": f.batches / f.seconds if f.seconds > 0 else 0.0,
+        "samples_per_s": f.rate(),
+        "wait_s": f.wait_s,
+        "step_s": f.step_s,
+        "stall_share": f.stall_share(),
+        "queue_fill": f.fill / f.requests if f.requests else 0.0,
+        "stage_s": {"read": busy["read"], "encode": busy["encode"], "hand_over": f.hand_over_s},
+        "method_s": {name: busy[name] for name in METHODS},
+        "resume_files": f.resume_files,
+        "resume_batches": f.resume_batches,
+    }

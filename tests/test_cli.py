@@ -1,0 +1,116 @@
+"""``python -m pyloader``: ``inspect`` and ``bench``."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import pytest
+
+from pyloader import _cli
+
+pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_jsonl(folder: Path, sizes: List[int]) -> List[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths, next_id = [], 0
+    for i, size in enumerate(sizes):
+        path = folder / f"part-{i}.jsonl"
+        path.write_text("".join(json.dumps({"id": next_id + j, "text": f"s{next_id + j}"}) + "\n" for j in range(size)))
+        next_id += size
+        paths.append(path)
+    return paths
+
+
+def run(argv: List[str]) -> "tuple[int, List[str]]":
+    lines: List[str] = []
+    return _cli.main(argv, out=lines.append), lines
+
+
+def test_inspect_lists_each_file_with_its_size_and_samples_and_prints_a_first_batch(tmp_path):
+    paths = write_jsonl(tmp_path / "data", [5, 7])
+    rc, lines = run(["inspect", str(tmp_path / "data"), "--reader", "jsonl", "--batch-size", "3"])
+    assert rc == 0, lines
+    for path, n in zip(paths, (5, 7), strict=True):
+        (row,) = [line for line in lines if line.endswith(str(path))]
+        assert row.split()[:3] == [str(path.stat().st_size), "B", str(n)]  # small files: sizes in bytes
+    assert any(line.startswith("2 files, ") and line.endswith(", 12 samples") for line in lines), lines
+    assert "  id: ndarray int64 (3,): [0 1 2]" in lines
+    assert "  text: list of 3 str: ['s0', 's1', 's2']" in lines
+
+
+def test_inspect_lists_a_file_that_cannot_be_counted_with_its_error(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    np.save(data / "a.npy", np.arange(6))
+    (data / "b.npy").write_bytes(b"not an npy file")
+    rc, lines = run(["inspect", str(data), "--reader", "npy"])
+    assert rc == 1
+    assert any(line.split()[-2:] == ["error", str(data / "b.npy")] for line in lines), lines
+    assert any(line.startswith("error: count failed on ") and "b.npy" in line for line in lines), lines
+    assert any(line.startswith("error: read_file failed on ") and "b.npy" in line for line in lines), lines
+    assert any(line.startswith("  x: ndarray int64 (6,)") for line in lines), lines  # the first batch, without b.npy
+
+
+def test_an_unavailable_reader_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    write_jsonl(tmp_path / "data", [3])
+    monkeypatch.setitem(sys.modules, "pyloader.readers._parquet", None)  # as if it were not there
+    rc, _ = run(["inspect", str(tmp_path / "data"), "--reader", "parquet"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "the parquet reader (pyloader.readers._parquet.ParquetReader) is not available" in err
+
+
+def test_nothing_to_read_is_an_error_naming_what_was_searched(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    rc, _ = run(["bench", str(tmp_path / "empty"), "--reader", "jsonl"])
+    assert rc == 1 and str(tmp_path / "empty") in capsys.readouterr().err
+
+
+def test_bench_times_each_number_of_workers_and_recommends_one(tmp_path):
+    write_jsonl(tmp_path / "data", [40, 30, 30])
+    rc, lines = run(["bench", str(tmp_path / "data"), "--reader", "jsonl", "--workers", "0,1", "--batch-size", "8"])
+    assert rc == 0, lines
+    rows = {line.split()[0]: line.split() for line in lines[1:3]}
+    assert set(rows) == {"0", "1"}, lines
+    for row in rows.values():
+        assert float(row[1].replace(",", "")) > 0 and row[2] == "100" and row[-1] == "MiB" and float(row[-2]) > 0
+    assert lines[-1].startswith("recommended: num_workers="), lines
+
+
+def test_bench_reports_settings_that_fail_and_recommends_nothing(tmp_path):
+    write_jsonl(tmp_path / "data", [10])
+    rc, lines = run(["bench", str(tmp_path / "data"), "--reader", "jsonl", "--workers", "0", "--timeout", "0.001"])
+    assert rc == 1
+    assert "failed: took longer than --timeout 0.001 s" in lines[1]
+    assert lines[-1] == "no setting ran: nothing to recommend"
+
+
+def test_the_recommendation_is_the_fewest_workers_within_the_tolerance_of_the_fastest():
+    results = [_cli.Result(0, samples_per_s=900.0, peak_mib=100), _cli.Result(1, samples_per_s=990.0, peak_mib=150),
+               _cli.Result(2, samples_per_s=1000.0, peak_mib=200), _cli.Result(3, error="died")]
+    assert _cli.recommend(results, 0.05).workers == 1
+    assert _cli.recommend(results, 0.0).workers == 2
+    assert _cli.recommend(results, 0.2).workers == 0
+    assert _cli.recommend([_cli.Result(0, error="died")], 0.05) is None
+
+
+def test_bad_workers_are_refused_by_the_argument_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        _cli.main(["bench", str(tmp_path), "--reader", "jsonl", "--workers", "0,-1"])
+    assert info.value.code == 2 and "numbers of workers >= 0" in capsys.readouterr().err
+
+
+def test_python_dash_m_pyloader_runs_the_command_line(tmp_path):
+    write_jsonl(tmp_path / "data", [4])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-m", "pyloader", "inspect", str(tmp_path / "data"), "--reader", "jsonl"],
+                         capture_output=True, text=True, timeout=60, env=env, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "1 files, " in out.stdout and "first batch" in out.stdout
