@@ -115,7 +115,8 @@ class Stats:
     """Counters of one loader, updated as batches are produced."""
 
     files_read: int = 0
-    samples_read: int = 0
+    samples_read: int = 0  # kept by filter_fn, when there is one
+    filtered_samples: int = 0  # dropped by filter_fn
     batches: int = 0
     skipped_files: int = 0
     skipped_batches: int = 0

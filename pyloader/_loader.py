@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch, Group, Stacked
+from ._compose import check_compose, compose_fingerprint
 from ._engine import Engine
 from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
 from ._files import DataDir, list_files
@@ -120,12 +121,14 @@ class DataLoader:
                  pad_value: Any = 0, num_workers: int = 0, num_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  start_method: Optional[str] = None, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, even_batches: str = "pad") -> None:
+                 world_size: Optional[int] = None, even_batches: str = "pad",
+                 filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
         _check_counts(self._arguments)
         _check_modes(self._arguments)
+        check_compose(self._arguments)
         resolve_sharding(rank, world_size, even_batches)  # explicit values are checked now
         self._rank, self._world_size, self._even_batches = rank, world_size, even_batches
         # default: every file read ahead and every group in flight at once
@@ -153,6 +156,7 @@ class DataLoader:
         self.pin_memory = bool(pin_memory)
         self.device = device
         self.on_error, self.max_errors = on_error, max_errors
+        self.filter_fn = filter_fn
         self._stats = Stats()
         ErrorHandler(on_error, max_errors, self._stats)  # checks them now; each iteration gets its own
         self._finish = pinner() if self.pin_memory else None
@@ -224,7 +228,7 @@ class DataLoader:
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
             sharding=self.sharding,
-            count_cache=self._count_cache, exclusive=self._exclusive)
+            count_cache=self._count_cache, exclusive=self._exclusive, filter_fn=self.filter_fn)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 
@@ -258,8 +262,12 @@ class DataLoader:
         file on first use, and the counts are kept for the loader's life. When a
         count fails, the length is unknown: ``TypeError``, as for any unsized
         object, with the count's error (naming the file) as its cause; when
-        errors are skipped (``on_error``), that file counts as empty.
+        errors are skipped (``on_error``), that file counts as empty. With
+        ``filter_fn`` the length is unknown (``TypeError``) unless ranks plan it.
         """
+        if self.filter_fn is not None and not self.sharding.active:
+            raise TypeError("the loader's length is unknown: filter_fn drops samples, and how many is known "
+                            "only once they are read (under ranks the planned steps are the length)")
         r = self._record
         start = r.start if r is not None and r.ended is None else self._upcoming()
         try:
@@ -289,7 +297,8 @@ class DataLoader:
                 "reader_shuffle": self.datareader.shuffle, "reader_seed": self.datareader.random_seed,
                 "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "stream": self.stream,
                 "seq_len": self.seq_len, "padding_mode": self.padding_mode, "rank": sharding.rank,
-                "world_size": sharding.world_size, "even_batches": sharding.even_batches}
+                "world_size": sharding.world_size, "even_batches": sharding.even_batches,
+                **compose_fingerprint(self._arguments)}
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the consumer is: the batches handed over so far, not those read ahead.

@@ -10,6 +10,7 @@ from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
 from ._errors import ErrorHandler, Stats
 from ._even import EvenSteps
+from ._filter import with_filter
 from ._frameworks import attach_meta
 from ._length import checked_count
 from ._map import OrderedMap, Step
@@ -52,6 +53,7 @@ class Settings:
     sharding: Sharding = Sharding()
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
+    filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None  # run where files are read (``_filter``)
 
 
 class CheckedEncode:
@@ -140,12 +142,13 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
     there, here, local = split_steps(s)
     lane = Lane(run_blocking, s.num_threads, s.exclusive)
     pool = None
+    reader = with_filter(s.reader, s.filter_fn)
     if s.num_workers:
-        pool = WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method)
+        pool = WorkerPool(s.num_workers, reader, there, s.worker_init_fn, s.start_method)
         pool.start()
         runner: Any = PoolRunner(pool, here, lane, run_blocking, all_steps=local, uses=(s.dataset, s.collator))
     else:
-        runner = ThreadRunner(s.reader, local, lane, run_blocking, uses=(s.dataset, s.collator))
+        runner = ThreadRunner(reader, local, lane, run_blocking, uses=(s.dataset, s.collator))
     try:
         counts = await count_samples(s, lane) if s.sharding.active else None
         source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)

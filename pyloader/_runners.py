@@ -2,7 +2,8 @@
 
 Both runners offer the same two calls, so the stages do not care which is used:
 
-* ``pieces(task, fetch)``: the pieces of one file, in order, as ``(n, columns, ref)``;
+* ``pieces(task, fetch)``: the pieces of one file, in order, as ``(n, columns, ref, dropped)``
+  (``dropped``: the samples ``filter_fn`` dropped from the piece);
 * ``run(datas)``: ``batch_encode`` then ``collate_batch`` on each batch of a
   group, given as ``Columns`` or as ``Segments`` (rows of pieces, possibly kept
   in workers); one ``Outcome`` per batch. ``StackedRows`` run at once on the
@@ -22,10 +23,11 @@ import threading
 import time
 from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from ._abc import DataReader, is_thread_safe
+from ._abc import is_thread_safe
 from ._batch import Segments, StackedOutputs
 from ._columns import Columns, n_rows, slice_rows
 from ._files import is_url
+from ._filter import unbundle
 from ._map import Outcome, Step, StepFailed, run_each, run_stacked
 from ._pool import RemoteRef, WorkerPool, rebuild_error
 from ._read import pieces_with_end
@@ -193,9 +195,10 @@ class LocalSteps:
 class ThreadRunner:
     """``num_workers=0``: everything in this process, off the event loop (see ``LocalSteps``)."""
 
-    def __init__(self, reader: DataReader, steps: List[Step], lane: Lane, run_io: Callable,
+    def __init__(self, reader: Any, steps: List[Step], lane: Lane, run_io: Callable,
                  uses: Sequence[Any]) -> None:
-        self.reader = reader
+        self.reader = reader  # a DataReader, or one bundled with filter_fn (``_filter.Filtered``)
+        self._reader_uses = (unbundle(reader)[0],)
         self.lane = lane
         self.run_io = run_io
         self.run = LocalSteps(steps, lane, uses).run
@@ -204,11 +207,11 @@ class ThreadRunner:
         gen = pieces_with_end(self.reader, task, await _fetch_remote(self.run_io, task))
         try:
             while True:
-                item = await self.lane.run(next, gen, _DONE, priority=read_priority(task), uses=(self.reader,))
+                item = await self.lane.run(next, gen, _DONE, priority=read_priority(task), uses=self._reader_uses)
                 if item is _DONE:
                     return
-                columns, last = item
-                yield n_rows(columns), columns, None
+                columns, last, dropped = item
+                yield n_rows(columns), columns, None, dropped
                 if last:
                     return
         finally:
@@ -257,8 +260,8 @@ class PoolRunner:
                 got = await self.pool.request(worker, "next", gid, pid, fetch, doing=f"reading {task.path!r}")
                 if got is None:
                     return
-                n, columns, last = got
-                yield n, columns, (None if fetch else RemoteRef(self.pool, worker, pid))
+                n, columns, last, dropped = got
+                yield n, columns, (None if fetch else RemoteRef(self.pool, worker, pid)), dropped
                 if last:
                     return
         finally:

@@ -7,7 +7,8 @@ It serves requests from the loader one at a time: batches before reading ahead
   ``data``: its bytes when the loader fetched them ahead);
 * ``("next", rid, gid, pid, fetch)``: the file's next piece: kept here under
   ``pid`` (only its length is sent) or, with ``fetch``, sent whole; the reply
-  says whether the file is known to end with it;
+  says whether the file is known to end with it, and how many samples
+  ``filter_fn`` dropped from it;
 * ``("close", gid)`` and ``("release", pids)``: forget a file or pieces;
 * ``("run", rid, jobs)``: for each ``(segments, paths)`` of a group, assemble a
   batch from kept pieces or sent columns and run the steps on it; the reply is
@@ -178,10 +179,10 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
                 if item is None:
                     reply = (rid, True, None)
                 elif fetch:
-                    reply = (rid, True, (n_rows(item[0]), item[0], item[1]))
+                    reply = (rid, True, (n_rows(item[0]), item[0], *item[1:]))
                 else:
                     kept[pid] = item[0]
-                    reply = (rid, True, (n_rows(item[0]), None, item[1]))
+                    reply = (rid, True, (n_rows(item[0]), None, *item[1:]))
                     grace = RUN_GRACE_S
             elif op == "run":
                 reply = (rid, True, [_run_job(steps, kept, segments, paths) for segments, paths in msg[2]])

@@ -1,0 +1,29 @@
+"""The loader's keywords for composing data: their checks at construction, and their part of the resume fingerprint.
+
+Each feature lives in its own module (``_filter``: ``filter_fn``); this one only
+gathers what ``DataLoader`` needs from all of them, so the loader names each once.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional
+
+from ._filter import check_filter
+
+
+def check_compose(a: Mapping[str, Any]) -> None:
+    """Check the composing keywords of ``DataLoader(**a)``; raises naming the keyword."""
+    check_filter(a["filter_fn"], a["stream"])
+
+
+def callable_name(fn: Any) -> Optional[str]:
+    """``module.qualname`` of a user callable, for the fingerprint (a state saved with another
+    filter or order is refused); ``None`` when there is none."""
+    if fn is None:
+        return None
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+
+
+def compose_fingerprint(a: Mapping[str, Any]) -> Dict[str, Any]:
+    """The composing settings that change the batch sequence, as the state records them."""
+    return {"filter_fn": callable_name(a["filter_fn"])}

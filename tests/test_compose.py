@@ -1,0 +1,205 @@
+"""Composing data: a per-sample filter, a custom file order, length bucketing.
+
+Every feature keeps the loader's promises: each sample exactly once per epoch (or
+as declared), batches that depend on the seed and the epoch alone, exact resume
+at every position, equal steps under ranks, and the same batches with workers.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from typing import Any, Callable, Dict, List, Tuple
+
+import pytest
+
+import pyloader as pl
+from conftest import IdReader, ListCollator, wait_no_children, wait_no_threads, write_chunks
+
+pytestmark = pytest.mark.timeout(180)
+PADDING = "__padding__"
+SIZES = [9, 4, 15, 2, 7, 0, 11]  # 48 samples, ids 0..47
+
+
+def loader_over(folder, batch_size: int = 4, reader: Any = None, **kwargs: Any) -> pl.DataLoader:
+    return pl.DataLoader(reader or IdReader(batch_size), pl.IdentityDataset(), ListCollator(), str(folder), **kwargs)
+
+
+def run(loader: pl.DataLoader) -> List[Tuple[int, List[int], List[bool]]]:
+    """Every batch of one iteration: (epoch, ids, padding flags)."""
+    out = []
+    for batch in loader:
+        flags = batch[PADDING].tolist() if PADDING in batch else [False] * len(batch["id"])
+        out.append((loader.epoch, list(batch["id"]), flags))
+    return out
+
+
+def real_ids(batches) -> List[int]:
+    return [i for _, ids, flags in batches for i, pad in zip(ids, flags) if not pad]
+
+
+def assert_resumes_everywhere(make: Callable[[], pl.DataLoader]) -> None:
+    """Stop after every number of batches, save the state (through JSON), resume in a new
+    loader: the batches before and after are those of the uninterrupted run."""
+    full = run(make())
+    assert full
+    for k in range(len(full)):
+        first = make()
+        it = iter(first)
+        head = []
+        for _ in range(k):
+            batch = next(it)
+            head.append(batch)
+        state = json.loads(json.dumps(first.state_dict()))
+        first.close()
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert run(make())[:k] == full[:k]
+        assert full[:k] + run(resumed) == full, f"resumed after {k} of {len(full)} batches"
+    assert wait_no_threads() == []
+
+
+def even(sample: Dict[str, Any]) -> bool:
+    return sample["id"] % 2 == 0
+
+
+def _not_in_process(pid: int, sample: Dict[str, Any]) -> bool:
+    return os.getpid() != pid
+
+
+# -- filter_fn -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("settings", [{}, {"shuffle": True, "shuffle_buffer": 5}])
+def test_a_filter_that_drops_half_the_samples_leaves_every_batch_full(tmp_path, workers, settings):
+    write_chunks(tmp_path, SIZES)
+    loader = loader_over(tmp_path, filter_fn=even, num_workers=workers, num_epoch=2, **settings)
+    batches = run(loader)
+    for epoch in (0, 1):
+        sizes = [len(ids) for e, ids, _ in batches if e == epoch]
+        assert sizes == [4, 4, 4, 4, 4, 4], "24 kept samples: six full batches, none short"
+        assert sorted(real_ids(b for b in batches if b[0] == epoch)) == list(range(0, 48, 2))
+    assert loader.stats["filtered_samples"] == 48 and loader.stats["samples_read"] == 48
+    assert wait_no_children() == []
+
+
+def test_with_workers_the_filter_runs_in_the_workers(tmp_path):
+    """A filter that keeps a sample only outside the loader's process keeps everything with
+    workers and nothing without."""
+    write_chunks(tmp_path, [6, 6])
+    outside = functools.partial(_not_in_process, os.getpid())
+    assert real_ids(run(loader_over(tmp_path, filter_fn=outside, num_workers=2))) == list(range(12))
+    assert run(loader_over(tmp_path, filter_fn=outside)) == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("settings", [{}, {"shuffle": True, "num_epoch": 2}, {"drop_last": True},
+                                      {"even_batches": "drop", "shuffle_buffer": 6}])
+def test_under_ranks_a_filter_leaves_every_rank_the_planned_steps(tmp_path, workers, settings):
+    """Whatever the filter drops on each rank, every rank gives the steps planned from the counts
+    (``len``), topping a share that lost samples up with flagged padding batches."""
+    write_chunks(tmp_path, SIZES)
+    runs, lengths = [], []
+    for rank in range(2):
+        def keep(sample: Dict[str, Any]) -> bool:
+            return sample["id"] < 20 or sample["id"] % 3 == 0  # rank 1's share loses far more
+        loader = loader_over(tmp_path, filter_fn=keep, rank=rank, world_size=2, num_workers=workers, **settings)
+        lengths.append(len(loader))
+        runs.append(run(loader))
+    unfiltered = [run(loader_over(tmp_path, rank=rank, world_size=2, **settings)) for rank in range(2)]
+    assert [len(r) for r in runs] == lengths == [len(r) for r in unfiltered]
+    got = sorted(i for r in runs for i in real_ids(r))
+    planned = sorted(i for r in unfiltered for i in real_ids(r))
+    kept = [i for i in planned if i < 20 or i % 3 == 0]
+    if settings.get("drop_last"):  # each rank drops its own short last batch: a different one once filtered
+        assert set(got) <= set(kept) and len(got) == len(set(got)) and len(kept) - len(got) < 2 * 4
+    else:
+        assert got == kept
+    assert all(pad for _, ids, flags in runs[1][-2:] for pad in flags), "rank 1 ends with padding steps"
+
+
+def test_the_length_of_a_filtered_loader_is_unknown_without_ranks(tmp_path):
+    write_chunks(tmp_path, [5, 5])
+    with pytest.raises(TypeError, match="length is unknown: filter_fn"):
+        len(loader_over(tmp_path, filter_fn=even))
+    assert len(list(loader_over(tmp_path, filter_fn=even))) == 2  # list() takes the TypeError as "no hint"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_filter_that_raises_names_the_file_and_the_sample_and_keeps_the_type(tmp_path, workers):
+    paths = write_chunks(tmp_path, [4, 6])
+
+    def fussy(sample: Dict[str, Any]) -> bool:
+        if sample["id"] == 7:
+            raise KeyError("no label")
+        return True
+
+    with pytest.raises(KeyError) as info:
+        list(loader_over(tmp_path, filter_fn=fussy, num_workers=workers))
+    assert isinstance(info.value, pl.PipelineError)
+    assert "filter_fn (sample 3)" in str(info.value) and paths[1] in str(info.value)
+    assert "no label" in str(info.value)
+
+
+def test_a_filter_that_returns_anything_but_a_bool_is_a_type_error_naming_the_file(tmp_path):
+    paths = write_chunks(tmp_path, [4])
+
+    def forgets_to_return(sample: Dict[str, Any]) -> bool:
+        sample["id"] % 2 == 0  # noqa: B015  (the bug: no return)
+        return None  # type: ignore[return-value]
+
+    with pytest.raises(TypeError, match=r"filter_fn \(sample 0\) failed on .*part-0000.*must return a bool, got "
+                                        r"NoneType") as info:
+        list(loader_over(tmp_path, filter_fn=forgets_to_return))
+    assert paths[0] in str(info.value)
+
+
+def test_a_failing_filter_under_the_skip_policy_drops_the_rest_of_that_file(tmp_path, caplog):
+    write_chunks(tmp_path, [4, 6, 3])  # ids 0-3, 4-9, 10-12
+
+    def fussy(sample: Dict[str, Any]) -> bool:
+        if sample["id"] == 6:
+            raise ValueError("bad sample")
+        return True
+
+    loader = loader_over(tmp_path, filter_fn=fussy, on_error="skip")
+    with caplog.at_level(logging.WARNING, logger="pyloader"):
+        got = real_ids(run(loader))
+    assert got == [0, 1, 2, 3, 10, 11, 12]  # the failing piece is the whole file here: none of it arrives
+    assert loader.stats["skipped_files"] == 1 and "part-0001" in loader.stats["errors"][0]
+    assert "filter_fn (sample 2)" in caplog.text
+
+
+@pytest.mark.parametrize("settings", [{"shuffle": True, "num_epoch": 2},
+                                      {"shuffle": True, "shuffle_buffer": 5, "num_epoch": 2, "drop_last": True},
+                                      {"rank": 1, "world_size": 2, "shuffle": True, "num_epoch": 2}])
+def test_a_filtered_run_resumes_exactly_at_every_position(tmp_path, settings):
+    write_chunks(tmp_path, SIZES)
+    assert_resumes_everywhere(lambda: loader_over(tmp_path, 3, IdReader(3, shuffle=True), filter_fn=even, **settings))
+
+
+def keep_all(sample: Dict[str, Any]) -> bool:
+    return True
+
+
+def test_a_state_saved_with_another_filter_is_refused(tmp_path):
+    write_chunks(tmp_path, SIZES)
+    loader = loader_over(tmp_path, filter_fn=even)
+    next(iter(loader))
+    state = loader.state_dict()
+    loader.close()
+    with pytest.raises(ValueError, match="filter_fn"):
+        loader_over(tmp_path, filter_fn=keep_all).load_state_dict(state)
+    with pytest.raises(ValueError, match="filter_fn"):
+        loader_over(tmp_path).load_state_dict(state)
+    loader_over(tmp_path, filter_fn=even).load_state_dict(state)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"filter_fn": "id > 3"}, TypeError, "filter_fn must be a callable"),
+    ({"filter_fn": even, "stream": True}, ValueError, "filter_fn applies outside stream mode"),
+])
+def test_composing_arguments_are_checked(tmp_path, kwargs, error, match):
+    write_chunks(tmp_path, [4])
+    with pytest.raises(error, match=match):
+        loader_over(tmp_path, **kwargs)
