@@ -1,6 +1,7 @@
 """The loader's keywords for composing data: their checks at construction, and their part of the resume fingerprint.
 
-Each feature lives in its own module (``_filter``: ``filter_fn``); this one only
+Each feature lives in its own module (``_filter``: ``filter_fn``; ``_order``:
+``file_order``); this one only
 gathers what ``DataLoader`` needs from all of them, so the loader names each once.
 """
 from __future__ import annotations
@@ -8,11 +9,13 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional
 
 from ._filter import check_filter
+from ._order import check_file_order
 
 
 def check_compose(a: Mapping[str, Any]) -> None:
     """Check the composing keywords of ``DataLoader(**a)``; raises naming the keyword."""
     check_filter(a["filter_fn"], a["stream"])
+    check_file_order(a["file_order"], a["shuffle"])
 
 
 def callable_name(fn: Any) -> Optional[str]:
@@ -26,4 +29,4 @@ def callable_name(fn: Any) -> Optional[str]:
 
 def compose_fingerprint(a: Mapping[str, Any]) -> Dict[str, Any]:
     """The composing settings that change the batch sequence, as the state records them."""
-    return {"filter_fn": callable_name(a["filter_fn"])}
+    return {"filter_fn": callable_name(a["filter_fn"]), "file_order": callable_name(a["file_order"])}

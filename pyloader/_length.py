@@ -69,5 +69,5 @@ def epoch_batches(source: FileSource, epoch: int, batch_size: int, drop_last: bo
     counts = [n or 0 for n in source.counts or ()]  # a file whose count failed and was skipped: none
     if stream:
         return stream_steps([counts[i] for i in source.order(epoch)], batch_size, seq_len or 1)
-    samples = sum(counts)
+    samples = sum(counts[i] for i in source.order(epoch))  # file_order may leave files out or repeat them
     return samples // batch_size if drop_last else -(-samples // batch_size)

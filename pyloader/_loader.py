@@ -13,6 +13,7 @@ from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
 from ._files import DataDir, list_files
 from ._frameworks import mover, pinner, unstack
 from ._length import count_files, epoch_batches
+from ._order import declares_drops_or_repeats
 from ._pipeline import Settings, batches
 from ._runners import Exclusive
 from ._shard import Sharding, resolve as resolve_sharding
@@ -122,7 +123,8 @@ class DataLoader:
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  start_method: Optional[str] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None, even_batches: str = "pad",
-                 filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None) -> None:
+                 filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None,
+                 file_order: Optional[Callable[..., Any]] = None) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
@@ -157,6 +159,7 @@ class DataLoader:
         self.device = device
         self.on_error, self.max_errors = on_error, max_errors
         self.filter_fn = filter_fn
+        self.file_order = file_order
         self._stats = Stats()
         ErrorHandler(on_error, max_errors, self._stats)  # checks them now; each iteration gets its own
         self._finish = pinner() if self.pin_memory else None
@@ -228,7 +231,8 @@ class DataLoader:
             padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
             sharding=self.sharding,
-            count_cache=self._count_cache, exclusive=self._exclusive, filter_fn=self.filter_fn)
+            count_cache=self._count_cache, exclusive=self._exclusive, filter_fn=self.filter_fn,
+            file_order=self.file_order)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 
@@ -276,11 +280,13 @@ class DataLoader:
         except PipelineError as exc:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
         source = FileSource(self.files, start.end, self.shuffle, self.random_seed, self.sharding, counts,
-                            whole_files=self.stream)
-        epochs = range(start.epoch, start.end) if self.stream else range(start.epoch, start.epoch + 1)
+                            whole_files=self.stream, file_order=self.file_order)
+        # epochs differ in batches when the order changes the steps (stream mode) or the files read
+        varies = self.stream or declares_drops_or_repeats(self.file_order)
+        epochs = range(start.epoch, start.end if varies else start.epoch + 1)
         n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, self.stream, self.seq_len)
                 for e in epochs)
-        return n if self.stream else n * (start.end - start.epoch)
+        return n if varies else n * (start.end - start.epoch)
 
     @property
     def stats(self) -> Dict[str, Any]:

@@ -54,6 +54,7 @@ class Settings:
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
     filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None  # run where files are read (``_filter``)
+    file_order: Optional[Callable[..., Any]] = None  # the order of each epoch's files (``_order``)
 
 
 class CheckedEncode:
@@ -151,7 +152,8 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
         runner = ThreadRunner(reader, local, lane, run_blocking, uses=(s.dataset, s.collator))
     try:
         counts = await count_samples(s, lane) if s.sharding.active else None
-        source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream)
+        source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream,
+                            file_order=s.file_order)
         # stream rows need several files before their first batch (no ramp there), and rows whose
         # files end at the same step all need a new one at once: a file per row is read ahead
         ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
@@ -166,7 +168,8 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
             fallback = None
             if s.sharding.active:
                 def fallback(epoch: int) -> List[FileTask]:
-                    return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed).tasks(epoch))
+                    return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed,
+                                           file_order=s.file_order).tasks(epoch))
             batcher: Any = StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
                                          steps, fallback)
         else:

@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Union
 
+from ._order import FileOrder, OrderFn
 from ._rng import FILE_ORDER, derive_rng
-from ._shard import Sharding, planned_steps, rank_ranges, stream_files, stream_target
+from ._shard import Sharding, planned_steps, rank_ranges, stream_positions, stream_target
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class FileSource:
     """Yields every epoch's files in order, then an ``EpochEnd`` marker.
 
     The order of epoch ``e`` is the sorted list, or with ``shuffle`` a permutation
-    drawn from ``(seed, e)``: the same on every run, rank and worker.
+    drawn from ``(seed, e)``, or what ``file_order`` says (``_order``): the same on
+    every run, rank and worker.
 
     Under ranks ``counts`` gives the samples per file (``DataReader.count``); a file
     whose count is ``None`` (its ``count`` failed and was skipped) is left out:
@@ -48,8 +50,9 @@ class FileSource:
 
     def __init__(self, files: Sequence[str], num_epoch: int, shuffle: bool, seed: int,
                  sharding: Sharding = Sharding(), counts: Optional[Sequence[Optional[int]]] = None,
-                 whole_files: bool = False) -> None:
+                 whole_files: bool = False, file_order: Optional[OrderFn] = None) -> None:
         self.files = list(files)
+        self.file_order = None if file_order is None else FileOrder(file_order, self.files, seed)
         self.num_epoch = num_epoch
         self.shuffle = shuffle
         self.seed = seed
@@ -60,6 +63,9 @@ class FileSource:
         self.whole_files = whole_files  # stream mode: ranks split files, not sample ranges
 
     def order(self, epoch: int) -> List[int]:
+        """The files ``epoch`` reads, as positions in ``files``, in order."""
+        if self.file_order is not None:
+            return self.file_order(epoch)
         if not self.shuffle:
             return list(range(len(self.files)))
         return derive_rng(self.seed, FILE_ORDER, epoch).permutation(len(self.files)).tolist()
@@ -72,17 +78,17 @@ class FileSource:
                 yield FileTask(epoch, pos, index, self.files[index])
             return
         if self.whole_files:
-            mine = set(stream_files(order, self.sharding)) - self.left_out
-            for pos, index in enumerate(order):
-                if index in mine:
+            for pos in stream_positions(order, self.sharding):
+                index = order[pos]
+                if index not in self.left_out:
                     yield FileTask(epoch, pos, index, self.files[index], count=self.counts[index])
             return
         assert self.counts is not None, "sharding needs the sample counts"
-        pos_of = {index: pos for pos, index in enumerate(order)}
         share, padding = rank_ranges(order, self.counts, self.sharding)
         for pad, part in ((False, share), (True, padding)):
-            for index, start, end in part:
-                yield FileTask(epoch, pos_of[index], index, self.files[index], start, end, pad, self.counts[index])
+            for pos, start, end in part:
+                index = order[pos]
+                yield FileTask(epoch, pos, index, self.files[index], start, end, pad, self.counts[index])
 
     def steps(self, epoch: int, batch_size: int, seq_len: Optional[int], drop_last: bool) -> int:
         """The number of steps every rank gives in ``epoch``, planned from the counts alone

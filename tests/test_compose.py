@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import pytest
 
 import pyloader as pl
+from pyloader._rng import FILE_ORDER, derive_rng
 from conftest import IdReader, ListCollator, wait_no_children, wait_no_threads, write_chunks
 
 pytestmark = pytest.mark.timeout(180)
@@ -203,3 +204,168 @@ def test_composing_arguments_are_checked(tmp_path, kwargs, error, match):
     write_chunks(tmp_path, [4])
     with pytest.raises(error, match=match):
         loader_over(tmp_path, **kwargs)
+
+
+# -- file_order --------------------------------------------------------------------------------
+def reversed_order(files: List[str], epoch: int, rng: Any) -> List[str]:
+    return files[::-1]
+
+
+def drawn_order(files: List[str], epoch: int, rng: Any) -> List[str]:
+    return [files[i] for i in rng.permutation(len(files))]
+
+
+def curriculum(files: List[str], epoch: int, rng: Any) -> List[str]:
+    """Epoch e reads the first e + 2 files, shuffled, then the first file once more."""
+    grown = files[:epoch + 2]
+    return [grown[i] for i in rng.permutation(len(grown))] + files[:1]
+
+
+curriculum.drops_or_repeats = True  # type: ignore[attr-defined]
+
+
+def ids_of_files(sizes: List[int], which: List[int]) -> List[int]:
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [starts[f] + k for f in which for k in range(sizes[f])]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_file_order_sets_the_order_files_are_read_in(tmp_path, workers):
+    write_chunks(tmp_path, SIZES)
+    loader = loader_over(tmp_path, file_order=reversed_order, num_workers=workers, num_epoch=2)
+    planned = len(loader)
+    batches = run(loader)
+    want = ids_of_files(SIZES, list(range(len(SIZES)))[::-1])
+    for epoch in (0, 1):
+        assert real_ids(b for b in batches if b[0] == epoch) == want
+    assert planned == len(batches) == 24
+
+
+def test_a_file_order_drawing_from_its_rng_is_the_shuffle(tmp_path):
+    """The rng is the one shuffle=True draws from: the same permutation, a function of seed and epoch."""
+    write_chunks(tmp_path, SIZES)
+    drawn = run(loader_over(tmp_path, file_order=drawn_order, num_epoch=3, random_seed=5))
+    assert drawn == run(loader_over(tmp_path, shuffle=True, num_epoch=3, random_seed=5))
+    assert drawn != run(loader_over(tmp_path, file_order=drawn_order, num_epoch=3, random_seed=6))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_curriculum_that_declares_drops_and_repeats_reads_what_it_orders(tmp_path, workers):
+    sizes = [3, 5, 2, 4]
+    paths = write_chunks(tmp_path, sizes)
+    loader = loader_over(tmp_path, 2, file_order=curriculum, num_epoch=3, num_workers=workers)
+    planned = len(loader)
+    batches = run(loader)
+    assert planned == len(batches)
+    assert planned == 6 + 7 + 9  # 11, 13 and 17 samples in batches of 2
+    assert len(loader) == 3 * 9  # the next iteration's epochs 3-5 read every file, and the first again
+    for epoch in range(3):
+        order = curriculum(list(paths), epoch, derive_rng(42, FILE_ORDER, epoch))
+        assert real_ids(b for b in batches if b[0] == epoch) == ids_of_files(sizes, [paths.index(p) for p in order])
+
+
+@pytest.mark.parametrize("order,match", [
+    (lambda files, epoch, rng: files[1:], "leaves out .*part-0000"),
+    (lambda files, epoch, rng: files + files[2:3], "repeats .*part-0002"),
+    (lambda files, epoch, rng: files[:-1] + ["elsewhere.txt"], "'elsewhere.txt'.* not one of the loader's files"),
+])
+def test_an_order_that_drops_repeats_or_invents_files_without_saying_so_is_refused(tmp_path, order, match):
+    write_chunks(tmp_path, [2, 2, 2])
+    with pytest.raises(ValueError, match=match):
+        list(loader_over(tmp_path, file_order=order))
+
+
+def test_an_order_that_changes_from_call_to_call_is_refused(tmp_path):
+    write_chunks(tmp_path, [2, 2, 2])
+    calls = []
+
+    def restless(files: List[str], epoch: int, rng: Any) -> List[str]:
+        calls.append(epoch)
+        return files if len(calls) % 2 else files[::-1]
+
+    with pytest.raises(ValueError, match="two different orders for epoch 0.*pure function"):
+        list(loader_over(tmp_path, file_order=restless))
+
+
+def test_an_order_that_raises_keeps_its_error_and_says_where(tmp_path):
+    write_chunks(tmp_path, [2, 2])
+
+    def broken(files: List[str], epoch: int, rng: Any) -> List[str]:
+        raise LookupError("no curriculum for this epoch")
+
+    with pytest.raises(LookupError, match="no curriculum") as info:
+        list(loader_over(tmp_path, file_order=broken))
+    assert any("file_order(files, epoch=0, rng)" in note for note in info.value.__notes__)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("order", [reversed_order, curriculum])
+def test_under_ranks_a_file_order_splits_its_samples_with_equal_steps(tmp_path, workers, order):
+    sizes = [3, 5, 2, 4]
+    paths = write_chunks(tmp_path, sizes)
+    runs = [run(loader_over(tmp_path, 2, file_order=order, num_epoch=2, rank=rank, world_size=2,
+                            num_workers=workers)) for rank in range(2)]
+    lengths = [len(loader_over(tmp_path, 2, file_order=order, num_epoch=2, rank=rank, world_size=2))
+               for rank in range(2)]
+    assert [len(r) for r in runs] == lengths and lengths[0] == lengths[1]
+    for epoch in range(2):
+        ordered = order(list(paths), epoch, derive_rng(42, FILE_ORDER, epoch))
+        want = ids_of_files(sizes, [paths.index(p) for p in ordered])
+        got = [i for r in runs for i in real_ids(b for b in r if b[0] == epoch)]
+        assert got == want, "rank 0's share, then rank 1's: the epoch's samples in the order's order"
+
+
+@pytest.mark.parametrize("settings", [{"num_epoch": 3, "shuffle_buffer": 4},
+                                      {"num_epoch": 3, "rank": 0, "world_size": 2},
+                                      {"num_epoch": 2, "drop_last": True, "rank": 1, "world_size": 2}])
+def test_a_run_with_a_file_order_resumes_exactly_at_every_position(tmp_path, settings):
+    write_chunks(tmp_path, [3, 5, 2, 4])
+    assert_resumes_everywhere(lambda: loader_over(tmp_path, 2, IdReader(2, shuffle=True), file_order=curriculum,
+                                                  **settings))
+
+
+def test_a_state_saved_with_another_file_order_is_refused(tmp_path):
+    write_chunks(tmp_path, [3, 5])
+    loader = loader_over(tmp_path, file_order=reversed_order)
+    next(iter(loader))
+    state = loader.state_dict()
+    loader.close()
+    with pytest.raises(ValueError, match="file_order"):
+        loader_over(tmp_path, file_order=drawn_order).load_state_dict(state)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"file_order": ["a", "b"]}, TypeError, "file_order must be a callable"),
+    ({"file_order": reversed_order, "shuffle": True}, ValueError, "file_order replaces shuffle"),
+])
+def test_file_order_arguments_are_checked(tmp_path, kwargs, error, match):
+    write_chunks(tmp_path, [4])
+    with pytest.raises(error, match=match):
+        loader_over(tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stream_rows_take_the_files_in_the_file_order(tmp_path, workers):
+    from test_stream import PieceReader, write_streams
+
+    from pyloader.collators import NumpyCollator
+
+    lengths = [3, 5, 2, 4]
+    write_streams(tmp_path, lengths)
+    for rank, world_size in ((0, 1), (0, 2), (1, 2)):
+        loader = pl.DataLoader(PieceReader(1), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
+                               file_order=curriculum, num_epoch=2, num_workers=workers, rank=rank,
+                               world_size=world_size)
+        planned = len(loader)
+        got: Dict[int, List[int]] = {}
+        steps = 0
+        for batch in loader:
+            steps += 1
+            if batch["__valid__"][0] and not batch["__replay__"][0]:
+                got.setdefault(loader.epoch, []).append(int(batch["id"][0]))
+        assert steps == planned
+        for epoch in (0, 1):
+            files = sorted(str(p) for p in tmp_path.iterdir())
+            order = [files.index(p) for p in curriculum(files, epoch, derive_rng(42, FILE_ORDER, epoch))]
+            mine = order[rank::world_size]  # stream mode splits whole files: every world_size-th of the order
+            assert got[epoch] == [f * 1000 + k for f in mine for k in range(lengths[f])]
