@@ -16,6 +16,8 @@ def check_compose(a: Mapping[str, Any]) -> None:
     """Check the composing keywords of ``DataLoader(**a)``; raises naming the keyword."""
     check_filter(a["filter_fn"], a["stream"])
     check_file_order(a["file_order"], a["shuffle"])
+    if a["time_major"] and not (a["stream"] and a["seq_len"]):
+        raise ValueError("time_major=True lays stream windows out as [T, B, ...]: it needs stream=True and seq_len")
 
 
 def callable_name(fn: Any) -> Optional[str]:
@@ -29,4 +31,5 @@ def callable_name(fn: Any) -> Optional[str]:
 
 def compose_fingerprint(a: Mapping[str, Any]) -> Dict[str, Any]:
     """The composing settings that change the batch sequence, as the state records them."""
-    return {"filter_fn": callable_name(a["filter_fn"]), "file_order": callable_name(a["file_order"])}
+    return {"filter_fn": callable_name(a["filter_fn"]), "file_order": callable_name(a["file_order"]),
+            "time_major": a["time_major"] or None}

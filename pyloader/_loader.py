@@ -10,7 +10,8 @@ from ._batch import Batch, Group, Stacked
 from ._compose import check_compose, compose_fingerprint
 from ._engine import Engine
 from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
-from ._files import DataDir, list_files
+from ._entries import bounds_of, known_counts, stream_data
+from ._files import DataDir
 from ._frameworks import mover, pinner, unstack
 from ._length import count_files, epoch_batches
 from ._order import declares_drops_or_repeats
@@ -124,7 +125,7 @@ class DataLoader:
                  start_method: Optional[str] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None, even_batches: str = "pad",
                  filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None,
-                 file_order: Optional[Callable[..., Any]] = None) -> None:
+                 file_order: Optional[Callable[..., Any]] = None, time_major: bool = False) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
@@ -147,7 +148,9 @@ class DataLoader:
         self.datareader = datareader
         self.dataset = dataset
         self.datacollator = datacollator
-        self.files = list_files(data_dir)
+        self.files, self._entries = stream_data(data_dir, self.stream)
+        if self._entries is not None:  # an iterator of streams is read once: keep the list it gave
+            self._arguments["data_dir"] = self._entries.listed
         self.num_epoch = num_epoch
         self.max_queue_size = max_queue_size
         self.shuffle = bool(shuffle)
@@ -160,6 +163,7 @@ class DataLoader:
         self.on_error, self.max_errors = on_error, max_errors
         self.filter_fn = filter_fn
         self.file_order = file_order
+        self.time_major = bool(time_major)
         self._stats = Stats()
         ErrorHandler(on_error, max_errors, self._stats)  # checks them now; each iteration gets its own
         self._finish = pinner() if self.pin_memory else None
@@ -232,7 +236,7 @@ class DataLoader:
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
             sharding=self.sharding,
             count_cache=self._count_cache, exclusive=self._exclusive, filter_fn=self.filter_fn,
-            file_order=self.file_order)
+            file_order=self.file_order, time_major=self.time_major, entries=self._entries)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 
@@ -276,11 +280,12 @@ class DataLoader:
         start = r.start if r is not None and r.ended is None else self._upcoming()
         try:
             counts = count_files(self.datareader, self.files, self._count_cache, self.prefetch_files,
-                                 self._exclusive, skip_failed=self.on_error != "raise")
+                                 self._exclusive, skip_failed=self.on_error != "raise",
+                                 known=known_counts(self._entries))
         except PipelineError as exc:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
         source = FileSource(self.files, start.end, self.shuffle, self.random_seed, self.sharding, counts,
-                            whole_files=self.stream, file_order=self.file_order)
+                            whole_files=self.stream, file_order=self.file_order, bounds=bounds_of(self._entries))
         # epochs differ in batches when the order changes the steps (stream mode) or the files read
         varies = self.stream or declares_drops_or_repeats(self.file_order)
         epochs = range(start.epoch, start.end if varies else start.epoch + 1)
@@ -296,7 +301,7 @@ class DataLoader:
     # -- resume --------------------------------------------------------------------
     def _fingerprint(self) -> Dict[str, Any]:
         if self._files_digest is None:
-            self._files_digest = files_digest(self.files)
+            self._files_digest = files_digest(self.files) if self._entries is None else self._entries.digest()
         sharding = self.sharding
         return {"files": self._files_digest, "num_files": len(self.files), "batch_size": self.datareader.batch_size,
                 "shuffle": self.shuffle, "random_seed": self.random_seed,

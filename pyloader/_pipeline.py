@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
 from ._errors import ErrorHandler, Stats
+from ._entries import Entries, bounds_of, known_counts, with_memory
 from ._even import EvenSteps
 from ._filter import with_filter
 from ._frameworks import attach_meta
@@ -55,6 +56,8 @@ class Settings:
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
     filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None  # run where files are read (``_filter``)
     file_order: Optional[Callable[..., Any]] = None  # the order of each epoch's files (``_order``)
+    time_major: bool = False  # stream mode: [T, B, ...]
+    entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_entries``)
 
 
 class CheckedEncode:
@@ -112,7 +115,9 @@ async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
     if s.count_cache.get("files") != s.files:
         limit = asyncio.Semaphore(s.prefetch_files)
 
-        async def one(path: str) -> Optional[int]:
+        async def one(path: str, known: Optional[int]) -> Optional[int]:
+            if known is not None:  # a slice, an in-memory stream
+                return known
             async with limit:
                 try:
                     return await lane.run(checked_count, s.reader, path, uses=(s.reader,))
@@ -121,7 +126,8 @@ async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
                     s.stats.skipped_files += 1
                     return None
 
-        s.count_cache.update(files=list(s.files), counts=await asyncio.gather(*(one(p) for p in s.files)))
+        known = known_counts(s.entries) or [None] * len(s.files)
+        s.count_cache.update(files=list(s.files), counts=await asyncio.gather(*map(one, s.files, known)))
     return s.count_cache["counts"]
 
 
@@ -150,10 +156,11 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
         runner: Any = PoolRunner(pool, here, lane, run_blocking, all_steps=local, uses=(s.dataset, s.collator))
     else:
         runner = ThreadRunner(reader, local, lane, run_blocking, uses=(s.dataset, s.collator))
+    runner = with_memory(runner, s.entries)
     try:
         counts = await count_samples(s, lane) if s.sharding.active else None
         source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream,
-                            file_order=s.file_order)
+                            file_order=s.file_order, bounds=bounds_of(s.entries))
         # stream rows need several files before their first batch (no ramp there), and rows whose
         # files end at the same step all need a new one at once: a file per row is read ahead
         ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
@@ -169,9 +176,9 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
             if s.sharding.active:
                 def fallback(epoch: int) -> List[FileTask]:
                     return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed,
-                                           file_order=s.file_order).tasks(epoch))
+                                           file_order=s.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
             batcher: Any = StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
-                                         steps, fallback)
+                                         steps, fallback, s.time_major)
         else:
             batcher = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
                               flag_padding=s.sharding.active, steps=steps)

@@ -65,6 +65,9 @@ def file_pieces(reader: DataReader, task: FileTask, data: Optional[bytes] = None
                     raise ValueError(f"file {task.path!r} has more samples than the {task.count} "
                                      f"DataReader.count said: the rest would be lost")
                 return
+        if task.count is None:  # no count: a stream-mode slice (path, start, end)
+            raise ValueError(f"file {task.path!r} has {offset} samples, fewer than the slice {task.start}:{task.end} "
+                             f"of it asks for")
         raise ValueError(f"file {task.path!r} has {offset} samples but DataReader.count said at least {task.end}: "
                          f"ranks would take different numbers of steps")
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 from ._order import FileOrder, OrderFn
 from ._rng import FILE_ORDER, derive_rng
@@ -34,6 +34,7 @@ class EpochEnd:
 
 
 SourceItem = Union[FileTask, EpochEnd]
+Bounds = Optional[Tuple[int, int]]  # a stream that is a slice of its file: rows start:end (``_entries``)
 
 
 class FileSource:
@@ -46,11 +47,15 @@ class FileSource:
     Under ranks ``counts`` gives the samples per file (``DataReader.count``); a file
     whose count is ``None`` (its ``count`` failed and was skipped) is left out:
     counted as empty and never read.
+
+    In stream mode a file may be a slice of one (``bounds``): its tasks read rows
+    ``start:end`` and its count is ``end - start``.
     """
 
     def __init__(self, files: Sequence[str], num_epoch: int, shuffle: bool, seed: int,
                  sharding: Sharding = Sharding(), counts: Optional[Sequence[Optional[int]]] = None,
-                 whole_files: bool = False, file_order: Optional[OrderFn] = None) -> None:
+                 whole_files: bool = False, file_order: Optional[OrderFn] = None,
+                 bounds: Optional[Sequence[Bounds]] = None) -> None:
         self.files = list(files)
         self.file_order = None if file_order is None else FileOrder(file_order, self.files, seed)
         self.num_epoch = num_epoch
@@ -61,6 +66,7 @@ class FileSource:
         self.counts = None if counts is None else [n or 0 for n in counts]
         self.left_out = frozenset(i for i, n in enumerate(counts or ()) if n is None)
         self.whole_files = whole_files  # stream mode: ranks split files, not sample ranges
+        self.bounds = bounds
 
     def order(self, epoch: int) -> List[int]:
         """The files ``epoch`` reads, as positions in ``files``, in order."""
@@ -75,13 +81,13 @@ class FileSource:
         order = self.order(epoch)
         if not self.sharding.active:
             for pos, index in enumerate(order):
-                yield FileTask(epoch, pos, index, self.files[index])
+                yield self._whole(epoch, pos, index)
             return
         if self.whole_files:
             for pos in stream_positions(order, self.sharding):
                 index = order[pos]
                 if index not in self.left_out:
-                    yield FileTask(epoch, pos, index, self.files[index], count=self.counts[index])
+                    yield self._whole(epoch, pos, index, count=self.counts[index])
             return
         assert self.counts is not None, "sharding needs the sample counts"
         share, padding = rank_ranges(order, self.counts, self.sharding)
@@ -89,6 +95,13 @@ class FileSource:
             for pos, start, end in part:
                 index = order[pos]
                 yield FileTask(epoch, pos, index, self.files[index], start, end, pad, self.counts[index])
+
+    def _whole(self, epoch: int, pos: int, index: int, count: Optional[int] = None) -> FileTask:
+        """The task reading file ``index`` whole, or its slice (checked by its bounds, not a count)."""
+        bounds = self.bounds[index] if self.bounds is not None else None
+        if bounds is None:
+            return FileTask(epoch, pos, index, self.files[index], count=count)
+        return FileTask(epoch, pos, index, self.files[index], *bounds)
 
     def steps(self, epoch: int, batch_size: int, seq_len: Optional[int], drop_last: bool) -> int:
         """The number of steps every rank gives in ``epoch``, planned from the counts alone
