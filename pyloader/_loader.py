@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch, Group, Stacked
+from ._bucket import BucketBy, buffer_size
 from ._compose import check_compose, compose_fingerprint
 from ._engine import Engine
 from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
@@ -125,7 +126,8 @@ class DataLoader:
                  start_method: Optional[str] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None, even_batches: str = "pad",
                  filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None,
-                 file_order: Optional[Callable[..., Any]] = None, time_major: bool = False) -> None:
+                 file_order: Optional[Callable[..., Any]] = None, time_major: bool = False,
+                 bucket_by: Optional[BucketBy] = None, bucket_buffer: Optional[int] = None) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
@@ -164,6 +166,7 @@ class DataLoader:
         self.filter_fn = filter_fn
         self.file_order = file_order
         self.time_major = bool(time_major)
+        self.bucket_by, self.bucket_buffer = bucket_by, buffer_size(self._arguments)
         self._stats = Stats()
         ErrorHandler(on_error, max_errors, self._stats)  # checks them now; each iteration gets its own
         self._finish = pinner() if self.pin_memory else None
@@ -236,7 +239,8 @@ class DataLoader:
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
             sharding=self.sharding,
             count_cache=self._count_cache, exclusive=self._exclusive, filter_fn=self.filter_fn,
-            file_order=self.file_order, time_major=self.time_major, entries=self._entries)
+            file_order=self.file_order, time_major=self.time_major, entries=self._entries,
+            bucket_by=self.bucket_by, bucket_buffer=self.bucket_buffer or 0)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 

@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
+from ._bucket import BucketBy, Lengths
 from ._errors import ErrorHandler, Stats
 from ._entries import Entries, bounds_of, known_counts, with_memory
 from ._even import EvenSteps
@@ -58,6 +59,8 @@ class Settings:
     file_order: Optional[Callable[..., Any]] = None  # the order of each epoch's files (``_order``)
     time_major: bool = False  # stream mode: [T, B, ...]
     entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_entries``)
+    bucket_by: Optional[BucketBy] = None  # length bucketing (``_bucket``) ...
+    bucket_buffer: int = 0  # ... through a buffer of this many samples
 
 
 class CheckedEncode:
@@ -164,7 +167,8 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
         # stream rows need several files before their first batch (no ramp there), and rows whose
         # files end at the same step all need a new one at once: a file per row is read ahead
         ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
-        read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, ahead, s.errors, s.stats,
+        buffered = s.shuffle_buffer > 0 or s.bucket_by is not None  # rows go through buffers here
+        read = ReadFiles(runner, s.stream or buffered, ahead, s.errors, s.stats,
                          start_ahead=None if s.stream else max(0, s.num_workers - 1))
         files = read.iterate(source.iterate(start.epoch), tasks)
         steps = None
@@ -180,8 +184,9 @@ async def batches(s: Settings, start: Start, run_blocking: Callable, tasks: asyn
             batcher: Any = StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
                                          steps, fallback, s.time_major)
         else:
+            bucket = None if s.bucket_by is None else (Lengths(s.bucket_by), s.bucket_buffer)
             batcher = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
-                              flag_padding=s.sharding.active, steps=steps)
+                              flag_padding=s.sharding.active, steps=steps, bucket=bucket)
         raw = batcher.iterate(files, read)
         if start.skip:
             raw = _skip(raw, start)

@@ -16,6 +16,7 @@ import pytest
 
 import pyloader as pl
 from pyloader._rng import FILE_ORDER, derive_rng
+from pyloader.readers import JsonLinesReader
 from conftest import IdReader, ListCollator, wait_no_children, wait_no_threads, write_chunks
 
 pytestmark = pytest.mark.timeout(180)
@@ -369,3 +370,178 @@ def test_stream_rows_take_the_files_in_the_file_order(tmp_path, workers):
             order = [files.index(p) for p in curriculum(files, epoch, derive_rng(42, FILE_ORDER, epoch))]
             mine = order[rank::world_size]  # stream mode splits whole files: every world_size-th of the order
             assert got[epoch] == [f * 1000 + k for f in mine for k in range(lengths[f])]
+
+
+# -- length bucketing ------------------------------------------------------------------------------
+def skewed_lengths(n: int, seed: int = 0) -> List[int]:
+    """Many short samples and a long tail (lognormal), as text corpora have."""
+    import numpy as np
+
+    return [1 + int(min(500, x)) for x in np.random.default_rng(seed).lognormal(3.0, 1.0, n)]
+
+
+LENGTHS = skewed_lengths(2000)
+
+
+def length_of(sample: Dict[str, Any]) -> int:
+    return LENGTHS[sample["id"]]
+
+
+def write_tokens(folder, sizes: List[int]) -> None:
+    """JSON lines with an id and a list of LENGTHS[id] tokens."""
+    folder.mkdir(parents=True, exist_ok=True)
+    next_id = 0
+    for f, size in enumerate(sizes):
+        lines = [json.dumps({"id": i, "tokens": [i % 7] * LENGTHS[i]}) for i in range(next_id, next_id + size)]
+        (folder / f"part-{f:03d}.jsonl").write_text("".join(line + "\n" for line in lines))
+        next_id += size
+
+
+def padding_fraction(batches) -> float:
+    """The share of a padded [B, longest] layout that is padding."""
+    padded = real = 0
+    for _, ids, _ in batches:
+        lengths = [LENGTHS[i] for i in ids]
+        padded += len(lengths) * max(lengths)
+        real += sum(lengths)
+    return 1 - real / padded
+
+
+BUCKET_SETTINGS = [{"bucket_by": length_of, "bucket_buffer": 32},
+                   {"bucket_by": length_of, "shuffle": True, "shuffle_buffer": 20, "drop_last": True},
+                   {"bucket_by": length_of, "bucket_buffer": 13, "shuffle": True, "num_workers": 2}]
+
+
+@pytest.mark.parametrize("settings", BUCKET_SETTINGS)
+def test_bucketing_delivers_every_sample_once_in_as_many_batches(tmp_path, settings):
+    sizes = [40, 3, 65, 0, 27, 11]  # 146 samples: 36 full batches of 4 and one of 2
+    write_chunks(tmp_path, sizes)
+    loader = loader_over(tmp_path, num_epoch=2, **settings)
+    planned = len(loader)
+    batches = run(loader)
+    plain = run(loader_over(tmp_path, num_epoch=2, **{k: v for k, v in settings.items() if "bucket" not in k}))
+    assert planned == len(batches) == len(plain)
+    for epoch in (0, 1):
+        ids = [b[1] for b in batches if b[0] == epoch]
+        assert all(len(b) == 4 for b in ids[:-1])
+        got = sorted(i for b in ids for i in b)
+        if settings.get("drop_last"):  # another short batch is dropped: 144 of the 146, each once
+            assert len(got) == len(set(got)) == 144 and set(got) <= set(range(146))
+        else:
+            assert got == list(range(146)), "every sample, once"
+    assert [b[1] for b in batches if b[0] == 0] != [b[1] for b in batches if b[0] == 1], "a new order each epoch"
+    assert run(loader_over(tmp_path, num_epoch=2, **settings)) == batches, "a function of the seed"
+    assert run(loader_over(tmp_path, num_epoch=2, random_seed=7, **settings)) != batches
+
+
+def test_bucketing_cuts_the_padding_of_skewed_lengths_at_least_threefold(tmp_path):
+    write_tokens(tmp_path, [250] * 8)
+    reader = JsonLinesReader(32)
+    plain = padding_fraction(run(loader_over(tmp_path, reader=reader, shuffle=True)))
+    bucketed_batches = run(loader_over(tmp_path, reader=JsonLinesReader(32), shuffle=True,
+                                       bucket_by="tokens", bucket_buffer=1024))
+    bucketed = padding_fraction(bucketed_batches)
+    assert sorted(real_ids(bucketed_batches)) == list(range(2000))
+    assert plain > 0.6, plain  # the skew makes most of a plain batch padding
+    assert bucketed * 3 <= plain, (plain, bucketed)
+
+
+def test_bucketing_by_a_field_of_lengths_is_bucketing_by_a_field_of_sequences(tmp_path):
+    write_tokens(tmp_path / "tokens", [90, 70])
+    folder = tmp_path / "lengths"
+    folder.mkdir()
+    for f, (start, size) in enumerate(((0, 90), (90, 70))):
+        (folder / f"part-{f:03d}.jsonl").write_text("".join(json.dumps({"id": i, "n": LENGTHS[i]}) + "\n"
+                                                            for i in range(start, start + size)))
+    by_tokens = run(loader_over(tmp_path / "tokens", reader=JsonLinesReader(8), bucket_by="tokens"))
+    by_lengths = run(loader_over(folder, reader=JsonLinesReader(8), bucket_by="n"))
+    by_callable = run(loader_over(folder, reader=JsonLinesReader(8), bucket_by=length_of))
+    assert [b[1] for b in by_tokens] == [b[1] for b in by_lengths] == [b[1] for b in by_callable]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("even_batches", ["pad", "drop"])
+def test_bucketing_under_ranks_keeps_shares_and_steps(tmp_path, workers, even_batches):
+    sizes = [40, 3, 65, 0, 27, 11]
+    write_chunks(tmp_path, sizes)
+    runs, plain = [], []
+    for rank in range(2):
+        common = dict(rank=rank, world_size=2, shuffle=True, num_epoch=2, even_batches=even_batches)
+        loader = loader_over(tmp_path, bucket_by=length_of, bucket_buffer=16, num_workers=workers, **common)
+        planned = len(loader)
+        runs.append(run(loader))
+        assert len(runs[-1]) == planned
+        plain.append(run(loader_over(tmp_path, **common)))
+    assert len(runs[0]) == len(runs[1]) == len(plain[0])
+    for rank in range(2):  # each rank buckets its own share
+        assert sorted(real_ids(runs[rank])) == sorted(real_ids(plain[rank]))
+
+
+@pytest.mark.parametrize("settings", [{"shuffle": True, "num_epoch": 2},
+                                      {"shuffle": True, "shuffle_buffer": 6, "num_epoch": 2, "drop_last": True},
+                                      {"rank": 1, "world_size": 2, "shuffle": True, "num_epoch": 2}])
+def test_a_bucketed_run_resumes_exactly_at_every_position(tmp_path, settings):
+    write_chunks(tmp_path, SIZES)
+    assert_resumes_everywhere(lambda: loader_over(tmp_path, 3, IdReader(3, shuffle=True), bucket_by=length_of,
+                                                  bucket_buffer=10, **settings))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bucketing_key_a_file_lacks_names_the_file_and_keeps_the_error_type(tmp_path, workers):
+    paths = write_chunks(tmp_path, [4, 4])
+    with pytest.raises(KeyError, match=r"bucket_by failed on .*part-0000.*'tokens' is not a field of the file"):
+        list(loader_over(tmp_path, bucket_by="tokens", num_workers=workers))
+    assert paths
+
+
+@pytest.mark.parametrize("bucket_by,error,match", [
+    (lambda sample: 1 / (sample["id"] - 5), ZeroDivisionError, r"bucket_by \(sample 1\) failed on .*part-0001"),
+    (lambda sample: "long", TypeError, r"bucket_by \(sample 0\) failed on .*part-0000.*expected a length"),
+    ("id", None, None),
+])
+def test_a_length_that_cannot_be_worked_out_names_the_file_and_sample(tmp_path, bucket_by, error, match):
+    write_chunks(tmp_path, [4, 4])
+    if error is None:  # a field of numbers is a field of lengths
+        assert len(real_ids(run(loader_over(tmp_path, bucket_by=bucket_by)))) == 8
+        return
+    with pytest.raises(error, match=match):
+        list(loader_over(tmp_path, bucket_by=bucket_by))
+
+
+def test_a_failing_length_under_the_skip_policy_leaves_that_file_out(tmp_path, caplog):
+    write_chunks(tmp_path, [4, 4, 4])
+
+    def fussy(sample: Dict[str, Any]) -> int:
+        if sample["id"] == 5:
+            raise ValueError("no length")
+        return 1
+
+    loader = loader_over(tmp_path, bucket_by=fussy, on_error="skip")
+    with caplog.at_level(logging.WARNING, logger="pyloader"):
+        got = sorted(real_ids(run(loader)))
+    assert got == [0, 1, 2, 3, 8, 9, 10, 11]
+    assert loader.stats["skipped_files"] == 1 and "bucket_by (sample 1)" in caplog.text
+
+
+def test_a_state_saved_with_other_bucketing_is_refused(tmp_path):
+    write_chunks(tmp_path, SIZES)
+    loader = loader_over(tmp_path, bucket_by=length_of, bucket_buffer=8)
+    next(iter(loader))
+    state = loader.state_dict()
+    loader.close()
+    with pytest.raises(ValueError, match="bucket_buffer"):
+        loader_over(tmp_path, bucket_by=length_of, bucket_buffer=12).load_state_dict(state)
+    with pytest.raises(ValueError, match="bucket_by"):
+        loader_over(tmp_path, bucket_by="id", bucket_buffer=8).load_state_dict(state)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"bucket_buffer": 64}, ValueError, "bucket_buffer .* needs bucket_by"),
+    ({"bucket_by": "id", "bucket_buffer": 3}, ValueError, r"bucket_buffer must be an integer >= batch_size \(4\)"),
+    ({"bucket_by": 3}, TypeError, "bucket_by must be a field name or a callable"),
+    ({"bucket_by": "id", "stream": True}, ValueError, "stream mode keeps each row in file order"),
+])
+def test_bucketing_arguments_are_checked(tmp_path, kwargs, error, match):
+    write_chunks(tmp_path, [4])
+    with pytest.raises(error, match=match):
+        loader_over(tmp_path, **kwargs)
