@@ -104,15 +104,17 @@ class DataLoader:
     ``prefetch_files`` files read ahead (in stream mode ``max(prefetch_files,
     batch_size)``: one per row) (each holding at most 2 pieces from
     ``iter_file``, or the whole file when ``read_file`` is used), and
-    ``shuffle_buffer`` samples.
+    ``shuffle_buffer`` and ``bucket_buffer`` samples.
 
     User methods that run in this process (all of them without ``num_workers``)
     run ``num_threads`` at a time (default: one per file read ahead and per group
     being encoded), and never two at once on one object unless its class says
     ``thread_safe = True``.
 
-    Randomness is a pure function of ``random_seed`` (file order, shuffle
-    buffer), ``datareader.random_seed`` (in-file order) and the epoch.
+    Randomness is a pure function of ``random_seed`` (file order, ``file_order``'s
+    ``rng``, shuffle buffer, bucketing), ``datareader.random_seed`` (in-file order)
+    and the epoch. Composing data (``filter_fn``, ``file_order``, ``bucket_by``,
+    stream slices and in-memory streams): see ``_compose`` and the modules it names.
     """
 
     def __init__(self, datareader: DataReader, dataset: Dataset, datacollator: DataCollator,
