@@ -6,6 +6,12 @@ next step (ties go to the lower row). Per row and step the batch holds one
 sample, or a window of ``seq_len`` consecutive samples padded at a file's end.
 Metadata travels beside the data (``Batch.meta``), never through user code.
 
+Padding (``__valid__`` false) holds ``pad_value``, or with ``padding_mode="edge"``
+the row's last real sample (of the window, else the last one the row delivered
+this epoch; ``pad_value`` before it has any). With ``time_major`` the data
+fields and ``__valid__`` are ``[T, B, ...]``. A row's file may be a slice of one
+(``_entries``): ``__position__`` then counts rows of the file from the slice's start.
+
 While no row reaches the end of its piece, the next steps are cut all at once:
 one array copy per row and field for a whole group of steps (``_cut_steps``).
 Steps where a row reaches a piece's end, and list columns, are cut one at a
