@@ -306,12 +306,12 @@ def test_slices_are_for_stream_mode(tmp_path):
         pl.DataLoader(PieceReader(1), pl.IdentityDataset(), NumpyCollator(), [(str(tmp_path / "s000.txt"), 0, 2)])
 
 
-def test_a_run_over_slices_resumes_exactly_and_refuses_other_bounds(tmp_path):
+def test_a_time_major_run_over_slices_resumes_exactly_and_refuses_other_bounds(tmp_path):
     entries, _, _ = sliced(tmp_path)
 
     def make(listed=entries):
         return pl.DataLoader(PieceReader(2, 4, arrays=True), pl.IdentityDataset(), NumpyCollator(), listed,
-                             stream=True, seq_len=3, shuffle=True, num_epoch=2, padding_mode="edge")
+                             stream=True, seq_len=3, shuffle=True, num_epoch=2, padding_mode="edge", time_major=True)
 
     assert_resumes_everywhere(make)
     loader = make()
