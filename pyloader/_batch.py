@@ -1,7 +1,8 @@
 """Stage 3: cutting the sample stream into batches, handed on in groups.
 
 Files are joined end to end, so only the last batch of an epoch can be short;
-an optional shuffle buffer mixes samples across files first. Consecutive
+an optional shuffle buffer mixes samples across files first, and optional
+length bucketing (``_bucket``) then makes batches of samples of similar length. Consecutive
 batches travel the rest of the pipeline as a ``Group`` (one thread hop, one
 worker request, one hand-over for all of them), so fixed per-hop costs are
 paid once per group rather than once per batch.
@@ -9,16 +10,19 @@ paid once per group rather than once per batch.
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections import abc
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ._bucket import LEN, BucketBuffer, Lengths
 from ._columns import Columns, concat, n_rows, slice_rows, take
+from ._errors import PipelineError
 from ._read import Piece, ReadFiles, ReadItem
 from ._rng import SHUFFLE_BUFFER, derive_rng
-from ._source import EpochEnd
+from ._source import EpochEnd, FileTask
 
 SRC = "\x00src"  # private column: each row's file index, so a batch knows its files
 PAD = "\x00pad"  # private column: the row only evens out the ranks' step counts
@@ -193,8 +197,9 @@ class Segments:
 class Batcher:
     """Turns file pieces into ``Batch``es of ``batch_size`` rows.
 
-    Without a shuffle buffer a batch is a ``Segments`` of the pieces it spans;
-    with one, the buffer's output is joined here (it holds the rows anyway).
+    Without buffers a batch is a ``Segments`` of the pieces it spans; with a
+    shuffle buffer or bucketing (``bucket``: the lengths and the buffer size),
+    the buffers' output is joined here (they hold the rows anyway).
 
     Under ranks ``steps(e)`` is the number of batches every rank gives in epoch
     ``e``. A share that lost samples to a skipped error gives fewer; it is topped
@@ -204,8 +209,10 @@ class Batcher:
 
     def __init__(self, files: Sequence[str], batch_size: int, drop_last: bool,
                  shuffle_buffer: int, seed: int, flag_padding: bool = False,
-                 steps: Optional[Callable[[int], int]] = None, resumed: Tuple[int, int] = (-1, 0)) -> None:
+                 steps: Optional[Callable[[int], int]] = None,
+                 bucket: Optional[Tuple[Lengths, int]] = None, resumed: Tuple[int, int] = (-1, 0)) -> None:
         self.files = files
+        self.bucket = bucket
         self.resumed = resumed  # (epoch, first batch): an epoch whose files start past its first batches
         self.flag_padding = flag_padding
         self.steps = steps
@@ -248,6 +255,7 @@ class Batcher:
             paths = tuple(self.files[i] for i in np.unique(src))
             columns = assemble([(p.columns, start, end) for p, start, end in parts], paths)
             columns.pop(SRC)
+            columns.pop(LEN, None)
             pad = columns.pop(PAD)
             batch = Batch(epoch, index, columns, paths, self._meta(lambda: pad))
         if self.steps is not None:
@@ -278,20 +286,48 @@ class Batcher:
             index += len(group)
             yield group
 
+    def _buffers(self, epoch: int) -> List[Any]:
+        """The buffers samples go through this epoch, in turn: the shuffle buffer, the bucket buffer."""
+        out: List[Any] = []
+        if self.shuffle_buffer:
+            out.append(ShuffleBuffer(self.shuffle_buffer, self.seed, epoch))
+        if self.bucket is not None:
+            out.append(BucketBuffer(self.bucket[1], self.batch_size, self.seed, epoch))
+        return out
+
+    def _take_piece(self, piece: Piece, task: FileTask, buffers: List[Any], read: ReadFiles) -> bool:
+        """Move a piece's rows towards the batches (through the buffers, tagged with their file, padding
+        flag and length); False when the rest of its file is to be left: its lengths failed, and the
+        error policy skipped the file."""
+        if not buffers:
+            self._push(piece)
+            return True
+        columns = dict(piece.columns)
+        columns[SRC] = np.full(piece.n, task.index, dtype=np.int64)
+        columns[PAD] = np.full(piece.n, task.pad)
+        if self.bucket is not None:
+            try:
+                columns[LEN] = self.bucket[0](piece.columns, task.path, piece.offset)
+            except PipelineError as exc:
+                read.errors("bucket_by", [task.path], exc)  # raises unless the policy skips
+                read.stats.skipped_files += 1
+                return False
+        for part in _through(buffers, columns):
+            self._push(_mixed(part))
+        return True
     def _first_index(self, epoch: int) -> int:
         return self.resumed[1] if epoch == self.resumed[0] else 0
 
     async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Group]:
         epoch, index = None, 0
-        buffer: Optional[ShuffleBuffer] = None
+        buffers: List[Any] = []
         sizes = GroupSize()
         async for item in items:
             if isinstance(item, EpochEnd):
                 if epoch is None:
                     index = self._first_index(item.epoch)
-                if buffer is not None:
-                    for columns in buffer.drain():
-                        self._push(_mixed(columns))
+                for columns in _drained(buffers):
+                    self._push(_mixed(columns))
                 for group in self._full(item.epoch, index, sizes):
                     yield group
                     index += len(group)
@@ -302,25 +338,35 @@ class Batcher:
                     yield group
                 self._pending.clear()
                 self._count = 0
-                epoch, index, buffer, self._last = None, 0, None, None
+                epoch, index, buffers, self._last = None, 0, [], None
                 continue
             if epoch is None:
                 epoch = item.task.epoch
                 index = self._first_index(epoch)
-                if self.shuffle_buffer:
-                    buffer = ShuffleBuffer(self.shuffle_buffer, self.seed, epoch)
-            async for piece in read.pieces(item):
-                if buffer is None:
-                    self._push(piece)
-                else:
-                    columns = dict(piece.columns)
-                    columns[SRC] = np.full(piece.n, item.task.index, dtype=np.int64)
-                    columns[PAD] = np.full(piece.n, item.task.pad)
-                    for part in buffer.feed(columns):
-                        self._push(_mixed(part))
-                for group in self._full(epoch, index, sizes):
-                    yield group
-                    index += len(group)
+                buffers = self._buffers(epoch)
+            async with contextlib.aclosing(read.pieces(item)) as pieces:
+                async for piece in pieces:
+                    if not self._take_piece(piece, item.task, buffers, read):
+                        break
+                    for group in self._full(epoch, index, sizes):
+                        yield group
+                        index += len(group)
+
+
+def _through(buffers: List[Any], columns: Columns) -> Iterator[Columns]:
+    """``columns`` fed to the first buffer, what leaves it to the next, and so on."""
+    if not buffers:
+        yield columns
+        return
+    for part in buffers[0].feed(columns):
+        yield from _through(buffers[1:], part)
+
+
+def _drained(buffers: List[Any]) -> Iterator[Columns]:
+    """What the buffers hold at the end of an epoch: each one's rest, through the buffers after it."""
+    for k, buffer in enumerate(buffers):
+        for part in buffer.drain():
+            yield from _through(buffers[k + 1:], part)
 
 
 def _copy(data: Any) -> Any:

@@ -33,17 +33,21 @@ def cached_counts(cache: Dict[str, object], files: Sequence[str]) -> Optional[Li
 
 
 def count_files(reader: DataReader, files: Sequence[str], cache: Dict[str, object], threads: int,
-                exclusive: Exclusive, skip_failed: bool) -> List[Optional[int]]:
+                exclusive: Exclusive, skip_failed: bool,
+                known: Optional[Sequence[Optional[int]]] = None) -> List[Optional[int]]:
     """The samples of every file, counted ``threads`` at a time (one at a time, under its lock,
     for a reader that is not thread-safe), kept in ``cache``. A count that fails raises its
     ``PipelineError``, or with ``skip_failed`` is ``None`` and left out of the cache, so that
-    the run counts it again and reports it through the error policy."""
+    the run counts it again and reports it through the error policy. ``known[i]``, where not
+    ``None``, is file ``i``'s count without asking the reader (a stream's slice, an in-memory stream)."""
     counts = cached_counts(cache, files)
     if counts is not None:
         return counts
     keys = exclusive.keys([reader])
 
-    def one(path: str) -> Optional[int]:
+    def one(path: str, n: Optional[int]) -> Optional[int]:
+        if n is not None:
+            return n
         try:
             return exclusive.call(keys, checked_count, reader, path)
         except PipelineError:
@@ -51,11 +55,12 @@ def count_files(reader: DataReader, files: Sequence[str], cache: Dict[str, objec
                 raise
             return None
 
+    known = known or [None] * len(files)
     if keys or threads == 1:
-        counts = [one(p) for p in files]
+        counts = [one(p, n) for p, n in zip(files, known)]
     else:
         with ThreadPoolExecutor(threads, thread_name_prefix="pyloader-count") as pool:
-            counts = list(pool.map(one, files))
+            counts = list(pool.map(one, files, known))
     if None not in counts:
         cache.update(files=list(files), counts=counts)
     return counts
@@ -69,5 +74,5 @@ def epoch_batches(source: FileSource, epoch: int, batch_size: int, drop_last: bo
     counts = [n or 0 for n in source.counts or ()]  # a file whose count failed and was skipped: none
     if stream:
         return stream_steps([counts[i] for i in source.order(epoch)], batch_size, seq_len or 1)
-    samples = sum(counts)
+    samples = sum(counts[i] for i in source.order(epoch))  # file_order may leave files out or repeat them
     return samples // batch_size if drop_last else -(-samples // batch_size)

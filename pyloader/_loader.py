@@ -8,13 +8,17 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch, Group, Stacked
+from ._bucket import BucketBy, buffer_size
+from ._compose import check_compose, compose_fingerprint
 from ._bytes import DEFAULT_READAHEAD_BYTES
 from ._cache import DiskCache
 from ._engine import Engine
 from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
-from ._files import DataDir, list_files
+from ._entries import bounds_of, known_counts, stream_data
+from ._files import DataDir
 from ._frameworks import mover, pinner, unstack
 from ._length import count_files, epoch_batches
+from ._order import declares_drops_or_repeats
 from ._pipeline import Settings, batches
 from ._pool import KeptPool
 from ._progress import check as check_progress, progress_bar
@@ -108,15 +112,17 @@ class DataLoader:
     batch_size)``: one per row) (each holding at most 2 pieces from
     ``iter_file``, or the whole file when ``read_file`` is used), the bytes
     read ahead of the readers (``readahead_bytes``, exceeded by at most one file or
-    block per file the consumer waits for), and ``shuffle_buffer`` samples.
+    block per file the consumer waits for), and ``shuffle_buffer`` and ``bucket_buffer`` samples.
 
     User methods that run in this process (all of them without ``num_workers``)
     run ``num_threads`` at a time (default: one per file read ahead and per group
     being encoded), and never two at once on one object unless its class says
     ``thread_safe = True``.
 
-    Randomness is a pure function of ``random_seed`` (file order, shuffle
-    buffer), ``datareader.random_seed`` (in-file order) and the epoch.
+    Randomness is a pure function of ``random_seed`` (file order, ``file_order``'s
+    ``rng``, shuffle buffer, bucketing), ``datareader.random_seed`` (in-file order)
+    and the epoch. Composing data (``filter_fn``, ``file_order``, ``bucket_by``,
+    stream slices and in-memory streams): see ``_compose`` and the modules it names.
     """
 
     def __init__(self, datareader: DataReader, dataset: Dataset, datacollator: DataCollator,
@@ -131,12 +137,16 @@ class DataLoader:
                  world_size: Optional[int] = None, even_batches: str = "pad",
                  persistent_workers: bool = False, cache_dir: Optional[str] = None,
                  cache_limit: Optional[int] = None, retries: int = 3,
-                 readahead_bytes: int = DEFAULT_READAHEAD_BYTES, progress: bool = False) -> None:
+                 readahead_bytes: int = DEFAULT_READAHEAD_BYTES, progress: bool = False,
+                 filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None,
+                 file_order: Optional[Callable[..., Any]] = None, time_major: bool = False,
+                 bucket_by: Optional[BucketBy] = None, bucket_buffer: Optional[int] = None) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
         _check_counts(self._arguments)
         _check_modes(self._arguments)
+        check_compose(self._arguments)
         resolve_sharding(rank, world_size, even_batches)  # explicit values are checked now
         self._rank, self._world_size, self._even_batches = rank, world_size, even_batches
         if progress:
@@ -163,7 +173,9 @@ class DataLoader:
         self.datareader = datareader
         self.dataset = dataset
         self.datacollator = datacollator
-        self.files = list_files(data_dir, retries)
+        self.files, self._entries = stream_data(data_dir, self.stream, retries)
+        if self._entries is not None:  # an iterator of streams is read once: keep the list it gave
+            self._arguments["data_dir"] = self._entries.listed
         self._readahead_bytes, self._retries = readahead_bytes, retries
         self._cache = None if cache_dir is None else DiskCache(cache_dir, cache_limit)
         self.num_epoch = num_epoch
@@ -176,6 +188,10 @@ class DataLoader:
         self.pin_memory = bool(pin_memory)
         self.device = device
         self.on_error, self.max_errors = on_error, max_errors
+        self.filter_fn = filter_fn
+        self.file_order = file_order
+        self.time_major = bool(time_major)
+        self.bucket_by, self.bucket_buffer = bucket_by, buffer_size(self._arguments)
         self._stats = Stats()
         ErrorHandler(on_error, max_errors, self._stats)  # checks them now; each iteration gets its own
         self._finish = pinner() if self.pin_memory else None
@@ -248,7 +264,9 @@ class DataLoader:
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
             kept_workers=self._kept_workers, sharding=self.sharding,
             count_cache=self._count_cache, exclusive=self._exclusive,
-            readahead_bytes=self._readahead_bytes, retries=self._retries, cache=self._cache)
+            readahead_bytes=self._readahead_bytes, retries=self._retries, cache=self._cache,
+            filter_fn=self.filter_fn, file_order=self.file_order, time_major=self.time_major,
+            entries=self._entries, bucket_by=self.bucket_by, bucket_buffer=self.bucket_buffer or 0)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 
@@ -288,21 +306,28 @@ class DataLoader:
         file on first use, and the counts are kept for the loader's life. When a
         count fails, the length is unknown: ``TypeError``, as for any unsized
         object, with the count's error (naming the file) as its cause; when
-        errors are skipped (``on_error``), that file counts as empty.
+        errors are skipped (``on_error``), that file counts as empty. With
+        ``filter_fn`` the length is unknown (``TypeError``) unless ranks plan it.
         """
+        if self.filter_fn is not None and not self.sharding.active:
+            raise TypeError("the loader's length is unknown: filter_fn drops samples, and how many is known "
+                            "only once they are read (under ranks the planned steps are the length)")
         r = self._record
         start = r.start if r is not None and r.ended is None else self._upcoming()
         try:
             counts = count_files(self.datareader, self.files, self._count_cache, self.prefetch_files,
-                                 self._exclusive, skip_failed=self.on_error != "raise")
+                                 self._exclusive, skip_failed=self.on_error != "raise",
+                                 known=known_counts(self._entries))
         except PipelineError as exc:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
         source = FileSource(self.files, start.end, self.shuffle, self.random_seed, self.sharding, counts,
-                            whole_files=self.stream)
-        epochs = range(start.epoch, start.end) if self.stream else range(start.epoch, start.epoch + 1)
+                            whole_files=self.stream, file_order=self.file_order, bounds=bounds_of(self._entries))
+        # epochs differ in batches when the order changes the steps (stream mode) or the files read
+        varies = self.stream or declares_drops_or_repeats(self.file_order)
+        epochs = range(start.epoch, start.end if varies else start.epoch + 1)
         n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, self.stream, self.seq_len)
                 for e in epochs)
-        return n if self.stream else n * (start.end - start.epoch)
+        return n if varies else n * (start.end - start.epoch)
 
     @property
     def stats(self) -> Dict[str, Any]:
@@ -314,14 +339,15 @@ class DataLoader:
     # -- resume --------------------------------------------------------------------
     def _fingerprint(self) -> Dict[str, Any]:
         if self._files_digest is None:
-            self._files_digest = files_digest(self.files)
+            self._files_digest = files_digest(self.files) if self._entries is None else self._entries.digest()
         sharding = self.sharding
         return {"files": self._files_digest, "num_files": len(self.files), "batch_size": self.datareader.batch_size,
                 "shuffle": self.shuffle, "random_seed": self.random_seed,
                 "reader_shuffle": self.datareader.shuffle, "reader_seed": self.datareader.random_seed,
                 "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "stream": self.stream,
                 "seq_len": self.seq_len, "padding_mode": self.padding_mode, "rank": sharding.rank,
-                "world_size": sharding.world_size, "even_batches": sharding.even_batches}
+                "world_size": sharding.world_size, "even_batches": sharding.even_batches,
+                **compose_fingerprint(self._arguments)}
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the consumer is: the batches handed over so far, not those read ahead.
@@ -351,7 +377,7 @@ class DataLoader:
     # -- pickling: the settings and the position, never a running iteration -------------
     def __getstate__(self) -> Dict[str, Any]:
         start = self._where()
-        return {"arguments": self._arguments, "next": (start.epoch, start.skip, start.end),
+        return {"arguments": self._arguments, "next": (start.epoch, start.skip, start.end, start.splits),
                 "counts": dict(self._count_cache)}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:

@@ -8,10 +8,13 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, List, Map
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
+from ._bucket import BucketBy, Lengths
 from ._bytes import DEFAULT_READAHEAD_BYTES, ReadAhead
 from ._cache import DiskCache
+from ._entries import Entries, bounds_of, known_counts, with_memory
 from ._errors import ErrorHandler, Stats, reraise
 from ._even import EvenSteps
+from ._filter import with_filter
 from ._frameworks import attach_meta
 from ._length import checked_count
 from ._map import OrderedMap, Step
@@ -58,6 +61,12 @@ class Settings:
     readahead_bytes: int = DEFAULT_READAHEAD_BYTES
     retries: int = 3
     cache: Optional[DiskCache] = None
+    filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None  # run where files are read (``_filter``)
+    file_order: Optional[Callable[..., Any]] = None  # the order of each epoch's files (``_order``)
+    time_major: bool = False  # stream mode: [T, B, ...]
+    entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_entries``)
+    bucket_by: Optional[BucketBy] = None  # length bucketing (``_bucket``) ...
+    bucket_buffer: int = 0  # ... through a buffer of this many samples
 
 
 class CheckedEncode:
@@ -116,7 +125,9 @@ async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
     if s.count_cache.get("files") != s.files:
         limit = asyncio.Semaphore(s.prefetch_files)
 
-        async def one(path: str) -> Optional[int]:
+        async def one(path: str, known: Optional[int]) -> Optional[int]:
+            if known is not None:  # a slice, an in-memory stream
+                return known
             async with limit:
                 try:
                     return await lane.run(checked_count, s.reader, path, uses=(s.reader,))
@@ -125,7 +136,8 @@ async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
                     s.stats.skipped_files += 1
                     return None
 
-        s.count_cache.update(files=list(s.files), counts=await asyncio.gather(*(one(p) for p in s.files)))
+        known = known_counts(s.entries) or [None] * len(s.files)
+        s.count_cache.update(files=list(s.files), counts=await asyncio.gather(*map(one, s.files, known)))
     return s.count_cache["counts"]
 
 
@@ -151,9 +163,10 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
     lane = Lane(run_blocking, s.num_threads, s.exclusive)
     readahead = ReadAhead(run_blocking, s.reader, s.readahead_bytes, s.retries, s.cache)
     pool = None
+    reader = with_filter(s.reader, s.filter_fn)
     if s.num_workers:
         def make_pool() -> WorkerPool:
-            return WorkerPool(s.num_workers, s.reader, there, s.worker_init_fn, s.start_method,
+            return WorkerPool(s.num_workers, reader, there, s.worker_init_fn, s.start_method,
                               persistent=s.kept_workers is not None)
 
         pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
@@ -162,20 +175,23 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
         runner: Any = PoolRunner(pool, here, lane, readahead, all_steps=local, uses=(s.dataset, s.collator),
                                  busy=s.stats.busy)
     else:
-        runner = ThreadRunner(s.reader, local, lane, readahead, uses=(s.dataset, s.collator), busy=s.stats.busy)
+        runner = ThreadRunner(reader, local, lane, readahead, uses=(s.dataset, s.collator), busy=s.stats.busy)
+    runner = with_memory(runner, s.entries)
     try:
         # a resumed epoch starts past the files before its position, found from the counts; a
-        # shuffle buffer or stream rows depend on everything before it, and so does the sample
-        # a batch starts at once errors may have been skipped: those replay the epoch
-        past_files = start.skip > start.base and not s.stream and not s.shuffle_buffer and s.errors.policy is reraise
+        # shuffle or bucket buffer or stream rows depend on everything before it, and so does the
+        # sample a batch starts at once samples were filtered or errors skipped: those replay the epoch
+        past_files = (start.skip > start.base and not s.stream and not s.shuffle_buffer and s.bucket_by is None
+                      and s.filter_fn is None and s.errors.policy is reraise)
         elastic = Elastic(start.epoch, start.splits, s.reader.batch_size) if start.splits else None
         counts = await count_samples(s, lane) if s.sharding.active or past_files or elastic else None
         source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream,
-                            elastic=elastic)
+                            file_order=s.file_order, bounds=bounds_of(s.entries), elastic=elastic)
         # stream rows need several files before their first batch (no ramp there), and rows whose
         # files end at the same step all need a new one at once: a file per row is read ahead
         ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
-        read = ReadFiles(runner, s.stream or s.shuffle_buffer > 0, ahead, s.errors, s.stats,
+        buffered = s.shuffle_buffer > 0 or s.bucket_by is not None  # rows go through buffers here
+        read = ReadFiles(runner, s.stream or buffered, ahead, s.errors, s.stats,
                          start_ahead=None if s.stream else max(0, s.num_workers - 1))
         skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
         if skip_rows:  # the file the position falls in is read again, up to the position
@@ -189,12 +205,14 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
             fallback = None
             if s.sharding.active:
                 def fallback(epoch: int) -> List[FileTask]:
-                    return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed).tasks(epoch))
+                    return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed,
+                                           file_order=s.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
             batcher: Any = StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
-                                         steps, fallback)
+                                         steps, fallback, s.time_major)
         else:
+            bucket = None if s.bucket_by is None else (Lengths(s.bucket_by), s.bucket_buffer)
             batcher = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
-                              flag_padding=s.sharding.active, steps=steps,
+                              flag_padding=s.sharding.active, steps=steps, bucket=bucket,
                               resumed=(start.epoch, start.skip if past_files else start.base))
         raw = batcher.iterate(files, read)
         if start.skip and not past_files:

@@ -17,6 +17,7 @@ from ._abc import DataReader
 from ._columns import Columns, n_rows, slice_rows, take
 from ._errors import ErrorHandler, Failure
 from ._files import Served, prefetched
+from ._filter import unbundle
 from ._rng import IN_FILE, derive_rng
 from ._source import EpochEnd, FileTask, SourceItem
 from ._stats import BusySink, Stats, clocked, timed
@@ -27,7 +28,7 @@ _DONE = object()
 
 @dataclass
 class Piece:
-    """Rows ``offset .. offset+n`` of one file (after the in-file shuffle).
+    """Rows ``offset .. offset+n`` of one file (after the in-file shuffle; of its kept rows with ``filter_fn``).
 
     ``columns`` holds them here, or ``ref`` names the worker process that keeps them.
     """
@@ -37,6 +38,7 @@ class Piece:
     n: int
     columns: Optional[Columns] = None
     ref: Any = None
+    dropped: int = 0  # samples of the file that ``filter_fn`` dropped from this piece
 
 
 def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Served] = None,
@@ -66,13 +68,18 @@ def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Ser
                     raise ValueError(f"file {task.path!r} has more samples than the {task.count} "
                                      f"DataReader.count said: the rest would be lost")
                 return
+        if task.count is None:  # no count: a stream-mode slice (path, start, end)
+            raise ValueError(f"file {task.path!r} has {offset} samples, fewer than the slice {task.start}:{task.end} "
+                             f"of it asks for")
         raise ValueError(f"file {task.path!r} has {offset} samples but DataReader.count said at least {task.end}: "
                          f"ranks would take different numbers of steps")
 
 
-def pieces_with_end(reader: DataReader, task: FileTask, data: Union[None, bytes, Served] = None,
-                    busy: Optional[BusySink] = None) -> Generator[Tuple[Columns, bool], None, None]:
-    """``file_pieces`` as ``(piece, last)``: ``last`` is true when the file is known to end there.
+def pieces_with_end(reader: Any, task: FileTask, data: Union[None, bytes, Served] = None,
+                    busy: Optional[BusySink] = None) -> Generator[Tuple[Columns, bool, int], None, None]:
+    """``file_pieces`` as ``(piece, last, dropped)``: ``last`` is true when the file is known to end there,
+    ``dropped`` counts the samples ``filter_fn`` dropped from it (``reader``: a ``DataReader``, or one
+    bundled with the filter, ``_filter.Filtered``).
 
     A reader that gives a file in one piece (``read_file``) is looked ahead,
     which costs nothing, so the end of the file travels with its piece instead
@@ -80,21 +87,29 @@ def pieces_with_end(reader: DataReader, task: FileTask, data: Union[None, bytes,
     the piece. Streaming readers are not looked ahead (that would parse a piece early).
     The time spent making each piece goes to ``busy`` as ``read``.
     """
-    gen = clocked(file_pieces(reader, task, data, busy), busy, "read")
+    reader, keep = unbundle(reader)
+    raw = clocked(file_pieces(reader, task, data, busy), busy, "read")
+    gen = _none_dropped(raw) if keep is None else keep.pieces(raw, task.path, task.start)
     if not (reader.shuffle or type(reader).iter_file is DataReader.iter_file):
-        for piece in gen:
-            yield piece, False
+        for piece, dropped in gen:
+            yield piece, False, dropped
         return
     with contextlib.closing(gen):
         ahead = next(gen, None)
         while ahead is not None:
-            piece = ahead
+            (piece, dropped) = ahead
             try:
                 ahead = next(gen, None)
             except Exception:
-                yield piece, False
+                yield piece, False, dropped
                 raise
-            yield piece, ahead is None
+            yield piece, ahead is None, dropped
+
+
+def _none_dropped(pieces: Iterator[Columns]) -> Iterator[Tuple[Columns, int]]:
+    with contextlib.closing(pieces):  # type: ignore[type-var]  # closing it closes the reader's generator
+        for piece in pieces:
+            yield piece, 0
 
 
 def _pieces(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
@@ -136,8 +151,8 @@ class FileStream:
                     return
                 if isinstance(item, Failure):
                     raise item.exc
-                n, columns, ref = item
-                yield Piece(self.task, offset, n, columns, ref)
+                n, columns, ref, dropped = item
+                yield Piece(self.task, offset, n, columns, ref, dropped)
                 offset += n
         finally:
             self._reader.cancel()
@@ -227,6 +242,7 @@ class ReadFiles:
         try:
             async for piece in stream.pieces():
                 self.stats.samples_read += piece.n
+                self.stats.filtered_samples += piece.dropped
                 yield piece
             self.stats.file_read(stream.task.epoch)
         except Exception as exc:

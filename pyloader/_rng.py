@@ -7,6 +7,7 @@ import numpy as np
 FILE_ORDER = 1
 IN_FILE = 2
 SHUFFLE_BUFFER = 3
+BUCKETS = 4  # length bucketing: tie-breaks and the order of the batches (``_bucket``)
 
 
 def derive_rng(seed: int, *keys: int) -> np.random.Generator:

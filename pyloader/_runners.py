@@ -2,7 +2,8 @@
 
 Both runners offer the same two calls, so the stages do not care which is used:
 
-* ``pieces(task, fetch)``: the pieces of one file, in order, as ``(n, columns, ref)``;
+* ``pieces(task, fetch)``: the pieces of one file, in order, as ``(n, columns, ref, dropped)``
+  (``dropped``: the samples ``filter_fn`` dropped from the piece);
 * ``run(datas)``: ``batch_encode`` then ``collate_batch`` on each batch of a
   group, given as ``Columns`` or as ``Segments`` (rows of pieces, possibly kept
   in workers); one ``Outcome`` per batch. ``StackedRows`` run at once on the
@@ -24,11 +25,12 @@ import time
 import weakref
 from typing import Any, AsyncIterator, Callable, cast, Deque, Dict, Generator, List, Optional, Sequence, Set, Tuple, Union
 
-from ._abc import DataReader, is_thread_safe
+from ._abc import is_thread_safe
 from ._batch import Segments, StackedOutputs
 from ._columns import Columns, n_rows, slice_rows
 from ._bytes import ReadAhead
 from ._files import Served
+from ._filter import unbundle
 from ._map import Outcome, Step, StepFailed, run_each, run_stacked
 from ._pool import RemoteRef, WorkerPool, rebuild_error
 from ._read import pieces_with_end
@@ -205,28 +207,29 @@ class LocalSteps:
 class ThreadRunner:
     """``num_workers=0``: everything in this process, off the event loop (see ``LocalSteps``)."""
 
-    def __init__(self, reader: DataReader, steps: List[Step], lane: Lane, readahead: ReadAhead,
+    def __init__(self, reader: Any, steps: List[Step], lane: Lane, readahead: ReadAhead,
                  uses: Sequence[Any], busy: Optional[Busy] = None) -> None:
-        self.reader = reader
+        self.reader = reader  # a DataReader, or one bundled with filter_fn (``_filter.Filtered``)
+        self._reader_uses = (unbundle(reader)[0],)
         self.lane = lane
         self.readahead = readahead
         self.busy = busy
         self.run = LocalSteps(steps, lane, uses, busy).run
 
     async def pieces(self, task: FileTask, fetch: bool,
-                     demand: asyncio.Event) -> AsyncIterator[Tuple[int, Columns, None]]:
+                     demand: asyncio.Event) -> AsyncIterator[Tuple[int, Columns, None, int]]:
         """The file's pieces, its bytes read ahead (``demand``: the consumer waits for this file)."""
         served = await self.readahead.fetch(task.path, demand)
-        gen: Generator[Tuple[Columns, bool], None, None] = pieces_with_end(self.reader, task, served, self.busy)
+        gen: Generator[Tuple[Columns, bool, int], None, None] = pieces_with_end(self.reader, task, served, self.busy)
         try:
             while True:
-                item = await self.lane.run(next, gen, _DONE, priority=read_priority(task), uses=(self.reader,))
+                item = await self.lane.run(next, gen, _DONE, priority=read_priority(task), uses=self._reader_uses)
                 if item is _DONE or item[1]:
                     self.readahead.unused(task.path, served)
                 if item is _DONE:
                     return
-                columns, last = item
-                yield n_rows(columns), columns, None
+                columns, last, dropped = item
+                yield n_rows(columns), columns, None, dropped
                 if last:
                     return
         finally:
@@ -283,8 +286,8 @@ class PoolRunner:
                     served.release()  # the bytes are the worker's now
                 if got is None:
                     return
-                n, columns, last = got
-                yield n, columns, (None if fetch else RemoteRef(self.pool, worker, pid))
+                n, columns, last, dropped = got
+                yield n, columns, (None if fetch else RemoteRef(self.pool, worker, pid)), dropped
                 if last:
                     return
         finally:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 EVEN_BATCHES = ("pad", "drop")
-Range = Tuple[int, int, int]  # (file index, first row, end row)
+Range = Tuple[int, int, int]  # (position in the epoch's order, first row, end row)
 
 
 @dataclass(frozen=True)
@@ -58,14 +58,15 @@ def bounds(total: int, world_size: int) -> List[int]:
 
 
 def ranges(order: Sequence[int], counts: Sequence[int], lo: int, hi: int) -> List[Range]:
-    """The rows of the epoch stream ``[lo, hi)`` (files in ``order``) as per-file ranges."""
+    """The rows of the epoch stream ``[lo, hi)`` (files in ``order``) as per-file ranges, each
+    naming its file by its position in ``order`` (a file may appear there more than once)."""
     out: List[Range] = []
     offset = 0
-    for index in order:
+    for pos, index in enumerate(order):
         n = counts[index]
         start, end = max(lo, offset), min(hi, offset + n)
         if start < end:
-            out.append((index, start - offset, end - offset))
+            out.append((pos, start - offset, end - offset))
         offset += n
     return out
 
@@ -162,9 +163,10 @@ def stream_steps(lengths: Sequence[int], rows: int, width: int) -> int:
     return max(free_at) if any(lengths) else 0
 
 
-def stream_files(order: Sequence[int], s: Sharding) -> List[int]:
-    """Stream mode splits whole files: rank ``r`` takes every ``world_size``-th file of the epoch."""
-    return list(order[s.rank::s.world_size])
+def stream_positions(order: Sequence[int], s: Sharding) -> range:
+    """Stream mode splits whole files: rank ``r`` takes every ``world_size``-th file of the epoch
+    (their positions in ``order``)."""
+    return range(s.rank, len(order), s.world_size)
 
 
 def stream_target(order: Sequence[int], counts: Sequence[int], rows: int, width: int, s: Sharding) -> int:

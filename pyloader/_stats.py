@@ -215,7 +215,7 @@ class Figures:
         return Figures(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)})
 
 
-_COUNTERS = ("files_read", "samples_read", "skipped_files", "skipped_batches")
+_COUNTERS = ("files_read", "samples_read", "filtered_samples", "skipped_files", "skipped_batches")
 
 
 class Watch:
@@ -303,7 +303,8 @@ class Stats:
 
     def __init__(self) -> None:
         self.files_read = 0
-        self.samples_read = 0
+        self.samples_read = 0  # kept by filter_fn, when there is one
+        self.filtered_samples = 0  # dropped by filter_fn
         self.batches = 0
         self.skipped_files = 0
         self.skipped_batches = 0

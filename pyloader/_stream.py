@@ -6,6 +6,12 @@ next step (ties go to the lower row). Per row and step the batch holds one
 sample, or a window of ``seq_len`` consecutive samples padded at a file's end.
 Metadata travels beside the data (``Batch.meta``), never through user code.
 
+Padding (``__valid__`` false) holds ``pad_value``, or with ``padding_mode="edge"``
+the row's last real sample (of the window, else the last one the row delivered
+this epoch; ``pad_value`` before it has any). With ``time_major`` the data
+fields and ``__valid__`` are ``[T, B, ...]``. A row's file may be a slice of one
+(``_entries``): ``__position__`` then counts rows of the file from the slice's start.
+
 While no row reaches the end of its piece, the next steps are cut all at once:
 one array copy per row and field for a whole group of steps (``_cut_steps``).
 Steps where a row reaches a piece's end, and list columns, are cut one at a
@@ -35,7 +41,7 @@ from ._source import EpochEnd, FileTask
 
 FIRST, VALID, REPLAY, STREAM_ID, POSITION = "__first__", "__valid__", "__replay__", "__stream_id__", "__position__"
 META_KEYS = (FIRST, VALID, REPLAY, STREAM_ID, POSITION)
-PADDING_MODES = ("zeros", "data")
+PADDING_MODES = ("zeros", "data", "edge")
 
 
 class _Counted:
@@ -77,7 +83,7 @@ class _Row:
         self._pieces = pieces
         self.task = task
         self.replay = replay
-        self.position = 0  # samples of the file already taken
+        self.position = task.start  # the file's row the next sample is (a slice starts past 0)
         self._piece: Optional[Columns] = None
         self._size = 0  # samples in the current piece
         self._offset = 0
@@ -138,12 +144,15 @@ class StreamBatcher:
 
     def __init__(self, files: Sequence[str], rows: int, seq_len: Optional[int], padding_mode: str,
                  pad_value: Any, target: Optional[Callable[[int], int]] = None,
-                 fallback: Optional[Callable[[int], List[FileTask]]] = None) -> None:
+                 fallback: Optional[Callable[[int], List[FileTask]]] = None, time_major: bool = False) -> None:
         self.files = files
         self.rows = rows
         self.seq_len = seq_len
         self.padding_mode = padding_mode
         self.pad_value = pad_value
+        self.time_major = time_major  # [T, B, ...] rather than [B, T, ...] (with seq_len)
+        # padding_mode="edge": each row's last real sample per field (reset at each epoch, like the template)
+        self._edge: List[Optional[Dict[str, Any]]] = [None] * rows
         # under ranks: the step count of epoch e every rank must give, and files to replay
         # for a rank that has none of its own (padding needs the fields' shapes)
         self.target = target
@@ -163,25 +172,51 @@ class StreamBatcher:
         ``paths[r]``; ``None`` for a row without a file), padded to ``width``. ``like`` is the
         field in the epoch's template, which gives the layout when no row has a file.
 
-        When every window holds an array: an array ``[B, ...]`` or ``[B, T, ...]`` of their
-        common dtype (``_common_layout``). Otherwise a list of samples or of ``T``-sample lists.
+        When every window holds an array: an array ``[B, ...]``, ``[B, T, ...]`` or (time-major)
+        ``[T, B, ...]`` of their common dtype (``_common_layout``). Otherwise a list of samples,
+        of ``T``-sample lists, or (time-major) of ``T`` lists of ``B`` samples.
         """
         pad = self._pad(key)
         live = [(path, col) for path, col in zip(paths, columns) if col is not None]
         arrays = all(isinstance(col, np.ndarray) for _, col in live) if live else isinstance(like, np.ndarray)
+        if not arrays:
+            first = next((col[0] for _, col in live), None)
+            if first is not None and np.ndim(first):  # samples are sequences: pad with one of their shape
+                pad = np.full(np.shape(first), pad).tolist()
+        fills = [self._fill(key, r, col, pad) for r, col in enumerate(columns)]
         if arrays:
             dtype, sample = _common_layout(key, live) if live else (like.dtype, like.shape[1:])
             out = np.full((len(columns), width) + sample, pad, dtype=dtype)
             for r, col in enumerate(columns):
-                if col is not None:
-                    out[r, :len(col)] = col
-            return out if self.seq_len else out[:, 0]
-        first = next((col[0] for _, col in live), None)
-        if first is not None and np.ndim(first):  # samples are sequences: pad with one of their shape
-            pad = np.full(np.shape(first), pad).tolist()
-        if self.seq_len:
-            return [[pad] * width if col is None else list(col) + [pad] * (width - len(col)) for col in columns]
-        return [pad if col is None else col[0] for col in columns]
+                n = 0 if col is None else len(col)
+                if n:
+                    out[r, :n] = col
+                if n < width and fills[r] is not pad:
+                    out[r, n:] = fills[r]
+            if not self.seq_len:
+                return out[:, 0]
+            return np.ascontiguousarray(out.swapaxes(0, 1)) if self.time_major else out
+        if not self.seq_len:
+            return [fill if col is None else col[0] for col, fill in zip(columns, fills)]
+        rows = [[fill] * width if col is None else list(col) + [fill] * (width - len(col))
+                for col, fill in zip(columns, fills)]
+        return [list(step) for step in zip(*rows)] if self.time_major else rows
+
+    def _fill(self, key: str, r: int, window: Optional[Sequence], pad: Any) -> Any:
+        """What pads row ``r`` of field ``key``: ``pad``, or with ``padding_mode="edge"`` the row's
+        last real sample (of this window, else of an earlier step; ``pad`` before it has any)."""
+        if self.padding_mode != "edge":
+            return pad
+        if window is not None and len(window):
+            return window[-1]
+        edge = self._edge[r]
+        return pad if edge is None or key not in edge else edge[key]
+
+    def _remember_edges(self, windows: List[Optional[Columns]]) -> None:
+        """``padding_mode="edge"``: keep each row's last real sample (a copy: not the piece it came from)."""
+        for r, window in enumerate(windows):
+            if window is not None and n_rows(window):
+                self._edge[r] = {key: _copy_sample(col[-1]) for key, col in window.items() if key != SRC}
 
     async def _next_row(self, unread: AsyncIterator[FileStream], read: ReadFiles) -> Optional[_Row]:
         """The next unread file that has samples, as a row cursor (empty files are skipped)."""
@@ -211,6 +246,7 @@ class StreamBatcher:
         sizes = GroupSize(self.group_limit)
         target = self.target(epoch) if self.target is not None else None
         self._template = None
+        self._edge = [None] * self.rows
         try:
             while target is None or index < target:
                 first = np.zeros(self.rows, dtype=bool)
@@ -281,19 +317,31 @@ class StreamBatcher:
             if key == SRC:
                 continue
             dtype, sample = _common_layout(key, [(path, piece[key]) for path, piece in files])
-            # [steps, B, (T,) ...]: each step's batch is one contiguous block
-            shape = (steps, len(rows)) + window[1:] + sample
+            # [steps, B, (T,) ...] or [steps, T, B, ...]: each step's batch is one contiguous block
+            shape = (steps, width, len(rows)) + sample if self.time_major else (steps, len(rows)) + window[1:] + sample
             out = np.empty(shape, dtype) if all(cuts) else np.full(shape, self._pad(key), dtype)
             for r, cut in enumerate(cuts):
+                row_out = out[:, :, r] if self.time_major else out[:, r]
                 if cut is not None:
                     piece, offset = cut
-                    out[:, r] = piece[key][offset:offset + steps * width].reshape(window + sample)
+                    row_out[...] = piece[key][offset:offset + steps * width].reshape(window + sample)
+                elif self.padding_mode == "edge":
+                    fill = self._fill(key, r, None, None)
+                    if fill is not None:
+                        row_out[...] = fill
             data[key] = out
+        if self.padding_mode == "edge":
+            end = steps * width  # each row's last sample of the group
+            self._remember_edges([None if cut is None else slice_rows(cut[0], cut[1] + end - 1, cut[1] + end)
+                                  for cut in cuts])
         # metadata for the whole group at once; each batch gets row k of every array
         live = np.array([row is not None for row in rows])
         firsts = np.zeros((steps, len(rows)), dtype=bool)
         firsts[0] = first
-        valid = np.broadcast_to(live[:, None] if self.seq_len else live, (steps,) + live.shape + window[1:]).copy()
+        if self.time_major:
+            valid = np.broadcast_to(live, (steps, width) + live.shape).copy()
+        else:
+            valid = np.broadcast_to(live[:, None] if self.seq_len else live, (steps,) + live.shape + window[1:]).copy()
         stream_id = np.array([-1 if row is None else row.task.pos for row in rows], dtype=np.int64)
         replay = np.array([row is not None and row.replay for row in rows])
         start = np.array([-1 if row is None else row.position - steps * width for row in rows], dtype=np.int64)
@@ -334,7 +382,11 @@ class StreamBatcher:
                 continue
             columns = [None if window is None else window[key] for window in windows]
             data[key] = self._field(key, columns, files, like, width)
-        meta = {FIRST: first, VALID: valid if self.seq_len else valid[:, 0], REPLAY: replay,
+        if self.padding_mode == "edge":
+            self._remember_edges(windows)
+        if not self.seq_len:
+            valid = valid[:, 0]
+        meta = {FIRST: first, VALID: valid.T.copy() if self.time_major else valid, REPLAY: replay,
                 STREAM_ID: stream_id, POSITION: position}
         return Batch(epoch, index, data, tuple(sorted(paths)), meta)
 
@@ -383,6 +435,11 @@ def _common_layout(key: str, columns: Sequence[Tuple[str, np.ndarray]]) -> Tuple
                 raise TypeError(f"field {key!r} holds {first.dtype} in file {first_path!r} and {col.dtype} in "
                                 f"file {path!r}, which have no common dtype: {exc}") from exc
     return dtype, sample
+
+
+def _copy_sample(sample: Any) -> Any:
+    """A sample kept beyond its batch: an array row is copied, so the piece it views can go."""
+    return sample.copy() if isinstance(sample, np.ndarray) else sample
 
 
 async def _nothing() -> AsyncIterator[FileStream]:

@@ -61,9 +61,14 @@ def _check(batch: Dict[str, Any], signature: Dict[str, Any]) -> None:
 
 
 def cardinality(loader: Any) -> Optional[int]:
-    """The batches of every pass, when every pass has as many: not with stream mode's shuffled file
-    order (the step count depends on it), nor when skipped errors can shorten a pass."""
-    if loader.stream and loader.shuffle or loader.on_error != "raise":
+    """The batches of every pass, when every pass has as many: not with stream mode's shuffled or
+    custom file order (the step count depends on it), nor a ``file_order`` that drops or repeats
+    files, nor when skipped errors can shorten a pass."""
+    from ._order import declares_drops_or_repeats
+
+    custom = loader.file_order is not None
+    if loader.stream and (loader.shuffle or custom) or declares_drops_or_repeats(loader.file_order) \
+            or loader.on_error != "raise":
         return None
     try:
         return len(loader)

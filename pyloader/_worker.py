@@ -7,7 +7,8 @@ It serves requests from the loader one at a time: batches before reading ahead
   ``data``: its bytes when the loader fetched them ahead);
 * ``("next", rid, gid, pid, fetch)``: the file's next piece: kept here under
   ``pid`` (only its length is sent) or, with ``fetch``, sent whole; the reply
-  says whether the file is known to end with it;
+  says whether the file is known to end with it, and how many samples
+  ``filter_fn`` dropped from it;
 * ``("close", gid)`` and ``("release", pids)``: forget a file or pieces;
 * ``("run", rid, jobs)``: for each ``(segments, paths)`` of a group, assemble a
   batch from kept pieces or sent columns and run the steps on it; the reply is
@@ -263,10 +264,10 @@ class _Server:
             if item is None:
                 return None
             if fetch:
-                return n_rows(item[0]), item[0], item[1]
+                return n_rows(item[0]), item[0], *item[1:]
             self.kept[pid] = item[0]
             self.grace = RUN_GRACE_S
-            return n_rows(item[0]), None, item[1]
+            return n_rows(item[0]), None, *item[1:]
         if op == "run":
             return _run_jobs(self.steps, self.kept, msg[2], self.busy)
         if op == "fetch":

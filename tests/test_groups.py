@@ -148,19 +148,19 @@ def _task(path: str, end=None) -> FileTask:
 def test_whole_file_readers_say_their_piece_is_the_last(tmp_path):
     path = write_chunks(tmp_path / "d", [10])[0]
     got = list(pieces_with_end(IdReader(4), _task(path)))
-    assert [(piece["id"], last) for piece, last in got] == [(list(range(10)), True)]
+    assert [(piece["id"], last) for piece, last, _ in got] == [(list(range(10)), True)]
 
 
 def test_streaming_readers_are_not_looked_ahead(tmp_path):
     path = write_chunks(tmp_path / "d", [10])[0]
     got = list(pieces_with_end(NumReader(4, piece=4), _task(path)))
-    assert [(len(piece["id"]), last) for piece, last in got] == [(4, False), (4, False), (2, False)]
+    assert [(len(piece["id"]), last) for piece, last, _ in got] == [(4, False), (4, False), (2, False)]
 
 
 def test_a_failure_found_by_the_look_ahead_comes_after_the_piece(tmp_path):
     path = write_chunks(tmp_path / "d", [10])[0]
     gen = pieces_with_end(IdReader(4), _task(path, end=12))  # count said 12 rows, the file has 10
-    piece, last = next(gen)
+    piece, last, _ = next(gen)
     assert piece["id"] == list(range(10)) and last is False
     with pytest.raises(ValueError, match="has 10 samples"):
         next(gen)

@@ -1,0 +1,415 @@
+"""Stream mode, continued: edge padding, time-major batches, slices of files, in-memory streams.
+
+Each is checked against its definition (``check_epoch``) with 0 and 2 workers and
+under ranks, and resumed at every position.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import pyloader as pl
+from conftest import wait_no_children, wait_no_threads
+from pyloader.collators import NumpyCollator, TorchCollator
+from test_stream import PieceReader, epoch_order, write_streams
+
+pytestmark = pytest.mark.timeout(180)
+FIRST, VALID, REPLAY, STREAM_ID, POSITION = "__first__", "__valid__", "__replay__", "__stream_id__", "__position__"
+META = (FIRST, VALID, REPLAY, STREAM_ID, POSITION)
+
+
+def as_numpy(batch: Dict[str, Any]) -> Dict[str, np.ndarray]:
+    return {key: np.asarray(value) for key, value in batch.items()}
+
+
+def check_epoch(batches: Sequence[Dict[str, Any]], streams: List[List[int]], starts: List[int], rows: int,
+                seq_len: Optional[int], order: List[int], field: str = "id", time_major: bool = False,
+                edge: bool = False, pad: int = 0) -> List[int]:
+    """Every invariant of one epoch of stream batches whose stream ``e`` holds the ids
+    ``streams[e]`` from row ``starts[e]`` of its file on (``order``: the epoch's streams in
+    plan order, this rank's among them). Padding holds ``pad``, or with ``edge`` the row's last
+    real sample. Returns the real samples seen."""
+    width = seq_len or 1
+    prev: List[Any] = [None] * rows  # (stream id, next position)
+    last: List[Any] = [None] * rows  # the row's last real sample
+    seen: List[int] = []
+    for batch in map(as_numpy, batches):
+        ids, valid = batch[field], batch[VALID]
+        if time_major:
+            assert ids.shape[:2] == (width, rows) and valid.shape == (width, rows)
+            ids, valid = ids.swapaxes(0, 1), valid.T
+        ids, valid = ids.reshape(rows, width), valid.reshape(rows, width)
+        for r in range(rows):
+            n = int(valid[r].sum())
+            assert valid[r, :n].all(), "padding only at the end of a window"
+            filler = last[r] if edge and n == 0 else ids[r, n - 1] if edge else pad
+            assert (ids[r, n:] == (pad if filler is None else filler)).all(), (r, ids[r], last[r])
+            if not n:
+                assert batch[STREAM_ID][r] == -1 and not batch[FIRST][r]
+                prev[r] = None
+                continue
+            e = order[batch[STREAM_ID][r]]
+            offset = int(batch[POSITION][r]) - starts[e]
+            assert ids[r, :n].tolist() == streams[e][offset:offset + n]
+            if batch[FIRST][r]:
+                assert offset == 0
+            else:
+                assert prev[r] == (batch[STREAM_ID][r], batch[POSITION][r]), f"row {r} does not continue its stream"
+            if n < width:
+                assert offset + n == len(streams[e]), "window cut short before the stream's end"
+            assert not batch[REPLAY][r]
+            seen.extend(streams[e][offset:offset + n])
+            prev[r] = (batch[STREAM_ID][r], batch[POSITION][r] + n)
+            last[r] = ids[r, n - 1]
+    return seen
+
+
+def file_streams(lengths: Sequence[int]) -> List[List[int]]:
+    return [[f * 1000 + p for p in range(n)] for f, n in enumerate(lengths)]
+
+
+def run_epochs(loader: pl.DataLoader) -> Dict[int, List[Dict[str, Any]]]:
+    out: Dict[int, List[Dict[str, Any]]] = {}
+    for batch in loader:
+        out.setdefault(loader.epoch, []).append(as_numpy(batch))
+    return out
+
+
+def as_lists(batch: Dict[str, Any]) -> Dict[str, Any]:
+    return {key: np.asarray(value).tolist() for key, value in batch.items()}
+
+
+def assert_resumes_everywhere(make) -> None:
+    full = [as_lists(b) for b in make()]
+    for k in range(len(full)):
+        first = make()
+        it = iter(first)
+        head = [as_lists(next(it)) for _ in range(k)]
+        state = json.loads(json.dumps(first.state_dict()))
+        first.close()
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert head + [as_lists(b) for b in resumed] == full, f"resumed after {k} of {len(full)}"
+    assert wait_no_threads() == []
+
+
+# -- padding_mode="edge" ---------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("seq_len,arrays", [(None, False), (3, False), (3, True), (4, True)])
+def test_edge_padding_repeats_each_rows_last_real_sample_flagged_not_valid(tmp_path, workers, seq_len, arrays):
+    lengths = [7, 2, 30, 5, 11]
+    write_streams(tmp_path, lengths)
+    loader = pl.DataLoader(PieceReader(3, 4, arrays), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                           stream=True, seq_len=seq_len, padding_mode="edge", pad_value=-1, shuffle=True,
+                           num_epoch=2, num_workers=workers)
+    epochs = run_epochs(loader)
+    zeros = run_epochs(pl.DataLoader(PieceReader(3, 4, arrays), pl.IdentityDataset(), NumpyCollator(),
+                                     str(tmp_path), stream=True, seq_len=seq_len, pad_value=-1, shuffle=True,
+                                     num_epoch=2))
+    for epoch, batches in epochs.items():
+        seen = check_epoch(batches, file_streams(lengths), [0] * 5, 3, seq_len, epoch_order(loader, epoch), edge=True,
+                           pad=-1)
+        assert sorted(seen) == sorted(i for s in file_streams(lengths) for i in s)
+        assert any(not b[VALID].all() for b in batches), "the data makes padding"
+        for b, z in zip(batches, zeros[epoch], strict=True):  # the same batches but for what pads them
+            assert all(np.array_equal(b[key], z[key]) for key in META)
+            assert np.array_equal(np.where(b[VALID], b["id"], 0), np.where(z[VALID], z["id"], 0))
+    assert wait_no_children() == []
+
+
+def test_edge_padding_of_a_row_that_never_had_a_sample_is_the_pad_value(tmp_path):
+    write_streams(tmp_path, [4])
+    batches = list(pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
+                                 seq_len=3, padding_mode="edge", pad_value=-5))
+    assert [b["id"].tolist() for b in batches] == [[[0, 1, 2], [-5, -5, -5]], [[3, 3, 3], [-5, -5, -5]]]
+    assert [b[VALID].tolist() for b in batches] == [[[1, 1, 1], [0, 0, 0]], [[1, 0, 0], [0, 0, 0]]]
+    assert [b["pair"][0, 1:].tolist() for b in batches][1] == [[3, -3], [3, -3]]
+
+
+@pytest.mark.parametrize("seq_len", [None, 2])
+def test_edge_padding_keeps_ranks_equal_and_resumes_exactly(tmp_path, seq_len):
+    lengths = [9, 3, 14, 2, 6]
+    write_streams(tmp_path, lengths)
+
+    def make(rank):
+        return pl.DataLoader(PieceReader(2, 5, arrays=True), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                             stream=True, seq_len=seq_len, padding_mode="edge", rank=rank, world_size=2,
+                             shuffle=True, num_epoch=2)
+
+    runs = [run_epochs(make(rank)) for rank in range(2)]
+    assert [sum(map(len, r.values())) for r in runs] == [len(make(0)), len(make(1))]
+    assert len(make(0)) == len(make(1))
+    for epoch in (0, 1):
+        order = epoch_order(make(0), epoch)
+        seen = [i for rank, r in enumerate(runs) for i in check_epoch(r[epoch], file_streams(lengths), [0] * 5, 2,
+                                                                      seq_len, order, edge=True)]
+        assert sorted(seen) == sorted(i for s in file_streams(lengths) for i in s)
+    assert_resumes_everywhere(lambda: make(1))
+
+
+# -- time_major ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("arrays,padding_mode", [(False, "zeros"), (True, "zeros"), (True, "edge"), (False, "data")])
+def test_time_major_batches_are_the_batch_major_ones_transposed(tmp_path, workers, arrays, padding_mode):
+    lengths = [7, 2, 30, 5, 11]
+    write_streams(tmp_path, lengths)
+
+    def make(time_major):
+        return pl.DataLoader(PieceReader(3, 4, arrays), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                             stream=True, seq_len=4, time_major=time_major, padding_mode=padding_mode, shuffle=True,
+                             num_epoch=2, num_workers=workers)
+
+    loader = make(True)
+    tm, bm = run_epochs(loader), run_epochs(make(False))
+    assert sorted(tm) == sorted(bm) == [0, 1]
+    for epoch in tm:
+        assert len(tm[epoch]) == len(bm[epoch])
+        for t, b in zip(tm[epoch], bm[epoch]):
+            assert t["id"].shape == (4, 3) and t["pair"].shape == (4, 3, 2) and t[VALID].shape == (4, 3)
+            for key in ("id", "pair", VALID):
+                assert np.array_equal(t[key], b[key].swapaxes(0, 1)), key
+            for key in (FIRST, REPLAY, STREAM_ID, POSITION):
+                assert np.array_equal(t[key], b[key]), key
+        if padding_mode != "data":
+            check_epoch(tm[epoch], file_streams(lengths), [0] * 5, 3, 4, epoch_order(loader, epoch), time_major=True,
+                        edge=padding_mode == "edge")
+
+
+def test_time_major_torch_tensors_under_ranks(tmp_path):
+    import torch
+
+    write_streams(tmp_path, [7, 5, 6, 9])
+    runs = [list(pl.DataLoader(PieceReader(2, arrays=True), pl.IdentityDataset(), TorchCollator(), str(tmp_path),
+                               stream=True, seq_len=3, time_major=True, rank=rank, world_size=2))
+            for rank in range(2)]
+    assert len(runs[0]) == len(runs[1])
+    for batch in runs[0] + runs[1]:
+        assert isinstance(batch["id"], torch.Tensor) and batch["id"].shape == (3, 2)
+        assert batch[VALID].shape == (3, 2) and batch[FIRST].shape == (2,)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"stream": True, "time_major": True}, "time_major=True .* needs stream=True and seq_len"),
+    ({"time_major": True}, "needs stream=True"),
+])
+def test_time_major_needs_stream_windows(tmp_path, kwargs, match):
+    write_streams(tmp_path, [3])
+    with pytest.raises(ValueError, match=match):
+        pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), **kwargs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(0, 60), min_size=1, max_size=6), rows=st.integers(1, 4),
+       seq_len=st.one_of(st.none(), st.integers(1, 5)), time_major=st.booleans(),
+       padding_mode=st.sampled_from(["zeros", "edge"]), piece=st.integers(1, 40))
+def test_array_pieces_cut_at_once_match_step_by_step_in_every_layout(lengths, rows, seq_len, time_major,
+                                                                    padding_mode, piece):
+    """Array pieces (cut many steps at once) and list pieces (one step at a time) give the same batches."""
+    time_major = time_major and seq_len is not None
+    with tempfile.TemporaryDirectory() as tmp:
+        write_streams(Path(tmp), lengths)
+        runs = []
+        for arrays in (True, False):
+            loader = pl.DataLoader(PieceReader(rows, piece, arrays), pl.IdentityDataset(), NumpyCollator(), tmp,
+                                   stream=True, seq_len=seq_len, time_major=time_major, padding_mode=padding_mode,
+                                   shuffle=True, pad_value=-1)
+            runs.append(run_epochs(loader))
+        fast, slow = runs
+        assert sorted(fast) == sorted(slow)
+        for epoch, batches in fast.items():
+            assert len(batches) == len(slow[epoch])
+            check_epoch(batches, file_streams(lengths), [0] * len(lengths), rows, seq_len, epoch_order(loader, epoch),
+                        time_major=time_major, edge=padding_mode == "edge", pad=-1)
+            for a, b in zip(batches, slow[epoch]):
+                assert sorted(a) == sorted(b)
+                for key in a:
+                    assert a[key].shape == b[key].shape and np.array_equal(a[key], b[key]), key
+
+
+# -- slices of files ----------------------------------------------------------------------------------
+def sliced(folder: Path) -> tuple:
+    """A long file of 40 samples cut into slices of 10, 15 and 15, and a short whole file."""
+    write_streams(folder, [40, 6])
+    long, short = str(folder / "s000.txt"), str(folder / "s001.txt")
+    entries = [(long, 0, 10), (long, 10, 25), short, (long, 25, 40)]
+    streams = [list(range(0, 10)), list(range(10, 25)), [1000 + p for p in range(6)], list(range(25, 40))]
+    return entries, streams, [0, 10, 0, 25]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("arrays", [False, True])
+def test_slices_of_one_long_file_feed_several_rows(tmp_path, workers, arrays):
+    entries, streams, starts = sliced(tmp_path)
+    loader = pl.DataLoader(PieceReader(3, 4, arrays), pl.IdentityDataset(), NumpyCollator(), entries, stream=True,
+                           seq_len=3, num_workers=workers, num_epoch=2)
+    planned = len(loader)
+    epochs = run_epochs(loader)
+    assert planned == sum(map(len, epochs.values())) == 2 * 7  # row 2 takes the last slice after the short file
+    for batches in epochs.values():
+        seen = check_epoch(batches, streams, starts, 3, 3, [0, 1, 2, 3])
+        assert sorted(seen) == sorted(i for s in streams for i in s)
+        assert batches[0][POSITION].tolist() == [0, 10, 0], "positions count rows of the file"
+        assert batches[0][FIRST].tolist() == [True, True, True]
+
+
+def test_slices_under_ranks_give_equal_steps_and_never_count_their_file(tmp_path):
+    entries, streams, starts = sliced(tmp_path)
+    entries = [e for e in entries if isinstance(e, tuple)]  # slices only: no count is needed
+
+    class NoCount(PieceReader):
+        def count(self, path):
+            raise AssertionError("a slice's count is its length")
+
+    runs, seen = [], []
+    for rank in range(2):
+        loader = pl.DataLoader(NoCount(1, arrays=True), pl.IdentityDataset(), NumpyCollator(), entries, stream=True,
+                               rank=rank, world_size=2, shuffle=True, num_epoch=2)
+        runs.append(len(loader))
+        epochs = run_epochs(loader)
+        assert sum(map(len, epochs.values())) == runs[-1]
+        order = epoch_order(loader, 0)
+        seen += check_epoch(epochs[0], [streams[0], streams[1], streams[3]], [0, 10, 25], 1, None, order)
+    assert runs[0] == runs[1]
+    assert sorted(seen) == list(range(40))
+
+
+def test_a_slice_past_the_end_of_its_file_names_the_file_when_its_row_gets_there(tmp_path):
+    write_streams(tmp_path, [12])
+    path = str(tmp_path / "s000.txt")
+    loader = pl.DataLoader(PieceReader(1), pl.IdentityDataset(), NumpyCollator(), [(path, 8, 20)], stream=True)
+    got = []
+    with pytest.raises(pl.PipelineError, match=r"s000\.txt.*has 12 samples, fewer than the slice 8:20"):
+        for batch in loader:
+            got.append(int(batch["id"][0]))
+    assert got == [8, 9, 10]  # the step of sample 11 needs the file's next piece: the error, there
+
+
+@pytest.mark.parametrize("entry,match", [
+    (("a", 5, 2), "0 <= start <= end"), (("a", -1, 2), "0 <= start <= end"), (("a", 0, 2.5), "integer bounds"),
+])
+def test_bad_slices_are_refused(tmp_path, entry, match):
+    write_streams(tmp_path, [3])
+    entry = (str(tmp_path / "s000.txt"),) + entry[1:]
+    with pytest.raises(ValueError, match=match):
+        pl.DataLoader(PieceReader(1), pl.IdentityDataset(), NumpyCollator(), [entry], stream=True)
+
+
+def test_slices_are_for_stream_mode(tmp_path):
+    write_streams(tmp_path, [3])
+    with pytest.raises(ValueError, match="outside stream mode"):
+        pl.DataLoader(PieceReader(1), pl.IdentityDataset(), NumpyCollator(), [(str(tmp_path / "s000.txt"), 0, 2)])
+
+
+def test_a_time_major_run_over_slices_resumes_exactly_and_refuses_other_bounds(tmp_path):
+    entries, _, _ = sliced(tmp_path)
+
+    def make(listed=entries):
+        return pl.DataLoader(PieceReader(2, 4, arrays=True), pl.IdentityDataset(), NumpyCollator(), listed,
+                             stream=True, seq_len=3, shuffle=True, num_epoch=2, padding_mode="edge", time_major=True)
+
+    assert_resumes_everywhere(make)
+    loader = make()
+    next(iter(loader))
+    state = loader.state_dict()
+    loader.close()
+    with pytest.raises(ValueError, match="files"):
+        make(entries[:-1] + [(entries[-1][0], 26, 40)]).load_state_dict(state)
+
+
+# -- in-memory streams -------------------------------------------------------------------------------
+class Unused(pl.DataReader):
+    """A reader that must not be called: in-memory streams need none of its methods."""
+
+    def read_file(self, path):
+        raise AssertionError("read_file called")
+
+    def iter_file(self, path):
+        raise AssertionError("iter_file called")
+
+    def count(self, path):
+        raise AssertionError("count called")
+
+
+def memory_streams(lengths: Sequence[int]) -> List[np.ndarray]:
+    return [np.arange(k * 1000, k * 1000 + n) for k, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("seq_len", [None, 3])
+def test_in_memory_sequences_stream_like_files(workers, seq_len):
+    lengths = [7, 0, 12, 3, 9]
+    data = memory_streams(lengths)
+    loader = pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), iter(data), stream=True,
+                           seq_len=seq_len, num_workers=workers, shuffle=True, num_epoch=2)
+    planned = len(loader)
+    epochs = run_epochs(loader)
+    assert planned == sum(map(len, epochs.values()))
+    streams = [a.tolist() for a in data]
+    for epoch, batches in epochs.items():
+        seen = check_epoch(batches, streams, [0] * 5, 2, seq_len, epoch_order(loader, epoch), field="data")
+        assert sorted(seen) == sorted(i for s in streams for i in s)
+    upcoming = len(loader)  # epochs 2 and 3: other orders, other step counts
+    again = list(loader)  # the iterator given was read once: the next iteration has the same streams
+    assert len(again) == upcoming
+    assert sum(int(b[VALID].sum()) for b in map(as_numpy, again)) == 2 * sum(lengths)
+
+
+def test_in_memory_dicts_of_columns_keep_their_fields():
+    streams = [{"id": [1, 2, 3], "word": ["a", "b", "c"]}, {"id": np.array([7, 8]), "word": ["x", "y"]}]
+    batches = list(pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), streams, stream=True, seq_len=2))
+    assert [b["id"].tolist() for b in batches] == [[[1, 2], [7, 8]], [[3, 0], [0, 0]]]
+    assert batches[0]["word"] == [["a", "b"], ["x", "y"]]  # strings stay a list (NumpyCollator)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_in_memory_streams_under_ranks(workers):
+    data = memory_streams([7, 12, 3, 9, 1])
+    streams = [a.tolist() for a in data]
+    steps, seen = [], []
+    for rank in range(2):
+        loader = pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), data, stream=True, seq_len=2,
+                               rank=rank, world_size=2, num_workers=workers)
+        steps.append(len(loader))
+        batches = list(loader)
+        assert len(batches) == steps[-1]
+        seen += check_epoch(batches, streams, [0] * 5, 2, 2, epoch_order(loader, 0), field="data")
+    assert steps[0] == steps[1] and sorted(seen) == sorted(i for s in streams for i in s)
+
+
+def test_in_memory_streams_resume_exactly_and_refuse_other_data():
+    data = memory_streams([7, 12, 3, 9])
+
+    def make(streams=data):
+        return pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), streams, stream=True, seq_len=2,
+                             shuffle=True, num_epoch=2, padding_mode="edge")
+
+    assert_resumes_everywhere(make)
+    loader = make()
+    next(iter(loader))
+    state = loader.state_dict()
+    loader.close()
+    with pytest.raises(ValueError, match="files"):
+        make(data[:3] + [np.arange(10)]).load_state_dict(state)
+
+
+@pytest.mark.parametrize("data_dir,kwargs,match", [
+    ([np.arange(3), {"id": [1, 2], "x": [1]}], {"stream": True}, "in-memory stream 1 of data_dir: key 'x' has 1"),
+    ([np.arange(3), 5], {"stream": True}, "in-memory stream 1 .*got int"),
+    ([np.arange(3)], {}, "outside stream mode"),
+])
+def test_bad_in_memory_streams_are_refused(data_dir, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), data_dir, **kwargs)
+
+
+def test_in_memory_streams_and_files_do_not_mix(tmp_path):
+    write_streams(tmp_path, [3])
+    with pytest.raises(ValueError, match="among files"):
+        pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), [str(tmp_path / "s000.txt"), np.arange(3)],
+                      stream=True)
