@@ -126,7 +126,8 @@ class MemoryRunner:
         self.memory = memory
         self.run = runner.run
 
-    async def pieces(self, task: FileTask, fetch: bool) -> AsyncIterator[Tuple[int, Columns, None, int]]:
+    async def pieces(self, task: FileTask, fetch: bool,
+                     demand: Any = None) -> AsyncIterator[Tuple[int, Columns, None, int]]:
         columns = self.memory[task.index]
         end = n_rows(columns) if task.end is None else task.end
         if end > task.start:
