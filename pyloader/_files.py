@@ -12,6 +12,8 @@ import stat
 import threading
 from typing import IO, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
+from ._compression import codec_for, decompressed
+
 DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
@@ -50,14 +52,19 @@ def prefetched(path: str, data: Optional[bytes]) -> Iterator[None]:
                 del _prefetched[path]
 
 
-def open_file(path: str, mode: str = "rb", **kwargs) -> IO:
+def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infer", **kwargs) -> IO:
     """Open ``path`` for reading, whether it is a local path or an fsspec URL.
 
     Readers should open their files through this so that the same reader works
     on local disk, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` and ``memory://``.
     Text modes take ``encoding``/``errors``/``newline`` like ``open``. A remote
-    file the loader has already fetched is served from memory.
+    file the loader has already fetched is served from memory. A name ending in
+    ``.gz``, ``.bz2``, ``.xz``/``.lzma`` or ``.zst``/``.zstd`` is decompressed as it
+    is read (``compression=None``: never; a codec name: always; see ``_compression``).
     """
+    codec = codec_for(path, mode, compression)
+    if codec is not None:
+        return decompressed(open_file(path, "rb", compression=None), path, codec, mode, **kwargs)
     entry = _prefetched.get(path)
     if entry is not None and "r" in mode:
         raw = io.BytesIO(entry[0])
