@@ -6,7 +6,7 @@ reader built on ``open_file`` reads the decompressed bytes, local and remote
 files alike. The contract:
 
 - Decompression streams: at most about ``_OUT_BYTES`` of decompressed data (plus
-  what one ``_IN_BYTES`` read of compressed data yields, for zstd) is held beyond
+  what ``_ZSTD_FEED`` bytes of compressed data yield, for zstd) is held beyond
   what the caller asked for; a file is never decompressed whole.
 - Concatenated members (``cat a.gz b.gz``, multi-stream bz2/xz, multi-frame zstd)
   read as one stream, as ``gzip``, ``bz2`` and ``lzma`` read them.
@@ -34,7 +34,7 @@ __all__ = ["CODECS", "DecompressionError", "codec_for", "decompressed"]
 SUFFIXES = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".lzma": "xz", ".zst": "zstd", ".zstd": "zstd"}
 CODECS = frozenset(SUFFIXES.values())
 
-_IN_BYTES = 256 * 1024  # compressed bytes read from the file at a time
+_IN_BYTES = 64 * 1024  # compressed bytes read from the file at a time (and fed at a time)
 _OUT_BYTES = 1024 * 1024  # decompressed bytes made at a time (gzip, bz2, xz)
 _ZSTD_FEED = 16 * 1024  # zstd makes all the output of what it is fed: feed it little at a time
 

@@ -214,13 +214,20 @@ def strip_newline(line: str) -> str:
 
 
 def row_chunks(fields: Sequence[str], rows: Iterable[Row], size: int) -> Iterator[Columns]:
-    """Group ``rows`` (tuples aligned with ``fields``) into dict-of-lists of at most ``size`` rows."""
+    """Group ``rows`` (tuples aligned with ``fields``) into dict-of-lists of at most ``size`` rows.
+    When ``rows`` raises, the rows before are yielded first, so that ``recut`` can complete the
+    pieces they complete, as reading row by row always has."""
     buf: List[Row] = []
-    for row in rows:
-        buf.append(row)
-        if len(buf) == size:
+    try:
+        for row in rows:
+            buf.append(row)
+            if len(buf) == size:
+                yield _transpose(fields, buf)
+                buf = []
+    except Exception:
+        if buf:
             yield _transpose(fields, buf)
-            buf = []
+        raise
     if buf:
         yield _transpose(fields, buf)
 

@@ -50,8 +50,10 @@ class JsonLinesReader(LineReader):
             if objects is not None and type(objects[0]) is dict:
                 fields = list(objects[0])
             else:  # a bad line, maybe before the first object: the line-by-line path raises there
-                _, first = next(self._objects(path, numbered_lines(number, text)))
-                fields = list(first)
+                found = next(self._objects(path, numbered_lines(number, text)), None)
+                if found is None:  # only blank lines after all
+                    continue
+                fields = list(found[1])
             head = self._block(path, number, text, fields, True, objects)
             return fields, itertools.chain(head, self._chunks(path, blocks, fields, True))
         return [], iter(())

@@ -132,10 +132,10 @@ def _opened(path: str) -> Iterator[_Source]:
 
 
 def _open(pa: Any, path: str, stack: contextlib.ExitStack) -> _Source:
-    if is_url(path):  # every read a ranged request, none ahead of what pyarrow asks for
-        f: Any = stack.enter_context(open_file(path, "rb", cache_type="none"))
-    else:
-        f = _local(path)
+    f: Any = _local(path)
+    if is_url(path):
+        f = stack.enter_context(open_file(path, "rb"))
+        _read_exactly(f)
     try:
         parquet = pa.parquet.ParquetFile(f, memory_map=False)
     except pa.ArrowInvalid as e:
@@ -147,6 +147,17 @@ def _open(pa: Any, path: str, stack: contextlib.ExitStack) -> _Source:
         return _Source(ipc=pa.ipc.open_file(source))
     stack.callback(parquet.close)
     return _Source(parquet=parquet)
+
+
+def _read_exactly(f: Any) -> None:
+    """Make an fsspec file (not one the loader has fetched already) read the byte ranges pyarrow
+    asks for and no more: its default cache reads ahead a block past each read, and pyarrow reads
+    whole column chunks, which is what a ranged request should fetch."""
+    from fsspec.caching import BaseCache
+    from fsspec.spec import AbstractBufferedFile
+
+    if isinstance(f, AbstractBufferedFile):
+        f.cache = BaseCache(f.blocksize, f._fetch_range, f.size)
 
 
 def _starts_with(f: Any, magic: bytes) -> bool:
