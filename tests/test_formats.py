@@ -273,8 +273,9 @@ def test_csv_blocks_go_to_pyarrow_unless_csv_would_read_them_otherwise(tmp_path,
     monkeypatch.setattr(_base, "BLOCK_BYTES", 256)
     rows = [f'{i},"x, ""{i}""\nnext line",{i * 0.5}\r\n' for i in range(200)]
     parsed = []
-    parse = _csv._ArrowBlocks.parse
-    monkeypatch.setattr(_csv._ArrowBlocks, "parse", lambda self, text: parsed.append(text) or parse(self, text))
+    parse = _csv._ArrowBlocks._parse
+    monkeypatch.setattr(_csv._ArrowBlocks, "_parse",
+                        lambda self, data, quoted: parsed.append(data.decode()) or parse(self, data, quoted))
     path = tmp_path / "d.csv"
     path.write_text("id,text,score\n" + "".join(rows), newline="")
     reader = CSVReader(piece_size=7)

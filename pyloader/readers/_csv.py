@@ -96,9 +96,8 @@ class CSVReader(LineReader):
         for number, block in blocks:
             text = pending + block if pending else block
             start = start if pending else number
-            cut = fast.whole_records(text)
-            columns = fast.parse(text[:cut]) if cut > 0 else None
-            if cut < 0 or (cut > 0 and columns is None) or len(text) - cut > _MAX_PENDING:
+            cut, columns = fast.take(text)
+            if cut < 0 or len(text) - cut > _MAX_PENDING:
                 yield from self._slow(path, itertools.chain([(start, text)], blocks), layout, start)
                 return
             if columns is not None:
@@ -218,43 +217,42 @@ class _ArrowBlocks:
             return None
         return cls(pa, pacsv, delimiter, layout)
 
-    def whole_records(self, text: str) -> int:
-        """How much of ``text`` (whole lines from a record's start) pyarrow may parse: the end of
-        its last whole record, all valid (0: no record ends in it); -1 when something in it
-        needs ``csv``."""
-        if "\0" in text or text.count("\r") != text.count("\r\n"):
-            return -1
-        if '"' not in text:
-            return len(text)
-        cut = len(text) if text.count('"') % 2 == 0 else _last_record_start(text)
-        if cut and not _quotes_close_fields(np.frombuffer(text[:cut].encode(), dtype=np.uint8), self._delimiter):
-            return -1
-        return cut
+    def take(self, text: str) -> Tuple[int, Optional[Columns]]:
+        """``(cut, columns)``: the columns of ``text[:cut]``, the records of ``text`` (whole lines
+        from a record's start) up to the last one that ends in it (``cut`` 0: none does, and
+        ``columns`` is ``None``); ``cut`` -1 when something in ``text`` needs ``csv``."""
+        if "\0" in text or ("\r" in text and text.count("\r") != text.count("\r\n")):
+            return -1, None
+        quotes = text.count('"')
+        cut = len(text) if quotes % 2 == 0 else _last_record_start(text, quotes)
+        if not cut:
+            return 0, None
+        data = (text if cut == len(text) else text[:cut]).encode()
+        if quotes and not _quotes_close_fields(np.frombuffer(data, dtype=np.uint8), self._delimiter):
+            return -1, None
+        columns = self._parse(data, bool(quotes))
+        return (-1, None) if columns is None else (cut, columns)
 
-    def parse(self, text: str) -> Optional[Columns]:
-        """The columns of ``text``'s records, or ``None`` when pyarrow rejects them (a row of
+    def _parse(self, data: bytes, quoted: bool) -> Optional[Columns]:
+        """The columns of ``data``'s records, or ``None`` when pyarrow rejects them (a row of
         another width) or a value is too long for ``csv``."""
         pa, pacsv = self._pa, self._pacsv
         try:
-            table = pacsv.read_csv(pa.BufferReader(text.encode()), read_options=self._read,
-                                   parse_options=self._quoted if '"' in text else self._plain,
+            table = pacsv.read_csv(pa.BufferReader(data), read_options=self._read,
+                                   parse_options=self._quoted if quoted else self._plain,
                                    convert_options=self._convert)
         except pa.ArrowInvalid:
             return None
         limit = csv.field_size_limit()
-        columns = {}
-        for field, column in zip(self._fields, table.columns):
-            if len(column) and len(text) > limit and _longest(column) > limit:
-                return None
-            columns[field] = column.to_pylist()
-        return columns
+        if len(data) > limit and any(len(column) and _longest(column) > limit for column in table.columns):
+            return None
+        return dict(zip(self._fields, table.to_pydict().values()))
 
 
-def _last_record_start(text: str) -> int:
-    """For ``text`` that ends inside a quoted field: the start of the last line before which an
-    even number of quotes lie (where that field's record starts, if every quote opens or closes
-    a field or is doubled; the caller checks), or 0."""
-    quotes_before = text.count('"')
+def _last_record_start(text: str, quotes_before: int) -> int:
+    """For ``text``, holding ``quotes_before`` quotes, that ends inside a quoted field: the start of
+    the last line before which an even number of quotes lie (where that field's record starts, if
+    every quote opens or closes a field or is doubled; the caller checks), or 0."""
     cut = len(text)
     while cut:
         start = text.rfind("\n", 0, cut - 1) + 1

@@ -113,8 +113,13 @@ class JsonLinesReader(LineReader):
 
 def _parse(text: str) -> Optional[list]:
     """The values of a block's non-blank lines, parsed in one pass; ``None`` when one is not JSON."""
+    lines = text.split("\n")
     try:
-        return list(map(_loads, filter(str.strip, text.split("\n"))))  # str.strip: is_blank's test
+        return list(map(_loads, filter(None, lines)))  # no allocation per line
+    except ValueError:
+        pass
+    try:  # a line of whitespace, maybe: skip the blank ones as is_blank says
+        return list(map(_loads, filter(str.strip, lines)))
     except ValueError:
         return None
 
