@@ -198,8 +198,9 @@ def results_markdown(res: Dict[str, dict], cfg: dict, machine: str, cores: List[
         base = "jsonl/baseline" if kind == "loader" else f"{kind}/baseline"
         r = res[e]
         x = None if rate(e) is None or rate(base) is None else rate(base) / rate(e)
-        rows.append([f"`.{ext}`", label, "-" if "error" in r else f"{r['seconds']:.3f}", H.fmt_rate(rate(e)),
-                     "-" if x is None else f"{x:.2f}x", "ok" if r.get("checks_ok") else f"**{r.get('error', 'FAILED')}**"])
+        seconds = "-" if "error" in r else f"{r['seconds']:.3f}"
+        checks = "ok" if r.get("checks_ok") else f"**{r.get('error', 'FAILED')}**"
+        rows.append([f"`.{ext}`", label, seconds, H.fmt_rate(rate(e)), "-" if x is None else f"{x:.2f}x", checks])
     table = H.markdown_table(["file", "reader", "best pass s", "samples/s", "time / baseline's", "checks"],
                              rows, "llrrrl")
     loader_rows = [(w, rate(f"loader/pyarrow-w{w}"), rate(f"loader/pyloader-w{w}")) for w in (0, 2)]

@@ -25,7 +25,7 @@ import bz2
 import io
 import lzma
 import zlib
-from typing import IO, Any, Callable, Dict, Optional, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Type
 from urllib.parse import urlsplit
 
 __all__ = ["CODECS", "DecompressionError", "codec_for", "decompressed"]
@@ -133,10 +133,10 @@ def _zstandard() -> Any:
     return zstandard
 
 
-def _codec_errors(codec: str) -> Tuple[type, ...]:
+def _codec_errors(codec: str) -> Tuple[Type[BaseException], ...]:
     """What the codec's decompressor raises on bad data (never an error of the file's I/O: the
     decompressor only ever sees bytes already read)."""
-    errors: Dict[str, Callable[[], Tuple[type, ...]]] = {
+    errors: Dict[str, Callable[[], Tuple[Type[BaseException], ...]]] = {
         "gzip": lambda: (zlib.error,),
         "bz2": lambda: (OSError, ValueError),
         "xz": lambda: (lzma.LZMAError,),
@@ -170,7 +170,7 @@ class _Decompressing(io.RawIOBase):
         return n
 
     def readall(self) -> bytes:
-        parts = []
+        parts: List[bytes] = []
         while True:
             while not self._out and not self._ended:
                 self._step()

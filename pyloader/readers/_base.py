@@ -1,10 +1,16 @@
 """What the built-in readers share: error messages, argument checks, and, for the
-line-based readers, numbered decoding of a file and grouping of rows into pieces."""
+line-based readers, decoding a file a block at a time with numbered lines, and cutting
+what they parse into pieces of ``piece_size`` rows.
+
+The contract of the line readers' fast paths: a block is parsed in one go only where that
+gives exactly what parsing it a line at a time gives; anything else, and every block with
+an error, goes a line at a time, so values, errors and messages (file, line) are those the
+readers always gave, and the rows before an error complete the pieces they complete."""
 from __future__ import annotations
 
 import abc
 import codecs
-from typing import IO, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import IO, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
 from .._abc import DataReader
 from .._columns import Columns
@@ -57,10 +63,11 @@ def iter_text_blocks(path: str, encoding: str = "utf-8") -> Iterator[Tuple[int, 
     ``lines_before`` is the number of lines before the block (1-based: its first line is
     ``lines_before + 1``).
 
-    Lines split as in ``iter_lines``. Bytes that do not decode, or compressed data that is
-    corrupt or truncated: ``ValueError`` naming the file and the line, raised after the text
-    of every line before it was yielded, with the message ``iter_lines`` always gave: a block
-    that fails to decode is decoded again a line at a time, as ``iter_lines`` used to read.
+    A line ends at ``"\\n"`` alone (``"\\r\\n"`` keeps its ``"\\r"``). Bytes that do not
+    decode, or compressed data that is corrupt or truncated: ``ValueError`` naming the file
+    and the line, raised after the text of every line before it was yielded. A block that
+    fails to decode is decoded again a line at a time, as the readers always decoded, so
+    the message is the one they always gave (the codec's error for that line alone).
     """
     decoder = codecs.getincrementaldecoder(encoding)()
     shown = encoding[:-4] if encoding.endswith("-sig") else encoding
@@ -120,7 +127,7 @@ def _raw_blocks(f: IO[bytes]) -> Iterator[bytes]:
 
 def _decode_by_line(decoder: codecs.IncrementalDecoder, raw: bytes) -> Tuple[str, Optional[UnicodeDecodeError]]:
     """``raw`` decoded a line at a time, as a binary file's lines: the text before the first line
-    that fails, and that line's error (its message as ``iter_lines`` has always given it)."""
+    that fails, and that line's error (its message as the readers have always given it)."""
     lines = raw.split(b"\n")
     parts = []
     for k, line in enumerate(lines):
@@ -132,17 +139,6 @@ def _decode_by_line(decoder: codecs.IncrementalDecoder, raw: bytes) -> Tuple[str
         except UnicodeDecodeError as e:
             return "".join(parts), e
     return "".join(parts), None
-
-
-def iter_lines(path: str, encoding: str = "utf-8") -> Iterator[Tuple[int, str]]:
-    """Yield ``(line_number, line)`` for each line of ``path``, 1-based, reading incrementally.
-
-    A line ends at ``"\\n"`` and keeps it (the last line may lack it); ``"\\r\\n"``
-    keeps its ``"\\r"`` too. Bytes that do not decode: ``ValueError`` naming the
-    file and the line.
-    """
-    for number, text in iter_text_blocks(path, encoding):
-        yield from numbered_lines(number, text)
 
 
 def numbered_lines(lines_before: int, text: str) -> Iterator[Tuple[int, str]]:
@@ -179,7 +175,7 @@ def _bytes_tell_lines(codec: str) -> bool:
 
 
 def count_lines(path: str, encoding: str, skip_blank: bool) -> Optional[int]:
-    """The lines of ``path`` as ``iter_lines`` gives them (minus the blank ones with
+    """The lines of ``path`` as ``iter_text_blocks`` gives them (minus the blank ones with
     ``skip_blank``), counted on the raw bytes, or ``None`` when the bytes alone cannot tell
     (``_bytes_tell_lines``); then only decoding can. A line ends at ``"\\n"`` alone, in
     counting and reading alike; a last line without one counts when it holds text (a lone
@@ -204,13 +200,6 @@ def _blank_bytes(raw: bytes, codec: str) -> bool:
     """``is_blank`` of ``raw`` decoded, decoding only a line with bytes beyond ASCII."""
     stripped = raw.strip(_ASCII_SPACE)
     return not stripped if stripped.isascii() else is_blank(stripped.decode(codec, errors="replace"))
-
-
-def strip_newline(line: str) -> str:
-    """``line`` without its trailing ``"\\n"`` or ``"\\r\\n"``."""
-    if line.endswith("\n"):
-        line = line[:-2] if line.endswith("\r\n") else line[:-1]
-    return line
 
 
 def row_chunks(fields: Sequence[str], rows: Iterable[Row], size: int) -> Iterator[Columns]:
@@ -240,7 +229,7 @@ def recut(fields: Sequence[str], chunks: Iterable[Columns], size: int) -> Iterat
     """``chunks`` (dicts of lists keyed by ``fields``, of any lengths) as pieces of exactly ``size``
     rows, the last one shorter. A chunk's rows are delivered before the chunks' iterator is asked
     for more, so an error raised by it comes after every full piece before it."""
-    buf: Dict[str, list] = {field: [] for field in fields}
+    buf: Columns = {field: [] for field in fields}
     held = 0
     for chunk in chunks:
         n = len(chunk[fields[0]]) if fields else 0
@@ -251,7 +240,7 @@ def recut(fields: Sequence[str], chunks: Iterable[Columns], size: int) -> Iterat
                 yield {field: chunk[field][start:start + take] for field in fields}
             else:
                 for field in fields:
-                    buf[field].extend(chunk[field][start:start + take])
+                    cast(list, buf[field]).extend(chunk[field][start:start + take])
                 held += take
                 if held == size:
                     yield buf
@@ -278,17 +267,17 @@ class LineReader(DataReader):
         """``(fields, chunks)``: the column names and a lazy iterator of dicts of lists keyed by
         them, each of any number of rows, that the chunks of a file own (not shared)."""
 
-    def read_file(self, path: str) -> Tuple[Dict[str, list], int]:
+    def read_file(self, path: str) -> Tuple[Dict[str, Sequence], int]:
         fields, chunks = self.chunks(path)
         columns: Dict[str, list] = {field: [] for field in fields}
         for chunk in chunks:
             for field in fields:
                 if columns[field]:
                     columns[field].extend(chunk[field])
-                else:
-                    columns[field] = chunk[field]
+                else:  # the chunk's own list (chunks are not shared): no copy
+                    columns[field] = cast(list, chunk[field])
         n_sample = len(columns[fields[0]]) if fields else 0
-        return columns, n_sample
+        return cast(Dict[str, Sequence], columns), n_sample
 
     def iter_file(self, path: str) -> Iterator[Columns]:
         fields, chunks = self.chunks(path)

@@ -72,7 +72,7 @@ class NumpyReader(DataReader):
     def _open(self, path: str, stack: contextlib.ExitStack) -> Dict[str, "_Rows"]:
         f = stack.enter_context(open_file(path, "rb"))
         compressed = codec_for(path) is not None  # a stream read once, from the start, size unknown
-        head = f.peek(6)[:6] if compressed else f.read(6)
+        head = f.peek(6)[:6] if compressed else f.read(6)  # type: ignore[attr-defined]  # a BufferedReader
         if not head:
             raise file_error(path, "empty file, expected .npy or .npz data")
         if compressed:
