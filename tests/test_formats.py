@@ -290,6 +290,22 @@ def test_csv_blocks_go_to_pyarrow_unless_csv_would_read_them_otherwise(tmp_path,
     assert 0 < len("".join(parsed)) <= len("".join(rows[:150]))
 
 
+@pytest.mark.timeout(60)
+def test_csv_files_are_parsed_by_pyarrow_in_forked_workers_after_the_loaders_process_did(tmp_path):
+    """pyarrow parses CSV blocks on its thread pool; workers forked after the loader's process used
+    it must not inherit it busy or locked."""
+    for k in range(6):
+        (tmp_path / f"part-{k}.csv").write_text("id,text\n" + "".join(f'{100 * k + i},"a, {i}"\n' for i in range(50)))
+    big = tmp_path.parent / f"{tmp_path.name}-big.csv"  # several of pyarrow's blocks: its threads start
+    big.write_text("id,text\n" + "".join(f'{i},"a, {i}"\n' for i in range(300_000)))
+    reader = CSVReader(batch_size=8)
+    assert reader.read_file(str(big))[1] == 300_000
+    with pl.DataLoader(reader, pl.IdentityDataset(), ListCollator(), str(tmp_path), num_workers=2,
+                       start_method="fork") as loader:
+        assert sorted(int(i) for i in ids_of(loader)) == sorted(100 * k + i for k in range(6) for i in range(50))
+    assert wait_no_threads() == [] and wait_no_children() == []
+
+
 def test_csv_values_longer_than_csvs_field_limit_are_still_refused(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("a,b\n1,short\n2," + "x" * 11 + "\n3,0123456789\n")

@@ -57,9 +57,9 @@ def check_encoding(encoding: str) -> str:
 BLOCK_BYTES = 1 << 20  # raw bytes decoded at a time (more when a line is longer)
 
 
-def iter_text_blocks(path: str, encoding: str = "utf-8") -> Iterator[Tuple[int, str]]:
-    """Yield ``(lines_before, text)``: the text of ``path`` a block of about ``BLOCK_BYTES`` at a
-    time, each block whole lines that end in ``"\\n"`` (the file's last line may lack it);
+def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1) -> Iterator[Tuple[int, str]]:
+    """Yield ``(lines_before, text)``: the text of ``path`` a block of about ``blocks_of`` times
+    ``BLOCK_BYTES`` at a time, each block whole lines that end in ``"\\n"`` (the file's last line may lack it);
     ``lines_before`` is the number of lines before the block (1-based: its first line is
     ``lines_before + 1``).
 
@@ -73,7 +73,7 @@ def iter_text_blocks(path: str, encoding: str = "utf-8") -> Iterator[Tuple[int, 
     shown = encoding[:-4] if encoding.endswith("-sig") else encoding
     number, pending = 0, ""
     with open_file(path, "rb") as f:
-        raws = _raw_blocks(f)
+        raws = _raw_blocks(f, blocks_of * BLOCK_BYTES)
         while True:
             try:
                 raw = next(raws, None)
@@ -106,12 +106,12 @@ def iter_text_blocks(path: str, encoding: str = "utf-8") -> Iterator[Tuple[int, 
         yield number, pending
 
 
-def _raw_blocks(f: IO[bytes]) -> Iterator[bytes]:
+def _raw_blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
     """The bytes of ``f`` in blocks of whole lines (split after ``b"\\n"``, as iterating a binary
-    file splits them), about ``BLOCK_BYTES`` each; the last may end without ``b"\\n"``."""
+    file splits them), about ``size`` each; the last may end without ``b"\\n"``."""
     carry: List[bytes] = []  # the start of a line not ended yet
     while True:
-        chunk = f.read(BLOCK_BYTES)
+        chunk = f.read(size)
         if not chunk:
             if carry:
                 yield b"".join(carry)
