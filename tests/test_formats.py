@@ -292,11 +292,10 @@ def test_csv_blocks_go_to_pyarrow_unless_csv_would_read_them_otherwise(tmp_path,
 
 @pytest.mark.timeout(60)
 def test_csv_files_are_parsed_by_pyarrow_in_forked_workers_after_the_loaders_process_did(tmp_path):
-    """pyarrow parses CSV blocks on its thread pool; workers forked after the loader's process used
-    it must not inherit it busy or locked."""
+    """Workers forked after the loader's process parsed CSV with pyarrow parse with it too."""
     for k in range(6):
         (tmp_path / f"part-{k}.csv").write_text("id,text\n" + "".join(f'{100 * k + i},"a, {i}"\n' for i in range(50)))
-    big = tmp_path.parent / f"{tmp_path.name}-big.csv"  # several of pyarrow's blocks: its threads start
+    big = tmp_path.parent / f"{tmp_path.name}-big.csv"  # several blocks
     big.write_text("id,text\n" + "".join(f'{i},"a, {i}"\n' for i in range(300_000)))
     reader = CSVReader(batch_size=8)
     assert reader.read_file(str(big))[1] == 300_000

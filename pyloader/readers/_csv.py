@@ -12,7 +12,6 @@ from ._base import LineReader, Row, check_fields, file_error, iter_text_blocks, 
 
 __all__ = ["CSVReader"]
 
-_BLOCKS_OF = 4  # pyarrow parses a block on several threads: larger blocks give them more to share
 _MAX_PENDING = 64 * 2**20  # text of records not yet whole (a quoted field over many blocks) before giving up
 Layout = Tuple[List[str], List[int], int]  # the fields, their cell indexes, the cells per record
 
@@ -32,12 +31,12 @@ class CSVReader(LineReader):
     files (``.gz``, ``.bz2``, ``.xz``, ``.zst``) are decompressed as they are read.
 
     Without ``converters``, and with pyarrow installed, the rows after the header are
-    parsed by pyarrow's CSV parser (on its threads) a block of about four megabytes at a
-    time, where that gives what ``csv`` gives: a block is handed to it only when its quotes
-    all open and close fields (no quote inside an unquoted field, no text after a closing
-    quote, no quote left open), its ``"\r"`` all end lines, it holds no NUL, its rows all
-    have the header's cells and no value is over ``csv.field_size_limit()``. The rest of the
-    file from a block that is not is read by ``csv``, which reports what is wrong as above.
+    parsed by pyarrow's CSV parser a block of about a megabyte at a time, where that gives
+    what ``csv`` gives: a block is handed to it only when its quotes all open and close
+    fields (no quote inside an unquoted field, no text after a closing quote, no quote
+    left open), its ``"\r"`` all end lines, it holds no NUL, its rows all have the header's
+    cells and no value is over ``csv.field_size_limit()``. The rest of the file from a
+    block that is not is read by ``csv``, which reports what is wrong as above.
     """
 
     thread_safe = True  # holds no per-call state on self
@@ -62,7 +61,7 @@ class CSVReader(LineReader):
                 raise ValueError(f"converter given for {field!r}, which is not in fields {self.fields}")
 
     def chunks(self, path: str) -> Tuple[List[str], Iterator[Columns]]:
-        lines = _Lines(iter_text_blocks(path, "utf-8-sig", _BLOCKS_OF))
+        lines = _Lines(iter_text_blocks(path, "utf-8-sig"))
         reader = csv.reader(lines, delimiter=self.delimiter, strict=True)
         records = self._records(path, reader, lines, 0)
         if not self.header:
@@ -103,8 +102,9 @@ class CSVReader(LineReader):
                 return
             if columns is not None:
                 yield columns
-                start += text.count("\n", 0, cut)
             pending = text[cut:]
+            if pending and cut:  # the next block's number counts from the file's start; this does not
+                start += text.count("\n", 0, cut)
         if pending:  # a record the file ends inside: csv says what is wrong with it
             yield from self._slow(path, iter([(start, pending)]), layout, start)
 
@@ -199,7 +199,7 @@ class _ArrowBlocks:
         names = [f"c{i}" for i in range(width)]
         self._pa, self._pacsv, self._fields = pa, pacsv, fields
         self._delimiter = ord(delimiter)
-        self._read = pacsv.ReadOptions(column_names=names)
+        self._read = pacsv.ReadOptions(column_names=names, use_threads=False)  # blocks of a megabyte
         self._convert = pacsv.ConvertOptions(
             column_types={name: pa.string() for name in names}, include_columns=[names[i] for i in index],
             strings_can_be_null=False, quoted_strings_can_be_null=False, null_values=[])
