@@ -17,6 +17,8 @@ import stat
 import threading
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
+from ._compression import codec_for, decompressed
+
 DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*(://|::)")  # a protocol, or the first link of an fsspec chain
@@ -113,14 +115,20 @@ def direct_open(path: str) -> IO[bytes]:
     return open(_local(path), "rb")
 
 
-def open_file(path: str, mode: str = "rb", **kwargs: Any) -> IO:
+def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infer", **kwargs: Any) -> IO:
     """Open ``path`` for reading, whether it is a local path or an fsspec URL.
 
     Readers should open their files through this so that the same reader works
     on local disk, ``file://``, ``s3://``, ``gs://``, ``http(s)://``, ``memory://`` and
     fsspec chains (``simplecache::s3://…``). Text modes take ``encoding``/``errors``/
     ``newline`` like ``open``. A file the loader has read ahead is served from memory.
+    A name ending in ``.gz``, ``.bz2``, ``.xz``/``.lzma`` or ``.zst``/``.zstd`` is
+    decompressed as it is read (``compression=None``: never; a codec name: always;
+    see ``_compression``).
     """
+    codec = codec_for(path, mode, compression)
+    if codec is not None:
+        return decompressed(open_file(path, "rb", compression=None), path, codec, mode, **kwargs)
     raw = _open_served(path) if "r" in mode else None
     if raw is not None:
         return raw if "b" in mode else io.TextIOWrapper(raw, **kwargs)

@@ -1,7 +1,9 @@
-"""Built-in readers: JSON Lines, plain text lines, CSV, and NumPy ``.npy``/``.npz``."""
+"""Built-in readers: JSON Lines, plain text lines, CSV, NumPy ``.npy``/``.npz``, and Parquet
+(and Arrow IPC) files. Text files may be compressed (``.gz``, ``.bz2``, ``.xz``, ``.zst``)."""
 from ._csv import CSVReader
 from ._jsonl import JsonLinesReader
 from ._numpy import NumpyReader
+from ._parquet import ParquetReader
 from ._text import TextLinesReader
 
-__all__ = ["JsonLinesReader", "TextLinesReader", "CSVReader", "NumpyReader"]
+__all__ = ["JsonLinesReader", "TextLinesReader", "CSVReader", "NumpyReader", "ParquetReader"]

@@ -1,13 +1,20 @@
 """What the built-in readers share: error messages, argument checks, and, for the
-line-based readers, numbered decoding of a file and grouping of rows into pieces."""
+line-based readers, decoding a file a block at a time with numbered lines, and cutting
+what they parse into pieces of ``piece_size`` rows.
+
+The contract of the line readers' fast paths: a block is parsed in one go only where that
+gives exactly what parsing it a line at a time gives; anything else, and every block with
+an error, goes a line at a time, so values, errors and messages (file, line) are those the
+readers always gave, and the rows before an error complete the pieces they complete."""
 from __future__ import annotations
 
 import abc
 import codecs
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import IO, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
 from .._abc import DataReader
 from .._columns import Columns
+from .._compression import DecompressionError
 from .._files import open_file
 
 Row = Tuple
@@ -47,35 +54,101 @@ def check_encoding(encoding: str) -> str:
         raise ValueError(f"unknown encoding {encoding!r}") from e
 
 
-def iter_lines(path: str, encoding: str = "utf-8") -> Iterator[Tuple[int, str]]:
-    """Yield ``(line_number, line)`` for each line of ``path``, 1-based, reading incrementally.
+BLOCK_BYTES = 1 << 20  # raw bytes decoded at a time (more when a line is longer)
 
-    A line ends at ``"\\n"`` and keeps it (the last line may lack it); ``"\\r\\n"``
-    keeps its ``"\\r"`` too. Bytes that do not decode: ``ValueError`` naming the
-    file and the line.
+
+def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1) -> Iterator[Tuple[int, str]]:
+    """Yield ``(lines_before, text)``: the text of ``path`` a block of about ``blocks_of`` times
+    ``BLOCK_BYTES`` at a time, each block whole lines that end in ``"\\n"`` (the file's last line may lack it);
+    ``lines_before`` is the number of lines before the block (1-based: its first line is
+    ``lines_before + 1``).
+
+    A line ends at ``"\\n"`` alone (``"\\r\\n"`` keeps its ``"\\r"``). Bytes that do not
+    decode, or compressed data that is corrupt or truncated: ``ValueError`` naming the file
+    and the line, raised after the text of every line before it was yielded. A block that
+    fails to decode is decoded again a line at a time, as the readers always decoded, so
+    the message is the one they always gave (the codec's error for that line alone).
     """
     decoder = codecs.getincrementaldecoder(encoding)()
     shown = encoding[:-4] if encoding.endswith("-sig") else encoding
     number, pending = 0, ""
     with open_file(path, "rb") as f:
-        for raw in f:
+        raws = _raw_blocks(f, blocks_of * BLOCK_BYTES)
+        while True:
+            try:
+                raw = next(raws, None)
+            except DecompressionError as e:
+                raise file_error(path, e.what, number + 1) from e.__cause__
+            if raw is None:
+                break
+            state, error = decoder.getstate(), None
             try:
                 text = decoder.decode(raw)
-            except UnicodeDecodeError as e:
-                raise file_error(path, f"not valid {shown}: {e}", number + 1) from e
-            pending += text
-            if "\n" not in pending:
-                continue
-            *done, pending = pending.split("\n")
-            for line in done:
-                number += 1
-                yield number, line + "\n"
+            except UnicodeDecodeError:
+                decoder.setstate(state)
+                text, error = _decode_by_line(decoder, raw)
+            if not pending and text.endswith("\n"):
+                block = text
+            else:
+                pending += text
+                cut = pending.rfind("\n") + 1
+                block, pending = pending[:cut], pending[cut:]
+            if block:
+                yield number, block
+                number += block.count("\n")
+            if error is not None:
+                raise file_error(path, f"not valid {shown}: {error}", number + 1) from error
         try:
             pending += decoder.decode(b"", final=True)
         except UnicodeDecodeError as e:
             raise file_error(path, f"not valid {shown}: {e}", number + 1) from e
     if pending:
-        yield number + 1, pending
+        yield number, pending
+
+
+def _raw_blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
+    """The bytes of ``f`` in blocks of whole lines (split after ``b"\\n"``, as iterating a binary
+    file splits them), about ``size`` each; the last may end without ``b"\\n"``."""
+    carry: List[bytes] = []  # the start of a line not ended yet
+    while True:
+        chunk = f.read(size)
+        if not chunk:
+            if carry:
+                yield b"".join(carry)
+            return
+        cut = chunk.rfind(b"\n") + 1
+        if not cut:
+            carry.append(chunk)
+            continue
+        head = chunk if cut == len(chunk) else chunk[:cut]
+        yield b"".join(carry + [head]) if carry else head
+        carry = [chunk[cut:]] if cut < len(chunk) else []
+
+
+def _decode_by_line(decoder: codecs.IncrementalDecoder, raw: bytes) -> Tuple[str, Optional[UnicodeDecodeError]]:
+    """``raw`` decoded a line at a time, as a binary file's lines: the text before the first line
+    that fails, and that line's error (its message as the readers have always given it)."""
+    lines = raw.split(b"\n")
+    parts = []
+    for k, line in enumerate(lines):
+        chunk = line + b"\n" if k < len(lines) - 1 else line
+        if not chunk:
+            continue
+        try:
+            parts.append(decoder.decode(chunk))
+        except UnicodeDecodeError as e:
+            return "".join(parts), e
+    return "".join(parts), None
+
+
+def numbered_lines(lines_before: int, text: str) -> Iterator[Tuple[int, str]]:
+    """The lines of a block of ``iter_text_blocks``, numbered, each keeping its ``"\\n"``."""
+    lines = text.split("\n")
+    last = lines.pop()
+    for number, line in enumerate(lines, lines_before + 1):
+        yield number, line + "\n"
+    if last:
+        yield lines_before + len(lines) + 1, last
 
 
 def is_blank(line: str) -> bool:
@@ -102,7 +175,7 @@ def _bytes_tell_lines(codec: str) -> bool:
 
 
 def count_lines(path: str, encoding: str, skip_blank: bool) -> Optional[int]:
-    """The lines of ``path`` as ``iter_lines`` gives them (minus the blank ones with
+    """The lines of ``path`` as ``iter_text_blocks`` gives them (minus the blank ones with
     ``skip_blank``), counted on the raw bytes, or ``None`` when the bytes alone cannot tell
     (``_bytes_tell_lines``); then only decoding can. A line ends at ``"\\n"`` alone, in
     counting and reading alike; a last line without one counts when it holds text (a lone
@@ -110,12 +183,16 @@ def count_lines(path: str, encoding: str, skip_blank: bool) -> Optional[int]:
     codec = encoding.replace("-sig", "")  # the BOM is dealt with here, on the first line only
     if not _bytes_tell_lines(codec):
         return None
-    n = 0
+    n = seen = 0
     with open_file(path, "rb") as f:
-        for number, raw in enumerate(f):
-            if number == 0 and raw.startswith(codecs.BOM_UTF8) and encoding.endswith("-sig"):
-                raw = raw[len(codecs.BOM_UTF8):]
-            n += not _blank_bytes(raw, codec) if skip_blank else bool(raw)
+        try:
+            for raw in f:
+                if not seen and raw.startswith(codecs.BOM_UTF8) and encoding.endswith("-sig"):
+                    raw = raw[len(codecs.BOM_UTF8):]
+                seen += 1
+                n += not _blank_bytes(raw, codec) if skip_blank else bool(raw)
+        except DecompressionError as e:
+            raise file_error(path, e.what, seen + 1) from e.__cause__
     return n
 
 
@@ -125,21 +202,21 @@ def _blank_bytes(raw: bytes, codec: str) -> bool:
     return not stripped if stripped.isascii() else is_blank(stripped.decode(codec, errors="replace"))
 
 
-def strip_newline(line: str) -> str:
-    """``line`` without its trailing ``"\\n"`` or ``"\\r\\n"``."""
-    if line.endswith("\n"):
-        line = line[:-2] if line.endswith("\r\n") else line[:-1]
-    return line
-
-
-def pieces(fields: Sequence[str], rows: Iterable[Row], piece_size: int) -> Iterator[Columns]:
-    """Group ``rows`` (tuples aligned with ``fields``) into dict-of-lists of at most ``piece_size`` rows."""
+def row_chunks(fields: Sequence[str], rows: Iterable[Row], size: int) -> Iterator[Columns]:
+    """Group ``rows`` (tuples aligned with ``fields``) into dict-of-lists of at most ``size`` rows.
+    When ``rows`` raises, the rows before are yielded first, so that ``recut`` can complete the
+    pieces they complete, as reading row by row always has."""
     buf: List[Row] = []
-    for row in rows:
-        buf.append(row)
-        if len(buf) == piece_size:
+    try:
+        for row in rows:
+            buf.append(row)
+            if len(buf) == size:
+                yield _transpose(fields, buf)
+                buf = []
+    except Exception:
+        if buf:
             yield _transpose(fields, buf)
-            buf = []
+        raise
     if buf:
         yield _transpose(fields, buf)
 
@@ -148,11 +225,37 @@ def _transpose(fields: Sequence[str], rows: List[Row]) -> Columns:
     return {field: list(col) for field, col in zip(fields, zip(*rows))}
 
 
-class LineReader(DataReader):
-    """A reader whose file is a sequence of text rows; subclasses implement ``rows``.
+def recut(fields: Sequence[str], chunks: Iterable[Columns], size: int) -> Iterator[Columns]:
+    """``chunks`` (dicts of lists keyed by ``fields``, of any lengths) as pieces of exactly ``size``
+    rows, the last one shorter. A chunk's rows are delivered before the chunks' iterator is asked
+    for more, so an error raised by it comes after every full piece before it."""
+    buf: Columns = {field: [] for field in fields}
+    held = 0
+    for chunk in chunks:
+        n = len(chunk[fields[0]]) if fields else 0
+        start = 0
+        while start < n:
+            take = min(size - held, n - start)
+            if take == size:  # a whole piece of this chunk: no copy into the buffer
+                yield {field: chunk[field][start:start + take] for field in fields}
+            else:
+                for field in fields:
+                    cast(list, buf[field]).extend(chunk[field][start:start + take])
+                held += take
+                if held == size:
+                    yield buf
+                    buf, held = {field: [] for field in fields}, 0
+            start += take
+    if held:
+        yield buf
 
-    ``read_file`` and ``iter_file`` both consume ``rows``, so they give the same
-    samples in the same order; ``iter_file`` holds at most ``piece_size`` rows.
+
+class LineReader(DataReader):
+    """A reader whose file is a sequence of text rows; subclasses implement ``chunks``.
+
+    ``read_file`` and ``iter_file`` both consume ``chunks``, so they give the same
+    samples in the same order; ``iter_file`` holds at most ``piece_size`` rows, plus
+    the block of the file being parsed (about ``BLOCK_BYTES`` of text).
     """
 
     def __init__(self, batch_size: int, shuffle: bool, random_seed: int, piece_size: int) -> None:
@@ -160,19 +263,23 @@ class LineReader(DataReader):
         self.piece_size = check_piece_size(piece_size)
 
     @abc.abstractmethod
-    def rows(self, path: str) -> Tuple[List[str], Iterator[Row]]:
-        """``(fields, rows)``: the column names and a lazy iterator of row tuples."""
+    def chunks(self, path: str) -> Tuple[List[str], Iterator[Columns]]:
+        """``(fields, chunks)``: the column names and a lazy iterator of dicts of lists keyed by
+        them, each of any number of rows, that the chunks of a file own (not shared)."""
 
-    def read_file(self, path: str) -> Tuple[Dict[str, list], int]:
-        fields, rows = self.rows(path)
+    def read_file(self, path: str) -> Tuple[Dict[str, Sequence], int]:
+        fields, chunks = self.chunks(path)
         columns: Dict[str, list] = {field: [] for field in fields}
-        for piece in pieces(fields, rows, self.piece_size):
-            for field, col in piece.items():
-                columns[field].extend(col)
+        for chunk in chunks:
+            for field in fields:
+                if columns[field]:
+                    columns[field].extend(chunk[field])
+                else:  # the chunk's own list (chunks are not shared): no copy
+                    columns[field] = cast(list, chunk[field])
         n_sample = len(columns[fields[0]]) if fields else 0
-        return columns, n_sample
+        return cast(Dict[str, Sequence], columns), n_sample
 
     def iter_file(self, path: str) -> Iterator[Columns]:
-        fields, rows = self.rows(path)
-        for piece in pieces(fields, rows, self.piece_size):
+        fields, chunks = self.chunks(path)
+        for piece in recut(fields, chunks, self.piece_size):
             yield self.checked(path, piece)

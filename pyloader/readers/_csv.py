@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import csv
+import itertools
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ._base import LineReader, Row, check_fields, file_error, iter_lines
+import numpy as np
+
+from .._columns import Columns
+from ._base import LineReader, Row, check_fields, file_error, iter_text_blocks, row_chunks
 
 __all__ = ["CSVReader"]
+
+_MAX_PENDING = 64 * 2**20  # text of records not yet whole (a quoted field over many blocks) before giving up
+Layout = Tuple[List[str], List[int], int]  # the fields, their cell indexes, the cells per record
 
 
 class CSVReader(LineReader):
@@ -20,7 +27,16 @@ class CSVReader(LineReader):
     UTF-8 raise ``ValueError`` naming the file and the 1-based line number. Malformed
     means what ``csv``'s ``strict`` mode rejects: a quote left open at the end of the
     file (the line named is where its record starts), or text after a closing quote.
-    Values are strings unless converted. An empty file gives no samples.
+    Values are strings unless converted. An empty file gives no samples. Compressed
+    files (``.gz``, ``.bz2``, ``.xz``, ``.zst``) are decompressed as they are read.
+
+    Without ``converters``, and with pyarrow installed, the rows after the header are
+    parsed by pyarrow's CSV parser a block of about a megabyte at a time, where that gives
+    what ``csv`` gives: a block is handed to it only when its quotes all open and close
+    fields (no quote inside an unquoted field, no text after a closing quote, no quote
+    left open), its ``"\r"`` all end lines, it holds no NUL, its rows all have the header's
+    cells and no value is over ``csv.field_size_limit()``. The rest of the file from a
+    block that is not is read by ``csv``, which reports what is wrong as above.
     """
 
     thread_safe = True  # holds no per-call state on self
@@ -44,32 +60,67 @@ class CSVReader(LineReader):
             if self.fields is not None and field not in self.fields:
                 raise ValueError(f"converter given for {field!r}, which is not in fields {self.fields}")
 
-    def rows(self, path: str) -> Tuple[List[str], Iterator[Row]]:
-        lines = _Lines(iter_lines(path, "utf-8-sig"))
+    def chunks(self, path: str) -> Tuple[List[str], Iterator[Columns]]:
+        lines = _Lines(iter_text_blocks(path, "utf-8-sig"))
         reader = csv.reader(lines, delimiter=self.delimiter, strict=True)
-        records = self._records(path, reader, lines)
+        records = self._records(path, reader, lines, 0)
         if not self.header:
             fields: List[str] = self.fields  # type: ignore[assignment]
-            return fields, self._convert(path, reader, records, fields, list(range(len(fields))), len(fields))
-        first = next(records, None)
-        if first is None:
-            return list(self.fields or []), iter(())
-        names = first
+            layout = fields, list(range(len(fields))), len(fields)
+        else:
+            first = next(records, None)
+            if first is None:
+                return list(self.fields or []), iter(())
+            layout = self._layout(path, first, reader.line_num)
+        fast = _ArrowBlocks.make(self.delimiter, layout) if not self.converters else None
+        if fast is None:
+            return layout[0], row_chunks(layout[0], self._convert(path, reader, records, layout, 0), self.piece_size)
+        number, text = lines.rest()
+        return layout[0], self._fast(path, fast, itertools.chain([(number, text)], lines.blocks), layout)
+
+    def _layout(self, path: str, names: List[str], line: int) -> Layout:
+        """The fields, their cell indexes and the record width, from the header ``names``."""
         if len(set(names)) != len(names):
-            raise file_error(path, f"header has duplicate column names: {names}", reader.line_num)
+            raise file_error(path, f"header has duplicate column names: {names}", line)
         fields = self.fields or names
         missing = [f for f in fields if f not in names] + [f for f in self.converters if f not in fields]
         if missing:
-            raise file_error(path, f"fields {missing} are not in the header {names}", reader.line_num)
-        index = [names.index(f) for f in fields]
-        return fields, self._convert(path, reader, records, fields, index, len(names))
+            raise file_error(path, f"fields {missing} are not in the header {names}", line)
+        return fields, [names.index(f) for f in fields], len(names)
+
+    def _fast(self, path: str, fast: "_ArrowBlocks", blocks: Iterator[Tuple[int, str]],
+              layout: Layout) -> Iterator[Columns]:
+        """The columns of the records in ``blocks`` (which start at a record's start), parsed by
+        pyarrow where that gives what ``csv`` gives, else by ``csv`` from there on."""
+        pending, start = "", 0
+        for number, block in blocks:
+            text = pending + block if pending else block
+            start = start if pending else number
+            cut, columns = fast.take(text)
+            if cut < 0 or len(text) - cut > _MAX_PENDING:
+                yield from self._slow(path, itertools.chain([(start, text)], blocks), layout, start)
+                return
+            if columns is not None:
+                yield columns
+            pending = text[cut:]
+            if pending and cut:  # the next block's number counts from the file's start; this does not
+                start += text.count("\n", 0, cut)
+        if pending:  # a record the file ends inside: csv says what is wrong with it
+            yield from self._slow(path, iter([(start, pending)]), layout, start)
+
+    def _slow(self, path: str, blocks: Iterator[Tuple[int, str]], layout: Layout, offset: int) -> Iterator[Columns]:
+        lines = _Lines(blocks)
+        reader = csv.reader(lines, delimiter=self.delimiter, strict=True)
+        rows = self._convert(path, reader, self._records(path, reader, lines, offset), layout, offset)
+        return row_chunks(layout[0], rows, self.piece_size)
 
     @staticmethod
-    def _records(path: str, reader: Any, lines: "_Lines") -> Iterator[List[str]]:
+    def _records(path: str, reader: Any, lines: "_Lines", offset: int) -> Iterator[List[str]]:
         """Non-empty rows of ``reader``; ``csv.Error`` becomes a ``ValueError`` naming the line
-        (for a quote never closed, the line where its record starts)."""
+        (for a quote never closed, the line where its record starts). ``offset``: the lines of
+        the file before the first one ``reader`` reads."""
         while True:
-            start = reader.line_num + 1
+            start = offset + reader.line_num + 1
             try:
                 record = next(reader)
             except StopIteration:
@@ -78,18 +129,20 @@ class CSVReader(LineReader):
                 if lines.done:
                     raise file_error(path, f"malformed CSV: unterminated quoted field: the file ends "
                                      f"inside the record starting on line {start} ({e})", start) from e
-                where = f" (in the record starting on line {start})" if start < reader.line_num else ""
-                raise file_error(path, f"malformed CSV: {e}{where}", reader.line_num) from e
+                line = offset + reader.line_num
+                where = f" (in the record starting on line {start})" if start < line else ""
+                raise file_error(path, f"malformed CSV: {e}{where}", line) from e
             if record:
                 yield record
 
-    def _convert(self, path: str, reader: Any, records: Iterator[List[str]], fields: List[str],
-                 index: List[int], width: int) -> Iterator[Row]:
+    def _convert(self, path: str, reader: Any, records: Iterator[List[str]], layout: Layout,
+                 offset: int) -> Iterator[Row]:
+        fields, index, width = layout
         convs = [(i, self.converters.get(f)) for f, i in zip(fields, index)]
         plain = index == list(range(width)) and not any(conv for _, conv in convs)
         for record in records:
             if len(record) != width:
-                raise file_error(path, f"expected {width} cells, got {len(record)}", reader.line_num)
+                raise file_error(path, f"expected {width} cells, got {len(record)}", offset + reader.line_num)
             if plain:
                 yield tuple(record)
                 continue
@@ -101,25 +154,138 @@ class CSVReader(LineReader):
                         value = conv(value)
                     except Exception as e:
                         raise file_error(path, f"converter for {field!r} rejected {value!r}: {e}",
-                                         reader.line_num) from e
+                                         offset + reader.line_num) from e
                 row.append(value)
             yield tuple(row)
 
 
 class _Lines:
-    """The text lines of a file for ``csv.reader``, telling whether they have run out: a
-    ``csv.Error`` then means the file ended inside a quoted field."""
+    """The lines of ``iter_text_blocks``' blocks, one at a time for ``csv.reader``, telling
+    whether they have run out (a ``csv.Error`` then means the file ended inside a quoted
+    field) and handing back the unread rest of the current block (``rest``)."""
 
-    def __init__(self, numbered: Iterator[Tuple[int, str]]) -> None:
-        self._numbered = numbered
+    def __init__(self, blocks: Iterator[Tuple[int, str]]) -> None:
+        self.blocks = blocks
         self.done = False
+        self._text, self._pos, self._number = "", 0, 0  # the block, the read position, lines read
 
     def __iter__(self) -> "_Lines":
         return self
 
     def __next__(self) -> str:
+        while self._pos >= len(self._text):
+            block = next(self.blocks, None)
+            if block is None:
+                self.done = True
+                raise StopIteration
+            self._number, self._text = block
+            self._pos = 0
+        end = self._text.find("\n", self._pos) + 1 or len(self._text)
+        line = self._text[self._pos:end]
+        self._pos = end
+        self._number += 1
+        return line
+
+    def rest(self) -> Tuple[int, str]:
+        """``(lines_before, text)``: the unread lines of the current block."""
+        return self._number, self._text[self._pos:]
+
+
+class _ArrowBlocks:
+    """pyarrow's CSV parser on blocks of whole records, where it gives what ``csv`` gives."""
+
+    def __init__(self, pa: Any, pacsv: Any, delimiter: str, layout: Layout) -> None:
+        fields, index, width = layout
+        names = [f"c{i}" for i in range(width)]
+        self._pa, self._pacsv, self._fields = pa, pacsv, fields
+        self._delimiter = ord(delimiter)
+        self._read = pacsv.ReadOptions(column_names=names, use_threads=False)  # blocks of a megabyte
+        self._convert = pacsv.ConvertOptions(
+            column_types={name: pa.string() for name in names}, include_columns=[names[i] for i in index],
+            strings_can_be_null=False, quoted_strings_can_be_null=False, null_values=[])
+        self._plain = pacsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=True)
+        self._quoted = pacsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=True, newlines_in_values=True)
+
+    @classmethod
+    def make(cls, delimiter: str, layout: Layout) -> Optional["_ArrowBlocks"]:
+        """One for ``layout``, or ``None`` without pyarrow or for a delimiter it cannot take alike."""
+        if not delimiter.isascii() or delimiter in '"\r\n':
+            return None
         try:
-            return next(self._numbered)[1]
-        except StopIteration:
-            self.done = True
-            raise
+            import pyarrow as pa
+            import pyarrow.csv as pacsv
+        except ImportError:
+            return None
+        return cls(pa, pacsv, delimiter, layout)
+
+    def take(self, text: str) -> Tuple[int, Optional[Columns]]:
+        """``(cut, columns)``: the columns of ``text[:cut]``, the records of ``text`` (whole lines
+        from a record's start) up to the last one that ends in it (``cut`` 0: none does, and
+        ``columns`` is ``None``); ``cut`` -1 when something in ``text`` needs ``csv``."""
+        if "\0" in text or ("\r" in text and text.count("\r") != text.count("\r\n")):
+            return -1, None
+        quotes = text.count('"')
+        cut = len(text) if quotes % 2 == 0 else _last_record_start(text, quotes)
+        if not cut:
+            return 0, None
+        data = (text if cut == len(text) else text[:cut]).encode()
+        if quotes and not _quotes_close_fields(np.frombuffer(data, dtype=np.uint8), self._delimiter):
+            return -1, None
+        columns = self._parse(data, bool(quotes))
+        return (-1, None) if columns is None else (cut, columns)
+
+    def _parse(self, data: bytes, quoted: bool) -> Optional[Columns]:
+        """The columns of ``data``'s records, or ``None`` when pyarrow rejects them (a row of
+        another width) or a value is too long for ``csv``."""
+        pa, pacsv = self._pa, self._pacsv
+        try:
+            table = pacsv.read_csv(pa.BufferReader(data), read_options=self._read,
+                                   parse_options=self._quoted if quoted else self._plain,
+                                   convert_options=self._convert)
+        except pa.ArrowInvalid:
+            return None
+        limit = csv.field_size_limit()
+        if len(data) > limit and any(len(column) and _longest(column) > limit for column in table.columns):
+            return None
+        return dict(zip(self._fields, table.to_pydict().values()))
+
+
+def _last_record_start(text: str, quotes_before: int) -> int:
+    """For ``text``, holding ``quotes_before`` quotes, that ends inside a quoted field: the start of
+    the last line before which an even number of quotes lie (where that field's record starts, if
+    every quote opens or closes a field or is doubled; the caller checks), or 0."""
+    cut = len(text)
+    while cut:
+        start = text.rfind("\n", 0, cut - 1) + 1
+        quotes_before -= text.count('"', start, cut)
+        if quotes_before % 2 == 0:
+            return start
+        cut = start
+    return 0
+
+
+def _longest(column: Any) -> int:
+    import pyarrow.compute as pc
+
+    return int(pc.max(pc.utf8_length(column)).as_py() or 0)
+
+
+def _quotes_close_fields(data: np.ndarray, delimiter: int) -> bool:
+    """Whether every quote in ``data`` (UTF-8 bytes of whole records) opens a field, closes it, or
+    is half of a doubled quote inside one: then a quote's parity says whether it is inside a
+    field, and pyarrow and ``csv`` split the records alike. A quote inside an unquoted field
+    (which ``csv`` keeps as text), text after a closing quote (which ``csv`` rejects) or a
+    quote left open: ``False``."""
+    quotes = np.flatnonzero(data == 34)
+    if len(quotes) % 2:
+        return False
+    if not len(quotes):
+        return True
+    opens, closes = quotes[0::2], quotes[1::2]
+    before = data[np.maximum(opens - 1, 0)]
+    opens_ok = (before == delimiter) | (before == 10) | (opens == 0)
+    opens_ok[1:] |= opens[1:] == closes[:-1] + 1  # the second of a doubled quote
+    after = data[np.minimum(closes + 1, len(data) - 1)]
+    closes_ok = (after == delimiter) | (after == 13) | (after == 10) | (closes == len(data) - 1)
+    closes_ok[:-1] |= closes[:-1] + 1 == opens[1:]  # the first of a doubled quote
+    return bool(opens_ok.all() and closes_ok.all())

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import itertools
+from operator import itemgetter
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-from ._base import LineReader, Row, check_fields, count_lines, file_error, is_blank, iter_lines
+from .._columns import Columns
+from ._base import (LineReader, Row, check_fields, count_lines, file_error, is_blank, iter_text_blocks,
+                    numbered_lines, row_chunks)
 
 try:
     from orjson import loads as _loads
@@ -21,7 +24,12 @@ class JsonLinesReader(LineReader):
     the file's first object, which every other object must then have exactly.
     A line that is not valid UTF-8 or JSON, not an object, or lacks a key raises
     ``ValueError`` naming the file and the 1-based line number. Uses ``orjson``
-    when it is installed, else ``json``. An empty file gives no samples.
+    when it is installed, else ``json``. An empty file gives no samples. Compressed
+    files (``.gz``, ``.bz2``, ``.xz``, ``.zst``) are decompressed as they are read.
+
+    The file is parsed a block of about a megabyte at a time: the block's lines are
+    parsed in one pass and checked together; a block where anything is wrong is parsed
+    again a line at a time, which finds the first bad line and reports it as it always has.
     """
 
     thread_safe = True  # holds no per-call state on self
@@ -31,16 +39,24 @@ class JsonLinesReader(LineReader):
         super().__init__(batch_size, shuffle, random_seed, piece_size)
         self.fields = check_fields(fields)
 
-    def rows(self, path: str) -> Tuple[List[str], Iterator[Row]]:
-        objects = self._objects(path)
+    def chunks(self, path: str) -> Tuple[List[str], Iterator[Columns]]:
+        blocks = iter_text_blocks(path, "utf-8-sig")
         if self.fields is not None:
-            return self.fields, (self._row(path, line, obj, self.fields, False) for line, obj in objects)
-        first = next(objects, None)
-        if first is None:
-            return [], iter(())
-        fields = list(first[1])
-        return fields, (self._row(path, line, obj, fields, True)
-                        for line, obj in itertools.chain([first], objects))
+            return self.fields, self._chunks(path, blocks, self.fields, False)
+        for number, text in blocks:  # the first object names the columns
+            objects = _parse(text)
+            if objects == []:
+                continue
+            if objects is not None and type(objects[0]) is dict:
+                fields = list(objects[0])
+            else:  # a bad line, maybe before the first object: the line-by-line path raises there
+                found = next(self._objects(path, numbered_lines(number, text)), None)
+                if found is None:  # only blank lines after all
+                    continue
+                fields = list(found[1])
+            head = self._block(path, number, text, fields, True, objects)
+            return fields, itertools.chain(head, self._chunks(path, blocks, fields, True))
+        return [], iter(())
 
     def count(self, path: str) -> int:
         """The samples of ``path``: its non-blank lines, counted without parsing (ranks need it).
@@ -49,9 +65,29 @@ class JsonLinesReader(LineReader):
         assert n is not None
         return n
 
+    def _chunks(self, path: str, blocks: Iterator[Tuple[int, str]], fields: List[str],
+                exact: bool) -> Iterator[Columns]:
+        for number, text in blocks:
+            yield from self._block(path, number, text, fields, exact, _parse(text))
+
+    def _block(self, path: str, number: int, text: str, fields: List[str], exact: bool,
+               objects: Optional[list]) -> Iterator[Columns]:
+        """The columns of a block from its parsed ``objects``; when something is wrong in it
+        (``objects`` is ``None``, or they fail the checks), its rows parsed a line at a time, up
+        to its first bad line, which raises."""
+        chunk = None if objects is None else _columns(objects, fields, exact)
+        if chunk is not None:
+            return iter([chunk])
+        rows = self._rows(path, self._objects(path, numbered_lines(number, text)), fields, exact)
+        return row_chunks(fields, rows, self.piece_size)
+
+    def _rows(self, path: str, objects: Iterator[Tuple[int, dict]], fields: List[str],
+              exact: bool) -> Iterator[Row]:
+        return (self._row(path, number, obj, fields, exact) for number, obj in objects)
+
     @staticmethod
-    def _objects(path: str) -> Iterator[Tuple[int, dict]]:
-        for number, line in iter_lines(path, "utf-8-sig"):
+    def _objects(path: str, lines: Iterator[Tuple[int, str]]) -> Iterator[Tuple[int, dict]]:
+        for number, line in lines:
             if is_blank(line):
                 continue
             try:
@@ -73,3 +109,29 @@ class JsonLinesReader(LineReader):
             raise file_error(path, f"unexpected keys {extra}: the first object has keys {fields}; "
                              "pass fields= to select columns", number)
         return row
+
+
+def _parse(text: str) -> Optional[list]:
+    """The values of a block's non-blank lines, parsed in one pass; ``None`` when one is not JSON."""
+    lines = text.split("\n")
+    try:
+        return list(map(_loads, filter(None, lines)))  # no allocation per line
+    except ValueError:
+        pass
+    try:  # a line of whitespace, maybe: skip the blank ones as is_blank says
+        return list(map(_loads, filter(str.strip, lines)))
+    except ValueError:
+        return None
+
+
+def _columns(objects: list, fields: List[str], exact: bool) -> Optional[Columns]:
+    """The columns of a block's values, checked in one pass each; ``None`` when any is not an
+    object with the keys wanted (the line-by-line path then names it)."""
+    if not objects:
+        return {field: [] for field in fields}
+    if set(map(type, objects)) != {dict} or (exact and set(map(len, objects)) != {len(fields)}):
+        return None
+    try:
+        return {field: list(map(itemgetter(field), objects)) for field in fields}
+    except KeyError:
+        return None

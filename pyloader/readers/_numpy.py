@@ -12,6 +12,7 @@ from numpy.lib import format as npformat
 
 from .._abc import DataReader
 from .._columns import Columns
+from .._compression import DecompressionError, codec_for
 from .._files import _local, is_url, open_file
 from ._base import FileFormatError, check_piece_size, file_error
 
@@ -70,9 +71,15 @@ class NumpyReader(DataReader):
 
     def _open(self, path: str, stack: contextlib.ExitStack) -> Dict[str, "_Rows"]:
         f = stack.enter_context(open_file(path, "rb"))
-        head = f.read(6)
+        compressed = codec_for(path) is not None  # a stream read once, from the start, size unknown
+        head = f.peek(6)[:6] if compressed else f.read(6)  # type: ignore[attr-defined]  # a BufferedReader
         if not head:
             raise file_error(path, "empty file, expected .npy or .npz data")
+        if compressed:
+            if head.startswith(b"PK"):
+                raise file_error(path, "a compressed .npz archive is not supported (an .npz is a zip "
+                                 "archive already: np.savez_compressed)")
+            return {self.key: _Rows.from_stream(f, None)}
         f.seek(0)
         if head.startswith(b"PK"):
             archive = stack.enter_context(zipfile.ZipFile(f))
@@ -103,15 +110,22 @@ class _Rows:
         self.pos = 0
 
     @classmethod
-    def from_stream(cls, fp: IO[bytes], size: int) -> "_Rows":
-        """The rows of the ``.npy`` data at ``fp``'s position, ``size`` bytes in all."""
-        start = fp.tell()
+    def from_stream(cls, fp: IO[bytes], size: Optional[int]) -> "_Rows":
+        """The rows of the ``.npy`` data at ``fp``'s position, ``size`` bytes in all (``None``:
+        unknown, for a stream that cannot seek, which is then read once, in order)."""
+        start = None if size is None else fp.tell()
         header = _header(fp, size)
         if header is not None:
             shape, fortran_order, dtype = header
             if not fortran_order or len(shape) < 2:
                 return cls(stream=fp, shape=shape, dtype=dtype)
-        fp.seek(start)  # Fortran order or a newer format: let NumPy read it whole
+            whole = np.empty(shape, dtype=dtype, order="F")  # Fortran order: read it whole
+            _fill(fp, whole.T)
+            return cls(whole=whole)
+        if start is None:
+            raise ValueError("a .npy format version NumPy alone reads (3.0) cannot be read from a "
+                             "compressed file")
+        fp.seek(start)  # a newer format: let NumPy read it whole
         return cls(whole=npformat.read_array(fp, allow_pickle=False))
 
     def read(self, k: int) -> np.ndarray:
@@ -127,13 +141,13 @@ class _Rows:
         return out
 
 
-def _header(fp: IO[bytes], size: int) -> Optional[Tuple[Tuple[int, ...], bool, np.dtype]]:
+def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...], bool, np.dtype]]:
     """``(shape, fortran_order, dtype)`` from the header of the ``.npy`` data at ``fp``'s
     position, ``size`` bytes in all, leaving ``fp`` at the data; ``None`` for a format
     version only NumPy's whole-array reader knows (3.0). ``ValueError`` unless the header
     describes an array the bytes after it can hold: a shape of integers >= 0 (NumPy takes
     ``-5`` or ``True`` as given), no pickled objects."""
-    start = fp.tell()
+    start = None if size is None else fp.tell()
     version = npformat.read_magic(fp)
     if version not in ((1, 0), (2, 0)):
         return None
@@ -143,6 +157,8 @@ def _header(fp: IO[bytes], size: int) -> Optional[Tuple[Tuple[int, ...], bool, n
         raise ValueError(f"invalid header: shape {shape!r} is not a tuple of integers >= 0")
     if dtype.hasobject:
         raise ValueError("arrays of Python objects (pickled data) are not supported")
+    if start is None or size is None:  # a stream of unknown size: reading finds a short one
+        return shape, fortran_order, dtype
     needed, held = math.prod(shape) * dtype.itemsize, size - (fp.tell() - start)
     if needed > held:
         raise ValueError(f"truncated array data: the header's shape {shape} and dtype {dtype} "
@@ -178,7 +194,7 @@ def _readable(path: str) -> Iterator[None]:
     """Turn the errors of corrupt or truncated data into a ``ValueError`` naming ``path``."""
     try:
         yield
-    except FileFormatError:
+    except (FileFormatError, DecompressionError):
         raise
     except _UNREADABLE as e:
         raise file_error(path, f"cannot read as .npy/.npz (corrupt or truncated?): {e}") from e

@@ -1,0 +1,195 @@
+"""Parquet and Arrow IPC (Feather v2) files, read with pyarrow a row group (a record batch) at a time."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from .._abc import DataReader
+from .._columns import Columns
+from .._files import _local, is_url, open_file
+from ._base import FileFormatError, check_fields, file_error
+
+__all__ = ["ParquetReader"]
+
+_IPC_MAGIC = b"ARROW1"
+
+
+class ParquetReader(DataReader):
+    """Reads Parquet files (and Arrow IPC files: Feather v2, ``.arrow``) into one column per field.
+
+    - ``iter_file`` yields one piece per row group (per record batch of an Arrow file),
+      so memory is bounded by a row group, not by the file; ``read_file`` (used when the
+      reader shuffles) reads the whole file.
+    - ``count`` reads the row count from the file's footer, no data.
+    - ``columns`` selects columns (all of them by default); a column the file lacks is a
+      ``ValueError`` naming the file.
+    - A column of numbers, booleans, dates, timestamps or durations without nulls arrives as
+      a NumPy array, without a copy where Arrow's layout allows (read-only then: torch warns
+      once when it wraps one); a fixed-size list of such values without nulls as a 2-D array.
+      Everything else (strings, nested lists, structs, and any column with nulls, which
+      become ``None``) arrives as a Python list.
+    - A local file is opened by pyarrow itself (an Arrow file is memory-mapped); a URL goes
+      through ``open_file``, reading only the byte ranges pyarrow asks for (the footer, then
+      the chunks of the selected columns) unless the loader fetched the file already.
+    - A file that is neither format, or corrupt, raises ``ValueError`` naming the file,
+      with pyarrow's error as ``__cause__``; an I/O error keeps its type and names the file.
+
+    Needs pyarrow (``pip install 'pyloader-ml[parquet]'``); without it the reader cannot be made.
+    pyarrow's own threads are not used: the loader reads several files at once already, and
+    forked worker processes must not inherit a busy thread pool.
+    """
+
+    thread_safe = True  # holds no per-call state on self
+
+    def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42,
+                 columns: Optional[Sequence[str]] = None) -> None:
+        super().__init__(batch_size=batch_size, shuffle=shuffle, random_seed=random_seed)
+        self.columns = check_fields(columns, "columns")
+        _pyarrow()  # fail here, not in the middle of a run
+
+    def read_file(self, path: str) -> Tuple[Dict[str, Sequence], int]:
+        with _opened(path) as source:
+            names = self._names(path, source)
+            table = source.read_all(names)
+            return _columns(table, names), table.num_rows
+
+    def iter_file(self, path: str) -> Iterator[Columns]:
+        with _opened(path) as source:
+            names = self._names(path, source)
+            for i in range(source.n_pieces):
+                piece = source.piece(i, names)
+                if piece.num_rows:
+                    yield self.checked(path, _columns(piece, names))
+
+    def count(self, path: str) -> int:
+        """The rows of ``path``, from its footer."""
+        with _opened(path) as source:
+            return source.n_rows
+
+    def _names(self, path: str, source: "_Source") -> List[str]:
+        """The columns to read: ``columns``, or all of the file's."""
+        names = source.names
+        wanted = list(self.columns or names)
+        missing = [c for c in wanted if c not in names]
+        if missing:
+            raise file_error(path, f"columns {missing} are not in the file (its columns: {names})")
+        doubled = sorted({c for c in wanted if names.count(c) > 1})
+        if doubled:
+            raise file_error(path, f"the file has more than one column named {doubled}")
+        return wanted
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.ipc  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as e:
+        raise ImportError("ParquetReader needs pyarrow: pip install 'pyloader-ml[parquet]'") from e
+    return pyarrow
+
+
+class _Source:
+    """One open Parquet or Arrow IPC file: its columns, its pieces, its row count."""
+
+    def __init__(self, parquet: Any = None, ipc: Any = None) -> None:
+        self._parquet, self._ipc = parquet, ipc
+        schema = parquet.schema_arrow if parquet is not None else ipc.schema
+        self.names: List[str] = list(schema.names)
+
+    @property
+    def n_pieces(self) -> int:
+        return self._parquet.num_row_groups if self._parquet is not None else self._ipc.num_record_batches
+
+    @property
+    def n_rows(self) -> int:
+        return self._parquet.metadata.num_rows if self._parquet is not None else self._ipc.count_rows()
+
+    def piece(self, i: int, names: List[str]) -> Any:
+        if self._parquet is not None:
+            return self._parquet.read_row_group(i, columns=names, use_threads=False)
+        return self._ipc.get_batch(i).select(names)
+
+    def read_all(self, names: List[str]) -> Any:
+        if self._parquet is not None:
+            return self._parquet.read(columns=names, use_threads=False)
+        return self._ipc.read_all().select(names)
+
+
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[_Source]:
+    """``path`` open as a ``_Source``; pyarrow's errors name the file."""
+    pa = _pyarrow()
+    with contextlib.ExitStack() as stack:
+        try:
+            yield _open(pa, path, stack)
+        except FileFormatError:
+            raise
+        except pa.ArrowException as e:
+            if isinstance(e, OSError):
+                raise type(e)(f"file {path!r}: {e}") from e
+            raise file_error(path, f"cannot read as Parquet or Arrow IPC (corrupt or truncated?): {e}") from e
+
+
+def _open(pa: Any, path: str, stack: contextlib.ExitStack) -> _Source:
+    f: Any = _local(path)
+    if is_url(path):
+        f = stack.enter_context(open_file(path, "rb"))
+        _read_exactly(f)
+    try:
+        parquet = pa.parquet.ParquetFile(f, memory_map=False)
+    except pa.ArrowInvalid as e:
+        if not _starts_with(f, _IPC_MAGIC):
+            raise file_error(path, f"cannot read as Parquet or Arrow IPC (corrupt or truncated?): {e}") from e
+        if not isinstance(f, str):
+            f.seek(0)
+        source = stack.enter_context(pa.memory_map(f)) if isinstance(f, str) else f
+        return _Source(ipc=pa.ipc.open_file(source))
+    stack.callback(parquet.close)
+    return _Source(parquet=parquet)
+
+
+def _read_exactly(f: Any) -> None:
+    """Make an fsspec file (not one the loader has fetched already) read the byte ranges pyarrow
+    asks for and no more: its default cache reads ahead a block past each read, and pyarrow reads
+    whole column chunks, which is what a ranged request should fetch."""
+    from fsspec.caching import BaseCache
+    from fsspec.spec import AbstractBufferedFile
+
+    if isinstance(f, AbstractBufferedFile):
+        f.cache = BaseCache(f.blocksize, f._fetch_range, f.size)
+
+
+def _starts_with(f: Any, magic: bytes) -> bool:
+    if isinstance(f, str):
+        with open(f, "rb") as local:
+            return local.read(len(magic)) == magic
+    f.seek(0)
+    return f.read(len(magic)) == magic
+
+
+def _columns(data: Any, names: List[str]) -> Dict[str, Sequence]:
+    """The columns of a pyarrow ``Table`` or ``RecordBatch``, as ``ParquetReader`` hands them out."""
+    return {name: _column(data.column(i)) for i, name in enumerate(names)}
+
+
+def _column(column: Any) -> Sequence:
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    kind = column.type
+    if column.null_count == 0:
+        if _numpy_kind(pa, kind):
+            return column.to_numpy(zero_copy_only=False)
+        if pa.types.is_fixed_size_list(kind) and _numpy_kind(pa, kind.value_type):
+            values = column.flatten()
+            if values.null_count == 0:
+                return values.to_numpy(zero_copy_only=False).reshape(len(column), kind.list_size)
+    return column.to_pylist()
+
+
+def _numpy_kind(pa: Any, kind: Any) -> bool:
+    types = pa.types
+    return bool(types.is_integer(kind) or types.is_floating(kind) or types.is_boolean(kind)
+                or types.is_timestamp(kind) or types.is_date(kind) or types.is_duration(kind))
