@@ -207,6 +207,9 @@ class DataLoader:
         self.time_major = bool(time_major)
         self.bucket_by, self.bucket_buffer = bucket_by, buffer_size(self._arguments)
         self._stats = Stats()
+        if self._mix is not None:
+            self._stats.sources = [{"data_dir": str(s.data_dir), "weight": w, "samples": 0}
+                                   for s, w in zip(self._mix.sources, self._mix.weights())]
         ErrorHandler(on_error, max_errors, self._stats)  # checks them now; each iteration gets its own
         self._finish = pinner() if self.pin_memory else None
         self._move = mover(device, self.pin_memory) if device is not None else None

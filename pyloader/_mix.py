@@ -82,8 +82,9 @@ class MixSource:
     """The file ranges this rank reads in each epoch of a mixed loader, and its steps (``FileSource``'s part)."""
 
     def __init__(self, mix: Mix, counts: Sequence[Optional[int]], stop: str, shuffle: bool, seed: int,
-                 num_epoch: int, sharding: Sharding = Sharding()) -> None:
+                 num_epoch: int, sharding: Sharding = Sharding(), counted: Optional[List[Dict[str, Any]]] = None) -> None:
         self.mix = mix
+        self.counted = counted  # per source, its "samples" batched are counted here (``loader.stats``)
         self.counts = [n or 0 for n in counts]
         self.stop = stop
         self.shuffle = shuffle
@@ -176,7 +177,7 @@ class MixSource:
             yield EpochEnd(epoch)
 
     def buffer(self, epoch: int) -> "MixBuffer":
-        return MixBuffer(self.share(epoch), self.source_of, self.mix)
+        return MixBuffer(self.share(epoch), self.source_of, self.mix, self.counted)
 
 
 class MixBuffer:
@@ -186,8 +187,10 @@ class MixBuffer:
     first needs them; what the plan can take at once leaves as soon as it has arrived.
     """
 
-    def __init__(self, share: np.ndarray, source_of: Sequence[int], mix: Mix) -> None:
+    def __init__(self, share: np.ndarray, source_of: Sequence[int], mix: Mix,
+                 counted: Optional[List[Dict[str, Any]]] = None) -> None:
         self.share = share
+        self.counted = counted
         self.source_of = source_of
         self.mix = mix
         n = len(mix.sources)
@@ -238,6 +241,8 @@ class MixBuffer:
         return take(joined, order)
 
     def _pop(self, k: int, n: int) -> Columns:
+        if self.counted:
+            self.counted[k]["samples"] += n
         self.used[k] += n
         self.held[k] -= n
         parts: List[Columns] = []

@@ -193,7 +193,8 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
                                  whole_files=s.stream, file_order=s.file_order, bounds=bounds_of(s.entries),
                                  elastic=elastic)
         if s.mix is not None:
-            source = MixSource(s.mix, counts or [], s.stop, s.shuffle, s.random_seed, start.end, s.sharding)
+            source = MixSource(s.mix, counts or [], s.stop, s.shuffle, s.random_seed, start.end, s.sharding,
+                               s.stats.sources)
         # stream rows need several files before their first batch (no ramp there), and rows whose
         # files end at the same step all need a new one at once: a file per row is read ahead
         ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files

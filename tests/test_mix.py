@@ -197,3 +197,19 @@ def test_a_source_with_no_samples_is_an_error_naming_it(tmp_path):
     with loader, pytest.raises(ValueError, match="empty|no samples"):
         list(iter(loader))
     assert wait_no_threads() == []
+
+
+@pytest.mark.timeout(120)
+def test_stats_count_the_samples_each_source_gave(tmp_path):
+    loader = mixed(tmp_path, [100] * 4, [60] * 2, weights=(3, 1), stop="all_exhausted")
+    ids = ids_of(run(loader))
+    sources = loader.stats["sources"]
+    assert [s["samples"] for s in sources] == [sum(i < B_BASE for i in ids), sum(i >= B_BASE for i in ids)]
+    assert [s["weight"] for s in sources] == [0.75, 0.25]
+    assert sources[1]["data_dir"] == str(tmp_path / "b")
+
+
+def test_a_loader_without_sources_reports_no_sources_in_its_stats(tmp_path):
+    write_chunks(tmp_path / "a", [5])
+    loader = pl.DataLoader(IdReader(4), pl.IdentityDataset(), ListCollator(), str(tmp_path / "a"))
+    assert "sources" not in loader.stats
