@@ -4,7 +4,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch, Group, Stacked
@@ -26,7 +26,7 @@ from ._progress import check as check_progress, progress_bar
 from ._runners import Exclusive
 from ._shard import Sharding, resolve as resolve_sharding
 from ._source import FileSource
-from ._sources import build_mix, is_mix
+from ._sources import Source, build_mix, is_mix
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
 from ._stats import profiled
 from ._stream import PADDING_MODES
@@ -128,7 +128,7 @@ class DataLoader:
     """
 
     def __init__(self, datareader: DataReader, dataset: Dataset, datacollator: DataCollator,
-                 data_dir: DataDir, num_epoch: int = 1, max_queue_size: int = 10,
+                 data_dir: Union[DataDir, Sequence[Source]], num_epoch: int = 1, max_queue_size: int = 10,
                  shuffle: bool = False, random_seed: int = 42, *, shuffle_buffer: int = 0,
                  drop_last: bool = False, prefetch_files: int = 4, on_error: ErrorPolicy = "raise",
                  max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None,

@@ -30,7 +30,7 @@ Contracts:
 from __future__ import annotations
 
 import collections
-from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -82,7 +82,8 @@ class MixSource:
     """The file ranges this rank reads in each epoch of a mixed loader, and its steps (``FileSource``'s part)."""
 
     def __init__(self, mix: Mix, counts: Sequence[Optional[int]], stop: str, shuffle: bool, seed: int,
-                 num_epoch: int, sharding: Sharding = Sharding(), counted: Optional[List[Dict[str, Any]]] = None) -> None:
+                 num_epoch: int, sharding: Optional[Sharding] = None,
+                 counted: Optional[List[Dict[str, Any]]] = None) -> None:
         self.mix = mix
         self.counted = counted  # per source, its "samples" batched are counted here (``loader.stats``)
         self.counts = [n or 0 for n in counts]
@@ -90,7 +91,7 @@ class MixSource:
         self.shuffle = shuffle
         self.seed = seed
         self.num_epoch = num_epoch
-        self.sharding = sharding
+        self.sharding = sharding or Sharding()
         self.source_of = mix.source_of()
         self.totals = [sum(self.counts[a:b]) for a, b in mix.spans]
         for k, total in enumerate(self.totals):
@@ -238,7 +239,7 @@ class MixBuffer:
             joined = concat(chunks, "mix")
         except ValueError as exc:
             raise ValueError(f"sources {', '.join(map(repr, self.mix.sources))} cannot be mixed: {exc}") from None
-        return take(joined, order)
+        return take(joined, cast(Sequence[int], order))
 
     def _pop(self, k: int, n: int) -> Columns:
         if self.counted:

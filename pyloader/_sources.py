@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeGuard
 
 from ._abc import DataReader, is_thread_safe
 from ._files import DataDir, list_files
@@ -28,15 +28,15 @@ class Source:
             raise ValueError(f"Source weight must be a finite number > 0, got {weight!r}")
         if reader is not None and not isinstance(reader, DataReader):
             raise TypeError(f"Source reader must be a pyloader.DataReader, got {type(reader).__name__}")
-        self.data_dir = data_dir
-        self.weight = float(weight)
-        self.reader = reader
+        self.data_dir: DataDir = data_dir
+        self.weight: float = float(weight)
+        self.reader: Optional[DataReader] = reader
 
     def __repr__(self) -> str:
         return f"Source({self.data_dir!r}, weight={self.weight}, reader={type(self.reader).__name__})"
 
 
-def is_mix(data_dir: Any) -> bool:
+def is_mix(data_dir: Any) -> TypeGuard[Sequence[Source]]:
     """Whether ``data_dir`` is a list of ``Source``s (a list mixing sources and paths is refused)."""
     if not isinstance(data_dir, (list, tuple)) or not any(isinstance(d, Source) for d in data_dir):
         return False
