@@ -9,9 +9,10 @@ from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._errors import PipelineError, TooManyErrors, WorkerDied, reraise, warn_and_skip
 from ._files import list_files, open_file
 from ._loader import DataLoader, LoaderIterator
+from ._sources import Source
 
 __all__ = [
     "DataReader", "Dataset", "DataCollator", "IdentityDataset", "DataLoader", "LoaderIterator",
-    "PipelineError", "TooManyErrors", "WorkerDied", "reraise", "warn_and_skip", "open_file", "list_files",
+    "PipelineError", "TooManyErrors", "WorkerDied", "reraise", "warn_and_skip", "open_file", "list_files", "Source",
 ]
 __version__ = "0.2.0"

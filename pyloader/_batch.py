@@ -210,8 +210,10 @@ class Batcher:
     def __init__(self, files: Sequence[str], batch_size: int, drop_last: bool,
                  shuffle_buffer: int, seed: int, flag_padding: bool = False,
                  steps: Optional[Callable[[int], int]] = None,
-                 bucket: Optional[Tuple[Lengths, int]] = None, resumed: Tuple[int, int] = (-1, 0)) -> None:
+                 bucket: Optional[Tuple[Lengths, int]] = None, resumed: Tuple[int, int] = (-1, 0),
+                 mix: Optional[Callable[[int], Any]] = None) -> None:
         self.files = files
+        self.mix = mix  # epoch -> the buffer interleaving weighted sources (``_mix``), first of the buffers
         self.bucket = bucket
         self.resumed = resumed  # (epoch, first batch): an epoch whose files start past its first batches
         self.flag_padding = flag_padding
@@ -288,7 +290,7 @@ class Batcher:
 
     def _buffers(self, epoch: int) -> List[Any]:
         """The buffers samples go through this epoch, in turn: the shuffle buffer, the bucket buffer."""
-        out: List[Any] = []
+        out: List[Any] = [] if self.mix is None else [self.mix(epoch)]
         if self.shuffle_buffer:
             out.append(ShuffleBuffer(self.shuffle_buffer, self.seed, epoch))
         if self.bucket is not None:

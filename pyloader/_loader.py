@@ -4,7 +4,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch, Group, Stacked
@@ -18,6 +18,7 @@ from ._entries import bounds_of, known_counts, stream_data
 from ._files import DataDir
 from ._frameworks import mover, pinner, unstack
 from ._length import count_files, epoch_batches
+from ._mix import MixSource, check_stop, mix_fingerprint
 from ._order import declares_drops_or_repeats
 from ._pipeline import Settings, batches
 from ._pool import KeptPool
@@ -25,6 +26,7 @@ from ._progress import check as check_progress, progress_bar
 from ._runners import Exclusive
 from ._shard import Sharding, resolve as resolve_sharding
 from ._source import FileSource
+from ._sources import Source, build_mix, is_mix
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
 from ._stats import profiled
 from ._stream import PADDING_MODES
@@ -126,7 +128,7 @@ class DataLoader:
     """
 
     def __init__(self, datareader: DataReader, dataset: Dataset, datacollator: DataCollator,
-                 data_dir: DataDir, num_epoch: int = 1, max_queue_size: int = 10,
+                 data_dir: Union[DataDir, Sequence[Source]], num_epoch: int = 1, max_queue_size: int = 10,
                  shuffle: bool = False, random_seed: int = 42, *, shuffle_buffer: int = 0,
                  drop_last: bool = False, prefetch_files: int = 4, on_error: ErrorPolicy = "raise",
                  max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None,
@@ -140,13 +142,16 @@ class DataLoader:
                  readahead_bytes: int = DEFAULT_READAHEAD_BYTES, progress: bool = False,
                  filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None,
                  file_order: Optional[Callable[..., Any]] = None, time_major: bool = False,
-                 bucket_by: Optional[BucketBy] = None, bucket_buffer: Optional[int] = None) -> None:
+                 bucket_by: Optional[BucketBy] = None, bucket_buffer: Optional[int] = None,
+                 stop: str = "first_exhausted") -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
         _check_counts(self._arguments)
         _check_modes(self._arguments)
         check_compose(self._arguments)
+        check_stop(stop)
+        self.stop = stop
         resolve_sharding(rank, world_size, even_batches)  # explicit values are checked now
         self._rank, self._world_size, self._even_batches = rank, world_size, even_batches
         if progress:
@@ -156,7 +161,13 @@ class DataLoader:
         self.num_threads = prefetch_files + _GROUPS_IN_FLIGHT if num_threads is None else num_threads
         self.num_workers = num_workers
         self._count_cache: Dict[str, Any] = {}
-        self._exclusive = Exclusive((datareader, dataset, datacollator))
+        self._mix = None
+        if is_mix(data_dir):  # weighted sources (``_mix``), each read by its own reader
+            if stream:
+                raise ValueError("weighted sources (a data_dir of Sources) are not supported in stream mode")
+            self._mix = build_mix(data_dir, datareader, retries)
+        self._reader = datareader if self._mix is None else self._mix.readers
+        self._exclusive = Exclusive((self._reader, datareader, dataset, datacollator))
         self.worker_init_fn = worker_init_fn
         self.start_method = start_method
         if persistent_workers and not num_workers:
@@ -173,7 +184,10 @@ class DataLoader:
         self.datareader = datareader
         self.dataset = dataset
         self.datacollator = datacollator
-        self.files, self._entries = stream_data(data_dir, self.stream, retries)
+        if self._mix is None:
+            self.files, self._entries = stream_data(data_dir, self.stream, retries)
+        else:
+            self.files, self._entries = self._mix.files, None
         if self._entries is not None:  # an iterator of streams is read once: keep the list it gave
             self._arguments["data_dir"] = self._entries.listed
         self._readahead_bytes, self._retries = readahead_bytes, retries
@@ -193,6 +207,9 @@ class DataLoader:
         self.time_major = bool(time_major)
         self.bucket_by, self.bucket_buffer = bucket_by, buffer_size(self._arguments)
         self._stats = Stats()
+        if self._mix is not None:
+            self._stats.sources = [{"data_dir": str(s.data_dir), "weight": w, "samples": 0}
+                                   for s, w in zip(self._mix.sources, self._mix.weights())]
         ErrorHandler(on_error, max_errors, self._stats)  # checks them now; each iteration gets its own
         self._finish = pinner() if self.pin_memory else None
         self._move = mover(device, self.pin_memory) if device is not None else None
@@ -254,7 +271,7 @@ class DataLoader:
 
     def _engine(self, start: Start) -> Engine:
         settings = Settings(
-            files=self.files, reader=self.datareader, dataset=self.dataset, collator=self.datacollator,
+            files=self.files, reader=self._reader, dataset=self.dataset, collator=self.datacollator,
             num_epoch=self.num_epoch, max_queue_size=self.max_queue_size, shuffle=self.shuffle,
             random_seed=self.random_seed, shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
             prefetch_files=self.prefetch_files, concurrency=_GROUPS_PER_WORKER * self.num_workers or _GROUPS_IN_FLIGHT,
@@ -266,7 +283,8 @@ class DataLoader:
             count_cache=self._count_cache, exclusive=self._exclusive,
             readahead_bytes=self._readahead_bytes, retries=self._retries, cache=self._cache,
             filter_fn=self.filter_fn, file_order=self.file_order, time_major=self.time_major,
-            entries=self._entries, bucket_by=self.bucket_by, bucket_buffer=self.bucket_buffer or 0)
+            entries=self._entries, bucket_by=self.bucket_by, bucket_buffer=self.bucket_buffer or 0,
+            mix=self._mix, stop=self.stop)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 
@@ -315,11 +333,15 @@ class DataLoader:
         r = self._record
         start = r.start if r is not None and r.ended is None else self._upcoming()
         try:
-            counts = count_files(self.datareader, self.files, self._count_cache, self.prefetch_files,
+            counts = count_files(self._reader, self.files, self._count_cache, self.prefetch_files,
                                  self._exclusive, skip_failed=self.on_error != "raise",
                                  known=known_counts(self._entries))
         except PipelineError as exc:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
+        if self._mix is not None:
+            mixed = MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, start.end, self.sharding)
+            return sum(mixed.batches(e, self.datareader.batch_size, self.drop_last)
+                       for e in range(start.epoch, start.end))
         source = FileSource(self.files, start.end, self.shuffle, self.random_seed, self.sharding, counts,
                             whole_files=self.stream, file_order=self.file_order, bounds=bounds_of(self._entries))
         # epochs differ in batches when the order changes the steps (stream mode) or the files read
@@ -347,7 +369,7 @@ class DataLoader:
                 "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "stream": self.stream,
                 "seq_len": self.seq_len, "padding_mode": self.padding_mode, "rank": sharding.rank,
                 "world_size": sharding.world_size, "even_batches": sharding.even_batches,
-                **compose_fingerprint(self._arguments)}
+                **compose_fingerprint(self._arguments), "mix": mix_fingerprint(self._mix, self.stop)}
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the consumer is: the batches handed over so far, not those read ahead.
@@ -367,6 +389,8 @@ class DataLoader:
         naming each setting that differs, with both values.
         """
         start = read_state(state, self._fingerprint(), old_files_digest(self.files), self.num_epoch)
+        if start.splits and self._mix is not None:
+            raise ValueError("a mixed loader (a data_dir of Sources) resumes under the world size it was saved with")
         self._stop_run()
         self._next, self._record = start, None
 

@@ -18,11 +18,13 @@ from ._filter import with_filter
 from ._frameworks import attach_meta
 from ._length import checked_count
 from ._map import OrderedMap, Step
+from ._mix import MixSource
 from ._pool import KeptPool, WorkerPool
 from ._read import ReadFiles
 from ._runners import Exclusive, Lane, PoolRunner, ThreadRunner
 from ._shard import Sharding
 from ._source import Elastic, FileSource, FileTask
+from ._sources import Mix
 from ._state import Start
 from ._stream import StreamBatcher
 
@@ -67,6 +69,8 @@ class Settings:
     entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_entries``)
     bucket_by: Optional[BucketBy] = None  # length bucketing (``_bucket``) ...
     bucket_buffer: int = 0  # ... through a buffer of this many samples
+    mix: Optional[Mix] = None  # weighted sources (``_mix``): ``files`` are theirs, ``reader`` reads each with its own
+    stop: str = "first_exhausted"
 
 
 class CheckedEncode:
@@ -182,15 +186,19 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
         # shuffle or bucket buffer or stream rows depend on everything before it, and so does the
         # sample a batch starts at once samples were filtered or errors skipped: those replay the epoch
         past_files = (start.skip > start.base and not s.stream and not s.shuffle_buffer and s.bucket_by is None
-                      and s.filter_fn is None and s.errors.policy is reraise)
+                      and s.filter_fn is None and s.errors.policy is reraise and s.mix is None)
         elastic = Elastic(start.epoch, start.splits, s.reader.batch_size) if start.splits else None
-        counts = await count_samples(s, lane) if s.sharding.active or past_files or elastic else None
-        source = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream,
-                            file_order=s.file_order, bounds=bounds_of(s.entries), elastic=elastic)
+        counts = await count_samples(s, lane) if s.sharding.active or past_files or elastic or s.mix else None
+        source: Any = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts,
+                                 whole_files=s.stream, file_order=s.file_order, bounds=bounds_of(s.entries),
+                                 elastic=elastic)
+        if s.mix is not None:
+            source = MixSource(s.mix, counts or [], s.stop, s.shuffle, s.random_seed, start.end, s.sharding,
+                               s.stats.sources)
         # stream rows need several files before their first batch (no ramp there), and rows whose
         # files end at the same step all need a new one at once: a file per row is read ahead
         ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
-        buffered = s.shuffle_buffer > 0 or s.bucket_by is not None  # rows go through buffers here
+        buffered = s.shuffle_buffer > 0 or s.bucket_by is not None or s.mix is not None  # rows go through buffers here
         read = ReadFiles(runner, s.stream or buffered, ahead, s.errors, s.stats,
                          start_ahead=None if s.stream else max(0, s.num_workers - 1))
         skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
@@ -213,7 +221,8 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
             bucket = None if s.bucket_by is None else (Lengths(s.bucket_by), s.bucket_buffer)
             batcher = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
                               flag_padding=s.sharding.active, steps=steps, bucket=bucket,
-                              resumed=(start.epoch, start.skip if past_files else start.base))
+                              resumed=(start.epoch, start.skip if past_files else start.base),
+                              mix=None if s.mix is None else source.buffer)
         raw = batcher.iterate(files, read)
         if start.skip and not past_files:
             raw = _skip(raw, start, s.stats)

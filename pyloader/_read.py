@@ -20,6 +20,7 @@ from ._files import Served, prefetched
 from ._filter import unbundle
 from ._rng import IN_FILE, derive_rng
 from ._source import EpochEnd, FileTask, SourceItem
+from ._sources import picked
 from ._stats import BusySink, Stats, clocked, timed
 
 PIECES_AHEAD = 2
@@ -88,6 +89,7 @@ def pieces_with_end(reader: Any, task: FileTask, data: Union[None, bytes, Served
     The time spent making each piece goes to ``busy`` as ``read``.
     """
     reader, keep = unbundle(reader)
+    reader = picked(reader, task.path)  # a mixed loader's source reader
     raw = clocked(file_pieces(reader, task, data, busy), busy, "read")
     gen = _none_dropped(raw) if keep is None else keep.pieces(raw, task.path, task.start)
     if not (reader.shuffle or type(reader).iter_file is DataReader.iter_file):

@@ -8,6 +8,8 @@ FILE_ORDER = 1
 IN_FILE = 2
 SHUFFLE_BUFFER = 3
 BUCKETS = 4  # length bucketing: tie-breaks and the order of the batches (``_bucket``)
+MIX = 5  # weighted mixing: the source of each sample position (``_mix``)
+MIX_FILES = 6  # weighted mixing: each source's file order
 
 
 def derive_rng(seed: int, *keys: int) -> np.random.Generator:

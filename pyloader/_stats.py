@@ -309,6 +309,7 @@ class Stats:
         self.skipped_files = 0
         self.skipped_batches = 0
         self.errors: List[str] = []
+        self.sources: List[Dict[str, Any]] = []  # a mixed loader's: each source's samples batched (``_mix``)
         self.busy = Busy()
         self.epoch_files: Dict[int, int] = {}  # files read per epoch, until its log line takes them
         self._watch: Optional[Watch] = None
@@ -342,6 +343,8 @@ class Stats:
     def as_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {name: getattr(self, name) for name in (*_COUNTERS, "batches")}
         out["errors"] = list(self.errors)
+        if self.sources:
+            out["sources"] = [dict(source) for source in self.sources]
         counters, busy = self._counters(), self.busy.seconds()
         watch = self._watch
         current = watch.figures if watch is not None else Figures()
