@@ -253,7 +253,8 @@ def source_digest(folder: str) -> str:
                 with open(path, "rb") as f:
                     h.update(f.read())
                 newest = max(newest, os.path.getmtime(path))
-    return f"sha1 {h.hexdigest()[:12]} of pyloader/**/*.py, newest file changed {time.strftime('%H:%M', time.localtime(newest))}"
+    changed = time.strftime('%H:%M', time.localtime(newest))
+    return f"sha1 {h.hexdigest()[:12]} of pyloader/**/*.py, newest file changed {changed}"
 
 
 def _spin(n: int) -> None:

@@ -271,7 +271,8 @@ def summarize(results: List[Dict[str, Any]]) -> str:
                      key=lambda r: r.get("bytes_per_s", 0))
     targets = [
         f"- parse-light, cold: best pyloader {ratio(best_light, raw)} the raw read bandwidth (target 0.9x)",
-        f"- parse-heavy, cold against warm: pyloader 0 workers {ratio(find('heavy', 'pyloader0'), find('heavy', 'pyloader0', False))}, "
+        "- parse-heavy, cold against warm: pyloader 0 workers "
+        f"{ratio(find('heavy', 'pyloader0'), find('heavy', 'pyloader0', False))}, "
         f"2 workers {ratio(find('heavy', 'pyloader2'), find('heavy', 'pyloader2', False))} (target 0.9x)",
         f"- 5 ms per open, against none (both cold): pyloader 0 workers "
         f"{ratio(find('heavy', 'pyloader0', True, True), find('heavy', 'pyloader0'))}, 2 workers "

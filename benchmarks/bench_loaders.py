@@ -238,9 +238,9 @@ def _pyloader_json_classes():
 
 
 def build_pyloader_json(data_dir: Any, cfg: dict, workers: int, threads: Optional[int] = None):
-    import pyloader as pl
-
     import torch  # noqa: F401  (imported up front, like every other torch entry)
+
+    import pyloader as pl
 
     JsonReader, Encode, Collate = _pyloader_json_classes()
     holder: dict = {}
@@ -297,11 +297,11 @@ def build_torch_npy(files: List[str], cfg: dict, workers: int, epochs: int):
 
 
 def build_pyloader_npy(folder: str, cfg: dict, workers: int, epochs: int):
+    import torch  # noqa: F401
+
     import pyloader as pl
     from pyloader.collators import TorchCollator
     from pyloader.readers import NumpyReader
-
-    import torch  # noqa: F401
 
     holder: dict = {}
 

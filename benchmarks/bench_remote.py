@@ -129,7 +129,8 @@ def two_epochs(proxy: CountingProxy, cache_dir: Any, n_samples: int) -> List[Dic
         ids = sorted(int(i) for batch in loader for i in batch["id"])
         seconds = time.perf_counter() - start
         after = proxy.snapshot()
-        epochs.append({"epoch": epoch, "bytes": after["bytes"] - before["bytes"], "gets": after["gets"] - before["gets"],
+        epochs.append({"epoch": epoch, "bytes": after["bytes"] - before["bytes"],
+                       "gets": after["gets"] - before["gets"],
                        "seconds": seconds, "samples_per_s": len(ids) / seconds, "exact": ids == list(range(n_samples))})
     loader.close()
     return epochs

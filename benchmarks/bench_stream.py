@@ -104,10 +104,10 @@ def windows(path: str, T: int, parser: str):
 
 # -- the loaders: each returns an iterator of (tokens [B, T], valid [B, T]) as NumPy arrays ---------
 def run_pyloader(files_dir: str, B: int, T: int, workers: int, parser: str, threads: Optional[int] = None):
+    import torch  # noqa: F401
+
     import pyloader as pl
     from pyloader.collators import TorchCollator
-
-    import torch  # noqa: F401
 
     class TokenReader(pl.DataReader):
         def read_file(self, path):

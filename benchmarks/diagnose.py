@@ -102,9 +102,9 @@ def overhead(data: str, cfg: dict) -> None:
     for bs in (256, 1024, 4096, 16384):
         c = dict(cfg, npy_batch=bs)
         parts = []
-        for name, build in (("raw np.load", lambda: BL.build_raw_npy(files, c, 3)),
-                            ("pyloader w0", lambda: BL.build_pyloader_npy(os.path.join(data, "npy"), c, 0, 3)),
-                            ("pyloader w2", lambda: BL.build_pyloader_npy(os.path.join(data, "npy"), c, 2, 3))):
+        for name, build in (("raw np.load", lambda c=c: BL.build_raw_npy(files, c, 3)),
+                            ("pyloader w0", lambda c=c: BL.build_pyloader_npy(os.path.join(data, "npy"), c, 0, 3)),
+                            ("pyloader w2", lambda c=c: BL.build_pyloader_npy(os.path.join(data, "npy"), c, 2, 3))):
             make, close = build()
             t, n, nb = time.perf_counter(), 0, 0
             for batch in make():
@@ -180,7 +180,7 @@ def first_batch(data: str) -> None:
                 p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
                 if p.returncode == 0:
                     times.append(float(p.stdout.split()[-1]))
-            parts.append(f"prefetch_files={prefetch}: {min(times):.3f} s" if times else f"prefetch_files={prefetch}: failed")
+            parts.append(f"prefetch_files={prefetch}: " + (f"{min(times):.3f} s" if times else "failed"))
         print(f"pyloader, {workers} workers, first batch (best of 3): " + "; ".join(parts))
 
 

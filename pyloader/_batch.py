@@ -13,7 +13,7 @@ import collections
 import contextlib
 from collections import abc
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -79,6 +79,7 @@ class Stacked(list):
 
     def rows(self) -> "StackedRows":
         """Each batch's raw columns, made on demand."""
+        assert self.columns is not None, "a stacked group's rows are taken once"
         return StackedRows(self.columns, len(self))
 
     def pick(self, positions: Sequence[int]) -> Group:
@@ -89,7 +90,7 @@ class Stacked(list):
             batch = self[k]
             if self.columns is not None:
                 batch.data = {key: column[k] for key, column in self.columns.items()}
-            batch.meta = {key: column[k] for key, column in self.meta.items()}
+            batch.meta = {key: column[k] for key, column in (self.meta or {}).items()}
             picked.append(batch)
         return picked
 
@@ -191,7 +192,7 @@ class Segments:
         return tuple(dict.fromkeys(piece.task.path for piece, _, _ in self.parts))
 
     def local(self) -> Columns:
-        return assemble([(p.columns, start, end) for p, start, end in self.parts], self.paths)
+        return assemble([(cast(Columns, p.columns), start, end) for p, start, end in self.parts], self.paths)
 
 
 class Batcher:
@@ -304,12 +305,14 @@ class Batcher:
         if not buffers:
             self._push(piece)
             return True
-        columns = dict(piece.columns)
+        held = piece.columns
+        assert held is not None, "a piece that goes through a buffer is held here"
+        columns = dict(held)
         columns[SRC] = np.full(piece.n, task.index, dtype=np.int64)
         columns[PAD] = np.full(piece.n, task.pad)
         if self.bucket is not None:
             try:
-                columns[LEN] = self.bucket[0](piece.columns, task.path, piece.offset)
+                columns[LEN] = self.bucket[0](held, task.path, piece.offset)
             except PipelineError as exc:
                 read.errors("bucket_by", [task.path], exc)  # raises unless the policy skips
                 read.stats.skipped_files += 1

@@ -414,7 +414,7 @@ class BlockStream(Served, io.RawIOBase):
             if self.claimed or self._released:
                 return None
             self.claimed = True
-        return io.BufferedReader(self, buffer_size=64 * 2**10)  # type: ignore[arg-type]
+        return io.BufferedReader(self, buffer_size=64 * 2**10)
 
     def readable(self) -> bool:
         return True

@@ -47,7 +47,7 @@ def n_rows(columns: Columns) -> int:
     return 0
 
 
-def take(columns: Columns, indices: Sequence[int]) -> Columns:
+def take(columns: Columns, indices: Any) -> Columns:
     """Rows ``indices`` of every column, in that order."""
     if len(indices) == 0:
         return slice_rows(columns, 0, 0)

@@ -80,7 +80,8 @@ class EvenSteps:
             return
         if last is None:
             raise RuntimeError(f"every batch left in this run was skipped after an error: there is nothing to pad "
-                               f"the {len(holes)} steps this rank still owes with (the other ranks would wait for them)")
+                               f"the {len(holes)} steps this rank still owes with "
+                               f"(the other ranks would wait for them)")
         for padding in _padding(holes, last):
             yield padding
 
@@ -90,8 +91,8 @@ def _sample(group: Group, k: int) -> Sample:
     batch = group[k]
     if isinstance(group, Stacked):
         data = batch.data if group.outputs is None else {key: value[k] for key, value in group.outputs.items()}
-        return data, {key: value[k] for key, value in group.meta.items()}
-    return batch.data, batch.meta
+        return data, {key: value[k] for key, value in (group.meta or {}).items()}
+    return batch.data, batch.meta or {}
 
 
 def _padding(holes: List[Step], sample: Sample) -> Iterator[Group]:

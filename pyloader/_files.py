@@ -15,7 +15,7 @@ import os
 import re
 import stat
 import threading
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union, cast
 
 from ._compression import codec_for, decompressed
 
@@ -200,7 +200,7 @@ def _readable_entries(paths: Iterable[str]) -> List[str]:
 
 def _walk(root: str) -> List[str]:
     """Files under ``root``, following symlinked folders once each (a link loop ends there)."""
-    found = []
+    found: List[str] = []
     visited = {os.path.realpath(root)}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         keep = []
@@ -280,7 +280,7 @@ def list_files(data_dir: DataDir, retries: int = 0) -> List[str]:
     """
     if isinstance(data_dir, (list, tuple)):
         return _listed([os.fspath(p) for p in data_dir])
-    spec = os.fspath(data_dir)
+    spec = os.fspath(cast(Union[str, os.PathLike], data_dir))
     globbed = any(c in spec for c in _GLOB_CHARS)
     if is_url(spec):
         from ._remote import list_remote

@@ -4,17 +4,17 @@ from __future__ import annotations
 import multiprocessing
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch, Group, Stacked
 from ._bucket import BucketBy, buffer_size
-from ._compose import check_compose, compose_fingerprint
 from ._bytes import DEFAULT_READAHEAD_BYTES
 from ._cache import DiskCache
+from ._compose import check_compose, compose_fingerprint
 from ._engine import Engine
-from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
 from ._entries import bounds_of, known_counts, stream_data
+from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
 from ._files import DataDir
 from ._frameworks import mover, pinner, unstack
 from ._length import count_files, epoch_batches
@@ -22,9 +22,11 @@ from ._mix import MixSource, check_stop, mix_fingerprint
 from ._order import declares_drops_or_repeats
 from ._pipeline import Settings, batches
 from ._pool import KeptPool
-from ._progress import check as check_progress, progress_bar
+from ._progress import check as check_progress
+from ._progress import progress_bar
 from ._runners import Exclusive
-from ._shard import Sharding, resolve as resolve_sharding
+from ._shard import Sharding
+from ._shard import resolve as resolve_sharding
 from ._source import FileSource
 from ._sources import Source, build_mix, is_mix
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
@@ -73,6 +75,15 @@ def _check_modes(a: Dict[str, Any]) -> None:
                          "(DataLoader(shuffle=True) still shuffles the file order)")
     if not a["stream"] and a["seq_len"] is not None:
         raise ValueError("seq_len applies to stream mode only (stream=True)")
+
+
+def _weighted_sources(data_dir: Any, reader: DataReader, stream: bool, retries: int) -> Any:
+    """The weighted sources (``_mix``) a ``data_dir`` of ``Source``s names, else ``None``."""
+    if not is_mix(data_dir):
+        return None
+    if stream:
+        raise ValueError("weighted sources (a data_dir of Sources) are not supported in stream mode")
+    return build_mix(data_dir, reader, retries)
 
 
 class _Run:
@@ -161,22 +172,13 @@ class DataLoader:
         self.num_threads = prefetch_files + _GROUPS_IN_FLIGHT if num_threads is None else num_threads
         self.num_workers = num_workers
         self._count_cache: Dict[str, Any] = {}
-        self._mix = None
-        if is_mix(data_dir):  # weighted sources (``_mix``), each read by its own reader
-            if stream:
-                raise ValueError("weighted sources (a data_dir of Sources) are not supported in stream mode")
-            self._mix = build_mix(data_dir, datareader, retries)
+        self._mix = _weighted_sources(data_dir, datareader, stream, retries)
         self._reader = datareader if self._mix is None else self._mix.readers
         self._exclusive = Exclusive((self._reader, datareader, dataset, datacollator))
         self.worker_init_fn = worker_init_fn
         self.start_method = start_method
-        if persistent_workers and not num_workers:
-            raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0")
         self.persistent_workers = bool(persistent_workers)
-        # ended by close(), or when the loader is collected or the interpreter exits
-        self._kept_workers = KeptPool() if persistent_workers else None
-        if self._kept_workers is not None:
-            weakref.finalize(self, self._kept_workers.close)
+        self._kept_workers = self._keep_workers(persistent_workers, num_workers)
         self.stream = bool(stream)
         self.seq_len = seq_len
         self.padding_mode = padding_mode
@@ -184,10 +186,9 @@ class DataLoader:
         self.datareader = datareader
         self.dataset = dataset
         self.datacollator = datacollator
-        if self._mix is None:
-            self.files, self._entries = stream_data(data_dir, self.stream, retries)
-        else:
-            self.files, self._entries = self._mix.files, None
+        listed: Tuple[List[str], Any] = (stream_data(data_dir, self.stream, retries) if self._mix is None
+                                         else (self._mix.files, None))
+        self.files, self._entries = listed
         if self._entries is not None:  # an iterator of streams is read once: keep the list it gave
             self._arguments["data_dir"] = self._entries.listed
         self._readahead_bytes, self._retries = readahead_bytes, retries
@@ -218,6 +219,17 @@ class DataLoader:
         self._next = fresh(0, num_epoch)
         self._files_digest: Optional[str] = None
         self.epoch: Optional[int] = None
+
+    def _keep_workers(self, persistent: bool, num_workers: int) -> Optional[KeptPool]:
+        """The pool kept across iterations with ``persistent_workers``: ended by ``close()``, or
+        when the loader is collected or the interpreter exits."""
+        if not persistent:
+            return None
+        if not num_workers:
+            raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0")
+        kept = KeptPool()
+        weakref.finalize(self, kept.close)
+        return kept
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> "LoaderIterator":

@@ -78,7 +78,7 @@ def run_stacked(steps: Sequence[Step], datas: Sequence[Any],
     """
     if not isinstance(datas, StackedRows):
         return None
-    value = datas.columns
+    value: Any = datas.columns
     try:
         with timed(busy, "encode"):
             for name, fn in steps:
@@ -136,9 +136,8 @@ class OrderedMap:
         async def feed() -> None:
             try:
                 async for group in groups:
-                    datas = group.rows() if isinstance(group, Stacked) else [batch.data for batch in group]
-                    future = asyncio.ensure_future(self.run(datas))
-                    datas = None
+                    future = asyncio.ensure_future(
+                        self.run(group.rows() if isinstance(group, Stacked) else [batch.data for batch in group]))
                     try:
                         await queue.put((group, future))
                     except asyncio.CancelledError:
@@ -171,7 +170,7 @@ class OrderedMap:
                     for k, outcome in enumerate(outcomes):
                         if isinstance(outcome, StepFailed):
                             try:
-                                self.errors(outcome.step, group[k].paths, outcome.__cause__)
+                                self.errors(outcome.step, group[k].paths, outcome.__cause__ or outcome)
                             except BaseException:
                                 if kept:
                                     yield _kept(group, kept)  # the batches before the failed one still arrive, in order

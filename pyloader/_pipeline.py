@@ -157,73 +157,96 @@ async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats) -> Asy
             yield group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
 
 
+def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optional[WorkerPool]]:
+    """Where user methods run: worker processes (a pool, kept across runs with
+    ``persistent_workers``) or threads of this process."""
+    there, here, local = split_steps(s)
+    reader = with_filter(s.reader, s.filter_fn)
+    uses = (s.dataset, s.collator)
+    if not s.num_workers:
+        return with_memory(ThreadRunner(reader, local, lane, readahead, uses=uses, busy=s.stats.busy), s.entries), None
+
+    def make_pool() -> WorkerPool:
+        return WorkerPool(s.num_workers, reader, there, s.worker_init_fn, s.start_method,
+                          persistent=s.kept_workers is not None)
+
+    pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
+    pool.busy = s.stats.busy
+    pool.start()
+    runner = PoolRunner(pool, here, lane, readahead, all_steps=local, uses=uses, busy=s.stats.busy)
+    return with_memory(runner, s.entries), pool
+
+
+def resumes_past_files(s: Settings, start: Start) -> bool:
+    """Whether a resumed epoch can start past the files before its position, found from the
+    counts: not when something before the position decides what comes after it (a shuffle or
+    bucket buffer, stream rows, mixing, samples filtered or errors skipped): those replay it."""
+    return (start.skip > start.base and not s.stream and not s.shuffle_buffer and s.bucket_by is None
+            and s.filter_fn is None and s.errors.policy is reraise and s.mix is None)
+
+
+def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Any:
+    """The plan of files of every epoch of the run (``FileSource``, or ``MixSource`` for sources)."""
+    if s.mix is not None:
+        return MixSource(s.mix, counts or [], s.stop, s.shuffle, s.random_seed, start.end, s.sharding,
+                         s.stats.sources)
+    elastic = Elastic(start.epoch, start.splits, s.reader.batch_size) if start.splits else None
+    return FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream,
+                      file_order=s.file_order, bounds=bounds_of(s.entries), elastic=elastic)
+
+
+def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], past_files: bool) -> Any:
+    """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``)."""
+    if s.stream:
+        fallback = None
+        if s.sharding.active:
+            def fallback(epoch: int) -> List[FileTask]:
+                return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed,
+                                       file_order=s.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
+        return StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
+                             steps, fallback, s.time_major)
+    bucket = None if s.bucket_by is None else (Lengths(s.bucket_by), s.bucket_buffer)
+    return Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
+                   flag_padding=s.sharding.active, steps=steps, bucket=bucket,
+                   resumed=(start.epoch, start.skip if past_files else start.base),
+                   mix=None if s.mix is None else source.buffer)
+
+
+def _reader_stage(s: Settings, runner: Any) -> ReadFiles:
+    """Stage 2. Stream rows need several files before their first batch (no ramp there), and rows
+    whose files end at the same step all need a new one at once: a file per row is read ahead."""
+    ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
+    buffered = s.shuffle_buffer > 0 or s.bucket_by is not None or s.mix is not None  # rows meet here
+    return ReadFiles(runner, s.stream or buffered, ahead, s.errors, s.stats,
+                     start_ahead=None if s.stream else max(0, s.num_workers - 1))
+
+
+def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
+    """Under ranks, the steps every rank gives in an epoch (planned from the counts)."""
+    if not s.sharding.active:
+        return None
+    return lambda epoch: source.steps(epoch, s.reader.batch_size, s.seq_len, s.drop_last)
+
+
 async def batches(s: Settings, start: Start, run_blocking: Callable,
                   tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
     """The stages of one run, chained; ``run_blocking(fn, *args)`` runs ``fn`` off the loop.
 
     User methods run in this process ``num_threads`` at a time (``Lane``).
     """
-    there, here, local = split_steps(s)
     lane = Lane(run_blocking, s.num_threads, s.exclusive)
-    readahead = ReadAhead(run_blocking, s.reader, s.readahead_bytes, s.retries, s.cache)
-    pool = None
-    reader = with_filter(s.reader, s.filter_fn)
-    if s.num_workers:
-        def make_pool() -> WorkerPool:
-            return WorkerPool(s.num_workers, reader, there, s.worker_init_fn, s.start_method,
-                              persistent=s.kept_workers is not None)
-
-        pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
-        pool.busy = s.stats.busy
-        pool.start()
-        runner: Any = PoolRunner(pool, here, lane, readahead, all_steps=local, uses=(s.dataset, s.collator),
-                                 busy=s.stats.busy)
-    else:
-        runner = ThreadRunner(reader, local, lane, readahead, uses=(s.dataset, s.collator), busy=s.stats.busy)
-    runner = with_memory(runner, s.entries)
+    runner, pool = _runner(s, lane, ReadAhead(run_blocking, s.reader, s.readahead_bytes, s.retries, s.cache))
     try:
-        # a resumed epoch starts past the files before its position, found from the counts; a
-        # shuffle or bucket buffer or stream rows depend on everything before it, and so does the
-        # sample a batch starts at once samples were filtered or errors skipped: those replay the epoch
-        past_files = (start.skip > start.base and not s.stream and not s.shuffle_buffer and s.bucket_by is None
-                      and s.filter_fn is None and s.errors.policy is reraise and s.mix is None)
-        elastic = Elastic(start.epoch, start.splits, s.reader.batch_size) if start.splits else None
-        counts = await count_samples(s, lane) if s.sharding.active or past_files or elastic or s.mix else None
-        source: Any = FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts,
-                                 whole_files=s.stream, file_order=s.file_order, bounds=bounds_of(s.entries),
-                                 elastic=elastic)
-        if s.mix is not None:
-            source = MixSource(s.mix, counts or [], s.stop, s.shuffle, s.random_seed, start.end, s.sharding,
-                               s.stats.sources)
-        # stream rows need several files before their first batch (no ramp there), and rows whose
-        # files end at the same step all need a new one at once: a file per row is read ahead
-        ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
-        buffered = s.shuffle_buffer > 0 or s.bucket_by is not None or s.mix is not None  # rows go through buffers here
-        read = ReadFiles(runner, s.stream or buffered, ahead, s.errors, s.stats,
-                         start_ahead=None if s.stream else max(0, s.num_workers - 1))
+        past_files = resumes_past_files(s, start)
+        needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
+        source = _source(s, start, await count_samples(s, lane) if needs_counts else None)
+        read = _reader_stage(s, runner)
         skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
         if skip_rows:  # the file the position falls in is read again, up to the position
             s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
-        files = read.iterate(source.iterate(start.epoch, skip_rows), tasks)
-        steps = None
-        if s.sharding.active:
-            def steps(epoch: int) -> int:
-                return source.steps(epoch, s.reader.batch_size, s.seq_len, s.drop_last)
-        if s.stream:
-            fallback = None
-            if s.sharding.active:
-                def fallback(epoch: int) -> List[FileTask]:
-                    return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed,
-                                           file_order=s.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
-            batcher: Any = StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
-                                         steps, fallback, s.time_major)
-        else:
-            bucket = None if s.bucket_by is None else (Lengths(s.bucket_by), s.bucket_buffer)
-            batcher = Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
-                              flag_padding=s.sharding.active, steps=steps, bucket=bucket,
-                              resumed=(start.epoch, start.skip if past_files else start.base),
-                              mix=None if s.mix is None else source.buffer)
-        raw = batcher.iterate(files, read)
+        steps = _planned_steps(s, source)
+        raw = _batcher(s, start, source, steps, past_files).iterate(
+            read.iterate(source.iterate(start.epoch, skip_rows), tasks), read)
         if start.skip and not past_files:
             raw = _skip(raw, start, s.stats)
         groups = OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks)

@@ -41,8 +41,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _ipc
 from ._errors import WorkerDied
-from ._threads import DaemonExecutor
 from ._stats import BUSY_SLOTS, Busy
+from ._threads import DaemonExecutor
 from ._worker import INIT_FAILED, READY, worker_main
 
 NEEDS_MAIN_GUARD = 86  # exit code of a process that was bootstrapping when it tried to start workers

@@ -11,7 +11,7 @@ import asyncio
 import collections
 import contextlib
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Deque, Generator, Iterator, Optional, Tuple, Union
+from typing import Any, AsyncGenerator, AsyncIterator, Deque, Generator, Iterator, Optional, Tuple, Union, cast
 
 from ._abc import DataReader
 from ._columns import Columns, n_rows, slice_rows, take
@@ -55,17 +55,18 @@ def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Ser
         if task.start == 0 and task.end is None:
             yield from _pieces(reader, task, busy)
             return
-        offset = 0  # rows start:end only (a rank's share of the file)
+        offset, end = 0, task.end  # rows start:end only (a rank's share of the file)
+        assert end is not None, "a share of a file names where it ends"
         pieces = _pieces(reader, task, busy)
         for piece in pieces:
             n = n_rows(piece)
-            lo, hi = max(task.start - offset, 0), min(task.end - offset, n)
+            lo, hi = max(task.start - offset, 0), min(end - offset, n)
             if lo < hi:
                 yield piece if (lo, hi) == (0, n) else slice_rows(piece, lo, hi)
             offset += n
-            if offset >= task.end:
+            if offset >= end:
                 # the share that ends where the count says the file ends checks there is no more
-                if task.end == task.count and (offset > task.end or any(n_rows(p) for p in pieces)):
+                if end == task.count and (offset > end or any(n_rows(p) for p in pieces)):
                     raise ValueError(f"file {task.path!r} has more samples than the {task.count} "
                                      f"DataReader.count said: the rest would be lost")
                 return
@@ -96,7 +97,7 @@ def pieces_with_end(reader: Any, task: FileTask, data: Union[None, bytes, Served
         for piece, dropped in gen:
             yield piece, False, dropped
         return
-    with contextlib.closing(gen):
+    with contextlib.closing(cast(Generator[Any, None, None], gen)):
         ahead = next(gen, None)
         while ahead is not None:
             (piece, dropped) = ahead
@@ -143,7 +144,7 @@ class FileStream:
         """The file is not wanted after all: stop reading it."""
         self._reader.cancel()
 
-    async def pieces(self) -> AsyncIterator[Piece]:
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
         offset = self.task.start
         self._demand.set()
         try:
@@ -239,7 +240,7 @@ class ReadFiles:
             self._fill()
             yield item
 
-    async def pieces(self, stream: FileStream) -> AsyncIterator[Piece]:
+    async def pieces(self, stream: FileStream) -> AsyncGenerator[Piece, None]:
         """The pieces of ``stream``; a failure goes through the error policy."""
         try:
             async for piece in stream.pieces():

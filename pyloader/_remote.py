@@ -99,7 +99,7 @@ def with_retries(call: Callable[[], Any], what: str, retries: int) -> Any:
             return call()
         except Exception as exc:
             if attempt == retries or not is_transient(exc):
-                raise _give_up(exc, what, attempt + 1)
+                raise _give_up(exc, what, attempt + 1) from exc
         time.sleep(backoff(attempt))
 
 
@@ -110,7 +110,7 @@ async def awith_retries(call: Callable[[], Awaitable[Any]], what: str, retries: 
             return await call()
         except Exception as exc:
             if attempt == retries or not is_transient(exc):
-                raise _give_up(exc, what, attempt + 1)
+                raise _give_up(exc, what, attempt + 1) from exc
         await asyncio.sleep(backoff(attempt))
 
 

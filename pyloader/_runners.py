@@ -23,12 +23,25 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, AsyncIterator, Callable, cast, Deque, Dict, Generator, List, Optional, Sequence, Set, Tuple, Union
+from typing import (
+    Any,
+    AsyncIterator,
+    Callable,
+    Deque,
+    Generator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+    cast,
+)
 
 from ._abc import is_thread_safe
 from ._batch import Segments, StackedOutputs
-from ._columns import Columns, n_rows, slice_rows
 from ._bytes import ReadAhead
+from ._columns import Columns, n_rows, slice_rows
 from ._files import Served
 from ._filter import unbundle
 from ._map import Outcome, Step, StepFailed, run_each, run_stacked
@@ -197,7 +210,8 @@ class LocalSteps:
         done = run_stacked(self.steps, datas, self.busy)
         if done is not None:
             return done
-        cheap = len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW and self.lane.idle(self._keys)
+        cheap = (len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW
+                 and self.lane.idle(self._keys))
         result, took = self.lane.exclusive.call(self._keys, _timed, self.steps, datas, self.busy) if cheap else \
             await self.lane.run(_timed, self.steps, datas, self.busy, uses=self.uses)
         self._recent.append(took)
@@ -271,7 +285,7 @@ class PoolRunner:
         self._sent = 0  # groups of rows here that went to workers since the last measurement
 
     async def pieces(self, task: FileTask, fetch: bool,
-                     demand: asyncio.Event) -> AsyncIterator[Tuple[int, Optional[Columns], Any]]:
+                     demand: asyncio.Event) -> AsyncIterator[Tuple[int, Optional[Columns], Any, int]]:
         """The file's pieces, read in a worker from the bytes read ahead here (a file larger than
         the read-ahead budget: read by the worker itself)."""
         served = await self.readahead.fetch(task.path, demand, streams=False)

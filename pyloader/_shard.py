@@ -33,18 +33,25 @@ class Sharding:
         return self.world_size > 1
 
 
+SINGLE = Sharding()  # one process
+
+
+def _found() -> Tuple[int, int]:
+    """The rank and world size of an initialized ``torch.distributed`` group, else of ``RANK``/``WORLD_SIZE``."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
 def resolve(rank: Optional[int], world_size: Optional[int], even_batches: str) -> Sharding:
     """Explicit values, else an initialized ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``, else 0/1."""
     if even_batches not in EVEN_BATCHES:
         raise ValueError(f"even_batches must be one of {EVEN_BATCHES}, got {even_batches!r}")
     if rank is None or world_size is None:
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
-        else:
-            rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-            world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+        found_rank, found_world = _found()
+        rank = found_rank if rank is None else rank
+        world_size = found_world if world_size is None else world_size
     for name, value in (("rank", rank), ("world_size", world_size)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{name} must be an integer, got {value!r}")

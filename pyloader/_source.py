@@ -7,7 +7,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 from ._order import FileOrder, OrderFn
 from ._rng import FILE_ORDER, derive_rng
-from ._shard import Sharding, Split, planned_steps, rank_ranges, stream_positions, stream_target
+from ._shard import SINGLE, Sharding, Split, planned_steps, rank_ranges, stream_positions, stream_target
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class FileSource:
     """
 
     def __init__(self, files: Sequence[str], num_epoch: int, shuffle: bool, seed: int,
-                 sharding: Sharding = Sharding(), counts: Optional[Sequence[Optional[int]]] = None,
+                 sharding: Sharding = SINGLE, counts: Optional[Sequence[Optional[int]]] = None,
                  whole_files: bool = False, file_order: Optional[OrderFn] = None,
                  bounds: Optional[Sequence[Bounds]] = None, elastic: Optional[Elastic] = None) -> None:
         self.files = list(files)
@@ -95,6 +95,7 @@ class FileSource:
             for pos, index in enumerate(order):
                 yield self._whole(epoch, pos, index)
             return
+        assert self.counts is not None, "sharding needs the sample counts"
         if self.whole_files:
             for pos in stream_positions(order, self.sharding):
                 index = order[pos]
@@ -120,6 +121,7 @@ class FileSource:
         """The number of steps every rank gives in ``epoch``, planned from the counts alone
         (under ranks), so that no rank needs to ask the others."""
         order = self.order(epoch)
+        assert self.counts is not None, "planning steps needs the sample counts"
         if self.whole_files:
             return stream_target(order, self.counts, batch_size, seq_len or 1, self.sharding)
         splits, _ = self._splits(epoch)

@@ -26,8 +26,20 @@ import sys
 import threading
 import time
 import weakref
-from typing import (Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Set, Tuple,
-                    TypeVar)
+from typing import (
+    Any,
+    ContextManager,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Set,
+    Tuple,
+    TypeVar,
+)
 
 logger = logging.getLogger("pyloader")
 

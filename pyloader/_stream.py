@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import contextlib
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
-from ._batch import SRC, Batch, GroupSize, Stacked
+from ._batch import SRC, Batch, Group, GroupSize, Stacked
 from ._columns import Columns, concat, n_rows, slice_rows
 from ._read import FileStream, Piece, ReadFiles, ReadItem
 from ._source import EpochEnd, FileTask
@@ -57,8 +57,9 @@ class _Counted:
         self.task = stream.task
         self._stream = stream
 
-    async def pieces(self) -> AsyncIterator[Piece]:
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
         count, seen = self.task.count, 0
+        assert count is not None, "a counted stream has a count"
         async with contextlib.aclosing(self._stream.pieces()) as pieces:
             async for piece in pieces:
                 seen += piece.n
@@ -71,7 +72,7 @@ class _Counted:
                              f"ranks would take different numbers of steps")
 
 
-def _row_pieces(read: ReadFiles, stream: FileStream) -> AsyncIterator[Piece]:
+def _row_pieces(read: ReadFiles, stream: FileStream) -> AsyncGenerator[Piece, None]:
     """The pieces a row takes from ``stream``: checked against the file's count when there is one."""
     return read.pieces(stream if stream.task.count is None else _Counted(stream))  # type: ignore[arg-type]
 
@@ -79,7 +80,7 @@ def _row_pieces(read: ReadFiles, stream: FileStream) -> AsyncIterator[Piece]:
 class _Row:
     """A cursor over one file's samples; knows ahead of time whether the file has ended."""
 
-    def __init__(self, pieces: AsyncIterator[Piece], task: FileTask, replay: bool) -> None:
+    def __init__(self, pieces: AsyncGenerator[Piece, None], task: FileTask, replay: bool) -> None:
         self._pieces = pieces
         self.task = task
         self.replay = replay
@@ -99,9 +100,11 @@ class _Row:
             if piece is None:
                 self.exhausted, self._piece, self._size, self._offset, self.array_keys = True, None, 0, 0, None
                 return
-            self._piece, self._size, self._offset = piece.columns, n_rows(piece.columns), 0
-            arrays = all(isinstance(col, np.ndarray) for col in self._piece.values())
-            self.array_keys = tuple(self._piece) if arrays else None
+            columns = piece.columns
+            assert columns is not None, "stream rows are held here"
+            self._piece, self._size, self._offset = columns, n_rows(columns), 0
+            arrays = all(isinstance(col, np.ndarray) for col in columns.values())
+            self.array_keys = tuple(columns) if arrays else None
 
     def ahead(self) -> int:
         """Samples at hand in the current piece (0 once the file has ended)."""
@@ -113,12 +116,14 @@ class _Row:
         offset = self._offset
         self._offset += count
         self.position += count
+        assert self._piece is not None, "cut only what is at hand"
         return self._piece, offset
 
     async def take(self, count: int) -> Tuple[List[Columns], int]:
         parts, got = [], 0
         while got < count and not self.exhausted:
             k = min(count - got, self._size - self._offset)
+            assert self._piece is not None, "a file not exhausted has a piece at hand"
             parts.append(slice_rows(self._piece, self._offset, self._offset + k))
             self._offset += k
             got += k
@@ -185,7 +190,8 @@ class StreamBatcher:
                 pad = np.full(np.shape(first), pad).tolist()
         fills = [self._fill(key, r, col, pad) for r, col in enumerate(columns)]
         if arrays:
-            dtype, sample = _common_layout(key, live) if live else (like.dtype, like.shape[1:])
+            shaped: Any = like  # an array, as ``arrays`` says
+            dtype, sample = _common_layout(key, cast(Any, live)) if live else (shaped.dtype, shaped.shape[1:])
             out = np.full((len(columns), width) + sample, pad, dtype=dtype)
             for r, col in enumerate(columns):
                 n = 0 if col is None else len(col)
@@ -237,7 +243,8 @@ class StreamBatcher:
                 return row
         return None
 
-    async def _epoch(self, unread: AsyncIterator[FileStream], read: ReadFiles, epoch: int) -> AsyncIterator[Batch]:
+    async def _epoch(self, unread: AsyncIterator[FileStream], read: ReadFiles,
+                     epoch: int) -> AsyncIterator[Group]:
         rows: List[Optional[_Row]] = [None] * self.rows
         delivered: List[FileTask] = []
         replays = 0
@@ -271,6 +278,7 @@ class StreamBatcher:
                     if target is None:
                         return  # every file delivered in full: no batch of padding only
                     if self._template is None and not any(rows):  # a rank with no file yet
+                        assert self.fallback is not None, "ranks give a fallback"
                         rows[0] = await self._replay_row(self.fallback(epoch), replays, read)
                         replays += 1
                         first[0] = rows[0] is not None
@@ -279,6 +287,7 @@ class StreamBatcher:
                 steps = self._steps_ahead(rows)
                 if target is not None:
                     steps = min(steps, target - index)
+                group: Group
                 if steps:
                     group = self._cut_steps(rows, first, epoch, index, min(steps, sizes.take()))
                 else:
@@ -311,7 +320,7 @@ class StreamBatcher:
         cuts = [None if row is None else row.cut(steps * width) for row in rows]
         template = next(piece for piece, _ in filter(None, cuts))
         self._template = template
-        files = [(row.task.path, cut[0]) for row, cut in zip(rows, cuts) if cut is not None]
+        files = [(row.task.path, cut[0]) for row, cut in zip(rows, cuts) if row is not None and cut is not None]
         data: Dict[str, np.ndarray] = {}
         for key in template:
             if key == SRC:
@@ -369,6 +378,7 @@ class StreamBatcher:
             windows.append(concat(parts, f"file {row.task.path!r}"))
             paths.add(row.task.path)
         template = next((w for w in windows if w is not None), self._template)
+        assert template is not None, "a step has a window, or follows one"
         self._template = template
         files = [None if row is None else row.task.path for row in rows]
         first_path = next((path for path in files if path is not None), None)
@@ -390,7 +400,7 @@ class StreamBatcher:
                 STREAM_ID: stream_id, POSITION: position}
         return Batch(epoch, index, data, tuple(sorted(paths)), meta)
 
-    async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Batch]:
+    async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Group]:
         items = aiter(items)
         while True:
             head = await anext(items, None)

@@ -5,7 +5,6 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
-
 _PADDING_SUFFIXES = ("_mask", "_lengths")
 INFER_FROM = 8  # batches the signature is inferred from
 

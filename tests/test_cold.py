@@ -14,12 +14,11 @@ from typing import List
 
 import numpy as np
 import pytest
+from conftest import ListCollator, wait_no_threads
 
 import pyloader as pl
 from pyloader.collators import NumpyCollator
 from pyloader.readers import NumpyReader
-
-from conftest import ListCollator, wait_no_threads
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[1]

@@ -229,9 +229,11 @@ def test_torch_types_and_dtypes():
     arr = np.arange(6, dtype=np.float64).reshape(2, 3)
     collator = TorchCollator()
     assert isinstance(collator, DataCollator)
-    out = collator.collate_batch({"ids": [[1, 2, 3], [4]], "x": [0.5, 1.5], "b": [True, False], "arr": arr, "s": ["a", "b"]})
+    out = collator.collate_batch({"ids": [[1, 2, 3], [4]], "x": [0.5, 1.5], "b": [True, False], "arr": arr,
+                                  "s": ["a", "b"]})
     assert list(out) == ["ids", "ids_mask", "x", "b", "arr", "s"]
-    for key, dtype in [("ids", torch.int64), ("ids_mask", torch.bool), ("x", torch.float32), ("b", torch.bool), ("arr", torch.float64)]:
+    for key, dtype in [("ids", torch.int64), ("ids_mask", torch.bool), ("x", torch.float32), ("b", torch.bool),
+                       ("arr", torch.float64)]:
         assert isinstance(out[key], torch.Tensor), key
         assert out[key].dtype == dtype, key
         assert out[key].device.type == "cpu"
@@ -264,7 +266,8 @@ def tf():
 def test_tf_output_types(tf):
     collator = TFCollator(pad_info="lengths")
     out = collator.collate_batch(
-        {"ids": [[1, 2, 3], [4]], "x": [0.5, 1.5], "b": [True, False], "arr": np.ones((2, 2), np.float64), "s": ["a", "b"]}
+        {"ids": [[1, 2, 3], [4]], "x": [0.5, 1.5], "b": [True, False], "arr": np.ones((2, 2), np.float64),
+         "s": ["a", "b"]}
     )
     assert list(out) == ["ids", "ids_lengths", "x", "b", "arr", "s"]
     for key, dtype in [

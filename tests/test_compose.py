@@ -13,11 +13,11 @@ import os
 from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
+from conftest import IdReader, ListCollator, wait_no_children, wait_no_threads, write_chunks
 
 import pyloader as pl
 from pyloader._rng import FILE_ORDER, derive_rng
 from pyloader.readers import JsonLinesReader
-from conftest import IdReader, ListCollator, wait_no_children, wait_no_threads, write_chunks
 
 pytestmark = pytest.mark.timeout(180)
 PADDING = "__padding__"

@@ -11,9 +11,9 @@ from typing import Dict, List
 
 import numpy as np
 import pytest
+from conftest import IdReader, ListCollator, write_chunks
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, write_chunks
 from pyloader.collators import NumpyCollator
 from pyloader.readers import JsonLinesReader
 
@@ -122,7 +122,7 @@ def test_stream_mode_under_ranks(tmp_path):
 def test_resume_under_ranks(tmp_path):
     write_chunks(tmp_path, [9, 4, 15, 2, 7])
     for rank in range(2):
-        def make():
+        def make(rank: int = rank) -> pl.DataLoader:
             return pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=rank,
                                  world_size=2, shuffle=True, num_epoch=2, shuffle_buffer=4)
         full = [b["id"] for b in make()]

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Callable, List
 
 import pytest
+from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -183,7 +183,7 @@ def test_a_child_forked_while_a_loader_runs_can_use_it_without_deadlock(tmp_path
         held = [pl.DataLoader(IdReader(4), pl.IdentityDataset(), ListCollator(), str(tmp_path), max_queue_size=2)]
         held.append(iter(held[0]))
         first = next(held[1])["id"]
-        code = in_forked_child(lambda: CHILD_WORK[how](held))
+        code = in_forked_child(lambda held=held: CHILD_WORK[how](held))
         assert code == 0, f"the child {'hung' if code == -9 else f'exited with {code}'}"
         assert first + ids_of(held[1]) == list(range(1000))  # the parent's run went on untouched
         held[0].close()

@@ -8,9 +8,9 @@ import pickle
 import shutil
 
 import pytest
+from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 from pyloader.collators import NumpyCollator
 from pyloader.readers import JsonLinesReader
 

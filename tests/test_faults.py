@@ -22,9 +22,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import psutil
 import pytest
+from conftest import IdReader, ListCollator, ids_of, our_threads, wait_no_threads, write_chunks
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, ids_of, our_threads, wait_no_threads, write_chunks
 from pyloader.readers import JsonLinesReader, NumpyReader, TextLinesReader
 
 pytestmark = pytest.mark.timeout(120)

@@ -25,15 +25,24 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from conftest import ListCollator, ids_of, wait_no_children, wait_no_threads
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pyloader as pl
-from conftest import ListCollator, ids_of, wait_no_children, wait_no_threads
 from pyloader._abc import is_thread_safe
 from pyloader.collators import NumpyCollator
-from pyloader.readers import CSVReader, JsonLinesReader, NumpyReader, ParquetReader, TextLinesReader
-from pyloader.readers import _base, _csv, _jsonl
+from pyloader.readers import (
+    CSVReader,
+    JsonLinesReader,
+    NumpyReader,
+    ParquetReader,
+    TextLinesReader,
+    _base,
+    _csv,
+    _jsonl,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -451,8 +460,8 @@ def test_parquet_columns_select_and_a_missing_or_unreadable_one_names_the_file(t
     truncated = tmp_path / "cut.parquet"
     truncated.write_bytes(path.read_bytes()[:200] + path.read_bytes()[-120:])
     for broken in (bad, truncated):
-        for call in (lambda: reader.read_file(str(broken)), lambda: list(reader.iter_file(str(broken))),
-                     lambda: reader.count(str(broken))):
+        for call in (lambda b=broken: reader.read_file(str(b)), lambda b=broken: list(reader.iter_file(str(b))),
+                     lambda b=broken: reader.count(str(b))):
             with pytest.raises(ValueError, match=f"^file {str(broken)!r}: cannot read as Parquet") as info:
                 call()
             assert isinstance(info.value.__cause__, pa.ArrowException)

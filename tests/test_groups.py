@@ -9,16 +9,15 @@ import time
 
 import numpy as np
 import pytest
+from conftest import IdReader, ListCollator, ids_of, write_chunks
+from worker_helpers import ListCollator as WorkerListCollator
+from worker_helpers import NumReader, PassThrough, PidReader
 
 import pyloader as pl
-from pyloader.collators import NumpyCollator
-from pyloader.readers import NumpyReader
 from pyloader._read import pieces_with_end
 from pyloader._source import FileTask
-
-from conftest import IdReader, ListCollator, ids_of, write_chunks
-from worker_helpers import NumReader, PassThrough, PidReader
-from worker_helpers import ListCollator as WorkerListCollator
+from pyloader.collators import NumpyCollator
+from pyloader.readers import NumpyReader
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -213,7 +212,7 @@ def test_stacked_rows_are_made_on_demand():
 
 def test_run_stacked_runs_only_when_every_step_can():
     from pyloader._batch import StackedRows
-    from pyloader._map import run_stacked, run_each
+    from pyloader._map import run_each, run_stacked
 
     columns = {"x": np.arange(12).reshape(3, 4)}
     rows = StackedRows(columns, 3)

@@ -12,9 +12,9 @@ from typing import List
 
 import fsspec
 import pytest
+from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 from pyloader.readers import JsonLinesReader
 
 pytestmark = pytest.mark.timeout(60)

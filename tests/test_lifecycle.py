@@ -13,9 +13,9 @@ import weakref
 
 import numpy as np
 import pytest
+from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 
 pytestmark = pytest.mark.timeout(60)
 

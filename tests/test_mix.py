@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import List, Sequence
 
 import pytest
+from conftest import IdReader, ListCollator, wait_no_threads, write_chunks
 
 import pyloader as pl
 from pyloader.readers import JsonLinesReader
-
-from conftest import IdReader, ListCollator, wait_no_threads, write_chunks
 
 B_BASE = 1_000_000  # the ids of the JSONL source start here
 

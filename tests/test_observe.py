@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import IdReader, ListCollator, wait_no_threads, write_chunks
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, wait_no_threads, write_chunks
 
 pytestmark = pytest.mark.timeout(60)
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +30,8 @@ class SleepyDataset(pl.Dataset):
 
 
 REPORT_KEYS = {
-    "files_read", "samples_read", "filtered_samples", "skipped_files", "skipped_batches", "error_count", "batches", "samples",
+    "files_read", "samples_read", "filtered_samples", "skipped_files", "skipped_batches", "error_count", "batches",
+    "samples",
     "seconds", "batches_per_s", "samples_per_s", "wait_s", "step_s", "stall_share", "queue_fill", "stage_s",
     "method_s", "resume_files", "resume_batches",
 }

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
+from conftest import IdReader, ListCollator, wait_no_threads, write_chunks
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, wait_no_threads, write_chunks
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,8 +15,7 @@ from numpy.lib import format as npformat
 
 from pyloader import DataReader
 from pyloader._columns import concat
-from pyloader.readers import CSVReader, JsonLinesReader, NumpyReader, TextLinesReader
-from pyloader.readers import _jsonl
+from pyloader.readers import CSVReader, JsonLinesReader, NumpyReader, TextLinesReader, _jsonl
 
 pytestmark = pytest.mark.timeout(60)
 

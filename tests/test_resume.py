@@ -8,9 +8,9 @@ import time
 from typing import Any, Dict, List, Tuple
 
 import pytest
+from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 
 pytestmark = pytest.mark.timeout(90)
 

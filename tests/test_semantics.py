@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import IdReader, ListCollator, ids_of, write_chunks
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, ids_of, write_chunks
 
 pytestmark = pytest.mark.timeout(60)
 

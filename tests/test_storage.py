@@ -18,13 +18,12 @@ from typing import Dict, List, Optional
 import fsspec
 import numpy as np
 import pytest
+from conftest import wait_no_threads
 
 import pyloader as pl
 from pyloader._remote import is_transient
 from pyloader.collators import NumpyCollator
 from pyloader.readers import JsonLinesReader, NumpyReader
-
-from conftest import wait_no_threads
 
 pytestmark = pytest.mark.timeout(120)
 

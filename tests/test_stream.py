@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from conftest import STOP_WAYS, stop_early, wait_no_children, wait_no_threads
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import pyloader as pl
-from conftest import STOP_WAYS, stop_early, wait_no_children, wait_no_threads
 from pyloader.collators import NumpyCollator, TorchCollator
 
 pytestmark = pytest.mark.timeout(120)

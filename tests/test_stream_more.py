@@ -12,12 +12,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from conftest import wait_no_children, wait_no_threads
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_stream import PieceReader, epoch_order, write_streams
 
 import pyloader as pl
-from conftest import wait_no_children, wait_no_threads
 from pyloader.collators import NumpyCollator, TorchCollator
-from test_stream import PieceReader, epoch_order, write_streams
 
 pytestmark = pytest.mark.timeout(180)
 FIRST, VALID, REPLAY, STREAM_ID, POSITION = "__first__", "__valid__", "__replay__", "__stream_id__", "__position__"

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+from conftest import write_chunks
 
 import pyloader as pl
-from conftest import write_chunks
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
-from typing import Dict, List
 
 import pytest
+from conftest import IdReader, ListCollator, ids_of, write_chunks
 
 import pyloader as pl
-from conftest import IdReader, ListCollator, ids_of, write_chunks
 from pyloader._abc import is_thread_safe
 from pyloader.collators import NumpyCollator, TFCollator, TorchCollator
 from pyloader.readers import CSVReader, JsonLinesReader, NumpyReader, TextLinesReader

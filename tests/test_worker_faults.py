@@ -16,12 +16,19 @@ import time
 from pathlib import Path
 
 import pytest
-
-import pyloader as pl
 from conftest import write_chunks
 from test_workers import REPO, TESTS, all_notes, consume_until_error, ids_of, nothing_left_behind  # noqa: F401
-from worker_helpers import (EncodeDataset, ListCollator, LockReader, NumReader, OddResultCollator, recorded_workers,
-                            refuse_to_init)
+from worker_helpers import (
+    EncodeDataset,
+    ListCollator,
+    LockReader,
+    NumReader,
+    OddResultCollator,
+    recorded_workers,
+    refuse_to_init,
+)
+
+import pyloader as pl
 
 pytestmark = pytest.mark.timeout(120)
 

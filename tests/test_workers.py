@@ -20,12 +20,12 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import psutil
 import pytest
+from conftest import STOP_WAYS, our_threads, stop_early, wait_no_children, wait_no_threads, write_chunks
+from worker_helpers import EncodeDataset, InitRecorder, ListCollator, NumReader, OpenFileReader, recorded_workers
 
 import pyloader as pl
-from conftest import STOP_WAYS, our_threads, stop_early, wait_no_children, wait_no_threads, write_chunks
 from pyloader.collators import NumpyCollator
 from pyloader.readers import NumpyReader
-from worker_helpers import EncodeDataset, InitRecorder, ListCollator, NumReader, OpenFileReader, recorded_workers
 
 pytestmark = pytest.mark.timeout(120)
 

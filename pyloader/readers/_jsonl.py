@@ -3,12 +3,22 @@ from __future__ import annotations
 
 import itertools
 from operator import itemgetter
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .._columns import Columns
-from ._base import (LineReader, Row, check_fields, count_lines, file_error, is_blank, iter_text_blocks,
-                    numbered_lines, row_chunks)
+from ._base import (
+    LineReader,
+    Row,
+    check_fields,
+    count_lines,
+    file_error,
+    is_blank,
+    iter_text_blocks,
+    numbered_lines,
+    row_chunks,
+)
 
+_loads: Callable[[Union[str, bytes]], Any]
 try:
     from orjson import loads as _loads
 except ImportError:  # orjson is optional

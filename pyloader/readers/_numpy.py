@@ -5,7 +5,7 @@ import contextlib
 import math
 import zipfile
 import zlib
-from typing import IO, Dict, Iterator, Optional, Tuple
+from typing import IO, Any, Dict, Iterator, Optional, Tuple, cast
 
 import numpy as np
 from numpy.lib import format as npformat
@@ -136,6 +136,7 @@ class _Rows:
             out = self.whole[self.pos:self.pos + k]
         else:
             out = np.empty((k,) + tuple(self.shape[1:]), dtype=self.dtype)
+            assert self.stream is not None, "rows not mapped are read from the stream"
             _fill(self.stream, out)
         self.pos += k
         return out
@@ -166,8 +167,8 @@ def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...
     return shape, fortran_order, dtype
 
 
-def _fill(fp: IO[bytes], out: np.ndarray) -> None:
-    view = memoryview(out.reshape(-1).view(np.uint8))
+def _fill(fp: Any, out: np.ndarray) -> None:
+    view = memoryview(cast(Any, out.reshape(-1).view(np.uint8)))
     got = 0
     while got < len(view):
         n = fp.readinto(view[got:])
