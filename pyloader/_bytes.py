@@ -146,8 +146,11 @@ class _LocalFile:
         return cls(path, stat.st_size, executor)
 
     async def whole(self) -> bytes:
-        async with aiofiles.open(self.path, "rb", executor=self._executor) as f:
+        f = await aiofiles.open(self.path, "rb", executor=self._executor)
+        try:
             return await f.read()
+        finally:  # at once, here: a close sent to the executor never runs once a stopping run's threads are gone
+            f._file.close()
 
     async def read(self, start: int, n: int) -> bytes:
         if self._file is None:
