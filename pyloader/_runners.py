@@ -234,10 +234,10 @@ class ThreadRunner:
                      demand: asyncio.Event) -> AsyncIterator[Tuple[int, Columns, None, int]]:
         """The file's pieces, its bytes read ahead (``demand``: the consumer waits for this file)."""
         served = await self.readahead.fetch(task.path, demand)
-        gen: Generator[Tuple[Columns, bool, int], None, None] = pieces_with_end(self.reader, task, served, self.busy)
+        gen = _Stepped(pieces_with_end(self.reader, task, served, self.busy))
         try:
             while True:
-                item = await self.lane.run(next, gen, _DONE, priority=read_priority(task), uses=self._reader_uses)
+                item = await self.lane.run(gen.step, priority=read_priority(task), uses=self._reader_uses)
                 if item is _DONE or item[1]:
                     self.readahead.unused(task.path, served)
                 if item is _DONE:
@@ -247,12 +247,35 @@ class ThreadRunner:
                 if last:
                     return
         finally:
-            try:
-                gen.close()  # the reader's own clean-up (closing its file)
-            except ValueError:
-                pass  # still running in the executor: it closes when collected
+            gen.close()  # the reader's own clean-up (closing its file)
             if served is not None:
                 served.release()
+
+
+class _Stepped:
+    """A generator stepped in executor threads and closed from the loop whenever the run is done
+    with it: a close that comes while a step runs is made by that step's thread as it ends, so the
+    reader's clean-up (closing its file) never waits for the garbage collector."""
+
+    def __init__(self, gen: Generator[Any, None, None]) -> None:
+        self._gen = gen
+        self._lock = threading.Lock()
+        self._closing = False
+
+    def step(self) -> Any:
+        with self._lock:
+            item = next(self._gen, _DONE)
+        if self._closing:
+            self.close()
+        return item
+
+    def close(self) -> None:
+        self._closing = True
+        if self._lock.acquire(blocking=False):  # else the step running now closes it as it ends
+            try:
+                self._gen.close()
+            finally:
+                self._lock.release()
 
 
 class PoolRunner:
