@@ -13,8 +13,9 @@ Contracts:
   with (``_remote.version``).
 - ``limit`` bounds the bytes of the entries: before an entry is written, the least
   recently used ones (by the time their ``.json`` was last served) are removed until it
-  fits (entries being written at that moment by other writers are not counted yet). A
-  file larger than ``limit`` is not cached. Temporary files left by a writer that
+  fits, and again once it is written (entries written meanwhile by other writers count
+  then): the limit holds whenever no entry is being written. A file larger than ``limit``
+  is not cached. Temporary files left by a writer that
   died are removed once they are an hour old.
 
 Every method here blocks on the disk: the loader calls them off the event loop.
@@ -181,6 +182,7 @@ class EntryWriter:
         # data first: a reader that finds the new description with the old bytes fails their checks
         os.replace(self._tmp, self.data_path)
         os.replace(meta_tmp, self.meta_path)
+        self.cache._make_room(0)  # entries written meanwhile by other writers count now: trim to the limit
 
     def abort(self) -> None:
         if self._file is not None:
