@@ -234,7 +234,7 @@ class DataLoader:
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> "LoaderIterator":
         start = self._upcoming()
-        self._supersede()
+        self._stop_run(superseded=True)
         record = _Run(start)
         self._record = record
         it = LoaderIterator(self, record)
@@ -259,12 +259,6 @@ class DataLoader:
         if r is None or r.ended == "exhausted":
             return self._upcoming()
         return r.position()
-
-    def _supersede(self) -> None:
-        it = self._iterator() if self._iterator is not None else None
-        if it is not None:
-            it.supersede()
-        self._iterator = None
 
     @property
     def sharding(self) -> Sharding:
@@ -313,9 +307,12 @@ class DataLoader:
         if self._kept_workers is not None:
             self._kept_workers.close()
 
-    def _stop_run(self) -> None:
+    def _stop_run(self, superseded: bool = False) -> None:
+        """End the running iteration; ``superseded``: by a newer ``iter()`` (it then says so if used)."""
         it = self._iterator() if self._iterator is not None else None
-        if it is not None:
+        if it is not None and superseded:
+            it.supersede()
+        elif it is not None:
             it.close()
         self._iterator = None
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import socket
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 import psutil
 import pytest
@@ -97,6 +98,31 @@ def wait_no_children(timeout: float = 2.0) -> List[Tuple[int, str]]:
     while leftover_children() and time.monotonic() < deadline:
         time.sleep(0.02)
     return leftover_children()
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[int]:
+    """moto's S3 server on 127.0.0.1 (its port), credentials and endpoint in the usual
+    environment variables while inside."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = pytest.MonkeyPatch()
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")):
+        env.setenv(name, value)
+    try:
+        yield port
+    finally:
+        env.undo()
+        server.stop()
 
 
 STOP_WAYS = ("break", "close", "exception", "drop")

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import json
-import logging
-import socket
 
 import fsspec
 import pytest
+from conftest import moto_server
 
 import pyloader as pl
 from pyloader.collators import NumpyCollator
@@ -27,30 +26,16 @@ def ids(loader) -> list:
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """moto's S3 server on 127.0.0.1, credentials and endpoint in the usual environment variables."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    env = pytest.MonkeyPatch()
-    env.setenv("AWS_ACCESS_KEY_ID", "testing")
-    env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    env.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    env.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     import boto3
 
-    client = boto3.client("s3")
-    client.create_bucket(Bucket="train")
-    for i in range(6):
-        client.put_object(Bucket="train", Key=f"chunks/part-{i}.jsonl", Body=jsonl(i * 10, 10))
-    client.put_object(Bucket="train", Key="chunks/.hidden", Body=b"not data")
-    fsspec.config.conf.pop("s3", None)
-    yield client
-    env.undo()
-    server.stop()
+    with moto_server():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="train")
+        for i in range(6):
+            client.put_object(Bucket="train", Key=f"chunks/part-{i}.jsonl", Body=jsonl(i * 10, 10))
+        client.put_object(Bucket="train", Key="chunks/.hidden", Body=b"not data")
+        fsspec.config.conf.pop("s3", None)
+        yield client
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

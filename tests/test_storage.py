@@ -4,7 +4,6 @@ proxy in front of it."""
 from __future__ import annotations
 
 import json
-import logging
 import random
 import re
 import select
@@ -18,7 +17,7 @@ from typing import Dict, List, Optional
 import fsspec
 import numpy as np
 import pytest
-from conftest import wait_no_threads
+from conftest import moto_server, wait_no_threads
 
 import pyloader as pl
 from pyloader._remote import is_transient
@@ -136,24 +135,11 @@ def ids(loader) -> list:
 @pytest.fixture(scope="module")
 def moto_port():
     """moto's S3 server on 127.0.0.1 with a bucket ``store``; credentials in the environment."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    env = pytest.MonkeyPatch()
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")):
-        env.setenv(name, value)
     import boto3
 
-    boto3.client("s3").create_bucket(Bucket="store")
-    yield port
-    env.undo()
-    server.stop()
+    with moto_server() as port:
+        boto3.client("s3").create_bucket(Bucket="store")
+        yield port
 
 
 @pytest.fixture
