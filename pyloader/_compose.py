@@ -2,7 +2,7 @@
 
 Each feature lives in its own module (``_filter``: ``filter_fn``; ``_order``:
 ``file_order``; ``_bucket``: ``bucket_by``; ``_stream`` and ``_entries``: the
-stream-mode additions); this one only
+stream-mode additions; ``_rotation``: ``rotation``, ``rotation_dir``, ``rotation_size``); this one only
 gathers what ``DataLoader`` needs from all of them, so the loader names each once.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, Dict, Mapping, Optional
 from ._bucket import buffer_size, check_bucketing
 from ._filter import check_filter
 from ._order import check_file_order
+from ._rotation import check_rotation, rotation_fingerprint
 
 
 def check_compose(a: Mapping[str, Any]) -> None:
@@ -21,6 +22,7 @@ def check_compose(a: Mapping[str, Any]) -> None:
     if a["time_major"] and not (a["stream"] and a["seq_len"]):
         raise ValueError("time_major=True lays stream windows out as [T, B, ...]: it needs stream=True and seq_len")
     check_bucketing(a)
+    check_rotation(a)
 
 
 def callable_name(fn: Any) -> Optional[str]:
@@ -38,4 +40,4 @@ def compose_fingerprint(a: Mapping[str, Any]) -> Dict[str, Any]:
     return {"filter_fn": callable_name(a["filter_fn"]), "file_order": callable_name(a["file_order"]),
             "time_major": a["time_major"] or None,
             "bucket_by": bucket_by if isinstance(bucket_by, str) else callable_name(bucket_by),
-            "bucket_buffer": buffer_size(a)}
+            "bucket_buffer": buffer_size(a), "rotation": rotation_fingerprint(a)}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -24,6 +25,7 @@ from ._pipeline import Settings, batches
 from ._pool import KeptPool
 from ._progress import check as check_progress
 from ._progress import progress_bar
+from ._rotation import held_samples
 from ._runners import Exclusive
 from ._shard import Sharding
 from ._shard import resolve as resolve_sharding
@@ -125,7 +127,9 @@ class DataLoader:
     batch_size)``: one per row) (each holding at most 2 pieces from
     ``iter_file``, or the whole file when ``read_file`` is used), the bytes
     read ahead of the readers (``readahead_bytes``, exceeded by at most one file or
-    block per file the consumer waits for), and ``shuffle_buffer`` and ``bucket_buffer`` samples.
+    block per file the consumer waits for), ``shuffle_buffer`` and ``bucket_buffer`` samples,
+    and with ``rotation`` ``rotation_size`` encoded samples (on disk with ``rotation_dir``) and
+    2 groups of rotated batches being collated.
 
     User methods that run in this process (all of them without ``num_workers``)
     run ``num_threads`` at a time (default: one per file read ahead and per group
@@ -135,7 +139,7 @@ class DataLoader:
     Randomness is a pure function of ``random_seed`` (file order, ``file_order``'s
     ``rng``, shuffle buffer, bucketing), ``datareader.random_seed`` (in-file order)
     and the epoch. Composing data (``filter_fn``, ``file_order``, ``bucket_by``,
-    stream slices and in-memory streams): see ``_compose`` and the modules it names.
+    stream slices and in-memory streams, ``rotation``): see ``_compose`` and the modules it names.
     """
 
     def __init__(self, datareader: DataReader, dataset: Dataset, datacollator: DataCollator,
@@ -154,7 +158,8 @@ class DataLoader:
                  filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None,
                  file_order: Optional[Callable[..., Any]] = None, time_major: bool = False,
                  bucket_by: Optional[BucketBy] = None, bucket_buffer: Optional[int] = None,
-                 stop: str = "first_exhausted") -> None:
+                 stop: str = "first_exhausted", rotation: int = 1, rotation_dir: Optional[str] = None,
+                 rotation_size: Optional[int] = None) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
@@ -207,6 +212,8 @@ class DataLoader:
         self.file_order = file_order
         self.time_major = bool(time_major)
         self.bucket_by, self.bucket_buffer = bucket_by, buffer_size(self._arguments)
+        self.rotation, self.rotation_dir = rotation, None if rotation_dir is None else os.fspath(rotation_dir)
+        self.rotation_size = held_samples(self._arguments)  # samples held (default: R windows of 32 batches)
         self._stats = Stats()
         if self._mix is not None:
             self._stats.sources = [{"data_dir": str(s.data_dir), "weight": w, "samples": 0}
@@ -290,7 +297,8 @@ class DataLoader:
             readahead_bytes=self._readahead_bytes, retries=self._retries, cache=self._cache,
             filter_fn=self.filter_fn, file_order=self.file_order, time_major=self.time_major,
             entries=self._entries, bucket_by=self.bucket_by, bucket_buffer=self.bucket_buffer or 0,
-            mix=self._mix, stop=self.stop)
+            mix=self._mix, stop=self.stop,
+            rotation=self.rotation, rotation_dir=self.rotation_dir, rotation_size=self.rotation_size or 0)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
 
@@ -349,15 +357,15 @@ class DataLoader:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
         if self._mix is not None:
             mixed = MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, start.end, self.sharding)
-            return sum(mixed.batches(e, self.datareader.batch_size, self.drop_last)
+            return sum(mixed.batches(e, self.datareader.batch_size, self.drop_last, self.rotation)
                        for e in range(start.epoch, start.end))
         source = FileSource(self.files, start.end, self.shuffle, self.random_seed, self.sharding, counts,
                             whole_files=self.stream, file_order=self.file_order, bounds=bounds_of(self._entries))
         # epochs differ in batches when the order changes the steps (stream mode) or the files read
         varies = self.stream or declares_drops_or_repeats(self.file_order)
         epochs = range(start.epoch, start.end if varies else start.epoch + 1)
-        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, self.stream, self.seq_len)
-                for e in epochs)
+        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, self.stream, self.seq_len,
+                              self.rotation) for e in epochs)
         return n if varies else n * (start.end - start.epoch)
 
     @property

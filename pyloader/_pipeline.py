@@ -16,17 +16,21 @@ from ._errors import ErrorHandler, Stats, reraise
 from ._even import EvenSteps
 from ._filter import with_filter
 from ._frameworks import attach_meta
+from ._held import InMemory, OnDisk
 from ._length import checked_count
 from ._map import OrderedMap, Step
 from ._mix import MixSource
 from ._pool import KeptPool, WorkerPool
 from ._read import ReadFiles
-from ._runners import Exclusive, Lane, PoolRunner, ThreadRunner
-from ._shard import Sharding
+from ._rotation import Rotation
+from ._runners import Exclusive, Lane, LocalSteps, PoolRunner, ThreadRunner
+from ._shard import Sharding, batches_of
 from ._source import Elastic, FileSource, FileTask
 from ._sources import Mix
 from ._state import Start
 from ._stream import StreamBatcher
+
+_COLLATING = 2  # groups of rotated batches being collated at once
 
 
 @dataclass
@@ -71,6 +75,9 @@ class Settings:
     bucket_buffer: int = 0  # ... through a buffer of this many samples
     mix: Optional[Mix] = None  # weighted sources (``_mix``): ``files`` are theirs, ``reader`` reads each with its own
     stop: str = "first_exhausted"
+    rotation: int = 1  # each encoded sample served this many times per epoch (``_rotation``) ...
+    rotation_dir: Optional[str] = None  # ... held on disk here (else in memory) ...
+    rotation_size: int = 0  # ... this many samples at most
 
 
 class CheckedEncode:
@@ -110,10 +117,13 @@ def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
 
     With workers, a collator that makes tensors a worker should not (TF's) is
     split: NumPy stacking in the worker, conversion here; pinning is always here.
+    With rotation these steps only encode (collating: ``_collating``).
     """
     encode: Step = ("batch_encode", CheckedEncode(s.dataset))
     collate: Step = ("collate_batch", Collate(s.collator))
     finish: List[Step] = [] if s.finish is None else [("pin_memory", s.finish)]
+    if s.rotation > 1:  # collating comes after the rotation, in this process (``_collating``)
+        return [encode], [], [encode]
     if s.num_workers and getattr(s.collator, "converts_in_main", False):
         split: Any = s.collator  # an ArrayCollator: stacking there, converting here
         there = [encode, ("collate_batch", split.stack)]
@@ -121,6 +131,23 @@ def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
     else:
         there, here = [encode, collate], finish
     return there, here, [encode, collate, *finish]
+
+
+def _collating(s: Settings, lane: Lane) -> LocalSteps:
+    """With rotation: ``collate_batch`` (and pinning) on the rotated batches, in this process."""
+    steps: List[Step] = [("collate_batch", Collate(s.collator))]
+    if s.finish is not None:
+        steps.append(("pin_memory", s.finish))
+    return LocalSteps(steps, lane, uses=(s.collator,), busy=s.stats.busy)
+
+
+def _rotation(s: Settings, run_blocking: Callable, steps: Optional[Callable[[int], int]]) -> Optional[Rotation]:
+    """Stage 4b, with ``rotation`` > 1: encoded samples served several times, re-batched."""
+    if s.rotation == 1:
+        return None
+    held = InMemory() if s.rotation_dir is None else OnDisk(s.rotation_dir)
+    return Rotation(s.rotation, s.rotation_size, s.reader.batch_size, s.drop_last, s.random_seed,
+                    s.shuffle or s.file_order is not None, held, s.errors, s.stats, run_blocking, steps)
 
 
 async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
@@ -182,7 +209,7 @@ def resumes_past_files(s: Settings, start: Start) -> bool:
     counts: not when something before the position decides what comes after it (a shuffle or
     bucket buffer, stream rows, mixing, samples filtered or errors skipped): those replay it."""
     return (start.skip > start.base and not s.stream and not s.shuffle_buffer and s.bucket_by is None
-            and s.filter_fn is None and s.errors.policy is reraise and s.mix is None)
+            and s.filter_fn is None and s.errors.policy is reraise and s.mix is None and s.rotation == 1)
 
 
 def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Any:
@@ -206,10 +233,33 @@ def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[i
         return StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
                              steps, fallback, s.time_major)
     bucket = None if s.bucket_by is None else (Lengths(s.bucket_by), s.bucket_buffer)
+    if s.rotation > 1:  # the steps are the rotated batches': a share short of samples is padded later (EvenSteps)
+        steps = None
     return Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
                    flag_padding=s.sharding.active, steps=steps, bucket=bucket,
                    resumed=(start.epoch, start.skip if past_files else start.base),
                    mix=None if s.mix is None else source.buffer)
+
+
+def _skips_cut_batches(s: Settings, start: Start, past_files: bool) -> bool:
+    """Whether a resumed run drops the batches before its position as they are cut (with
+    rotation the rotated ones are dropped instead, ``_rotated``)."""
+    return bool(start.skip) and not past_files and s.rotation == 1
+
+
+def _rotated(s: Settings, start: Start, rotation: Rotation, lane: Lane, groups: AsyncIterator[Group],
+             tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
+    """Stages 4b and 5 with rotation: the encoded samples served again and re-batched (those before
+    a resumed position dropped), then collated in this process."""
+    rotated = rotation.iterate(groups)
+    if start.skip:
+        rotated = _skip(rotated, start, s.stats)
+    return OrderedMap(_collating(s, lane).run, _COLLATING, s.errors, s.stats).iterate(rotated, tasks)
+
+
+def _with_meta(group: Group) -> Group:
+    """The group as handed over: its batches' metadata (stream flags, padding flags) in their data."""
+    return attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
 
 
 def _reader_stage(s: Settings, runner: Any) -> ReadFiles:
@@ -225,6 +275,8 @@ def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
     """Under ranks, the steps every rank gives in an epoch (planned from the counts)."""
     if not s.sharding.active:
         return None
+    if s.rotation > 1:
+        return lambda epoch: batches_of(source.samples(epoch), s.reader.batch_size, s.drop_last, s.rotation)
     return lambda epoch: source.steps(epoch, s.reader.batch_size, s.seq_len, s.drop_last)
 
 
@@ -236,6 +288,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
     """
     lane = Lane(run_blocking, s.num_threads, s.exclusive)
     runner, pool = _runner(s, lane, ReadAhead(run_blocking, s.reader, s.readahead_bytes, s.retries, s.cache))
+    rotation: Optional[Rotation] = None
     try:
         past_files = resumes_past_files(s, start)
         needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
@@ -245,16 +298,21 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
         if skip_rows:  # the file the position falls in is read again, up to the position
             s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
         steps = _planned_steps(s, source)
+        rotation = _rotation(s, run_blocking, steps)
         raw = _batcher(s, start, source, steps, past_files).iterate(
             read.iterate(source.iterate(start.epoch, skip_rows), tasks), read)
-        if start.skip and not past_files:
+        if _skips_cut_batches(s, start, past_files):
             raw = _skip(raw, start, s.stats)
         groups = OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks)
+        if rotation is not None:  # encoded samples served again, re-batched, then collated here
+            groups = _rotated(s, start, rotation, lane, groups, tasks)
         if steps is not None:  # a batch skipped after an error leaves a hole, padded there
             groups = EvenSteps(steps, start.epoch, start.skip, start.end).iterate(groups)
         async for group in groups:
             read.open_up()
-            yield attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
+            yield _with_meta(group)
     finally:
+        if rotation is not None:
+            rotation.close()
         if pool is not None:
             pool.finish()
