@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from typing import Any, List, Optional, Protocol
+from typing import Any, Dict, List, Optional, Protocol
 
 import numpy as np
 
@@ -121,9 +121,23 @@ class OnDisk:
         self.root: Optional[str] = None
         self._lock = threading.Lock()
         self._closed = False
+        self._stored: Optional[Dict[str, _npcolumns.Stored]] = None  # how the first chunk's fields are stored
 
     def chunk(self, columns: Columns) -> _npcolumns.Encoded:
-        return _npcolumns.encode(columns)
+        """The chunk as arrays; a field stored otherwise than in the first chunk is an ``Unstorable``."""
+        encoded = _npcolumns.encode(columns)
+        stored = {key: _npcolumns.stored(field) for key, field in encoded.items()}
+        if self._stored is None:
+            self._stored = stored
+        for key, how in stored.items():
+            first = self._stored.get(key)
+            if first is not None and first[1] is None:  # empty so far: what has values tells
+                self._stored[key] = first = how
+            if first is not None and not _npcolumns.same_storage(how, first):
+                raise _npcolumns.Unstorable(f"rotation_dir stores a field one way for all samples: field {key!r} "
+                                            f"holds {_npcolumns.describe(how)} here and {_npcolumns.describe(first)} "
+                                            f"before")
+        return encoded
 
     def rows(self, chunk: _npcolumns.Encoded) -> int:
         return _npcolumns.rows(chunk)

@@ -108,6 +108,27 @@ def encode(columns: Columns) -> Encoded:
     return {key: _field(key, values) for key, values in columns.items()}
 
 
+Stored = Tuple[str, Any, Tuple[int, ...]]  # a field's kind, dtype (None: no values) and per-sample shape
+
+
+def stored(field: Field) -> Stored:
+    """How a field is stored, to compare with how it was before (``same_storage``)."""
+    kind, arrays = field
+    values = arrays["v"]
+    shape = tuple(values.shape[1:]) if kind == "array" else ()
+    return kind, values.dtype if values.size or kind == "array" else None, shape
+
+
+def describe(how: Stored) -> str:
+    kind, dtype, shape = how
+    return f"{kind}" + ("" if dtype is None else f" of {dtype}") + (f", {shape} per sample" if shape else "")
+
+
+def same_storage(a: Stored, b: Stored) -> bool:
+    """Whether fields stored as ``a`` and ``b`` can be joined and read back alike."""
+    return a[0] == b[0] and a[2] == b[2] and (a[1] is None or b[1] is None or a[1] == b[1])
+
+
 def rows(encoded: Encoded) -> int:
     for kind, arrays in encoded.values():
         return len(arrays["o"]) - 1 if kind in _RAGGED else len(arrays["v"])

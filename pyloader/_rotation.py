@@ -36,8 +36,10 @@ Contracts:
   the batches before the position are not collated, ``_pipeline``): the schedule is a pure function
   of the samples, the seed and the epoch.
 * **Errors.** A batch whose samples cannot be rotated (fields of unequal lengths, fields or shapes
-  that change, a field ``rotation_dir`` cannot store) fails at stage ``rotation``, naming its
-  files; ``on_error`` handles it like a failed ``batch_encode``.
+  that change, a field ``rotation_dir`` cannot store, or stores otherwise than before) fails at
+  stage ``rotation``, naming its files; ``on_error`` handles it like a failed ``batch_encode``.
+  A window that cannot be written to ``rotation_dir`` stops the iteration (stage ``rotation``,
+  naming the window's files).
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ import numpy as np
 
 from ._batch import Batch, Group, GroupSize
 from ._columns import Columns, check_columns, concat, interleave, n_rows, slice_rows
-from ._errors import ErrorHandler
+from ._errors import ErrorHandler, PipelineError
 from ._held import Held, Window
 from ._rng import ROTATION, derive_rng
 from ._stats import Stats
@@ -205,7 +207,8 @@ class _Epoch:
         self.windows: Dict[int, Any] = {}  # j: a Window filling, or sealed (``Held.seal``)
         self.orders: Dict[int, List[np.ndarray]] = {}  # j: its rows in each round, once sealed
         self.filling: Optional[int] = None
-        self.pending: Deque[Any] = collections.deque()  # chunks arrived past the window being filled
+        self.pending: Deque[Tuple[Any, Tuple[str, ...]]] = collections.deque()  # chunks (and their files)
+        self.files: Dict[int, Dict[str, None]] = {}  # j: the files of its samples, for errors
         self.ended = False  # every sample of the epoch has arrived
         self.fields = _Fields()
         self.paths: Dict[Tuple[str, ...], int] = {}  # the files of the batches that came, by first arrival
@@ -242,7 +245,7 @@ class _Epoch:
         ``False`` when no window is left to serve."""
         if self.pending or not self.ended:
             self.filling = k
-            self.windows[k] = Window(self.stage.held)
+            self.windows[k], self.files[k] = Window(self.stage.held), {}
             await self._fill()
         return any(j in self.windows for j in range(k - self.stage.rotation + 1, k + 1))
 
@@ -277,25 +280,29 @@ class _Epoch:
         """The filling window takes the pending samples, up to its size (then it is sealed)."""
         held, window = self.stage.held, self.windows[self.filling]  # type: ignore[index]
         while self.pending and window.n < self.stage.window:
-            chunk = self.pending.popleft()
+            chunk, paths = self.pending.popleft()
             room, n = self.stage.window - window.n, held.rows(chunk)
             if n > room:
-                self.pending.appendleft(held.cut(chunk, room, n))
+                self.pending.appendleft((held.cut(chunk, room, n), paths))
                 chunk = held.cut(chunk, 0, room)
             window.add(chunk)
+            self.files[self.filling].update(dict.fromkeys(paths))  # type: ignore[index]
         if window.n == self.stage.window:
             await self._seal()
 
     async def _seal(self) -> None:
         j, self.filling = self.filling, None
         assert j is not None, "a window is being filled"
-        window = self.windows[j]
+        window, files = self.windows[j], self.files.pop(j)
         if not window.n:
             del self.windows[j]
             return
         rng = derive_rng(self.stage.seed, ROTATION, self.key, _ROUNDS, j)
         self.orders[j] = round_orders(window.n, self.stage.rotation, rng)
-        self.windows[j] = await self.stage.run_blocking(self.stage.held.seal, f"{self.epoch}-{j}", window)
+        try:
+            self.windows[j] = await self.stage.run_blocking(self.stage.held.seal, f"{self.epoch}-{j}", window)
+        except Exception as exc:  # writing it to rotation_dir failed
+            raise PipelineError("rotation", list(files), exc) from exc
 
     def _drop(self, j: int) -> None:
         window = self.windows.pop(j, None)
@@ -303,7 +310,7 @@ class _Epoch:
         if window is not None:
             self.stage.held.drop(window)
 
-    def _chunks(self, group: Group) -> List[Any]:
+    def _chunks(self, group: Group) -> List[Tuple[Any, Tuple[str, ...]]]:
         """The samples of each encoded batch of ``group`` as a chunk to hold, with their files and
         metadata; a batch that cannot be cut into samples fails at stage ``rotation``."""
         chunks = []
@@ -316,7 +323,7 @@ class _Epoch:
                 columns[PATHS] = np.full(n, self._path_id(batch.paths), dtype=np.int32)
                 for name, flags in (batch.meta or {}).items():
                     columns[META + name] = np.asarray(flags)
-                chunks.append(self.stage.held.chunk(columns))
+                chunks.append((self.stage.held.chunk(columns), batch.paths))
             except (ValueError, TypeError) as exc:
                 self.stage.errors("rotation", batch.paths, exc)
                 self.stage.stats.skipped_batches += 1

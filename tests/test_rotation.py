@@ -74,6 +74,14 @@ class PaddedPerBatchDataset(pl.Dataset):
         return {"id": ids, "x": np.zeros((len(ids), 1 + max(ids) % 3))}
 
 
+class MixedNumbersDataset(pl.Dataset):
+    """Gives a field ints in some batches and floats in others."""
+
+    def batch_encode(self, batch_data):
+        ids = list(batch_data["id"])
+        return {"id": ids, "score": [float(i) for i in ids] if ids[0] % 8 else ids}
+
+
 class FailingCollator(ListCollator):
     def __init__(self, at: int) -> None:
         self.at, self.calls = at, 0
@@ -261,6 +269,18 @@ def test_a_field_rotation_dir_cannot_store_is_an_error_naming_it_and_memory_hold
     assert "part-0000.txt" in str(caught.value)
     assert not folder.exists() or list(folder.iterdir()) == []
     assert len(run(make(tmp_path, rotation=2, dataset=DictDataset()))) == -(-2 * N // B)
+
+
+def test_on_disk_a_field_is_stored_one_way_in_every_batch_and_a_folder_that_cannot_be_written_is_an_error(
+        tmp_path):
+    with pytest.raises(TypeError, match="field 'score' holds numbers of float64 here and numbers of int64") as caught:
+        run(make(tmp_path, rotation=2, rotation_dir=tmp_path / "rotation", dataset=MixedNumbersDataset()))
+    assert caught.value.stage == "rotation" and "part-0000.txt" in str(caught.value)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(OSError) as caught:
+        run(make(tmp_path, rotation=2, rotation_dir=tmp_path / "a-file"))
+    assert isinstance(caught.value, pl.PipelineError) and caught.value.stage == "rotation"
+    assert "part-0000.txt" in str(caught.value)
 
 
 @pytest.mark.parametrize("dataset, match", [(UnevenDataset(), "key 'extra' has 3 items but n_sample is 4"),
