@@ -98,12 +98,11 @@ def entry(data: str, samples: int, rotation: int, workers: int, encode_ms: float
           batch: int, disk: bool) -> Dict[str, Any]:
     scratch = tempfile.mkdtemp(prefix="bench-rotation-")
     dataset = SlowEncode(encode_ms) if encode_ms else Cheap()
-    extra: Dict[str, Any] = {"rotation_dir": scratch, "rotation_size": rotation * 1024} if disk and rotation > 1 \
-        else {}
-    if rotation > 1 and not disk:
-        extra["rotation_size"] = rotation * 1024
-    loader = pl.DataLoader(TextLinesReader(batch, field="line"), dataset, Stack(), data, shuffle=True, num_workers=workers,
-                           rotation=rotation, **extra)
+    extra: Dict[str, Any] = {} if rotation == 1 else {"rotation_size": rotation * 1024}
+    if disk:
+        extra["rotation_dir"] = scratch
+    loader = pl.DataLoader(TextLinesReader(batch, field="line"), dataset, Stack(), data, shuffle=True,
+                           num_workers=workers, rotation=rotation, **extra)
     served: Counter = Counter()
     most = 0
     began = time.perf_counter()

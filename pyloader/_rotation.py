@@ -322,6 +322,9 @@ class _Epoch:
                     continue
                 columns[PATHS] = np.full(n, self._path_id(batch.paths), dtype=np.int32)
                 for name, flags in (batch.meta or {}).items():
+                    if len(flags) != n:
+                        raise ValueError(f"batch_encode gave {n} samples for {len(flags)} rows: under ranks each "
+                                         f"sample keeps its row's {name} flag, so rotation needs one per row")
                     columns[META + name] = np.asarray(flags)
                 chunks.append((self.stage.held.chunk(columns), batch.paths))
             except (ValueError, TypeError) as exc:

@@ -66,6 +66,13 @@ class UnevenDataset(pl.Dataset):
         return {"id": list(batch_data["id"]), "extra": list(batch_data["id"])[1:]}
 
 
+class ShrinkingDataset(pl.Dataset):
+    """Leaves each batch's first sample out."""
+
+    def batch_encode(self, batch_data):
+        return {"id": list(batch_data["id"])[1:]}
+
+
 class PaddedPerBatchDataset(pl.Dataset):
     """Pads each batch to its own width: samples of different batches then cannot share a batch."""
 
@@ -283,16 +290,20 @@ def test_on_disk_a_field_is_stored_one_way_in_every_batch_and_a_folder_that_cann
     assert "part-0000.txt" in str(caught.value)
 
 
-@pytest.mark.parametrize("dataset, match", [(UnevenDataset(), "key 'extra' has 3 items but n_sample is 4"),
-                                            (PaddedPerBatchDataset(), "field 'x' holds arrays of")])
-def test_samples_that_cannot_be_rotated_fail_their_batch_at_stage_rotation(tmp_path, dataset, match):
+@pytest.mark.parametrize("dataset, ranks, match", [
+    (UnevenDataset(), {}, "key 'extra' has 3 items but n_sample is 4"),
+    (PaddedPerBatchDataset(), {}, "field 'x' holds arrays of"),
+    (ShrinkingDataset(), {"rank": 0, "world_size": 2}, "batch_encode gave 3 samples for 4 rows"),
+])
+def test_samples_that_cannot_be_rotated_fail_their_batch_at_stage_rotation(tmp_path, dataset, ranks, match):
     with pytest.raises(ValueError, match=match) as caught:
-        run(make(tmp_path, rotation=2, dataset=dataset))
+        run(make(tmp_path, rotation=2, dataset=dataset, **ranks))
     assert isinstance(caught.value, pl.PipelineError) and caught.value.stage == "rotation"
     assert "part-0000.txt" in str(caught.value)
-    skipping = make(tmp_path, rotation=2, dataset=dataset, on_error="skip")
-    run(skipping)
-    assert skipping.stats["skipped_batches"] > 0
+    if not ranks:  # (under ranks every batch would be skipped: nothing to pad the steps with, an error)
+        skipping = make(tmp_path, rotation=2, dataset=dataset, on_error="skip")
+        run(skipping)
+        assert skipping.stats["skipped_batches"] > 0
 
 
 @pytest.mark.timeout(300)
@@ -333,7 +344,8 @@ def test_under_ranks_each_rank_rotates_its_share_with_equal_planned_steps(tmp_pa
         assert length == len(batches)
         steps.append(length)
         served.update(int(i) for b in batches for i, pad in zip(b["id"], b[PADDING]) if not pad)
-        assert sum(int(pad) for b in batches for pad in b[PADDING]) == (3 if r == 0 else 0)  # 61 + 62: one sample padded
+        padded = sum(int(pad) for b in batches for pad in b[PADDING])
+        assert padded == (3 if r == 0 else 0)  # shares of 61 and 62: one sample padded, served 3 times
     assert steps == [-(-3 * 62 // B)] * 2
     assert served == Counter({i: 3 for i in range(N)})
     reference = run(rank(1))
@@ -345,6 +357,25 @@ def test_under_ranks_each_rank_rotates_its_share_with_equal_planned_steps(tmp_pa
     resumed = rank(1)
     resumed.load_state_dict(state)
     assert head + run(resumed) == reference
+
+
+class FailOnce(pl.Dataset):
+    def batch_encode(self, batch_data):
+        if 50 in batch_data["id"]:
+            raise ValueError("encode says no")
+        return {"id": list(batch_data["id"])}
+
+
+def test_under_ranks_a_batch_skipped_after_an_error_still_leaves_every_rank_its_planned_steps(tmp_path):
+    for r in range(2):
+        loader = make(tmp_path, rotation=3, rotation_size=12, rank=r, world_size=2, on_error="skip",
+                      dataset=FailOnce(), collator=FailingCollator(at=7))
+        planned = len(loader)
+        with loader:
+            batches = list(loader)
+        assert len(batches) == planned == -(-3 * 62 // B)
+        assert loader.stats["skipped_batches"] == (2 if r == 0 else 1)  # rank 0's share holds sample 50
+        assert any(all(b[PADDING]) for b in batches)  # the missing steps are padding batches
 
 
 @pytest.mark.parametrize("kwargs, match", [
