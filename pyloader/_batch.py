@@ -42,6 +42,7 @@ class Batch:
     paths: Tuple[str, ...]
     meta: Optional[Dict[str, np.ndarray]] = None  # stream mode: per-row flags, kept out of user code
     rows: int = 0  # its samples as cut, set before encoding (``_map``), counted by ``loader.stats``
+    cached: Optional[int] = None  # read from the cache of encoded batches that this epoch wrote (``_cached_epochs``)
 
 
 Group = List[Batch]  # consecutive batches of one epoch, in order

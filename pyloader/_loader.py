@@ -1,19 +1,23 @@
 """The public ``DataLoader``: settings, iteration, resume state."""
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ._abc import DataCollator, DataReader, Dataset
 from ._batch import Batch, Group, Stacked
 from ._bucket import BucketBy, buffer_size
 from ._bytes import DEFAULT_READAHEAD_BYTES
 from ._cache import DiskCache
-from ._compose import check_compose, compose_fingerprint
+from ._compose import callable_name, check_compose, compose_fingerprint
 from ._engine import Engine
 from ._entries import bounds_of, known_counts, stream_data
+from ._epoch_cache import COUNTERS as CACHE_COUNTERS
+from ._epoch_cache import CacheEncoded, EpochStore, check_cache_encoded, data_stamp
 from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
 from ._files import DataDir
 from ._frameworks import mover, pinner, unstack
@@ -92,13 +96,13 @@ class _Run:
 
     def __init__(self, start: Start) -> None:
         self.start = start
-        self.epoch, self.consumed = start.epoch, start.skip
+        self.epoch, self.consumed, self.cached = start.epoch, start.skip, start.cached
         self.last_epoch: Optional[int] = None  # the epoch of the last batch handed out
         self.ended: Optional[str] = None  # "exhausted", "closed"
 
     def position(self) -> Start:
         splits = self.start.splits if self.epoch == self.start.epoch else ()
-        return Start(self.epoch, self.consumed, self.start.end, splits)
+        return Start(self.epoch, self.consumed, self.start.end, splits, self.cached)
 
     def close(self) -> None:
         if self.ended is None:
@@ -154,13 +158,16 @@ class DataLoader:
                  filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None,
                  file_order: Optional[Callable[..., Any]] = None, time_major: bool = False,
                  bucket_by: Optional[BucketBy] = None, bucket_buffer: Optional[int] = None,
-                 stop: str = "first_exhausted") -> None:
+                 stop: str = "first_exhausted",
+                 cache_encoded: Union[None, CacheEncoded, Dict[str, Any]] = None) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         _check_objects(datareader, dataset, datacollator)
         _positive("batch_size", datareader.batch_size)
         _check_counts(self._arguments)
         _check_modes(self._arguments)
         check_compose(self._arguments)
+        self.cache_encoded = check_cache_encoded(cache_encoded, self._arguments)
+        self._oversized: Set[Tuple[str, int]] = set()  # blocks of cache_encoded whose write went past its limit
         check_stop(stop)
         self.stop = stop
         resolve_sharding(rank, world_size, even_batches)  # explicit values are checked now
@@ -208,6 +215,8 @@ class DataLoader:
         self.time_major = bool(time_major)
         self.bucket_by, self.bucket_buffer = bucket_by, buffer_size(self._arguments)
         self._stats = Stats()
+        if self.cache_encoded is not None:
+            self._stats.cache = dict.fromkeys(CACHE_COUNTERS, 0)
         if self._mix is not None:
             self._stats.sources = [{"data_dir": str(s.data_dir), "weight": w, "samples": 0}
                                    for s, w in zip(self._mix.sources, self._mix.weights())]
@@ -290,13 +299,26 @@ class DataLoader:
             readahead_bytes=self._readahead_bytes, retries=self._retries, cache=self._cache,
             filter_fn=self.filter_fn, file_order=self.file_order, time_major=self.time_major,
             entries=self._entries, bucket_by=self.bucket_by, bucket_buffer=self.bucket_buffer or 0,
-            mix=self._mix, stop=self.stop)
+            mix=self._mix, stop=self.stop, encoded_cache=self._epoch_store())
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + self.num_threads)
+
+    def _epoch_store(self) -> Optional[EpochStore]:
+        """This rank's share of the cache of encoded epochs, keyed by the data and every setting that
+        changes its batches (see ``_epoch_cache``)."""
+        if self.cache_encoded is None:
+            return None
+        sharding = self.sharding
+        key = {**self._fingerprint(), "stamp": data_stamp(self.files), "reader": callable_name(type(self.datareader)),
+               "dataset": callable_name(type(self.dataset))}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+        return EpochStore(self.cache_encoded, f"rank{sharding.rank}-of{sharding.world_size}-{digest}", digest,
+                          self._oversized)
 
     def _consumed(self, batch: Batch, record: _Run) -> Any:
         self.epoch = batch.epoch
         record.epoch, record.consumed, record.last_epoch = batch.epoch, batch.index + 1, batch.epoch
+        record.cached = batch.cached
         self._stats.batches += 1
         return self._move(batch.data) if self._move is not None else batch.data
 
@@ -378,7 +400,9 @@ class DataLoader:
                 "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "stream": self.stream,
                 "seq_len": self.seq_len, "padding_mode": self.padding_mode, "rank": sharding.rank,
                 "world_size": sharding.world_size, "even_batches": sharding.even_batches,
-                **compose_fingerprint(self._arguments), "mix": mix_fingerprint(self._mix, self.stop)}
+                **compose_fingerprint(self._arguments), "mix": mix_fingerprint(self._mix, self.stop),
+                "cache_encoded": None if self.cache_encoded is None else {
+                    "update_every": self.cache_encoded.update_every}}
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the consumer is: the batches handed over so far, not those read ahead.
@@ -410,7 +434,7 @@ class DataLoader:
     # -- pickling: the settings and the position, never a running iteration -------------
     def __getstate__(self) -> Dict[str, Any]:
         start = self._where()
-        return {"arguments": self._arguments, "next": (start.epoch, start.skip, start.end, start.splits),
+        return {"arguments": self._arguments, "next": (start.epoch, start.skip, start.end, start.splits, start.cached),
                 "counts": dict(self._count_cache)}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
