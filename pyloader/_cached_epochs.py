@@ -17,10 +17,16 @@ A read epoch gives the batches of the epoch that wrote the cache (their number i
 of any epoch: ``len()`` holds), under its own epoch number. With shuffling on
 (``shuffle``, ``shuffle_buffer``, ``bucket_by`` or the reader's ``shuffle``) the full,
 unpadded batches change places, drawn from ``(random_seed, epoch)``; the others (a short
-last batch, padding under ranks) stay where they were, at the end. Each batch carries
-the epoch that wrote its cache (``Batch.cached``), so a state saved in a read epoch
-resumes from the same cache; if that cache is gone, the epoch that wrote it is encoded
-and written again first (the same batches for a ``batch_encode`` without randomness).
+last batch, padding under ranks) stay where they were, at the end.
+
+Exact resume: each batch carries the epoch whose cache it belongs to (``Batch.cached``:
+the epoch that wrote the cache it was read from, or its own epoch when that epoch
+writes; ``None`` from the files alone), and a state records it. An epoch resumed past
+its first batch takes the same path: read from the same cache (if it is gone, the epoch
+that wrote it is encoded and written again first); written (if its cache was not
+committed, the whole epoch is encoded and written again, the batches before the
+position dropped once written); or from the files. For a ``batch_encode`` without
+randomness, the batches are those of the run that saved the state.
 """
 from __future__ import annotations
 
@@ -38,12 +44,14 @@ from ._map import OrderedMap, Step
 from ._rng import CACHED_EPOCH, derive_rng
 from ._runners import Lane, LocalSteps
 from ._state import Start
+from ._stats import Stats
 
 if TYPE_CHECKING:
     from ._pipeline import Settings
 
 logger = logging.getLogger("pyloader")
-FromFiles = Callable[[range, Callable], AsyncGenerator[Group, None]]  # (epochs, run) -> encoded groups (``_pipeline``)
+# (epochs, run, from_position) -> the encoded groups of those epochs (``_pipeline._from_files``)
+FromFiles = Callable[[range, Callable, bool], AsyncGenerator[Group, None]]
 
 
 def reorders(s: "Settings") -> bool:
@@ -83,8 +91,8 @@ class CachedEpochs:
     """Yields the encoded and collated groups of every epoch of a run, each epoch read from the
     cache, written to it, or read from the files (see the module's docstring).
 
-    ``from_files(epochs, run)``: the run's file stages over ``epochs``, ``run`` encoding (or
-    encoding and collating) each group; ``encode``: the runner's ``run`` with ``batch_encode``
+    ``from_files(epochs, run, from_position)``: the run's file stages over ``epochs``, ``run``
+    encoding (or encoding and collating) each group; ``encode``: the runner's ``run`` with ``batch_encode``
     alone; ``after``: the steps after it (``collate_batch``, ``pin_memory``), run here.
     """
 
@@ -112,18 +120,25 @@ class CachedEpochs:
         """The groups of ``epoch``, by its kind."""
         start, store = self.start, self.store
         block = store.block(epoch)
-        if epoch == start.epoch and start.skip:  # resumed: as the saved run had it
-            if start.cached is None:
-                return self.from_files(range(epoch, epoch + 1), self.full)
-            found = await self._manifest(block, start.cached)
-            return self._read(epoch, found or await self._rebuild(epoch, start.cached), start.skip)
+        if epoch == start.epoch and start.skip:
+            return await self._resumed(epoch, block)
         if epoch != block:
             manifest = await self._manifest(block)
             if manifest is not None:
                 return self._read(epoch, manifest, 0)
             if (store.key, block) in store.oversized:
-                return self.from_files(range(epoch, epoch + 1), self.full)
-        return self._write(epoch, deliver=True)
+                return self.from_files(range(epoch, epoch + 1), self.full, True)
+        return self._write(epoch, 0)
+
+    async def _resumed(self, epoch: int, block: int) -> AsyncGenerator[Group, None]:
+        """The run's first epoch, resumed past its first batch: by the path the saved run took."""
+        cached = self.start.cached
+        if cached is None or (cached == epoch and await self._manifest(block, epoch) is not None):
+            return self.from_files(range(epoch, epoch + 1), self.full, True)
+        if cached == epoch:  # it was writing the cache, which was not committed: write it whole
+            return self._write(epoch, self.start.skip)
+        found = await self._manifest(block, cached)
+        return self._read(epoch, found or await self._rebuild(epoch, cached), self.start.skip)
 
     async def _manifest(self, block: int, source: Optional[int] = None) -> Optional[Manifest]:
         """The block's complete cache (written by epoch ``source``, when given), if any."""
@@ -135,7 +150,7 @@ class CachedEpochs:
         logger.warning("pyloader cache_encoded: epoch %d resumes in batches read from the cache that epoch %d "
                        "wrote, which is gone from %r: encoding epoch %d again first", epoch, source,
                        self.store.folder, source)
-        async with contextlib.aclosing(self._write(source, deliver=False)) as groups:
+        async with contextlib.aclosing(self._write(source, None)) as groups:
             async for _ in groups:
                 pass
         manifest = await self._manifest(self.store.block(source), source)
@@ -158,41 +173,44 @@ class CachedEpochs:
             self._count("batches_read", len(group))
             yield group
 
-    async def _write(self, epoch: int, deliver: bool) -> AsyncGenerator[Group, None]:
-        """``epoch`` from the files, its encoded batches written to the cache (``deliver``: and collated,
-        then handed on; otherwise dropped once written)."""
+    async def _write(self, epoch: int, deliver_from: Optional[int]) -> AsyncGenerator[Group, None]:
+        """The whole of ``epoch`` from the files, its encoded batches written to the cache, then collated
+        and handed on from batch ``deliver_from`` (``None``: none; they are dropped once written)."""
         s = self.s
         writer: EpochWriter = await self.run_blocking(self.store.writer, epoch)
         skipped = s.errors.skipped
-        committed = False
+        finished = committing = False
         try:
-            steps: List[Step] = [("cache_encoded", writer.write), *(self.after if deliver else [])]
-            uses = (s.collator,) if deliver else ()
+            steps: List[Step] = [("cache_encoded", writer.write), *(self.after if deliver_from is not None else [])]
+            uses = (s.collator,) if deliver_from is not None else ()
             run = LocalSteps(steps, self.lane, uses, s.stats.busy).run
-            encoded = _to_write(self.from_files(range(epoch, epoch + 1), self.encode), writer)
+            encoded = _to_write(self.from_files(range(epoch, epoch + 1), self.encode, False), writer)
             async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(encoded, self.tasks):
-                if deliver:
-                    yield group
+                kept = _from_batch(group, deliver_from, s.stats)
+                if kept:
+                    yield kept
+            finished = True
             if s.errors.skipped != skipped:
                 writer.failed = writer.failed or "errors were skipped in it"
             if writer.complete():
+                committing = True  # from here the cache is whole: a run stopped now still lets it commit
                 await self.run_blocking(writer.commit, s.sharding.active)
-                committed = True
                 self._count("epochs_written")
                 self._count("batches_written", len(writer.entries))
                 self._count("bytes_written", writer.bytes)
-            else:
-                self._abandoned(writer)
         finally:
-            if not committed:
+            if not committing:
                 writer.abort()
+                self._abandoned(writer, finished)
 
-    def _abandoned(self, writer: EpochWriter) -> None:
+    def _abandoned(self, writer: EpochWriter, finished: bool) -> None:
+        """Count a write given up; say why, unless the epoch was left before its end (a ``break``)."""
         self._count("writes_abandoned")
-        if writer.failed is not None and "limit=" in writer.failed:
+        if writer.over_limit:
             self.store.oversized.add((self.store.key, writer.block))
-        logger.warning("pyloader cache_encoded: the encoded batches of epoch %d are not cached (%s): the epochs "
-                       "of its block are encoded from the files", writer.epoch, writer.failed)
+        if finished:
+            logger.warning("pyloader cache_encoded: the encoded batches of epoch %d are not cached (%s): the "
+                           "epochs of its block are encoded from the files", writer.epoch, writer.failed)
 
 
 async def _to_write(groups: AsyncGenerator[Group, None], writer: EpochWriter) -> AsyncGenerator[Group, None]:
@@ -202,18 +220,32 @@ async def _to_write(groups: AsyncGenerator[Group, None], writer: EpochWriter) ->
             for batch in group:
                 name = f"{batch.index:08d}.npz"
                 writer.expect(BatchEntry(name, batch.rows, batch.paths, padding_runs(batch.meta)))
-                batch.data = ToWrite(batch.data, name)
+                batch.data, batch.cached = ToWrite(batch.data, name), writer.epoch
             yield group
 
 
+def _from_batch(group: Group, first: Optional[int], stats: Stats) -> Group:
+    """The batches of ``group`` from index ``first`` on (``None``: none); those before it were only
+    written, to resume after them (counted as replayed)."""
+    if first is not None and group[0].index >= first:
+        return group
+    kept = [] if first is None else [batch for batch in group if batch.index >= first]
+    if first is not None and len(kept) < len(group):
+        stats.replayed(len(group) - len(kept), {p for b in group if b.index < first for p in b.paths})
+    return kept
+
+
 async def _refs(epoch: int, manifest: Manifest, order: List[int], skip: int) -> AsyncGenerator[Group, None]:
-    """A read epoch's batches from its ``skip``-th on, in groups, each to be loaded by the ``load`` step."""
+    """A read epoch's batches from its ``skip``-th on, in groups of batches of one size (as the batcher
+    makes them: their metadata is stacked), each to be loaded by the ``load`` step."""
     sizes = GroupSize()
     k = skip
     while k < len(order):
         group: Group = []
         for index in range(k, min(len(order), k + sizes.take())):
             entry = manifest.batches[order[index]]
+            if group and entry.rows != group[0].rows:
+                break
             ref = CachedRef(os.path.join(manifest.folder, entry.name), entry.size, entry.sha256)
             meta = padding_flags(entry.padding, entry.rows) if manifest.flags else None
             group.append(Batch(epoch, index, ref, entry.paths, meta, entry.rows, manifest.source_epoch))

@@ -249,6 +249,7 @@ class EpochWriter:
         self.entries: List[BatchEntry] = []  # in the epoch's order, as the batches were encoded
         self.bytes = 0
         self.failed: Optional[str] = None  # why the write was given up
+        self.over_limit = False
         self._written: Dict[str, Tuple[int, str]] = {}  # name: (size, sha256)
         self._lock = threading.Lock()
 
@@ -265,7 +266,7 @@ class EpochWriter:
         limit = self.store.config.limit
         with self._lock:
             if self.failed is None and limit is not None and self.bytes + len(data) > limit:
-                self.failed = f"its batches take more than limit={limit} bytes"
+                self.failed, self.over_limit = f"its batches take more than limit={limit} bytes", True
             if self.failed is not None:
                 return item.data
             self.bytes += len(data)

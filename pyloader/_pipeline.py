@@ -237,11 +237,14 @@ def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
 
 
 async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: Callable, steps: Any,
-                      past_files: bool, epochs: range, tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
+                      past_files: bool, epochs: range, from_position: bool,
+                      tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
     """Stages 2 to 4 over ``epochs``: their files read, cut into batches, and ``run`` on each group
-    (``batch_encode`` and ``collate_batch``, or ``batch_encode`` alone); the run's first epoch from its position."""
-    resumed = epochs.start == start.epoch
-    skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files and resumed else 0
+    (``batch_encode`` and ``collate_batch``, or ``batch_encode`` alone); with ``from_position``, the run's
+    first epoch from the position it resumes at, else whole."""
+    resumed = from_position and epochs.start == start.epoch
+    past_files = past_files and resumed
+    skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
     if skip_rows:  # the file the position falls in is read again, up to the position
         s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
     read = _reader_stage(s, runner)
@@ -268,8 +271,8 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
         source = _source(s, start, await count_samples(s, lane) if needs_counts else None)
         steps = _planned_steps(s, source)
 
-        def from_files(epochs: range, run: Callable) -> AsyncGenerator[Group, None]:
-            return _from_files(s, start, source, runner, run, steps, past_files, epochs, tasks)
+        def from_files(epochs: range, run: Callable, from_position: bool = True) -> AsyncGenerator[Group, None]:
+            return _from_files(s, start, source, runner, run, steps, past_files, epochs, from_position, tasks)
 
         groups: AsyncIterator[Group]
         if s.encoded_cache is None:
