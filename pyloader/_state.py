@@ -102,13 +102,14 @@ def read_state(state: Any, ours: Mapping[str, Any], old_files: str, num_epoch: i
     end = _integer(state, "end_epoch")
     if end <= epoch:
         raise ValueError(f"the state's end_epoch {end} must be after its epoch {epoch}")
-    cached = state.get("cached_from")
-    if cached is not None:
-        cached = _integer(state, "cached_from")
-    start = Start(epoch, skip, end, _splits(state.get("splits", [])), cached)
+    start = Start(epoch, skip, end, _splits(state.get("splits", [])), _optional(state, "cached_from"))
     if skip < start.base:
         raise ValueError(f"the state's batches_in_epoch {skip} is before its splits end ({start.base})")
     return _elastic(start, theirs.get("world_size"), ours)
+
+
+def _optional(state: Mapping[str, Any], name: str) -> Optional[int]:
+    return None if state.get(name) is None else _integer(state, name)
 
 
 def _splits(value: Any) -> Tuple[Tuple[int, int], ...]:
