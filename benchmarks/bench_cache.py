@@ -2,7 +2,7 @@
 """Cached epochs (``cache_encoded``): epochs read from the cache of encoded batches against epochs
 that read and encode the files, with an expensive ``batch_encode``.
 
-    python benchmarks/bench_cache.py            # 40 files x 1,000 samples, 4 epochs per entry
+    python benchmarks/bench_cache.py            # 20 files x 1,000 samples, 4 epochs per entry
     python benchmarks/bench_cache.py --quick    # 8 files x 500 samples, a smoke run
     python benchmarks/bench_cache.py --write    # also rewrites the bench_cache section of benchmarks/README.md
                                                 # and saves benchmarks/results/bench_cache.json
@@ -106,13 +106,14 @@ def child(name: str, data: str, cfg: Dict[str, Any]) -> None:
                            shuffle=True, num_workers=cfg["workers"], cache_encoded=cache)
     seconds: List[float] = []
     exact: List[bool] = []
-    batches: List[Dict[str, bytes]] = []
-    for epoch in range(epochs):
+    batches: List[Dict[str, str]] = []
+    for _ in range(epochs):
         start = time.perf_counter()
-        ids, digests = [], {}
+        ids: List[np.ndarray] = []
+        digests: Dict[str, str] = {}
         for batch in loader:
             ids.append(batch["id"])
-            digests[batch["id"].tobytes()] = hashlib.sha1(batch["ids"].tobytes()).hexdigest()
+            digests[batch["id"].tobytes().hex()] = hashlib.sha1(batch["ids"].tobytes()).hexdigest()
         seconds.append(time.perf_counter() - start)
         exact.append(bool(np.array_equal(np.sort(np.concatenate(ids)), np.arange(n))))
         batches.append(digests)
@@ -132,7 +133,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=None, help="samples per file")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=4, help="epochs per entry (update_every for the cached ones)")
-    ap.add_argument("--rounds", type=int, default=4, help="BLAKE2b rounds per word in batch_encode (its cost)")
+    ap.add_argument("--rounds", type=int, default=2, help="BLAKE2b rounds per word in batch_encode (its cost)")
     ap.add_argument("--write", action="store_true", help="write the results into benchmarks/README.md")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -142,7 +143,7 @@ def main() -> None:
     if args.child:
         child(args.child, args.data, json.loads(args.cfg))
         return
-    files = args.files or (8 if args.quick else 40)
+    files = args.files or (8 if args.quick else 20)
     rows = args.rows or (500 if args.quick else 1000)
     began, load = time.strftime("%Y-%m-%d %H:%M"), machine_line()
     folder = tempfile.mkdtemp(prefix="pyloader-bench-cache-")

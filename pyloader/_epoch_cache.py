@@ -48,6 +48,8 @@ import numpy as np
 
 from ._codec import pack, unpack
 from ._files import is_url
+from ._order import declares_drops_or_repeats
+from ._sources import is_mix
 
 logger = logging.getLogger("pyloader")
 
@@ -104,9 +106,6 @@ def _check_values(c: CacheEncoded) -> None:
 
 def _check_applies(a: Mapping[str, Any]) -> None:
     """Refuse the settings under which a cached epoch could not stand for its own epoch."""
-    from ._order import declares_drops_or_repeats
-    from ._sources import is_mix
-
     if a["stream"]:
         raise ValueError("cache_encoded is not supported in stream mode (a stream epoch's batches are rows of "
                          "consecutive windows: they cannot be reordered)")

@@ -96,6 +96,7 @@ def make(folder: Path, cache: Optional[Path], *, K: Optional[int] = 3, batch_siz
 def epochs_of(loader: pl.DataLoader) -> Dict[int, List[Dict[str, Any]]]:
     out: Dict[int, List[Dict[str, Any]]] = {}
     for batch in loader:
+        assert loader.epoch is not None
         out.setdefault(loader.epoch, []).append(batch)
     return out
 
@@ -406,11 +407,11 @@ def test_a_damaged_cached_batch_is_an_error_naming_it(tmp_path):
 
 
 # -- resume ----------------------------------------------------------------------------------------
-def run_from(loader: pl.DataLoader) -> List[Tuple[int, str]]:
+def run_from(loader: pl.DataLoader) -> List[Tuple[Optional[int], str]]:
     return [(loader.epoch, key(b)) for b in loader]
 
 
-def taken(loader: pl.DataLoader, it: Any, n: int) -> List[Tuple[int, str]]:
+def taken(loader: pl.DataLoader, it: Any, n: int) -> List[Tuple[Optional[int], str]]:
     out = []
     for _ in range(n):
         batch = next(it)
@@ -509,7 +510,7 @@ def test_cache_encoded_is_refused_where_a_cached_epoch_cannot_stand_for_its_own(
     def order(files: List[str], epoch: int, rng: Any) -> List[str]:
         return files[:2]
 
-    order.drops_or_repeats = True  # type: ignore[attr-defined]
+    setattr(order, "drops_or_repeats", True)  # noqa: B010
     for kwargs, words in [({"stream": True, "datareader": CountingReader(4, shuffle=False)}, "stream mode"),
                           ({"data_dir": [pl.Source(files[:3]), pl.Source(files[3:])]}, "weighted sources"),
                           ({"file_order": order}, "drops_or_repeats"),
