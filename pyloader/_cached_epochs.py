@@ -128,15 +128,20 @@ class CachedEpochs:
                 return self._read(epoch, manifest, 0)
             if (store.key, block) in store.oversized:
                 return self.from_files(range(epoch, epoch + 1), self.full, True)
-        return self._write(epoch, 0)
+        writer = await self._writer(epoch)
+        return self.from_files(range(epoch, epoch + 1), self.full, True) if writer is None else \
+            self._write(writer, 0)
 
     async def _resumed(self, epoch: int, block: int) -> AsyncGenerator[Group, None]:
         """The run's first epoch, resumed past its first batch: by the path the saved run took."""
         cached = self.start.cached
-        if cached is None or (cached == epoch and await self._manifest(block, epoch) is not None):
+        writer = None
+        if cached == epoch and await self._manifest(block, epoch) is None:
+            writer = await self._writer(epoch)  # it was writing the cache, which was not committed: write it whole
+            if writer is not None:
+                return self._write(writer, self.start.skip)
+        if cached is None or cached == epoch:
             return self.from_files(range(epoch, epoch + 1), self.full, True)
-        if cached == epoch:  # it was writing the cache, which was not committed: write it whole
-            return self._write(epoch, self.start.skip)
         found = await self._manifest(block, cached)
         return self._read(epoch, found or await self._rebuild(epoch, cached), self.start.skip)
 
@@ -150,9 +155,11 @@ class CachedEpochs:
         logger.warning("pyloader cache_encoded: epoch %d resumes in batches read from the cache that epoch %d "
                        "wrote, which is gone from %r: encoding epoch %d again first", epoch, source,
                        self.store.folder, source)
-        async with contextlib.aclosing(self._write(source, None)) as groups:
-            async for _ in groups:
-                pass
+        writer = await self._writer(source)
+        if writer is not None:
+            async with contextlib.aclosing(self._write(writer, None)) as groups:
+                async for _ in groups:
+                    pass
         manifest = await self._manifest(self.store.block(source), source)
         if manifest is None:
             raise RuntimeError(f"cannot resume epoch {epoch} exactly: its first batches came from the cache of "
@@ -173,11 +180,22 @@ class CachedEpochs:
             self._count("batches_read", len(group))
             yield group
 
-    async def _write(self, epoch: int, deliver_from: Optional[int]) -> AsyncGenerator[Group, None]:
-        """The whole of ``epoch`` from the files, its encoded batches written to the cache, then collated
-        and handed on from batch ``deliver_from`` (``None``: none; they are dropped once written)."""
-        s = self.s
-        writer: EpochWriter = await self.run_blocking(self.store.writer, epoch)
+    async def _writer(self, epoch: int) -> Optional[EpochWriter]:
+        """A new cache for ``epoch``'s block, or ``None`` when the folder cannot be written (the epoch
+        then goes on from the files, as for any write given up)."""
+        try:
+            writer: EpochWriter = await self.run_blocking(self.store.writer, epoch)
+            return writer
+        except OSError as exc:
+            self._count("writes_abandoned")
+            logger.warning("pyloader cache_encoded: cannot write the encoded batches of epoch %d to %r (%s): "
+                           "encoding it from the files", epoch, self.store.folder, exc)
+            return None
+
+    async def _write(self, writer: EpochWriter, deliver_from: Optional[int]) -> AsyncGenerator[Group, None]:
+        """The whole of the writer's epoch from the files, its encoded batches written to the cache, then
+        collated and handed on from batch ``deliver_from`` (``None``: none; they are dropped once written)."""
+        s, epoch = self.s, writer.epoch
         skipped = s.errors.skipped
         finished = committing = False
         try:
@@ -194,7 +212,8 @@ class CachedEpochs:
                 writer.failed = writer.failed or "errors were skipped in it"
             if writer.complete():
                 committing = True  # from here the cache is whole: a run stopped now still lets it commit
-                await self.run_blocking(writer.commit, s.sharding.active)
+                committing = await self._commit(writer)
+            if committing:
                 self._count("epochs_written")
                 self._count("batches_written", len(writer.entries))
                 self._count("bytes_written", writer.bytes)
@@ -202,6 +221,14 @@ class CachedEpochs:
             if not committing:
                 writer.abort()
                 self._abandoned(writer, finished)
+
+    async def _commit(self, writer: EpochWriter) -> bool:
+        try:
+            await self.run_blocking(writer.commit, self.s.sharding.active)
+            return True
+        except OSError as exc:
+            writer.failed = f"committing it failed: {exc}"
+            return False
 
     def _abandoned(self, writer: EpochWriter, finished: bool) -> None:
         """Count a write given up; say why, unless the epoch was left before its end (a ``break``)."""

@@ -23,6 +23,7 @@ from conftest import wait_no_threads, write_chunks
 
 import pyloader as pl
 from pyloader._codec import NotCacheable
+from pyloader._epoch_cache import EpochStore
 
 pytestmark = pytest.mark.timeout(180)
 SIZES = [9, 4, 15, 2, 7, 0, 11]  # 48 samples, ids 0..47, one empty file
@@ -343,6 +344,21 @@ def test_an_epoch_over_the_limit_is_not_cached_and_its_block_is_encoded(tmp_path
     roomy = make(tmp_path / "data", tmp_path / "cache2", K=3, num_epoch=2, limit=10 ** 6)
     list(roomy)
     assert roomy.stats["cache_encoded"]["epochs_read"] == 1
+
+
+def test_a_cache_folder_that_cannot_be_written_leaves_the_epochs_to_the_files(tmp_path, monkeypatch, caplog):
+    write_chunks(tmp_path / "data", SIZES)
+
+    def full_disk(self: Any, epoch: int) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(EpochStore, "writer", full_disk)
+    loader = make(tmp_path / "data", tmp_path / "cache", K=2, num_epoch=3)
+    with caplog.at_level(logging.WARNING, logger="pyloader"):
+        got = epochs_of(loader)
+    assert all(ids(got[e]) == list(range(N_IDS)) for e in range(3))
+    assert loader.stats["cache_encoded"]["writes_abandoned"] == 3  # each epoch tried, none could
+    assert "No space left on device" in caplog.text
 
 
 # -- ranks, settings, stale caches ---------------------------------------------------------------
