@@ -15,8 +15,10 @@ and everything else is derived from it, at import or at construction:
   rules between options (``_check_together``); bool options are stored as ``bool``,
   and two defaults are resolved from others (``num_threads``, ``bucket_buffer``);
 * the resume fingerprint (``fingerprint``): the options declared with ``resume``, under
-  their names: ``True`` keeps the value, a callable maps it to what the state records
-  (keys and values must stay as older states recorded them);
+  their names: ``True`` keeps the value, a callable maps it to what the state records.
+  Keys and values must stay as older states recorded them, and a new option that
+  changes the batch sequence must record ``None`` at its default (as ``time_major``
+  does), so that states saved before it existed still load;
 * the settings the pipeline reads (``_pipeline.Settings.options``, an ``Options``);
 * the docs: ``help(DataLoader)`` lists every option with its default and doc
   (``describe``), and tests/test_options.py checks that the README's table of
