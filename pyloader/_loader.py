@@ -1,4 +1,4 @@
-"""The public ``DataLoader``: settings, iteration, resume state."""
+"""The public ``DataLoader``: iteration and resume state over its options (declared in ``_options``)."""
 from __future__ import annotations
 
 import time
@@ -103,7 +103,7 @@ class DataLoader(Options):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._arguments = bind("DataLoader", args, kwargs)
         super().__init__(**self._arguments)  # checks every option, resolves num_threads and bucket_buffer
-        self.options = Options(**values_of(self))  # the options alone, for the pipeline
+        self.options = Options(**values_of(self))  # the options alone (not the loader), for the pipeline
         self._count_cache: Dict[str, Any] = {}
         self._mix = _weighted_sources(self.data_dir, self.datareader, self.stream, self.retries)
         self._reader = self.datareader if self._mix is None else self._mix.readers

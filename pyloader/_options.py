@@ -27,15 +27,18 @@ and everything else is derived from it, at import or at construction:
 Why a frozen dataclass and not a table beside an explicit signature: the signature
 *is* the declaration here, so nothing can disagree with it, and mypy still checks
 callers' keyword names and types (the dataclass plugin reads the fields; ``taking``
-hands that signature to ``DataLoader.__init__``). ``Annotated`` keeps the metadata
-next to the type without changing it for mypy or for users.
+hands that signature to ``DataLoader.__init__``). ``DataLoader`` inherits the fields,
+so ``loader.num_workers`` is typed too; frozen, so the pipeline, the fingerprint and
+the user all see the values that were checked. ``Annotated`` keeps the metadata next
+to the type without changing it for mypy or for users.
 
 Adding an option is one place: a field here (after ``_: KW_ONLY``, keyword-only),
 with its doc, its check (reuse ``positive``, ``at_least_zero``, ``optional``,
 ``one_of``...), and ``resume=`` when it changes the batch sequence; then a row in
 the README's table (the test says so), and the pipeline reads it as
-``settings.options.<name>``. Changing a default (e.g. ``num_workers="auto"``) is
-the field's default and type.
+``settings.options.<name>``. A rule between options goes in ``_check_together``.
+Changing a default (e.g. ``num_workers="auto"``) is the field's default, type and
+check, and the README's list of defaults (the test says so too).
 """
 from __future__ import annotations
 
