@@ -322,7 +322,7 @@ def taking(options: Callable[P, Any]) -> Callable[[Callable[..., None]], Callabl
         self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
         init.__signature__ = SIGNATURE.replace(parameters=[self, *SIGNATURE.parameters.values()])  # type: ignore[attr-defined]
         # as an explicit signature would have them (read by code that inspects the defaults)
-        init.__kwdefaults__ = {p.name: p.default for p in SIGNATURE.parameters.values()  # type: ignore[attr-defined]
+        init.__kwdefaults__ = {p.name: p.default for p in SIGNATURE.parameters.values()
                                if p.kind is p.KEYWORD_ONLY}
         return init
     return typed
