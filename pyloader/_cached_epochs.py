@@ -56,7 +56,8 @@ FromFiles = Callable[[range, Callable, bool], AsyncGenerator[Group, None]]
 
 def reorders(s: "Settings") -> bool:
     """Whether a read epoch's batches change places: when the batches of an epoch are shuffled anyway."""
-    return s.shuffle or s.shuffle_buffer > 0 or s.bucket_by is not None or s.reader.shuffle
+    o = s.options
+    return o.shuffle or o.shuffle_buffer > 0 or o.bucket_by is not None or o.datareader.shuffle
 
 
 def batch_order(entries: Sequence[BatchEntry], batch_size: int, rng: Optional[np.random.Generator]) -> List[int]:
@@ -169,12 +170,12 @@ class CachedEpochs:
 
     async def _read(self, epoch: int, manifest: Manifest, skip: int) -> AsyncGenerator[Group, None]:
         s = self.s
-        rng = derive_rng(s.random_seed, CACHED_EPOCH, epoch) if reorders(s) else None
-        order = batch_order(manifest.batches, s.reader.batch_size, rng)
+        rng = derive_rng(s.options.random_seed, CACHED_EPOCH, epoch) if reorders(s) else None
+        order = batch_order(manifest.batches, s.options.datareader.batch_size, rng)
         self._count("epochs_read")
         self._count("files_not_read", sum(1 for _ in self.source.tasks(epoch)))
         steps: List[Step] = [("cache_encoded", load), *self.after]
-        run = LocalSteps(steps, self.lane, (s.collator,), s.stats.busy).run
+        run = LocalSteps(steps, self.lane, (s.options.datacollator,), s.stats.busy).run
         async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(
                 _refs(epoch, manifest, order, skip), self.tasks):
             self._count("batches_read", len(group))
@@ -200,7 +201,7 @@ class CachedEpochs:
         finished = committing = False
         try:
             steps: List[Step] = [("cache_encoded", writer.write), *(self.after if deliver_from is not None else [])]
-            uses = (s.collator,) if deliver_from is not None else ()
+            uses = (s.options.datacollator,) if deliver_from is not None else ()
             run = LocalSteps(steps, self.lane, uses, s.stats.busy).run
             encoded = _to_write(self.from_files(range(epoch, epoch + 1), self.encode, False), writer)
             async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(encoded, self.tasks):

@@ -72,8 +72,15 @@ class CacheEncoded:
     limit: Optional[int] = None
 
 
-def check_cache_encoded(value: Any, a: Mapping[str, Any]) -> Optional[CacheEncoded]:
-    """``cache_encoded`` checked and as a ``CacheEncoded`` (``a``: the loader's other arguments)."""
+def check_cache_encoded(name: str, value: Any) -> None:
+    """The option ``cache_encoded`` (``None``, a dict or a ``CacheEncoded``), checked alone."""
+    checked = as_cache_encoded(value)
+    if checked is not None:
+        _check_values(checked)
+
+
+def as_cache_encoded(value: Any) -> Optional[CacheEncoded]:
+    """``cache_encoded`` as a ``CacheEncoded`` (a dict's keys checked)."""
     if value is None:
         return None
     if isinstance(value, Mapping):
@@ -86,9 +93,12 @@ def check_cache_encoded(value: Any, a: Mapping[str, Any]) -> Optional[CacheEncod
         value = CacheEncoded(**value)
     if not isinstance(value, CacheEncoded):
         raise TypeError(f"cache_encoded must be a dict or a pyloader.CacheEncoded, got {type(value).__name__}")
-    _check_values(value)
-    _check_applies(a)
     return value
+
+
+def resume_key(value: Optional[CacheEncoded]) -> Optional[Dict[str, Any]]:
+    """What a state records of ``cache_encoded``: ``update_every`` (the folder and limit may change)."""
+    return None if value is None else {"update_every": value.update_every}
 
 
 def _check_values(c: CacheEncoded) -> None:
@@ -104,8 +114,10 @@ def _check_values(c: CacheEncoded) -> None:
         raise ValueError(f"cache_encoded's limit must be an integer >= 1 (bytes) or None, got {c.limit!r}")
 
 
-def _check_applies(a: Mapping[str, Any]) -> None:
-    """Refuse the settings under which a cached epoch could not stand for its own epoch."""
+def check_applies(a: Mapping[str, Any]) -> None:
+    """With ``cache_encoded``, refuse the options under which a cached epoch could not stand for its own."""
+    if a["cache_encoded"] is None:
+        return
     if a["stream"]:
         raise ValueError("cache_encoded is not supported in stream mode (a stream epoch's batches are rows of "
                          "consecutive windows: they cannot be reordered)")

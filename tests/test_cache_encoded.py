@@ -538,5 +538,7 @@ def test_cache_encoded_is_refused_where_a_cached_epoch_cannot_stand_for_its_own(
     loader = pl.DataLoader(CountingReader(4), Encoder(), AsIs(), str(tmp_path / "data"),
                            cache_encoded=pl.CacheEncoded(tmp_path / "cache", update_every=2))
     assert loader.cache_encoded == pl.CacheEncoded(tmp_path / "cache", 2, None)
+    as_dict = pl.DataLoader(CountingReader(4), Encoder(), AsIs(), str(tmp_path / "data"), cache_encoded=base)
+    assert as_dict.cache_encoded == pl.CacheEncoded(str(tmp_path / "cache"), 2, None)  # read back as given, checked
     assert pl.DataLoader(CountingReader(4), Encoder(), AsIs(), str(tmp_path / "data")).stats.get("cache_encoded") \
         is None
