@@ -128,21 +128,23 @@ class CachedEpochs:
             if manifest is not None:
                 return self._read(epoch, manifest, 0)
             if (store.key, block) in store.oversized:
-                return self.from_files(range(epoch, epoch + 1), self.full, True)
+                return self._files(epoch)
         writer = await self._writer(epoch)
-        return self.from_files(range(epoch, epoch + 1), self.full, True) if writer is None else \
-            self._write(writer, 0)
+        return self._files(epoch) if writer is None else self._write(writer, 0)
+
+    def _files(self, epoch: int) -> AsyncGenerator[Group, None]:
+        """``epoch`` as without the cache (the run's first epoch from its position)."""
+        return self.from_files(range(epoch, epoch + 1), self.full, True)
 
     async def _resumed(self, epoch: int, block: int) -> AsyncGenerator[Group, None]:
         """The run's first epoch, resumed past its first batch: by the path the saved run took."""
         cached = self.start.cached
-        writer = None
         if cached == epoch and await self._manifest(block, epoch) is None:
             writer = await self._writer(epoch)  # it was writing the cache, which was not committed: write it whole
             if writer is not None:
                 return self._write(writer, self.start.skip)
         if cached is None or cached == epoch:
-            return self.from_files(range(epoch, epoch + 1), self.full, True)
+            return self._files(epoch)
         found = await self._manifest(block, cached)
         return self._read(epoch, found or await self._rebuild(epoch, cached), self.start.skip)
 
