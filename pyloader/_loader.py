@@ -7,6 +7,7 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ._abc import DataCollator, DataReader, Dataset
+from ._auto_workers import Placement, Placer
 from ._batch import Batch, Group, Stacked
 from ._bucket import BucketBy, buffer_size
 from ._bytes import DEFAULT_READAHEAD_BYTES
@@ -56,7 +57,7 @@ def _check_counts(a: Dict[str, Any]) -> None:
     for name in ("num_threads", "seq_len", "cache_limit"):
         if a[name] is not None:
             _positive(name, a[name])
-    for name in ("shuffle_buffer", "num_workers", "retries", "readahead_bytes"):
+    for name in ("shuffle_buffer", "retries", "readahead_bytes"):
         value = a[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
@@ -144,7 +145,7 @@ class DataLoader:
                  drop_last: bool = False, prefetch_files: int = 4, on_error: ErrorPolicy = "raise",
                  max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None,
                  stream: bool = False, seq_len: Optional[int] = None, padding_mode: str = "zeros",
-                 pad_value: Any = 0, num_workers: int = 0, num_threads: Optional[int] = None,
+                 pad_value: Any = 0, num_workers: Union[int, str] = "auto", num_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  start_method: Optional[str] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None, even_batches: str = "pad",
@@ -171,6 +172,7 @@ class DataLoader:
         # default: every file read ahead and every group in flight at once
         self.num_threads = prefetch_files + _GROUPS_IN_FLIGHT if num_threads is None else num_threads
         self.num_workers = num_workers
+        self._placer = Placer(num_workers, start_method)
         self._count_cache: Dict[str, Any] = {}
         self._mix = _weighted_sources(data_dir, datareader, stream, retries)
         self._reader = datareader if self._mix is None else self._mix.readers
@@ -220,13 +222,13 @@ class DataLoader:
         self._files_digest: Optional[str] = None
         self.epoch: Optional[int] = None
 
-    def _keep_workers(self, persistent: bool, num_workers: int) -> Optional[KeptPool]:
+    def _keep_workers(self, persistent: bool, num_workers: Union[int, str]) -> Optional[KeptPool]:
         """The pool kept across iterations with ``persistent_workers``: ended by ``close()``, or
         when the loader is collected or the interpreter exits."""
         if not persistent:
             return None
-        if not num_workers:
-            raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0")
+        if num_workers == 0:
+            raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0 or 'auto'")
         kept = KeptPool()
         weakref.finalize(self, kept.close)
         return kept
@@ -275,15 +277,24 @@ class DataLoader:
         self._next = fresh(epoch, self.num_epoch)
         self._record = None
 
+    def _placement(self) -> Placement:
+        """Where this iteration runs user methods (``_auto_workers``)."""
+        readers = self._mix.readers.readers if self._mix is not None else [self.datareader]
+        python = [] if self.filter_fn is None else [self.filter_fn]
+        placement = self._placer([*readers, self.dataset, self.datacollator, *python])
+        self._stats.placement = placement.as_dict()
+        return placement
+
     def _engine(self, start: Start) -> Engine:
+        num_workers = self._placement().num_workers
         settings = Settings(
             files=self.files, reader=self._reader, dataset=self.dataset, collator=self.datacollator,
             num_epoch=self.num_epoch, max_queue_size=self.max_queue_size, shuffle=self.shuffle,
             random_seed=self.random_seed, shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
-            prefetch_files=self.prefetch_files, concurrency=_GROUPS_PER_WORKER * self.num_workers or _GROUPS_IN_FLIGHT,
+            prefetch_files=self.prefetch_files, concurrency=_GROUPS_PER_WORKER * num_workers or _GROUPS_IN_FLIGHT,
             errors=ErrorHandler(self.on_error, self.max_errors, self._stats),
             stats=self._stats, finish=self._finish, stream=self.stream, seq_len=self.seq_len,
-            padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
+            padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=num_workers,
             num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
             kept_workers=self._kept_workers, sharding=self.sharding,
             count_cache=self._count_cache, exclusive=self._exclusive,
