@@ -17,13 +17,12 @@ from typing import Any, Dict
 
 import numpy as np
 import pytest
+from conftest import IdReader, ListCollator, write_chunks
 
 import pyloader as pl
 from pyloader._auto_workers import MAX_WORKERS, Placer, cpu_share, place
 from pyloader.collators import TorchCollator
 from pyloader.readers import NumpyReader, TextLinesReader
-
-from conftest import IdReader, ListCollator, write_chunks
 
 REPO = Path(__file__).resolve().parents[1]
 CPUS = len(os.sched_getaffinity(0))
