@@ -49,6 +49,7 @@ class Placement:
 
     num_workers: int
     why: str
+    decided: bool = True  # by ``"auto"``'s rules, not given (as an argument or in ``PYLOADER_NUM_WORKERS``)
 
     def as_dict(self) -> dict:
         return {"num_workers": self.num_workers, "why": self.why}
@@ -91,10 +92,10 @@ def cpu_share() -> int:
 def place(num_workers: Any, objects: Iterable[Any], start_method: Optional[str]) -> Placement:
     """The placement of an iteration: ``num_workers`` as given, or decided for ``"auto"``."""
     if num_workers != AUTO:
-        return Placement(int(num_workers), "num_workers given")
+        return Placement(int(num_workers), "num_workers given", decided=False)
     num_workers = from_env()
     if num_workers != AUTO:
-        return Placement(int(num_workers), f"{ENV}={num_workers}")
+        return Placement(int(num_workers), f"{ENV}={num_workers}", decided=False)
     objects = list(objects)
     if all(releases_gil(obj) for obj in objects):
         return Placement(0, "every user object releases the GIL (releases_gil = True)")
@@ -118,7 +119,7 @@ class Placer:
 
     def __call__(self, objects: Iterable[Any]) -> Placement:
         placement = place(self.num_workers, objects, self.start_method)
-        if self.num_workers == AUTO and placement != self.last:
+        if placement.decided and placement != self.last:
             _log.info("num_workers='auto': %d worker processes (%s)", placement.num_workers, placement.why)
         self.last = placement
         return placement
