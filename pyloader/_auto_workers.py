@@ -55,7 +55,7 @@ class Placement:
         return {"num_workers": self.num_workers, "why": self.why}
 
 
-def check(value: Any, name: str = "num_workers") -> None:
+def check(name: str, value: Any) -> None:
     """``num_workers`` is ``"auto"`` or an integer >= 0."""
     if value == AUTO and isinstance(value, str):
         return
@@ -72,7 +72,7 @@ def from_env() -> Any:
         value: Any = int(raw)
     except ValueError:
         value = raw
-    check(value, f"the environment variable {ENV}")
+    check(f"the environment variable {ENV}", value)
     return value
 
 
@@ -113,7 +113,6 @@ class Placer:
     """``place`` for one loader, logging each new decision once."""
 
     def __init__(self, num_workers: Any, start_method: Optional[str]) -> None:
-        check(num_workers)
         self.num_workers, self.start_method = num_workers, start_method
         self.last: Optional[Placement] = None
 
