@@ -8,6 +8,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from ._abc import DataReader
+from ._auto_workers import Placement, Placer
 from ._batch import Batch, Group, Stacked
 from ._cache import DiskCache
 from ._compose import callable_name
@@ -109,6 +110,7 @@ class DataLoader(Options):
         self._arguments = bind("DataLoader", args, kwargs)
         super().__init__(**self._arguments)  # checks every option, resolves num_threads and bucket_buffer
         self.options = Options(**values_of(self))  # the options alone (not the loader), for the pipeline
+        self._placer = Placer(self.num_workers, self.start_method)
         self._count_cache: Dict[str, Any] = {}
         self._mix = _weighted_sources(self.data_dir, self.datareader, self.stream, self.retries)
         self._reader = self.datareader if self._mix is None else self._mix.readers
@@ -188,10 +190,19 @@ class DataLoader(Options):
         self._next = fresh(epoch, self.num_epoch)
         self._record = None
 
+    def _placement(self) -> Placement:
+        """Where this iteration runs user methods (``_auto_workers``)."""
+        readers = self._mix.readers.readers if self._mix is not None else [self.datareader]
+        python = [] if self.filter_fn is None else [self.filter_fn]
+        placement = self._placer([*readers, self.dataset, self.datacollator, *python])
+        self._stats.placement = placement.as_dict()
+        return placement
+
     def _engine(self, start: Start) -> Engine:
+        num_workers = self._placement().num_workers
         settings = Settings(
-            options=self.options, files=self.files, reader=self._reader,
-            concurrency=GROUPS_PER_WORKER * self.num_workers or GROUPS_IN_FLIGHT,
+            options=self.options, files=self.files, reader=self._reader, num_workers=num_workers,
+            concurrency=GROUPS_PER_WORKER * num_workers or GROUPS_IN_FLIGHT,
             errors=ErrorHandler(self.on_error, self.max_errors, self._stats), stats=self._stats,
             finish=self._finish, kept_workers=self._kept_workers, sharding=self.sharding,
             count_cache=self._count_cache, exclusive=self._exclusive, cache=self._cache, entries=self._entries,

@@ -50,6 +50,7 @@ from dataclasses import KW_ONLY, MISSING, dataclass, fields
 from typing import Annotated, Any, Callable, Concatenate, Dict, Optional, ParamSpec, Sequence, Tuple, Union
 
 from ._abc import DataCollator, DataReader, Dataset
+from ._auto_workers import check as check_workers
 from ._bucket import BucketBy, buffer_size
 from ._bytes import DEFAULT_READAHEAD_BYTES
 from ._compose import callable_name, check_compose
@@ -174,8 +175,9 @@ class Options:
     padding_mode: Annotated[str, Option(
         "stream mode: how rows whose files ran out are padded", check=one_of(PADDING_MODES), resume=True)] = "zeros"
     pad_value: Annotated[Any, Option('stream mode: the value padding_mode="zeros" pads with')] = 0
-    num_workers: Annotated[int, Option(
-        "worker processes running the user methods (0: threads of this process)", check=at_least_zero)] = 0
+    num_workers: Annotated[Union[int, str], Option(
+        'worker processes running the user methods (0: threads of this process; "auto": decided per run)',
+        check=check_workers)] = "auto"
     num_threads: Annotated[Optional[int], Option(
         "user methods run at once in this process (default: one per file read ahead and per group being encoded)",
         check=optional(positive))] = None
@@ -245,8 +247,8 @@ def _check_together(a: Dict[str, Any]) -> None:
     check_applies(a)
     resolve_sharding(a["rank"], a["world_size"], a["even_batches"])  # explicit values are checked now
     ErrorHandler(a["on_error"], a["max_errors"], Stats())  # checks them; each iteration gets its own
-    if a["persistent_workers"] and not a["num_workers"]:
-        raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0")
+    if a["persistent_workers"] and a["num_workers"] == 0:
+        raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0 or 'auto'")
 
 
 def _declared() -> Dict[str, Option]:

@@ -44,6 +44,7 @@ class Settings:
     options: Options  # checked and resolved when the loader was built (``_options``)
     files: List[str]  # of ``data_dir``, or of the weighted sources
     reader: DataReader  # the datareader, or the sources' readers (``mix``)
+    num_workers: int  # worker processes of this run (``num_workers``, resolved: ``_auto_workers``)
     concurrency: int  # groups being encoded and collated at once
     errors: ErrorHandler  # ``on_error`` and ``max_errors``, counted per run
     stats: Stats
@@ -99,7 +100,7 @@ def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
     encode: Step = ("batch_encode", CheckedEncode(s.options.dataset))
     collate: Step = ("collate_batch", Collate(s.options.datacollator))
     finish: List[Step] = [] if s.finish is None else [("pin_memory", s.finish)]
-    if s.options.num_workers and getattr(s.options.datacollator, "converts_in_main", False):
+    if s.num_workers and getattr(s.options.datacollator, "converts_in_main", False):
         split: Any = s.options.datacollator  # an ArrayCollator: stacking there, converting here
         there = [encode, ("collate_batch", split.stack)]
         here = [("collate_batch", split.convert), *finish]
@@ -148,11 +149,11 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optiona
     there, here, local = split_steps(s)
     reader = with_filter(s.reader, s.options.filter_fn)
     uses = (s.options.dataset, s.options.datacollator)
-    if not s.options.num_workers:
+    if not s.num_workers:
         return with_memory(ThreadRunner(reader, local, lane, readahead, uses=uses, busy=s.stats.busy), s.entries), None
 
     def make_pool() -> WorkerPool:
-        return WorkerPool(s.options.num_workers, reader, there, s.options.worker_init_fn, s.options.start_method,
+        return WorkerPool(s.num_workers, reader, there, s.options.worker_init_fn, s.options.start_method,
                           persistent=s.kept_workers is not None)
 
     pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
@@ -205,7 +206,7 @@ def _reader_stage(s: Settings, runner: Any) -> ReadFiles:
     ahead = max(s.options.prefetch_files, s.reader.batch_size) if s.options.stream else s.options.prefetch_files
     buffered = s.options.shuffle_buffer > 0 or s.options.bucket_by is not None or s.mix is not None  # rows meet here
     return ReadFiles(runner, s.options.stream or buffered, ahead, s.errors, s.stats,
-                     start_ahead=None if s.options.stream else max(0, s.options.num_workers - 1))
+                     start_ahead=None if s.options.stream else max(0, s.num_workers - 1))
 
 
 def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:

@@ -86,7 +86,8 @@ class AsIs(pl.DataCollator):
 def make(folder: Path, cache: Optional[Path], *, K: Optional[int] = 3, batch_size: int = 4,
          read_log: Optional[Path] = None, encode_log: Optional[Path] = None, augment: bool = False,
          dataset: Optional[pl.Dataset] = None, limit: Optional[int] = None, **kwargs: Any) -> pl.DataLoader:
-    if kwargs.get("num_workers"):
+    kwargs.setdefault("num_workers", 0)  # the tests that run workers say so
+    if kwargs["num_workers"]:
         kwargs.setdefault("start_method", "fork")
     reader = CountingReader(batch_size, None if read_log is None else str(read_log))
     cache_encoded = None if cache is None else {"dir": str(cache), "update_every": K, "limit": limit}

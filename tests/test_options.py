@@ -60,12 +60,12 @@ def test_the_signature_and_help_show_every_option_with_its_default_and_doc():
     assert list(params) == list(OPTIONS)
     assert [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD] == POSITIONAL
     assert params["num_epoch"].default == 1 and params["random_seed"].default == 42
-    assert params["num_workers"].default == 0 and params["stop"].default == "first_exhausted"
+    assert params["num_workers"].default == "auto" and params["stop"].default == "first_exhausted"
     assert params["shuffle_buffer"].annotation is int
     keyword_only = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
     assert pl.DataLoader.__init__.__kwdefaults__ == keyword_only
     text = pydoc.render_doc(pl.DataLoader, renderer=pydoc.plaintext)
-    assert "num_workers: int = 0" in text and "stop: str = 'first_exhausted'" in text
+    assert "num_workers: Union[int, str] = 'auto'" in text and "stop: str = 'first_exhausted'" in text
     for name, option in OPTIONS.items():
         assert option.doc and option.doc in " ".join(text.split()), name
 
