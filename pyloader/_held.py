@@ -5,14 +5,15 @@ window: a ``Window`` is chunks put end to end, and ``take(rows)`` gives its rows
 columns. A window fills, is sealed once full (``seal``) and is dropped after its last round (``drop``).
 
 * ``InMemory``: a chunk is what ``batch_encode`` gave; sealing changes nothing.
-* ``OnDisk(rotation_dir)``: a chunk is turned into NumPy arrays as it arrives (``_npcolumns``; a
-  field that cannot be raises ``Unstorable`` naming it). A window fills in memory; sealing writes
-  it to a folder of its own, ``<rotation_dir>/pyloader-rotation-<random>/<epoch>-<window>/``, one
-  ``.npy`` file per array (``f<field>.<part>.npy``), and reads it back memory-mapped (never
-  unpickled); dropping it removes the folder. The run's folder is made by the first seal and
-  removed by ``close()`` (at the run's end, however it ends: a break, ``close()``, an error), at
-  the latest when the process exits; a write still running in a thread when the run ends removes
-  what it wrote. Nothing is left behind.
+* ``OnDisk(rotation_dir)``: a window fills in memory; sealing turns it into NumPy arrays
+  (``_codec``, as ``cache_encoded`` stores batches: a field that cannot be stored without pickle
+  is a ``NotCacheable`` naming it), writes them to a folder of its own,
+  ``<rotation_dir>/pyloader-rotation-<random>/<epoch>-<window>/``, one ``.npy`` file per array
+  (the layout among them), and reads them back memory-mapped (never unpickled), the rows served
+  read as they are needed (``_codec.take``); dropping the window removes its folder. The run's
+  folder is made by the first seal and removed by ``close()`` (at the run's end, however it
+  ends: a break, ``close()``, an error), at the latest when the process exits; a write still
+  running in a thread when the run ends removes what it wrote. Nothing is left behind.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from typing import Any, Dict, List, Optional, Protocol
 
 import numpy as np
 
-from . import _npcolumns
-from ._columns import Columns, interleave, n_rows, slice_rows, take
+from . import _codec
+from ._columns import Columns, concat, interleave, n_rows, slice_rows, take
 
 
 class Held(Protocol):
@@ -86,10 +87,10 @@ class InMemory:
     def take(self, chunk: Columns, positions: np.ndarray) -> Columns:
         return take(chunk, positions)
 
-    def seal(self, name: str, window: Window) -> Window:
+    def seal(self, name: str, window: Window) -> Any:
         return window
 
-    def drop(self, window: Window) -> None:
+    def drop(self, window: Any) -> None:
         pass
 
     def close(self) -> None:
@@ -99,13 +100,13 @@ class InMemory:
 class _OnDiskWindow:
     """A sealed window: its arrays memory-mapped from its folder."""
 
-    def __init__(self, folder: str, n: int, arrays: _npcolumns.Encoded) -> None:
+    def __init__(self, folder: str, n: int, arrays: Dict[str, np.ndarray]) -> None:
         self.folder = folder
         self.n = n
         self.arrays = arrays
 
     def take(self, rows: np.ndarray) -> Columns:
-        return _npcolumns.take(self.arrays, rows)
+        return _codec.take(self.arrays, rows)
 
 
 def _remove(root: str, pid: int) -> None:
@@ -113,40 +114,26 @@ def _remove(root: str, pid: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-class OnDisk:
-    """Chunks as NumPy arrays; sealed windows in ``.npy`` files under a folder of the run's."""
+def _save(arrays: Dict[str, np.ndarray], folder: str) -> Dict[str, str]:
+    """Each array to ``folder/<name>.npy`` (names of ``_codec``'s: plain words), whole or not at all."""
+    paths = {}
+    for name, array in arrays.items():
+        path = os.path.join(folder, f"{name}.npy")
+        with open(path + ".tmp", "wb") as f:
+            np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+        os.replace(path + ".tmp", path)
+        paths[name] = path
+    return paths
+
+
+class OnDisk(InMemory):
+    """The window being filled in memory; sealed windows as ``.npy`` files under a folder of the run's."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.root: Optional[str] = None
         self._lock = threading.Lock()
         self._closed = False
-        self._stored: Optional[Dict[str, _npcolumns.Stored]] = None  # how the first chunk's fields are stored
-
-    def chunk(self, columns: Columns) -> _npcolumns.Encoded:
-        """The chunk as arrays; a field stored otherwise than in the first chunk is an ``Unstorable``."""
-        encoded = _npcolumns.encode(columns)
-        stored = {key: _npcolumns.stored(field) for key, field in encoded.items()}
-        if self._stored is None:
-            self._stored = stored
-        for key, how in stored.items():
-            first = self._stored.get(key)
-            if first is not None and first[1] is None:  # empty so far: what has values tells
-                self._stored[key] = first = how
-            if first is not None and not _npcolumns.same_storage(how, first):
-                raise _npcolumns.Unstorable(f"rotation_dir stores a field one way for all samples: field {key!r} "
-                                            f"holds {_npcolumns.describe(how)} here and {_npcolumns.describe(first)} "
-                                            f"before")
-        return encoded
-
-    def rows(self, chunk: _npcolumns.Encoded) -> int:
-        return _npcolumns.rows(chunk)
-
-    def cut(self, chunk: _npcolumns.Encoded, start: int, end: int) -> _npcolumns.Encoded:
-        return _npcolumns.cut(chunk, start, end)
-
-    def take(self, chunk: _npcolumns.Encoded, positions: np.ndarray) -> Columns:
-        return _npcolumns.take(chunk, positions)
 
     def _folder_for(self, name: str) -> Optional[str]:
         """A new folder for window ``name``, or ``None`` once closed."""
@@ -162,18 +149,23 @@ class OnDisk:
             return folder
 
     def seal(self, name: str, window: Window) -> Any:
-        joined = _npcolumns.join(window.chunks)
+        """The window written to its folder and read back memory-mapped; ``NotCacheable`` names a field
+        that cannot be stored without pickle."""
+        arrays = _codec.pack(concat(window.chunks, "rotation"), "rotation_dir")
         folder = self._folder_for(name)
         if folder is None:
             return window  # the run has ended: nobody will read it
         try:
-            manifest = _npcolumns.save(joined, folder)
+            paths = _save(arrays, folder)
         finally:
             with self._lock:
                 closed = self._closed
                 if closed:  # the run ended while this was written: what close() found is gone already
                     shutil.rmtree(str(self.root), ignore_errors=True)
-        return window if closed else _OnDiskWindow(folder, window.n, _npcolumns.load(manifest))
+        if closed:
+            return window
+        return _OnDiskWindow(folder, window.n, {k: np.load(p, mmap_mode="r", allow_pickle=False)
+                                                for k, p in paths.items()})
 
     def drop(self, window: Any) -> None:
         if isinstance(window, _OnDiskWindow):

@@ -36,10 +36,10 @@ Contracts:
   the batches before the position are not collated, ``_pipeline``): the schedule is a pure function
   of the samples, the seed and the epoch.
 * **Errors.** A batch whose samples cannot be rotated (fields of unequal lengths, fields or shapes
-  that change, a field ``rotation_dir`` cannot store, or stores otherwise than before) fails at
-  stage ``rotation``, naming its files; ``on_error`` handles it like a failed ``batch_encode``.
-  A window that cannot be written to ``rotation_dir`` stops the iteration (stage ``rotation``,
-  naming the window's files).
+  that change) fails at stage ``rotation``, naming its files; ``on_error`` handles it like a failed
+  ``batch_encode``. A window that cannot be written to ``rotation_dir`` (a field that cannot be
+  stored without pickle, ``_codec``; the disk) stops the iteration, whatever ``on_error`` says
+  (stage ``rotation``, naming the window's files).
 """
 from __future__ import annotations
 
@@ -62,29 +62,29 @@ _ROUNDS, _CYCLES = 0, 1  # the keys of the draws
 Entries = Tuple[np.ndarray, np.ndarray, np.ndarray]  # samples served: their window, their row there, their round
 
 
+def check_folder(name: str, value: Any) -> None:
+    if not isinstance(value, str) and not hasattr(value, "__fspath__"):
+        raise TypeError(f"{name} must be a folder's path, got {value!r}")
+
+
 def check_rotation(a: Mapping[str, Any]) -> None:
-    """Check ``rotation``, ``rotation_dir`` and ``rotation_size`` of ``DataLoader(**a)``."""
-    rotation, folder, size = a["rotation"], a["rotation_dir"], a["rotation_size"]
-    if not isinstance(rotation, int) or isinstance(rotation, bool) or rotation < 1:
-        raise ValueError(f"rotation must be an integer >= 1, got {rotation!r}")
+    """The rules between ``rotation``, ``rotation_dir``, ``rotation_size`` and the other options of
+    ``DataLoader(**a)`` (each one's own check has passed)."""
+    rotation, size = a["rotation"], a["rotation_size"]
     if rotation == 1:
-        if folder is not None or size is not None:
+        if a["rotation_dir"] is not None or size is not None:
             raise ValueError("rotation_dir and rotation_size hold the samples served again: they need rotation >= 2")
         return
-    _check_held(rotation, folder, size)
+    if size is not None and size < rotation:
+        raise ValueError(f"rotation_size (the samples held) must be >= rotation ({rotation}), got {size!r}")
     if a["stream"]:
         raise ValueError("rotation serves samples again in other batches: stream mode keeps each row in file order")
     if a["bucket_by"] is not None:
         raise ValueError("rotation re-batches samples: the batches of similar lengths bucket_by makes would not "
                          "survive it")
-
-
-def _check_held(rotation: int, folder: Any, size: Any) -> None:
-    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < rotation):
-        raise ValueError(f"rotation_size (the samples held) must be an integer >= rotation ({rotation}), "
-                         f"got {size!r}")
-    if folder is not None and not isinstance(folder, str) and not hasattr(folder, "__fspath__"):
-        raise TypeError(f"rotation_dir must be a folder's path, got {folder!r}")
+    if a["cache_encoded"] is not None:
+        raise ValueError("rotation and cache_encoded both serve encoded samples again (within an epoch, and "
+                         "across epochs): use one of them")
 
 
 def held_samples(a: Mapping[str, Any]) -> Optional[int]:
@@ -92,12 +92,6 @@ def held_samples(a: Mapping[str, Any]) -> Optional[int]:
     if a["rotation"] == 1:
         return None
     return a["rotation_size"] or a["rotation"] * WINDOW_BATCHES * a["datareader"].batch_size
-
-
-def rotation_fingerprint(a: Mapping[str, Any]) -> Optional[Dict[str, int]]:
-    """Rotation's part of the resume state: ``None`` without it (as in states saved before it existed)."""
-    size = held_samples(a)
-    return None if size is None else {"rotation": a["rotation"], "rotation_size": size}
 
 
 def round_orders(n: int, rotation: int, rng: np.random.Generator) -> List[np.ndarray]:

@@ -25,7 +25,7 @@ PADDING = "__padding__"
 
 
 class ArrayDataset(pl.Dataset):
-    """Encodes each batch's ids as an array (the field ``rotation_dir`` keeps as ``f0.v.npy``)."""
+    """Encodes each batch's ids as an array (the field ``rotation_dir`` keeps as ``c0.npy``)."""
 
     def batch_encode(self, batch_data):
         return {"id": np.asarray(batch_data["id"], dtype=np.int64)}
@@ -105,6 +105,7 @@ def make(tmp_path: Path, sizes=SIZES, reader_shuffle: bool = False, dataset: Any
     folder = tmp_path / "data"
     if not folder.exists():
         write_chunks(folder, sizes)
+    kwargs.setdefault("num_workers", 0)  # the tests with workers ask for them
     return pl.DataLoader(IdReader(B, shuffle=reader_shuffle), dataset or pl.IdentityDataset(),
                          collator or ListCollator(), str(folder), **kwargs)
 
@@ -126,7 +127,7 @@ def files_under(folder: Path) -> List[Path]:
 def samples_on_disk(folder: Path) -> int:
     """The samples in the ``id`` field's files under ``folder`` (files written whole, or not yet)."""
     total = 0
-    for path in (p for p in files_under(folder) if p.name == "f0.v.npy"):
+    for path in (p for p in files_under(folder) if p.name == "c0.npy"):
         try:
             total += np.load(path, allow_pickle=False).shape[0]
         except (FileNotFoundError, OSError, ValueError):
@@ -155,8 +156,8 @@ def test_every_sample_is_served_rotation_times_an_epoch_has_r_times_the_samples_
 
 @pytest.mark.parametrize("rotation", [2, 3, 4])
 def test_the_servings_of_a_sample_are_more_than_half_a_window_apart_and_no_batch_comes_twice(tmp_path, rotation):
-    window = 10  # 120 samples: 12 full windows
-    loader = make(tmp_path, sizes=[40, 30, 50], rotation=rotation, rotation_size=window * rotation, shuffle=True,
+    window = 40  # 10 batches; 240 samples: 6 full windows
+    loader = make(tmp_path, sizes=[80, 60, 100], rotation=rotation, rotation_size=window * rotation, shuffle=True,
                   reader_shuffle=True)
     batches = run(loader)
     places: Dict[int, List[int]] = defaultdict(list)
@@ -270,7 +271,7 @@ def test_on_disk_every_kind_of_field_comes_back_as_it_does_from_memory(tmp_path)
 
 def test_a_field_rotation_dir_cannot_store_is_an_error_naming_it_and_memory_holds_it(tmp_path):
     folder = tmp_path / "rotation"
-    with pytest.raises(TypeError, match="field 'info' holds dict values") as caught:
+    with pytest.raises(TypeError, match="rotation_dir cannot store column 'info' .* items of type dict") as caught:
         run(make(tmp_path, rotation=2, rotation_dir=folder, dataset=DictDataset()))
     assert isinstance(caught.value, pl.PipelineError) and caught.value.stage == "rotation"
     assert "part-0000.txt" in str(caught.value)
@@ -280,7 +281,7 @@ def test_a_field_rotation_dir_cannot_store_is_an_error_naming_it_and_memory_hold
 
 def test_on_disk_a_field_is_stored_one_way_in_every_batch_and_a_folder_that_cannot_be_written_is_an_error(
         tmp_path):
-    with pytest.raises(TypeError, match="field 'score' holds numbers of float64 here and numbers of int64") as caught:
+    with pytest.raises(TypeError, match=r"column 'score' .* items of several types \(float, int\)") as caught:
         run(make(tmp_path, rotation=2, rotation_dir=tmp_path / "rotation", dataset=MixedNumbersDataset()))
     assert caught.value.stage == "rotation" and "part-0000.txt" in str(caught.value)
     (tmp_path / "a-file").write_text("")
@@ -381,7 +382,9 @@ def test_under_ranks_a_batch_skipped_after_an_error_still_leaves_every_rank_its_
 @pytest.mark.parametrize("kwargs, match", [
     ({"rotation": 0}, "rotation must be an integer >= 1"),
     ({"rotation": True}, "rotation must be an integer >= 1"),
-    ({"rotation": 3, "rotation_size": 2}, r"rotation_size \(the samples held\) must be an integer >= rotation"),
+    ({"rotation": 3, "rotation_size": 2}, r"rotation_size \(the samples held\) must be >= rotation \(3\), got 2"),
+    ({"rotation": 3, "rotation_size": 2.5}, "rotation_size must be an integer >= 1"),
+    ({"rotation": 2, "cache_encoded": {"dir": "cache", "update_every": 2}}, "use one of them"),
     ({"rotation_dir": "somewhere"}, "they need rotation >= 2"),
     ({"rotation_size": 100}, "they need rotation >= 2"),
     ({"rotation": 2, "stream": True}, "stream mode keeps each row in file order"),
@@ -390,6 +393,8 @@ def test_under_ranks_a_batch_skipped_after_an_error_still_leaves_every_rank_its_
 def test_settings_that_make_no_sense_are_refused(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         make(tmp_path, **kwargs)
+    with pytest.raises(TypeError, match="rotation_dir must be a folder's path, got 3"):
+        make(tmp_path, rotation=2, rotation_dir=3)
 
 
 def test_a_state_saved_with_other_rotation_settings_or_mid_epoch_under_another_world_size_is_refused(tmp_path):
