@@ -257,16 +257,44 @@ def test_on_disk_every_kind_of_field_comes_back_as_it_does_from_memory(tmp_path)
 
     memory, disk = batches(), batches(rotation_dir=tmp_path / "rotation")
     assert len(memory) == len(disk) == -(-2 * N // B)
-
-    def same(a: Any, b: Any) -> bool:
-        if isinstance(a, np.ndarray):
-            return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-        if isinstance(a, (list, tuple)):
-            return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-        return type(a) is type(b) and a == b
-
     for m, d in zip(memory, disk):
         assert m.keys() == d.keys() and all(same(m[key], d[key]) for key in m), (m, d)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal values of the same types, all the way down."""
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and (
+            all(map(same, a, b)) if a.dtype == object else np.array_equal(a, b))
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    return type(a) is type(b) and a == b
+
+
+def test_rows_taken_from_memory_mapped_arrays_are_the_stored_batch_at_those_rows(tmp_path):
+    from pyloader import _codec
+
+    n = 5
+    objects = np.empty(n, dtype=object)
+    objects[:] = [[i] * i for i in range(n)]
+    batch = {"ints": list(range(n)), "array": np.arange(2 * n, dtype=np.int16).reshape(n, 2),
+             "nested": [[[i, -i], [], [i]] for i in range(n)], "pairs": tuple((i, -i) for i in range(n)),
+             "text": ["", "é", "a\x00b", "\ud800", "z"], "raw": [bytes([i]) * i for i in range(n)],
+             "complex": [complex(i, -i) for i in range(n)], "scalars": [np.float16(i) for i in range(n)],
+             "ragged": [np.ones((i, 2), dtype=np.uint8) for i in range(n)], "objects": objects,
+             "empty": [[] for _ in range(n)]}
+    arrays = _codec.pack(batch)
+    for name, array in arrays.items():
+        np.save(tmp_path / f"{name}.npy", array, allow_pickle=False)
+    mapped = {name: np.load(tmp_path / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in arrays}
+    whole = _codec.unpack(arrays)
+    assert all(same(batch[key], whole[key]) for key in batch)
+    rows = np.array([3, 0, 4, 4, 1])
+    taken = _codec.take(mapped, rows)
+    for key, column in whole.items():
+        expected = column[rows] if isinstance(column, np.ndarray) else type(column)(column[r] for r in rows)
+        assert same(expected, taken[key]), key
+    assert not any(isinstance(v, np.memmap) for v in taken["ragged"]) and not isinstance(taken["array"], np.memmap)
 
 
 def test_a_field_rotation_dir_cannot_store_is_an_error_naming_it_and_memory_holds_it(tmp_path):
