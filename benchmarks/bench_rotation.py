@@ -86,7 +86,7 @@ def samples_on_disk(folder: str) -> int:
     total = 0
     for top, _, names in os.walk(folder):
         for name in names:
-            if name == "f0.v.npy":
+            if name == "c0.npy":  # the first field, "id" (``_codec``'s names)
                 try:
                     total += np.load(os.path.join(top, name), allow_pickle=False).shape[0]
                 except (OSError, ValueError):
