@@ -17,12 +17,13 @@ from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Op
 
 import numpy as np
 
-from ._bucket import LEN, BucketBuffer, Lengths
-from ._columns import Columns, concat, n_rows, slice_rows, take
+from ._bucket import LEN, BucketBuffer, Lengths, bucket_windows
+from ._columns import Columns, concat, n_rows, slice_rows
 from ._errors import PipelineError
 from ._read import Piece, ReadFiles, ReadItem
-from ._rng import SHUFFLE_BUFFER, derive_rng
+from ._rng import SHUFFLE_BUFFER
 from ._source import EpochEnd, FileTask
+from ._windows import ShuffleBuffer, WindowBuffer, Windows, fed_from, window_buffers
 
 SRC = "\x00src"  # private column: each row's file index, so a batch knows its files
 PAD = "\x00pad"  # private column: the row only evens out the ranks' step counts
@@ -137,38 +138,6 @@ class GroupSize:
         return n
 
 
-class ShuffleBuffer:
-    """Holds up to ``size`` samples; each sample that leaves is drawn uniformly from the pool.
-
-    Feeding ``k`` rows into a full buffer releases ``k`` rows chosen at random from
-    the ``size + k`` rows at hand. Pieces are fed at most ``size`` rows at a time so
-    a large file cannot flush the buffer in one go. Draws come from ``(seed, epoch)``.
-    """
-
-    def __init__(self, size: int, seed: int, epoch: int) -> None:
-        self.size = size
-        self.rng = derive_rng(seed, SHUFFLE_BUFFER, epoch)
-        self.pool: Optional[Columns] = None
-
-    def feed(self, columns: Columns) -> Iterator[Columns]:
-        n = n_rows(columns)
-        for start in range(0, n, self.size):
-            part = slice_rows(columns, start, min(n, start + self.size))
-            pool = part if self.pool is None else concat([self.pool, part], "shuffle buffer")
-            excess = n_rows(pool) - self.size
-            if excess <= 0:
-                self.pool = pool
-                continue
-            perm = self.rng.permutation(n_rows(pool))
-            self.pool = take(pool, np.sort(perm[excess:]))
-            yield take(pool, perm[:excess])
-
-    def drain(self) -> Iterator[Columns]:
-        if self.pool is not None and n_rows(self.pool):
-            yield take(self.pool, self.rng.permutation(n_rows(self.pool)))
-        self.pool = None
-
-
 def assemble(parts: Sequence[Tuple[Columns, int, int]], paths: Sequence[str]) -> Columns:
     """Rows ``start:end`` of each part, joined; a key mismatch names the files."""
     try:
@@ -202,6 +171,10 @@ class Batcher:
     shuffle buffer or bucketing (``bucket``: the lengths and the buffer size),
     the buffers' output is joined here (they hold the rows anyway).
 
+    ``resumed``: an epoch whose files start past its first batches (the index of
+    its first batch); with buffers, its stream is read from ``reads_from()`` and
+    the buffers drop what they let out before its first ``skip_rows`` rows (``_windows``).
+
     Under ranks ``steps(e)`` is the number of batches every rank gives in epoch
     ``e``. A share that lost samples to a skipped error gives fewer; it is topped
     up with copies of its epoch's last batch, flagged as padding (the rows of
@@ -212,11 +185,12 @@ class Batcher:
                  shuffle_buffer: int, seed: int, flag_padding: bool = False,
                  steps: Optional[Callable[[int], int]] = None,
                  bucket: Optional[Tuple[Lengths, int]] = None, resumed: Tuple[int, int] = (-1, 0),
-                 mix: Optional[Callable[[int], Any]] = None) -> None:
+                 mix: Optional[Callable[[int], Any]] = None, skip_rows: int = 0) -> None:
         self.files = files
         self.mix = mix  # epoch -> the buffer interleaving weighted sources (``_mix``), first of the buffers
         self.bucket = bucket
-        self.resumed = resumed  # (epoch, first batch): an epoch whose files start past its first batches
+        self.resumed = resumed  # (epoch, first batch)
+        self.skip_rows = skip_rows
         self.flag_padding = flag_padding
         self.steps = steps
         self._last: Optional[Tuple[Any, int, Tuple[str, ...]]] = None  # (data, rows, paths) of the last batch cut
@@ -289,13 +263,30 @@ class Batcher:
             index += len(group)
             yield group
 
-    def _buffers(self, epoch: int) -> List[Any]:
-        """The buffers samples go through this epoch, in turn: the shuffle buffer, the bucket buffer."""
-        out: List[Any] = [] if self.mix is None else [self.mix(epoch)]
+    def _windowed(self, epoch: int) -> List[Tuple[Windows, Callable[[Windows, int, int], WindowBuffer]]]:
+        """The windows of the buffers that work in windows this epoch, in turn, and how each is made."""
+        out: List[Tuple[Windows, Callable[[Windows, int, int], WindowBuffer]]] = []
         if self.shuffle_buffer:
-            out.append(ShuffleBuffer(self.shuffle_buffer, self.seed, epoch))
+            out.append((Windows.drawn(self.shuffle_buffer, self.seed, SHUFFLE_BUFFER, epoch), ShuffleBuffer))
         if self.bucket is not None:
-            out.append(BucketBuffer(self.bucket[1], self.batch_size, self.seed, epoch))
+            batch_size = self.batch_size
+            out.append((bucket_windows(self.bucket[1], batch_size, self.seed, epoch),
+                        lambda windows, first, skip: BucketBuffer(windows, batch_size, first, skip)))
+        return out
+
+    def reads_from(self) -> int:
+        """Where the resumed epoch's stream is read from: its first ``skip_rows`` rows are handed
+        out already, and the buffers rebuild what comes next from the windows that hold it."""
+        starts = fed_from([windows for windows, _ in self._windowed(self.resumed[0])], self.skip_rows)
+        return starts[0] if starts else self.skip_rows
+
+    def _buffers(self, epoch: int) -> List[Any]:
+        """The buffers samples go through this epoch, in turn: the mix, the shuffle buffer, the bucket buffer."""
+        out: List[Any] = [] if self.mix is None else [self.mix(epoch)]
+        windowed = self._windowed(epoch)
+        resumed = self.skip_rows if epoch == self.resumed[0] and self.skip_rows else None
+        for (windows, make), (first, skip) in zip(windowed, window_buffers([w for w, _ in windowed], resumed)):
+            out.append(make(windows, first, skip))
         return out
 
     def _take_piece(self, piece: Piece, task: FileTask, buffers: List[Any], read: ReadFiles) -> bool:

@@ -1,15 +1,18 @@
 """Length bucketing (``bucket_by``, ``bucket_buffer``): batches of samples of similar length, to save padding.
 
 Samples pass through a buffer of ``bucket_buffer`` samples (after the shuffle
-buffer, when there is one). Each time it fills, its samples are sorted by
-length (ties broken at random), cut into batches of ``batch_size`` consecutive
-samples, and the full batches leave in a random order; the fewer than
-``batch_size`` samples left over (the longest) wait for the next round. At the
-end of an epoch the rest leaves the same way, its short batch last, so an epoch
-has as many batches as without bucketing (``len`` is unchanged) and only its
-last batch may be short. The randomness comes from ``(random_seed, epoch)``
-alone: the batches are a function of the data, the seed and the epoch, every
-sample leaves exactly once, and a resumed run rebuilds the same batches.
+buffer, when there is one) that works in windows of the stream (``_windows``):
+``bucket_buffer`` rounded down to a multiple of ``batch_size`` samples each, the
+first edge drawn per epoch (a multiple of ``batch_size``). Each window's samples
+are sorted by length (ties broken at random), cut into batches of ``batch_size``
+consecutive samples, and the batches leave in a random order. Every window but
+the epoch's last holds whole batches; the last one's short batch leaves last, so
+an epoch has as many batches as without bucketing (``len`` is unchanged) and
+only its last batch may be short. The randomness comes from ``(random_seed,
+epoch)`` and the window alone: the batches are a function of the data, the seed
+and the epoch, every sample leaves exactly once, and a resumed run rebuilds the
+same batches from the window it is in (it reads the files that window spans, not
+the epoch before it).
 
 A sample's length is, for ``bucket_by="key"``, ``len(sample[key])`` (or the
 value itself when the field holds numbers, a length column), or for a
@@ -22,13 +25,14 @@ buffer). A length that cannot be worked out is an error of the sample's file
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import numpy as np
 
-from ._columns import Columns, concat, n_rows, slice_rows, take
+from ._columns import Columns, n_rows
 from ._errors import PipelineError
-from ._rng import BUCKETS, derive_rng
+from ._rng import BUCKETS
+from ._windows import WindowBuffer, Windows
 
 LEN = "\x00len"  # private column: each row's length, worked out when it arrived
 BUFFER_BATCHES = 32  # the default bucket_buffer, in batches
@@ -83,46 +87,27 @@ def _checked(values: list, path: str, first: int, what: str) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
 
 
-class BucketBuffer:
-    """Holds up to ``size`` samples (with their ``LEN`` column) and lets them out as batches of
-    samples of similar length, in a random order (see the module docstring). Draws come from
-    ``(seed, epoch)``."""
+def bucket_windows(size: int, batch_size: int, seed: int, epoch: int) -> Windows:
+    """The windows of a bucket buffer of ``size`` samples: whole batches each."""
+    return Windows.drawn(size // batch_size * batch_size, seed, BUCKETS, epoch, unit=batch_size)
 
-    def __init__(self, size: int, batch_size: int, seed: int, epoch: int) -> None:
-        self.size = size
+
+class BucketBuffer(WindowBuffer):
+    """Lets each window out as batches of samples of similar length (their ``LEN`` column),
+    in a random order (see the module docstring)."""
+
+    name = "bucket buffer"
+
+    def __init__(self, windows: Windows, batch_size: int, first: int = 0, skip: int = 0) -> None:
+        super().__init__(windows, first, skip)
         self.batch_size = batch_size
-        self.rng = derive_rng(seed, BUCKETS, epoch)
-        self.pool: Optional[Columns] = None
 
-    def feed(self, columns: Columns) -> Iterator[Columns]:
-        """Rows of full batches, batch after batch, each time the buffer fills."""
-        n = n_rows(columns)
-        for start in range(0, n, self.size):
-            part = slice_rows(columns, start, min(n, start + self.size))
-            self.pool = part if self.pool is None else concat([self.pool, part], "bucket buffer")
-            if n_rows(self.pool) >= self.size:
-                yield from self._flush(final=False)
-
-    def drain(self) -> Iterator[Columns]:
-        """The rest, at the end of an epoch: full batches, then the short one."""
-        if self.pool is not None and n_rows(self.pool):
-            yield from self._flush(final=True)
-        self.pool = None
-
-    def _flush(self, final: bool) -> Iterator[Columns]:
-        pool = self.pool
-        assert pool is not None
-        n, size = n_rows(pool), self.batch_size
-        by_length = np.lexsort((self.rng.random(n), pool[LEN]))
+    def order(self, window: Columns, rng: np.random.Generator) -> np.ndarray:
+        n, size = n_rows(window), self.batch_size
+        by_length = np.lexsort((rng.random(n), window[LEN]))
         k = n // size
-        cut = by_length[:k * size].reshape(k, size)[self.rng.permutation(k)].ravel()
-        rest = by_length[k * size:]
-        if final:
-            cut, self.pool = np.concatenate([cut, rest]), None
-        else:
-            self.pool = take(pool, np.sort(rest)) if len(rest) else None
-        if len(cut):
-            yield take(pool, cut)
+        cut = by_length[:k * size].reshape(k, size)[rng.permutation(k)].ravel()
+        return np.concatenate([cut, by_length[k * size:]])  # the short batch (the last window's only) last
 
 
 def buffer_size(a: Mapping[str, Any]) -> Optional[int]:

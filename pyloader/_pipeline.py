@@ -178,11 +178,12 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optiona
 
 
 def resumes_past_files(s: Settings, start: Start) -> bool:
-    """Whether a resumed epoch can start past the files before its position, found from the
-    counts: not when something before the position decides what comes after it (a shuffle or
-    bucket buffer, stream rows, mixing, samples filtered or errors skipped): those replay it."""
-    return (start.skip > start.base and not s.stream and not s.shuffle_buffer and s.bucket_by is None
-            and s.filter_fn is None and s.errors.policy is reraise and s.mix is None)
+    """Whether a resumed epoch can start past the files before its position (or before the
+    buffers' windows that hold it, ``_windows``), found from the counts: not when the counts
+    cannot place the position (stream rows, mixing, samples filtered or errors skipped): those
+    replay it."""
+    return (start.skip > start.base and not s.stream and s.filter_fn is None and s.errors.policy is reraise
+            and s.mix is None)
 
 
 def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Any:
@@ -195,7 +196,7 @@ def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) ->
                       file_order=s.file_order, bounds=bounds_of(s.entries), elastic=elastic)
 
 
-def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], past_files: bool) -> Any:
+def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], skip_rows: int) -> Any:
     """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``)."""
     if s.stream:
         fallback = None
@@ -208,8 +209,8 @@ def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[i
     bucket = None if s.bucket_by is None else (Lengths(s.bucket_by), s.bucket_buffer)
     return Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
                    flag_padding=s.sharding.active, steps=steps, bucket=bucket,
-                   resumed=(start.epoch, start.skip if past_files else start.base),
-                   mix=None if s.mix is None else source.buffer)
+                   resumed=(start.epoch, start.skip if skip_rows else start.base),
+                   mix=None if s.mix is None else source.buffer, skip_rows=skip_rows)
 
 
 def _reader_stage(s: Settings, runner: Any) -> ReadFiles:
@@ -242,11 +243,12 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
         source = _source(s, start, await count_samples(s, lane) if needs_counts else None)
         read = _reader_stage(s, runner)
         skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
-        if skip_rows:  # the file the position falls in is read again, up to the position
-            s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
         steps = _planned_steps(s, source)
-        raw = _batcher(s, start, source, steps, past_files).iterate(
-            read.iterate(source.iterate(start.epoch, skip_rows), tasks), read)
+        batcher = _batcher(s, start, source, steps, skip_rows)
+        read_from = batcher.reads_from() if skip_rows else 0
+        if skip_rows:  # what is read again to find the place: the file it falls in, or the buffers' windows
+            s.stats.replayed(0, source.read_again(start.epoch, skip_rows, read_from))
+        raw = batcher.iterate(read.iterate(source.iterate(start.epoch, read_from), tasks), read)
         if start.skip and not past_files:
             raw = _skip(raw, start, s.stats)
         groups = OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks)
