@@ -21,9 +21,8 @@ from ._bucket import LEN, BucketBuffer, Lengths, bucket_windows
 from ._columns import Columns, concat, n_rows, slice_rows
 from ._errors import PipelineError
 from ._read import Piece, ReadFiles, ReadItem
-from ._rng import SHUFFLE_BUFFER
 from ._source import EpochEnd, FileTask
-from ._windows import ShuffleBuffer, WindowBuffer, Windows, fed_from, window_buffers
+from ._windows import ShuffleBuffer, WindowBuffer, Windows, fed_from, shuffle_windows, window_buffers
 
 SRC = "\x00src"  # private column: each row's file index, so a batch knows its files
 PAD = "\x00pad"  # private column: the row only evens out the ranks' step counts
@@ -267,7 +266,7 @@ class Batcher:
         """The windows of the buffers that work in windows this epoch, in turn, and how each is made."""
         out: List[Tuple[Windows, Callable[[Windows, int, int], WindowBuffer]]] = []
         if self.shuffle_buffer:
-            out.append((Windows.drawn(self.shuffle_buffer, self.seed, SHUFFLE_BUFFER, epoch), ShuffleBuffer))
+            out.append((shuffle_windows(self.shuffle_buffer, self.batch_size, self.seed, epoch), ShuffleBuffer))
         if self.bucket is not None:
             batch_size = self.batch_size
             out.append((bucket_windows(self.bucket[1], batch_size, self.seed, epoch),

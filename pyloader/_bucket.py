@@ -89,7 +89,7 @@ def _checked(values: list, path: str, first: int, what: str) -> np.ndarray:
 
 def bucket_windows(size: int, batch_size: int, seed: int, epoch: int) -> Windows:
     """The windows of a bucket buffer of ``size`` samples: whole batches each."""
-    return Windows.drawn(size // batch_size * batch_size, seed, BUCKETS, epoch, unit=batch_size)
+    return Windows.drawn(size, seed, BUCKETS, epoch, unit=batch_size)
 
 
 class BucketBuffer(WindowBuffer):

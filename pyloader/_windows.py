@@ -30,7 +30,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._columns import Columns, concat, n_rows, slice_rows, take
-from ._rng import derive_rng
+from ._rng import SHUFFLE_BUFFER, derive_rng
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,10 @@ class Windows:
 
     @classmethod
     def drawn(cls, size: int, seed: int, tag: int, epoch: int, unit: int = 1) -> "Windows":
-        """``size`` samples each, the first edge a multiple of ``unit`` drawn from ``(seed, tag, epoch)``."""
+        """``size`` rounded down to a multiple of ``unit`` samples each, the first edge a multiple of
+        ``unit`` drawn from ``(seed, tag, epoch)``."""
         offset = unit * int(derive_rng(seed, tag, epoch).integers(size // unit))
-        return cls(size, offset, seed, tag, epoch)
+        return cls(size // unit * unit, offset, seed, tag, epoch)
 
     def start(self, position: int) -> int:
         """The first position of the window that holds ``position``."""
@@ -115,6 +116,12 @@ class WindowBuffer:
         dropped, self.skip = min(self.skip, len(order)), max(0, self.skip - len(order))
         if dropped < len(order):
             yield take(window, order[dropped:])
+
+
+def shuffle_windows(size: int, batch_size: int, seed: int, epoch: int) -> Windows:
+    """The windows of a shuffle buffer of ``size`` samples: whole batches each, when it holds one, so
+    that a batch is cut from one window (a resumed run's first batch needs that window only)."""
+    return Windows.drawn(size, seed, SHUFFLE_BUFFER, epoch, unit=batch_size if size >= batch_size else 1)
 
 
 class ShuffleBuffer(WindowBuffer):
