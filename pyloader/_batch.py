@@ -17,12 +17,12 @@ from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Op
 
 import numpy as np
 
-from ._bucket import LEN, BucketBuffer, Lengths, bucket_windows
+from ._bucket import LEN, BucketWindows, Lengths
 from ._columns import Columns, concat, n_rows, slice_rows
 from ._errors import PipelineError
 from ._read import Piece, ReadFiles, ReadItem
+from ._shuffle import Slots
 from ._source import EpochEnd, FileTask
-from ._windows import ShuffleBuffer, WindowBuffer, Windows, fed_from, shuffle_windows, window_buffers
 
 SRC = "\x00src"  # private column: each row's file index, so a batch knows its files
 PAD = "\x00pad"  # private column: the row only evens out the ranks' step counts
@@ -171,8 +171,9 @@ class Batcher:
     the buffers' output is joined here (they hold the rows anyway).
 
     ``resumed``: an epoch whose files start past its first batches (the index of
-    its first batch); with buffers, its stream is read from ``reads_from()`` and
-    the buffers drop what they let out before its first ``skip_rows`` rows (``_windows``).
+    its first batch); ``resumed_rows``: the samples of it handed out already and
+    the samples it feeds: with buffers its stream is read from ``reads_from()``,
+    where their state at the position can be rebuilt (``_shuffle``, ``_bucket``).
 
     Under ranks ``steps(e)`` is the number of batches every rank gives in epoch
     ``e``. A share that lost samples to a skipped error gives fewer; it is topped
@@ -184,12 +185,12 @@ class Batcher:
                  shuffle_buffer: int, seed: int, flag_padding: bool = False,
                  steps: Optional[Callable[[int], int]] = None,
                  bucket: Optional[Tuple[Lengths, int]] = None, resumed: Tuple[int, int] = (-1, 0),
-                 mix: Optional[Callable[[int], Any]] = None, skip_rows: int = 0) -> None:
+                 mix: Optional[Callable[[int], Any]] = None, resumed_rows: Tuple[int, int] = (0, 0)) -> None:
         self.files = files
         self.mix = mix  # epoch -> the buffer interleaving weighted sources (``_mix``), first of the buffers
         self.bucket = bucket
         self.resumed = resumed  # (epoch, first batch)
-        self.skip_rows = skip_rows
+        self.resumed_rows = resumed_rows
         self.flag_padding = flag_padding
         self.steps = steps
         self._last: Optional[Tuple[Any, int, Tuple[str, ...]]] = None  # (data, rows, paths) of the last batch cut
@@ -262,31 +263,38 @@ class Batcher:
             index += len(group)
             yield group
 
-    def _windowed(self, epoch: int) -> List[Tuple[Windows, Callable[[Windows, int, int], WindowBuffer]]]:
-        """The windows of the buffers that work in windows this epoch, in turn, and how each is made."""
-        out: List[Tuple[Windows, Callable[[Windows, int, int], WindowBuffer]]] = []
+    def _stages(self, epoch: int) -> List[Any]:
+        """The plans of this epoch's shuffle and bucket buffers (``Slots``, ``BucketWindows``), in turn."""
+        out: List[Any] = []
         if self.shuffle_buffer:
-            out.append((shuffle_windows(self.shuffle_buffer, self.batch_size, self.seed, epoch), ShuffleBuffer))
+            out.append(Slots(self.shuffle_buffer, self.seed, epoch))
         if self.bucket is not None:
-            batch_size = self.batch_size
-            out.append((bucket_windows(self.bucket[1], batch_size, self.seed, epoch),
-                        lambda windows, first, skip: BucketBuffer(windows, batch_size, first, skip)))
+            out.append(BucketWindows.drawn(self.bucket[1], self.batch_size, self.seed, epoch))
         return out
 
+    def _resumed(self, stages: List[Any]) -> Tuple[int, List[int]]:
+        """Where the resumed epoch's stream is read from, and the sample each buffer lets out first:
+        each buffer is fed from where the one before it must let out."""
+        handed, rows = self.resumed_rows
+        outs = []
+        for stage in reversed(stages):
+            outs.append(handed)
+            handed = stage.reads_from(handed, rows)
+        return handed, outs[::-1]
+
     def reads_from(self) -> int:
-        """Where the resumed epoch's stream is read from: its first ``skip_rows`` rows are handed
-        out already, and the buffers rebuild what comes next from the windows that hold it."""
-        starts = fed_from([windows for windows, _ in self._windowed(self.resumed[0])], self.skip_rows)
-        return starts[0] if starts else self.skip_rows
+        """Where the resumed epoch's stream is read from (its samples handed out, or before: the
+        buffers rebuild their state from there)."""
+        return self._resumed(self._stages(self.resumed[0]))[0]
 
     def _buffers(self, epoch: int) -> List[Any]:
         """The buffers samples go through this epoch, in turn: the mix, the shuffle buffer, the bucket buffer."""
         out: List[Any] = [] if self.mix is None else [self.mix(epoch)]
-        windowed = self._windowed(epoch)
-        resumed = self.skip_rows if epoch == self.resumed[0] and self.skip_rows else None
-        for (windows, make), (first, skip) in zip(windowed, window_buffers([w for w, _ in windowed], resumed)):
-            out.append(make(windows, first, skip))
-        return out
+        stages = self._stages(epoch)
+        if epoch == self.resumed[0] and self.resumed_rows[0]:
+            _, outs = self._resumed(stages)
+            return out + [stage.buffer((at, self.resumed_rows[1])) for stage, at in zip(stages, outs)]
+        return out + [stage.buffer() for stage in stages]
 
     def _take_piece(self, piece: Piece, task: FileTask, buffers: List[Any], read: ReadFiles) -> bool:
         """Move a piece's rows towards the batches (through the buffers, tagged with their file, padding

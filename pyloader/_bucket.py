@@ -1,18 +1,20 @@
 """Length bucketing (``bucket_by``, ``bucket_buffer``): batches of samples of similar length, to save padding.
 
 Samples pass through a buffer of ``bucket_buffer`` samples (after the shuffle
-buffer, when there is one) that works in windows of the stream (``_windows``):
-``bucket_buffer`` rounded down to a multiple of ``batch_size`` samples each, the
-first edge drawn per epoch (a multiple of ``batch_size``). Each window's samples
+buffer, when there is one) that works in windows of the epoch's stream (this
+rank's, in plan order): ``bucket_buffer`` rounded down to whole batches each,
+the first edge drawn per epoch (whole batches too). Each window's samples
 are sorted by length (ties broken at random), cut into batches of ``batch_size``
 consecutive samples, and the batches leave in a random order. Every window but
 the epoch's last holds whole batches; the last one's short batch leaves last, so
 an epoch has as many batches as without bucketing (``len`` is unchanged) and
 only its last batch may be short. The randomness comes from ``(random_seed,
 epoch)`` and the window alone: the batches are a function of the data, the seed
-and the epoch, every sample leaves exactly once, and a resumed run rebuilds the
-same batches from the window it is in (it reads the files that window spans, not
-the epoch before it).
+and the epoch, and every sample leaves exactly once. Nothing carries from one
+window to the next, so a resumed epoch is fed from the first position of the
+window that holds its position (positions come from the counts, as for the
+shuffle buffer, ``_shuffle``), drops what that window lets out before it, and
+goes on: it reads the files that window spans, wherever the position is.
 
 A sample's length is, for ``bucket_by="key"``, ``len(sample[key])`` (or the
 value itself when the field holds numbers, a length column), or for a
@@ -25,14 +27,14 @@ buffer). A length that cannot be worked out is an error of the sample's file
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Mapping, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from ._columns import Columns, n_rows
+from ._columns import Columns, concat, n_rows, slice_rows, take
 from ._errors import PipelineError
-from ._rng import BUCKETS
-from ._windows import WindowBuffer, Windows
+from ._rng import BUCKETS, derive_rng
 
 LEN = "\x00len"  # private column: each row's length, worked out when it arrived
 BUFFER_BATCHES = 32  # the default bucket_buffer, in batches
@@ -87,23 +89,85 @@ def _checked(values: list, path: str, first: int, what: str) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
 
 
-def bucket_windows(size: int, batch_size: int, seed: int, epoch: int) -> Windows:
-    """The windows of a bucket buffer of ``size`` samples: whole batches each."""
-    return Windows.drawn(size, seed, BUCKETS, epoch, unit=batch_size)
+@dataclass(frozen=True)
+class BucketWindows:
+    """Where one epoch's bucket windows fall: ``[0, offset)``, then every ``size`` samples from ``offset``
+    (``size`` and ``offset`` whole batches of ``batch_size``)."""
+
+    size: int
+    offset: int
+    batch_size: int
+    seed: int
+    epoch: int
+
+    @classmethod
+    def drawn(cls, size: int, batch_size: int, seed: int, epoch: int) -> "BucketWindows":
+        """Windows of ``size`` samples rounded down to whole batches, the first edge drawn from ``(seed, epoch)``."""
+        offset = batch_size * int(derive_rng(seed, BUCKETS, epoch).integers(size // batch_size))
+        return cls(size // batch_size * batch_size, offset, batch_size, seed, epoch)
+
+    def start(self, position: int) -> int:
+        """The first position of the window that holds ``position``."""
+        if position < self.offset:
+            return 0
+        return self.offset + (position - self.offset) // self.size * self.size
+
+    def end(self, start: int) -> int:
+        """The position after the window that begins at ``start``."""
+        return self.offset if start < self.offset else start + self.size
+
+    def reads_from(self, out: int, rows: int) -> int:
+        """Where the stream must be fed from for the buffer to let out its ``out``-th sample on."""
+        return self.start(out)
+
+    def buffer(self, resume: Optional[Tuple[int, int]] = None) -> "BucketBuffer":
+        """The epoch's buffer, from its start or (``resume``: samples handed out, samples of the
+        epoch) fed from ``reads_from`` on."""
+        if resume is None:
+            return BucketBuffer(self)
+        first = self.start(resume[0])
+        return BucketBuffer(self, first, resume[0] - first)
 
 
-class BucketBuffer(WindowBuffer):
-    """Lets each window out as batches of samples of similar length (their ``LEN`` column),
-    in a random order (see the module docstring)."""
+class BucketBuffer:
+    """Takes in a window, lets it out as batches of samples of similar length (their ``LEN``
+    column) in a random order (see the module docstring), from stream position ``first`` on;
+    drops the first ``skip`` samples it lets out (handed out before a resume)."""
 
-    name = "bucket buffer"
+    def __init__(self, windows: BucketWindows, first: int = 0, skip: int = 0) -> None:
+        self.windows = windows
+        self.skip = skip
+        self._start = first
+        self._end = windows.end(first)
+        self._parts: List[Columns] = []
+        self._held = 0
 
-    def __init__(self, windows: Windows, batch_size: int, first: int = 0, skip: int = 0) -> None:
-        super().__init__(windows, first, skip)
-        self.batch_size = batch_size
+    def feed(self, columns: Columns) -> Iterator[Columns]:
+        n, at = n_rows(columns), 0
+        while at < n:
+            part = min(n - at, self._end - self._start - self._held)
+            self._parts.append(slice_rows(columns, at, at + part))
+            self._held += part
+            at += part
+            if self._start + self._held == self._end:
+                yield from self._flush()
 
-    def order(self, window: Columns, rng: np.random.Generator) -> np.ndarray:
-        n, size = n_rows(window), self.batch_size
+    def drain(self) -> Iterator[Columns]:
+        """The epoch's last window, however short."""
+        if self._held:
+            yield from self._flush()
+
+    def _flush(self) -> Iterator[Columns]:
+        window = self._parts[0] if len(self._parts) == 1 else concat(self._parts, "bucket buffer")
+        order = self._order(window, derive_rng(self.windows.seed, BUCKETS, self.windows.epoch, self._start))
+        self._start, self._end = self._end, self.windows.end(self._end)
+        self._parts, self._held = [], 0
+        dropped, self.skip = min(self.skip, len(order)), max(0, self.skip - len(order))
+        if dropped < len(order):
+            yield take(window, order[dropped:])
+
+    def _order(self, window: Columns, rng: np.random.Generator) -> np.ndarray:
+        n, size = n_rows(window), self.windows.batch_size
         by_length = np.lexsort((rng.random(n), window[LEN]))
         k = n // size
         cut = by_length[:k * size].reshape(k, size)[rng.permutation(k)].ravel()

@@ -178,10 +178,10 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optiona
 
 
 def resumes_past_files(s: Settings, start: Start) -> bool:
-    """Whether a resumed epoch can start past the files before its position (or before the
-    buffers' windows that hold it, ``_windows``), found from the counts: not when the counts
-    cannot place the position (stream rows, mixing, samples filtered or errors skipped): those
-    replay it."""
+    """Whether a resumed epoch can start past the files before its position (or past those before
+    where the buffers' state there is rebuilt from: ``_shuffle``, ``_bucket``), found from the counts:
+    not when the counts cannot place the position (stream rows, mixing, samples filtered or errors
+    skipped): those replay it."""
     return (start.skip > start.base and not s.stream and s.filter_fn is None and s.errors.policy is reraise
             and s.mix is None)
 
@@ -210,7 +210,8 @@ def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[i
     return Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
                    flag_padding=s.sharding.active, steps=steps, bucket=bucket,
                    resumed=(start.epoch, start.skip if skip_rows else start.base),
-                   mix=None if s.mix is None else source.buffer, skip_rows=skip_rows)
+                   mix=None if s.mix is None else source.buffer,
+                   resumed_rows=(skip_rows, source.rows(start.epoch) if skip_rows else 0))
 
 
 def _reader_stage(s: Settings, runner: Any) -> ReadFiles:

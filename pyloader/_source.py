@@ -149,6 +149,11 @@ class FileSource:
                 rows = 0
             yield task
 
+    def rows(self, epoch: int) -> int:
+        """The samples ``tasks(epoch)`` read. Needs the counts."""
+        assert self.counts is not None, "finding a position needs the sample counts"
+        return sum((self.counts[t.index] if t.end is None else t.end) - t.start for t in self.tasks(epoch))
+
     def read_again(self, epoch: int, rows: int, read_from: int) -> List[str]:
         """The files a resumed epoch read from row ``read_from`` on (``tasks_after``) holding rows
         before ``rows``, the rows handed out already: with ``read_from == rows``, the file they end

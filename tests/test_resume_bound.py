@@ -15,7 +15,7 @@ import pyloader as pl
 pytestmark = pytest.mark.timeout(120)
 
 FILES, SIZE, BATCH, PREFETCH = 80, 10, 4, 2  # 800 samples: 200 batches an epoch, 100 per rank
-SHUFFLE_BUFFER, BUCKET_BUFFER = 30, 32
+SHUFFLE_BUFFER, BUCKET_BUFFER = 20, 32
 COLLATED = "collated"
 
 BUFFERS: Dict[str, Dict[str, Any]] = {
@@ -73,10 +73,16 @@ def _file_of(sample: int) -> str:
     return f"part-{sample // SIZE:04d}.txt"
 
 
+def _behind(buffers: Dict[str, Any]) -> int:
+    """The most samples before the position that a resumed iteration reads (the README's bound):
+    those a shuffle buffer's samples can have come from, and the bucket window that holds it."""
+    return 3 * buffers.get("shuffle_buffer", 0) + buffers.get("bucket_buffer", 0)
+
+
 def _reach(buffers: Dict[str, Any]) -> int:
-    """The most samples that the buffers' windows holding a position span (the README's bound)."""
-    shuffle, bucket = buffers.get("shuffle_buffer", 0), buffers.get("bucket_buffer", 0)
-    return bucket + 2 * shuffle if shuffle and bucket else shuffle or bucket
+    """The most samples that a resumed iteration reads before its first batch (the README's bound):
+    those, and what the buffers take in before they let out the first batch."""
+    return 4 * buffers.get("shuffle_buffer", 0) + buffers.get("bucket_buffer", 0) + BATCH
 
 
 def _spanned(samples: int) -> int:
@@ -134,10 +140,54 @@ def test_a_resume_reads_the_files_under_its_position_and_its_windows_wherever_it
     to_come = {_file_of(i) for _, ids in tail for i in ids}
     read_again = set((tmp_path / "resumed.log").read_text().splitlines()) & (handed - to_come)
     # of the files wholly handed out before the position (up to 79 of 80 here), only those the
-    # windows holding it span are read again; the stats count them
-    spanned = _spanned(_reach(BUFFERS[buffers]))
-    assert len(read_again) <= resumed.stats["iteration"]["resume_files"] <= spanned, sorted(read_again)
-    # before the first batch: those windows, the file under the position, the read-ahead, and what
-    # the pipeline reads for the next group while the first one is made (the next window at most)
-    assert len(before_first) <= 2 * spanned + PREFETCH, sorted(before_first)
+    # buffers' state there can come from are read again; the stats count them, and the file under it
+    behind = _spanned(_behind(BUFFERS[buffers]))
+    assert len(read_again) <= behind - 1, sorted(read_again)
+    assert len(read_again) <= resumed.stats["iteration"]["resume_files"] <= behind
+    # before the first batch: those, the file under the position, what the buffers take in before
+    # they let it out, the read-ahead, and what the pipeline reads for the next group while the first
+    # one is made (a batch, or a bucket window)
+    assert len(before_first) <= 2 * _spanned(_reach(BUFFERS[buffers])) + PREFETCH, sorted(before_first)
     assert wait_no_threads() == []
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"shuffle_buffer": 3},  # less than a batch: windows of 3, a batch cut from several
+    {"shuffle_buffer": 10, "shuffle": True, "rank": 1, "world_size": 2, "num_epoch": 2},
+    {"shuffle_buffer": 9, "bucket_by": "id", "bucket_buffer": 12, "rank": 0, "world_size": 3, "drop_last": True},
+], ids=["small_buffer", "ranks", "both_ranks_drop_last"])
+def test_a_run_with_buffers_resumes_exactly_at_every_position_without_replaying_its_epoch(tmp_path, kwargs):
+    write_chunks(tmp_path / "data", [7, 0, 12, 5, 9, 3, 11])
+
+    def make():
+        return pl.DataLoader(IdReader(BATCH, shuffle=True), pl.IdentityDataset(), ListCollator(),
+                             str(tmp_path / "data"), **kwargs)
+
+    full_loader = make()
+    full = _take(full_loader, iter(full_loader), len(full_loader))
+    for k in range(1, len(full)):
+        loader = make()
+        head = _take(loader, iter(loader), k)
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert head + [(resumed.epoch, list(b["id"])) for b in resumed] == full, f"resumed after {k} batches"
+        assert resumed.stats["iteration"]["resume_batches"] == 0  # rebuilt from the windows, no epoch replayed
+    assert wait_no_threads() == []
+
+
+@pytest.mark.parametrize("buffer", [5, 8, 30])
+def test_a_shuffle_buffer_keeps_no_sample_four_times_its_size(make_loader, buffer):
+    """A sample leaves fewer than ``shuffle_buffer`` places before where it came (the buffer holds
+    that many) and fewer than 4 x ``shuffle_buffer`` after (the stay a resume rebuilds the state from);
+    every sample leaves once, in another order every epoch."""
+    loader = make_loader([130, 60, 210, 90, 110] * 4, batch_size=BATCH, shuffle_buffer=buffer, num_epoch=2)
+    batches = [(loader.epoch, list(b["id"])) for b in loader]
+    orders = [[i for e, ids in batches if e == epoch for i in ids] for epoch in range(2)]
+    for order in orders:
+        assert sorted(order) == list(range(2400))
+        moved = [place - sample for place, sample in enumerate(order)]
+        assert -buffer < min(moved) and max(moved) < 4 * buffer, (min(moved), max(moved))
+        assert max(moved) >= buffer  # it does move samples further than a window of its size would
+    assert orders[0] != orders[1]

@@ -1,0 +1,177 @@
+"""The shuffle buffer (``shuffle_buffer``): slots renewed at random, whose state a resume rebuilds from the counts.
+
+Contracts:
+
+* **The buffer** has ``size`` slots. The first ``size`` samples of an epoch's
+  stream (this rank's, in plan order) fill slots ``0 .. size-1``; each later
+  sample (stream position ``t``) takes the place of the one in slot ``r_t``,
+  which leaves (the ``t - size``-th out). At the end of the epoch the samples
+  still held leave in a random order. It holds ``size`` samples, every sample
+  leaves exactly once, and a sample leaves after a random stay, as from a
+  reservoir.
+* **The draws** ``r_t`` come in rounds of ``ROUND * size`` steps, each drawn
+  from ``(random_seed, epoch, round)``: every slot once, and ``(ROUND - 1) *
+  size`` slots drawn uniformly, in a random order. Every slot is renewed at
+  least once a round, so no sample stays more than ``2 * ROUND * size`` steps
+  (a reservoir's tail, cut there). The final order comes from ``(random_seed,
+  epoch)``. Nothing depends on the data or on how it arrives in pieces.
+* **Resume.** Which stream positions the slots hold before step ``t`` is a
+  function of the draws of the last two rounds alone (the last step that
+  renewed each slot), not of the data. A resumed epoch whose first ``p``
+  samples were handed out reads from the earliest position held before step
+  ``p + size`` (``reads_from``: fewer than ``2 * ROUND * size`` before it),
+  keeps only the held samples, and goes on: the files it reads are those
+  ``(2 * ROUND + 1) * size`` samples of the stream span, wherever ``p`` is.
+* **Positions** are counted in samples fed since the epoch began, which the
+  counts give only where every sample read is fed (no ``filter_fn``, no file
+  skipped after an error): elsewhere the epoch is replayed from its start.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from ._columns import Columns, concat, n_rows, slice_rows, take
+from ._rng import SHUFFLE_BUFFER, derive_rng
+
+ROUND = 2  # a round of draws is this many times the buffer's size
+Resume = Optional[Tuple[int, int]]  # (samples of the epoch handed out already, samples the epoch feeds)
+
+
+class Slots:
+    """The draws of one epoch's shuffle buffer of ``size`` slots."""
+
+    def __init__(self, size: int, seed: int, epoch: int) -> None:
+        self.size = size
+        self.seed = seed
+        self.epoch = epoch
+        self._rounds: Dict[int, np.ndarray] = {}
+
+    def round(self, m: int) -> np.ndarray:
+        """The slots renewed by the steps of round ``m`` (``size + m * ROUND * size`` on); the latest two are kept."""
+        if m not in self._rounds:
+            if len(self._rounds) >= 2:
+                self._rounds.pop(min(self._rounds))
+            rng = derive_rng(self.seed, SHUFFLE_BUFFER, self.epoch, m)
+            draws = np.concatenate([np.arange(self.size), rng.integers(self.size, size=(ROUND - 1) * self.size)])
+            self._rounds[m] = rng.permutation(draws)
+        return self._rounds[m]
+
+    def renewed(self, start: int, stop: int) -> np.ndarray:
+        """The slot each step ``start .. stop-1`` renews (steps from ``size`` on)."""
+        span, parts = ROUND * self.size, []
+        while start < stop:
+            m, at = divmod(start - self.size, span)
+            part = self.round(m)[at:at + stop - start]
+            parts.append(part)
+            start += len(part)
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    def held(self, step: int) -> np.ndarray:
+        """The stream position each slot holds before step ``step``: the last step that renewed it
+        (in the last two rounds, as every round renews every slot), or the fill."""
+        held = np.arange(min(self.size, step))
+        if step > self.size:
+            span = ROUND * self.size
+            last = (step - 1 - self.size) // span
+            for m in range(max(0, last - 1), last + 1):
+                steps = self.size + m * span + np.arange(span)
+                within = steps < step
+                np.maximum.at(held, self.round(m)[within], steps[within])
+        return held
+
+    def reads_from(self, out: int, rows: int) -> int:
+        """Where the stream must be fed from for the buffer to let out its ``out``-th sample on
+        (of an epoch of ``rows``)."""
+        held = self.held(min(out + self.size, rows))
+        return int(held.min()) if len(held) else out
+
+    def final_order(self, n: int) -> np.ndarray:
+        return derive_rng(self.seed, SHUFFLE_BUFFER, self.epoch).permutation(n)
+
+    def buffer(self, resume: Resume = None) -> "ShuffleBuffer":
+        return ShuffleBuffer(self, resume)
+
+
+class ShuffleBuffer:
+    """Lets samples out as the module docstring says, fed from the epoch's start or, resumed
+    (``resume``), from ``Slots.reads_from``: then only the samples held at the position are kept."""
+
+    def __init__(self, slots: Slots, resume: Resume = None) -> None:
+        self.slots = slots
+        size = slots.size
+        self._pool: Optional[Columns] = None  # row s: slot s's sample, once the slots are filled
+        self._filling: List[Tuple[Columns, np.ndarray]] = []  # samples kept before the first step, with their slots
+        self._skip = 0  # samples of the final order handed out already
+        if resume is None:
+            self._keep: Optional[np.ndarray] = None  # the fill: position s goes to slot s
+            self.position, self._steps_from = 0, size
+            return
+        out, rows = resume
+        self._steps_from = min(out + size, rows)
+        held = slots.held(self._steps_from)
+        self._keep = held
+        self.position = int(held.min()) if len(held) else self._steps_from
+        if out + size > rows:
+            self._skip = out - (rows - len(held))
+
+    def feed(self, columns: Columns) -> Iterator[Columns]:
+        n, at = n_rows(columns), 0
+        while at < n:
+            if self.position < self._steps_from:
+                k = min(n - at, self._steps_from - self.position)
+                self._fill(slice_rows(columns, at, at + k))
+            else:
+                k = min(n - at, self.slots.size)  # a large piece cannot flush the buffer in one go
+                yield self._step(slice_rows(columns, at, at + k))
+            at += k
+            self.position += k
+
+    def drain(self) -> Iterator[Columns]:
+        """The samples still held, in the epoch's final order."""
+        pool = self._filled()
+        self._pool = None
+        if pool is not None:
+            order = self.slots.final_order(n_rows(pool))[self._skip:]
+            if len(order):
+                yield take(pool, order)
+
+    def _fill(self, part: Columns) -> None:
+        positions = np.arange(self.position, self.position + n_rows(part))
+        if self._keep is None:
+            self._filling.append((part, positions))
+            return
+        by_position = np.argsort(self._keep)
+        kept = self._keep[by_position]
+        at = np.minimum(np.searchsorted(kept, positions), len(kept) - 1)
+        hit = kept[at] == positions
+        if hit.any():
+            self._filling.append((take(part, np.flatnonzero(hit)), by_position[at[hit]]))
+
+    def _filled(self) -> Optional[Columns]:
+        """The slots' samples, slot by slot, once the fill is over."""
+        if self._filling:
+            parts, slots = zip(*self._filling)
+            self._filling = []
+            rows = parts[0] if len(parts) == 1 else concat(parts, "shuffle buffer")
+            self._pool = take(rows, np.argsort(np.concatenate(slots)))
+        return self._pool
+
+    def _step(self, part: Columns) -> Columns:
+        """Each sample of ``part`` takes a slot's place; the samples it displaces, in order."""
+        pool = self._filled()
+        assert pool is not None, "the steps come after the fill"
+        size, k = self.slots.size, n_rows(part)
+        renewed = self.slots.renewed(self.position, self.position + k)
+        by_slot = np.argsort(renewed, kind="stable")  # the steps of each slot together, in order
+        grouped = renewed[by_slot]
+        again = grouped[1:] == grouped[:-1]  # the step renews a slot an earlier step of ``part`` renewed
+        leaves = renewed.copy()  # row of ``both`` that each step lets out: the slot's sample ...
+        leaves[by_slot[1:][again]] = size + by_slot[:-1][again]  # ... or the sample an earlier step put there
+        stays = np.arange(size)
+        last = np.append(~again, True)
+        stays[grouped[last]] = size + by_slot[last]
+        both = concat([pool, part], "shuffle buffer")
+        self._pool = take(both, stays)
+        return take(both, leaves)
