@@ -17,7 +17,11 @@ mixes), and reports, averaged over the epochs:
   ``i+1``) that share a batch: 1 - 1/batch unshuffled, about ``batch/N`` for a
   whole-epoch shuffle;
 * ``spread``: the standard deviation of the input places of a batch's samples,
-  in units of the buffer size.
+  in units of the buffer size;
+* ``samples/s``: through the loader, in a separate run over ``--speed-files``
+  files of 10,000 samples made up by the reader (no parsing: the buffer and the
+  batching are most of the work), batches of 256; on a shared machine,
+  indicative only.
 
 A resume is then taken at 50% of the epoch and the files the resumed iteration
 read again (``stats["iteration"]["resume_files"]``) and the batches it cut
@@ -34,6 +38,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
@@ -47,6 +52,7 @@ import pyloader as pl  # noqa: E402
 
 RESULTS_JSON = os.path.join(HERE, "results", "bench_shuffle.json")
 EPOCHS = 3
+SPEED_SIZE = 10_000
 
 
 class IdReader(pl.DataReader):
@@ -55,7 +61,8 @@ class IdReader(pl.DataReader):
     thread_safe = True
 
     def read_file(self, path: str) -> Tuple[Dict[str, Any], int]:
-        ids = np.loadtxt(path, dtype=np.int64, ndmin=1)
+        with open(path) as f:
+            ids = np.array(f.read().split(), dtype=np.int64)
         return {"id": ids}, len(ids)
 
     def count(self, path: str) -> int:
@@ -68,6 +75,34 @@ class Ids(pl.DataCollator):
 
     def collate_batch(self, features: Dict[str, Any]) -> Dict[str, Any]:
         return {"id": np.asarray(features["id"])}
+
+
+class MadeUpReader(pl.DataReader):
+    """File ``part-K`` holds samples ``K * SPEED_SIZE ..``, made up, not parsed."""
+
+    thread_safe = True
+
+    def read_file(self, path: str) -> Tuple[Dict[str, Any], int]:
+        k = int(os.path.basename(path).split("-")[1].split(".")[0])
+        return {"id": np.arange(k * SPEED_SIZE, (k + 1) * SPEED_SIZE), "x": np.ones((SPEED_SIZE, 8))}, SPEED_SIZE
+
+    def count(self, path: str) -> int:
+        return SPEED_SIZE
+
+
+def speed(folder: str, buffer: int) -> float:
+    """Samples per second through the loader over ``folder`` (``MadeUpReader``), best of 2 epochs."""
+    loader = pl.DataLoader(MadeUpReader(256), pl.IdentityDataset(), Ids(), folder, num_epoch=2,
+                           shuffle_buffer=buffer)
+    n = len(os.listdir(folder)) * SPEED_SIZE
+    times, began = [], time.perf_counter()
+    epoch = 0
+    for _ in loader:
+        if loader.epoch != epoch:
+            times.append(time.perf_counter() - began)
+            began, epoch = time.perf_counter(), loader.epoch
+    times.append(time.perf_counter() - began)
+    return n / min(times)
 
 
 def write_data(folder: str, files: int, size: int) -> None:
@@ -135,29 +170,38 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100, help="samples per file")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--buffers", default="256,1000,4096", help="shuffle_buffer sizes, comma-separated")
+    parser.add_argument("--speed-files", type=int, default=None, help="files of the speed run (default 100)")
     parser.add_argument("--write", action="store_true", help=f"save the figures to {RESULTS_JSON}")
     args = parser.parse_args()
     files = args.files or (50 if args.quick else 200)
     n = files * args.size
     folder = tempfile.mkdtemp(prefix="pyloader-shuffle-")
+    made_up = os.path.join(folder, "made_up")
+    os.makedirs(os.path.join(folder, "data"))
+    os.makedirs(made_up)
     rows: List[Tuple[str, Dict[str, Any]]] = []
     try:
-        write_data(folder, files, args.size)
-        rows.append(("no buffer", measure(folder, n, args.size, args.batch, 0)))
-        for buffer in (int(s) for s in args.buffers.split(",")):
-            rows.append((f"shuffle_buffer={buffer}", measure(folder, n, args.size, args.batch, buffer)))
+        write_data(os.path.join(folder, "data"), files, args.size)
+        for k in range(args.speed_files or (10 if args.quick else 100)):
+            open(os.path.join(made_up, f"part-{k:05d}.txt"), "w").close()
+        for buffer in [0] + [int(s) for s in args.buffers.split(",")]:
+            row = measure(os.path.join(folder, "data"), n, args.size, args.batch, buffer)
+            row["samples_per_s"] = speed(made_up, buffer)
+            rows.append((f"shuffle_buffer={buffer}" if buffer else "no buffer", row))
         last = int(args.buffers.split(",")[-1])
         rows.append((f"whole epoch permuted (units of {last})", permuted(n, args.size, args.batch, last)))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"pyloader {pl.__version__} from {os.path.dirname(pl.__file__)}: {files} files of {args.size} samples "
           f"({n:,}), batch {args.batch}, {EPOCHS} epochs\n")
-    print("| entry | displacement | max | files/batch | pairs together | spread | resume: files, batches |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| entry | displacement | max | files/batch | pairs together | spread | samples/s | "
+          "resume: files, batches |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in rows:
         resume = f"{r['resume_files']}, {r['resume_batches']}" if "resume_files" in r else ""
+        rate = f"{r['samples_per_s']:,.0f}" if "samples_per_s" in r else ""
         print(f"| {name} | {r['displacement']:.3f} | {r['max']:.2f} | {r['files_per_batch']:.1f} | "
-              f"{r['pairs_together']:.4f} | {r['spread']:.3f} | {resume} |")
+              f"{r['pairs_together']:.4f} | {r['spread']:.3f} | {rate} | {resume} |")
     if args.write:
         os.makedirs(os.path.dirname(RESULTS_JSON), exist_ok=True)
         with open(RESULTS_JSON, "w") as out:

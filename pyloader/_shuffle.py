@@ -9,9 +9,10 @@ Contracts:
   still held leave in a random order. It holds ``size`` samples, every sample
   leaves exactly once, and a sample leaves after a random stay, as from a
   reservoir.
-* **The draws** ``r_t`` come in rounds of ``ROUND * size`` steps, each drawn
-  from ``(random_seed, epoch, round)``: every slot once, and ``(ROUND - 1) *
-  size`` slots drawn uniformly, in a random order. Every slot is renewed at
+* **The draws** ``r_t`` come in rounds of ``ROUND * size`` steps: every slot
+  once, and ``(ROUND - 1) * size`` slots drawn uniformly, in a random order;
+  the rounds of about ``BLOCK`` steps are drawn together from ``(random_seed,
+  epoch, block)``. Every slot is renewed at
   least once a round, so no sample stays more than ``2 * ROUND * size`` steps
   (a reservoir's tail, cut there). The final order comes from ``(random_seed,
   epoch)``. Nothing depends on the data or on how it arrives in pieces.
@@ -36,6 +37,7 @@ from ._columns import Columns, concat, n_rows, slice_rows, take
 from ._rng import SHUFFLE_BUFFER, derive_rng
 
 ROUND = 2  # a round of draws is this many times the buffer's size
+BLOCK = 1 << 16  # rounds are drawn a block of about this many steps at a time (one generator each)
 Resume = Optional[Tuple[int, int]]  # (samples of the epoch handed out already, samples the epoch feeds)
 
 
@@ -46,17 +48,21 @@ class Slots:
         self.size = size
         self.seed = seed
         self.epoch = epoch
-        self._rounds: Dict[int, np.ndarray] = {}
+        self._blocks: Dict[int, np.ndarray] = {}  # rounds drawn together, by block
 
     def round(self, m: int) -> np.ndarray:
-        """The slots renewed by the steps of round ``m`` (``size + m * ROUND * size`` on); the latest two are kept."""
-        if m not in self._rounds:
-            if len(self._rounds) >= 2:
-                self._rounds.pop(min(self._rounds))
-            rng = derive_rng(self.seed, SHUFFLE_BUFFER, self.epoch, m)
-            draws = np.concatenate([np.arange(self.size), rng.integers(self.size, size=(ROUND - 1) * self.size)])
-            self._rounds[m] = rng.permutation(draws)
-        return self._rounds[m]
+        """The slots renewed by the steps of round ``m`` (``size + m * ROUND * size`` on)."""
+        per_block = max(1, BLOCK // (ROUND * self.size))
+        block, k = divmod(m, per_block)
+        if block not in self._blocks:
+            if len(self._blocks) >= 2:  # the latest two blocks are kept
+                self._blocks.pop(min(self._blocks))
+            rng = derive_rng(self.seed, SHUFFLE_BUFFER, self.epoch, block)
+            every = np.broadcast_to(np.arange(self.size), (per_block, self.size))
+            drawn = rng.integers(self.size, size=(per_block, (ROUND - 1) * self.size))
+            rounds = rng.permuted(np.concatenate([every, drawn], axis=1), axis=1)
+            self._blocks[block] = rounds.astype(np.uint16) if self.size <= 1 << 16 else rounds  # sorts faster
+        return self._blocks[block][k]
 
     def renewed(self, start: int, stop: int) -> np.ndarray:
         """The slot each step ``start .. stop-1`` renews (steps from ``size`` on)."""
@@ -167,7 +173,7 @@ class ShuffleBuffer:
         by_slot = np.argsort(renewed, kind="stable")  # the steps of each slot together, in order
         grouped = renewed[by_slot]
         again = grouped[1:] == grouped[:-1]  # the step renews a slot an earlier step of ``part`` renewed
-        leaves = renewed.copy()  # row of ``both`` that each step lets out: the slot's sample ...
+        leaves = renewed.astype(np.int64)  # row of ``both`` that each step lets out: the slot's sample ...
         leaves[by_slot[1:][again]] = size + by_slot[:-1][again]  # ... or the sample an earlier step put there
         stays = np.arange(size)
         last = np.append(~again, True)
