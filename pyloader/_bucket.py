@@ -26,6 +26,7 @@ buffer). A length that cannot be worked out is an error of the sample's file
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple, Union
@@ -38,6 +39,7 @@ from ._rng import BUCKETS, derive_rng
 
 LEN = "\x00len"  # private column: each row's length, worked out when it arrived
 BUFFER_BATCHES = 32  # the default bucket_buffer, in batches
+CHAIN = 4  # windows in a chain: the longest samples of one wait for the next within a chain
 BucketBy = Union[str, Callable[[dict], float]]
 
 
@@ -91,30 +93,51 @@ def _checked(values: list, path: str, first: int, what: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class BucketWindows:
-    """Where one epoch's bucket windows fall: ``[0, offset)``, then every ``size`` samples from ``offset``
-    (``size`` and ``offset`` whole batches of ``batch_size``)."""
+    """Where one epoch's chains of bucket windows fall: ``[0, offset)``, then every ``chain`` samples."""
 
-    size: int
-    offset: int
+    size: int  # the samples a window holds: ``bucket_buffer`` rounded down to whole batches
     batch_size: int
+    offset: int
     seed: int
     epoch: int
 
     @classmethod
     def drawn(cls, size: int, batch_size: int, seed: int, epoch: int) -> "BucketWindows":
-        """Windows of ``size`` samples rounded down to whole batches, the first edge drawn from ``(seed, epoch)``."""
-        offset = batch_size * int(derive_rng(seed, BUCKETS, epoch).integers(size // batch_size))
-        return cls(size // batch_size * batch_size, offset, batch_size, seed, epoch)
+        """The first chain's end drawn from ``(seed, epoch)``, in whole batches."""
+        whole = cls(size // batch_size * batch_size, batch_size, 0, seed, epoch)
+        offset = batch_size * int(derive_rng(seed, BUCKETS, epoch).integers(whole.chain // batch_size))
+        return dataclasses.replace(whole, offset=offset)
+
+    @property
+    def carry(self) -> int:
+        """The longest samples that wait for the next window of a chain (none in windows of one batch)."""
+        return self.batch_size - 1 if self.size >= 2 * self.batch_size else 0
+
+    @property
+    def windows(self) -> int:
+        return CHAIN if self.carry else 1
+
+    @property
+    def chain(self) -> int:
+        """The samples of a chain: whole batches."""
+        return sum(self.own(j) for j in range(self.windows))
+
+    def own(self, j: int) -> int:
+        """The samples the ``j``-th window of a chain takes in, so that with the ``carry`` each holds at
+        most ``size`` and each but the last lets out whole batches, the last all it holds."""
+        if not self.carry:
+            return self.size
+        return self.size - 1 if j == 0 else self.size - self.batch_size + (j == self.windows - 1)
 
     def start(self, position: int) -> int:
-        """The first position of the window that holds ``position``."""
+        """The first position of the chain that holds ``position``."""
         if position < self.offset:
             return 0
-        return self.offset + (position - self.offset) // self.size * self.size
+        return self.offset + (position - self.offset) // self.chain * self.chain
 
     def end(self, start: int) -> int:
-        """The position after the window that begins at ``start``."""
-        return self.offset if start < self.offset else start + self.size
+        """The position after the chain that begins at ``start``."""
+        return self.offset if start < self.offset else start + self.chain
 
     def reads_from(self, out: int, rows: int) -> int:
         """Where the stream must be fed from for the buffer to let out its ``out``-th sample on."""
@@ -130,48 +153,57 @@ class BucketWindows:
 
 
 class BucketBuffer:
-    """Takes in a window, lets it out as batches of samples of similar length (their ``LEN``
-    column) in a random order (see the module docstring), from stream position ``first`` on;
-    drops the first ``skip`` samples it lets out (handed out before a resume)."""
+    """Takes in windows, lets each out as batches of samples of similar length (their ``LEN``
+    column) in a random order (see the module docstring), from stream position ``first`` (a
+    chain's start) on; drops the first ``skip`` samples it lets out (handed out before a resume)."""
 
     def __init__(self, windows: BucketWindows, first: int = 0, skip: int = 0) -> None:
         self.windows = windows
         self.skip = skip
-        self._start = first
-        self._end = windows.end(first)
-        self._parts: List[Columns] = []
-        self._held = 0
+        self._chain, self._window = first, 0  # the chain being taken in, and its window
+        self._position = first
+        self._end = self._window_end()
+        self._parts: List[Columns] = []  # the window's samples: the carried ones, then its own
+
+    def _window_end(self) -> int:
+        w = self.windows
+        own = sum(w.own(j) for j in range(self._window + 1))
+        return min(self._chain + own, w.end(self._chain))
 
     def feed(self, columns: Columns) -> Iterator[Columns]:
         n, at = n_rows(columns), 0
         while at < n:
-            part = min(n - at, self._end - self._start - self._held)
+            part = min(n - at, self._end - self._position)
             self._parts.append(slice_rows(columns, at, at + part))
-            self._held += part
+            self._position += part
             at += part
-            if self._start + self._held == self._end:
-                yield from self._flush()
+            if self._position == self._end:
+                yield from self._flush(final=self._end == self.windows.end(self._chain))
 
     def drain(self) -> Iterator[Columns]:
-        """The epoch's last window, however short."""
-        if self._held:
-            yield from self._flush()
+        """The rest at the epoch's end: its last window and what it carries, however short."""
+        if self._parts:
+            yield from self._flush(final=True)
 
-    def _flush(self) -> Iterator[Columns]:
+    def _flush(self, final: bool) -> Iterator[Columns]:
+        w = self.windows
         window = self._parts[0] if len(self._parts) == 1 else concat(self._parts, "bucket buffer")
-        order = self._order(window, derive_rng(self.windows.seed, BUCKETS, self.windows.epoch, self._start))
-        self._start, self._end = self._end, self.windows.end(self._end)
-        self._parts, self._held = [], 0
+        n, size = n_rows(window), w.batch_size
+        rng = derive_rng(w.seed, BUCKETS, w.epoch, self._chain, self._window)
+        by_length = np.lexsort((rng.random(n), window[LEN]))
+        wait = 0 if final else n % size  # the longest wait for the next window of the chain
+        k = (n - wait) // size
+        cut = by_length[:k * size].reshape(k, size)[rng.permutation(k)].ravel()
+        order = np.concatenate([cut, by_length[k * size:n - wait]])  # a short batch (the epoch's last) last
+        self._parts = [take(window, by_length[n - wait:])] if wait else []
+        if final:
+            self._chain, self._window = self._end, 0
+        else:
+            self._window += 1
+        self._end = self._window_end()
         dropped, self.skip = min(self.skip, len(order)), max(0, self.skip - len(order))
         if dropped < len(order):
             yield take(window, order[dropped:])
-
-    def _order(self, window: Columns, rng: np.random.Generator) -> np.ndarray:
-        n, size = n_rows(window), self.windows.batch_size
-        by_length = np.lexsort((rng.random(n), window[LEN]))
-        k = n // size
-        cut = by_length[:k * size].reshape(k, size)[rng.permutation(k)].ravel()
-        return np.concatenate([cut, by_length[k * size:]])  # the short batch (the last window's only) last
 
 
 def buffer_size(a: Mapping[str, Any]) -> Optional[int]:

@@ -10,19 +10,21 @@ Contracts:
   leaves exactly once, and a sample leaves after a random stay, as from a
   reservoir.
 * **The draws** ``r_t`` come in rounds of ``ROUND * size`` steps: every slot
-  once, and ``(ROUND - 1) * size`` slots drawn uniformly, in a random order;
-  the rounds of about ``BLOCK`` steps are drawn together from ``(random_seed,
-  epoch, block)``. Every slot is renewed at
-  least once a round, so no sample stays more than ``2 * ROUND * size`` steps
-  (a reservoir's tail, cut there). The final order comes from ``(random_seed,
-  epoch)``. Nothing depends on the data or on how it arrives in pieces.
-* **Resume.** Which stream positions the slots hold before step ``t`` is a
+  once and ``(ROUND - 1) * size`` slots drawn uniformly, in a random order (the
+  rounds of about ``BLOCK`` steps drawn together from ``(random_seed, epoch,
+  block)``); the final order comes from ``(random_seed, epoch)``. Nothing
+  depends on the data or on how it arrives in pieces. Every slot is renewed at
+  least once a round, so a sample stays fewer than ``2 * ROUND * size`` steps:
+  a reservoir's tail, cut there, which leaves the mixing about as good as the
+  uncut reservoir's (figures: benchmarks/README.md, ``bench_shuffle.py``).
+* **Resume.** The stream positions the slots hold before step ``t`` are a
   function of the draws of the last two rounds alone (the last step that
   renewed each slot), not of the data. A resumed epoch whose first ``p``
-  samples were handed out reads from the earliest position held before step
-  ``p + size`` (``reads_from``: fewer than ``2 * ROUND * size`` before it),
-  keeps only the held samples, and goes on: the files it reads are those
-  ``(2 * ROUND + 1) * size`` samples of the stream span, wherever ``p`` is.
+  samples were handed out is fed from the earliest position held before step
+  ``p + size`` (``reads_from``: at most ``(2 * ROUND - 1) * size`` before
+  ``p``), keeps only the held samples, and goes on: before its first batch it
+  reads the files of at most ``2 * ROUND * size + batch_size`` samples of the
+  stream, wherever ``p`` is.
 * **Positions** are counted in samples fed since the epoch began, which the
   counts give only where every sample read is fed (no ``filter_fn``, no file
   skipped after an error): elsewhere the epoch is replayed from its start.
