@@ -2,19 +2,24 @@
 
 Samples pass through a buffer of ``bucket_buffer`` samples (after the shuffle
 buffer, when there is one) that works in windows of the epoch's stream (this
-rank's, in plan order): ``bucket_buffer`` rounded down to whole batches each,
-the first edge drawn per epoch (whole batches too). Each window's samples
-are sorted by length (ties broken at random), cut into batches of ``batch_size``
-consecutive samples, and the batches leave in a random order. Every window but
-the epoch's last holds whole batches; the last one's short batch leaves last, so
-an epoch has as many batches as without bucketing (``len`` is unchanged) and
-only its last batch may be short. The randomness comes from ``(random_seed,
-epoch)`` and the window alone: the batches are a function of the data, the seed
-and the epoch, and every sample leaves exactly once. Nothing carries from one
-window to the next, so a resumed epoch is fed from the first position of the
-window that holds its position (positions come from the counts, as for the
-shuffle buffer, ``_shuffle``), drops what that window lets out before it, and
-goes on: it reads the files that window spans, wherever the position is.
+rank's, in plan order), ``bucket_buffer`` rounded down to whole batches each.
+A window's samples are sorted by length (ties broken at random) and cut into
+batches of ``batch_size`` consecutive samples, which leave in a random order;
+the ``batch_size - 1`` longest wait for the next window (with its own samples,
+the window holds no more than ``bucket_buffer``), so the longest samples of
+several windows meet. Windows come in chains of ``CHAIN``, sized so that a
+chain holds whole batches: the last window of a chain lets out everything it
+holds, and nothing crosses into the next chain. The first chain of an epoch
+ends at a drawn multiple of ``batch_size``, so the edges fall elsewhere every
+epoch; the epoch's last window lets out its rest, its short batch last. So an
+epoch has as many batches as without bucketing (``len`` is unchanged) and only
+its last batch may be short. The randomness comes from ``(random_seed,
+epoch)``: the batches are a function of the data, the seed and the epoch, and
+every sample leaves exactly once. A resumed epoch is fed from the first
+position of the chain that holds its position (positions come from the
+counts, as for the shuffle buffer, ``_shuffle``), drops what the chain lets out
+before it, and goes on: it reads the files of at most ``CHAIN`` windows before
+the position, wherever it is.
 
 A sample's length is, for ``bucket_by="key"``, ``len(sample[key])`` (or the
 value itself when the field holds numbers, a length column), or for a
