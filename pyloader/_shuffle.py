@@ -40,6 +40,7 @@ from ._rng import SHUFFLE_BUFFER, derive_rng
 
 ROUND = 2  # a round of draws is this many times the buffer's size
 BLOCK = 1 << 16  # rounds are drawn a block of about this many steps at a time (one generator each)
+STEPS = 4096  # samples taken in at once (or the buffer's size): the output is the same, the copies smaller
 Resume = Optional[Tuple[int, int]]  # (samples of the epoch handed out already, samples the epoch feeds)
 
 
@@ -74,6 +75,8 @@ class Slots:
             part = self.round(m)[at:at + stop - start]
             parts.append(part)
             start += len(part)
+        if len(parts) == 1:
+            return parts[0]
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def held(self, step: int) -> np.ndarray:
@@ -131,7 +134,7 @@ class ShuffleBuffer:
                 k = min(n - at, self._steps_from - self.position)
                 self._fill(slice_rows(columns, at, at + k))
             else:
-                k = min(n - at, self.slots.size)  # a large piece cannot flush the buffer in one go
+                k = min(n - at, max(self.slots.size, STEPS))
                 yield self._step(slice_rows(columns, at, at + k))
             at += k
             self.position += k
