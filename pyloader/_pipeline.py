@@ -246,8 +246,9 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
         skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
         steps = _planned_steps(s, source)
         batcher = _batcher(s, start, source, steps, skip_rows)
-        read_from = batcher.reads_from() if skip_rows else 0
-        if skip_rows:  # what is read again to find the place: the file it falls in, or the buffers' windows
+        read_from = 0
+        if skip_rows:  # read again to find the place: the file it falls in, and what the buffers' state needs
+            read_from = batcher.reads_from()
             s.stats.replayed(0, source.read_again(start.epoch, skip_rows, read_from))
         raw = batcher.iterate(read.iterate(source.iterate(start.epoch, read_from), tasks), read)
         if start.skip and not past_files:
