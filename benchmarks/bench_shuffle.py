@@ -95,7 +95,7 @@ def speed(folder: str, buffer: int) -> float:
     """Samples per CPU second of this process (all its threads) through the loader over ``folder``
     (``MadeUpReader``), best of 3 epochs: on a shared machine CPU time moves less than wall time."""
     loader = pl.DataLoader(MadeUpReader(256), pl.IdentityDataset(), Ids(), folder, num_epoch=3,
-                           shuffle_buffer=buffer)
+                           shuffle_buffer=buffer, num_workers=0)
     n = len(os.listdir(folder)) * SPEED_SIZE
     times, began = [], time.process_time()
     epoch = 0
@@ -131,7 +131,7 @@ def mixing(batches: List[np.ndarray], n: int, size: int, buffer: int) -> Dict[st
 def measure(folder: str, n: int, size: int, batch: int, buffer: int) -> Dict[str, Any]:
     def make() -> pl.DataLoader:
         return pl.DataLoader(IdReader(batch), pl.IdentityDataset(), Ids(), folder, num_epoch=EPOCHS,
-                             shuffle_buffer=buffer)
+                             shuffle_buffer=buffer, num_workers=0)
 
     loader = make()
     epochs: List[List[np.ndarray]] = [[] for _ in range(EPOCHS)]
