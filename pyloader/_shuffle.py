@@ -116,13 +116,14 @@ class ShuffleBuffer:
         self._filling: List[Tuple[Columns, np.ndarray]] = []  # samples kept before the first step, with their slots
         self._skip = 0  # samples of the final order handed out already
         if resume is None:
-            self._keep: Optional[np.ndarray] = None  # the fill: position s goes to slot s
+            self._keep: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the fill: position s goes to slot s
             self.position, self._steps_from = 0, size
             return
         out, rows = resume
         self._steps_from = min(out + size, rows)
         held = slots.held(self._steps_from)
-        self._keep = held
+        by_position = np.argsort(held)
+        self._keep = (held[by_position], by_position)  # the positions held, sorted, and their slots
         self.position = int(held.min()) if len(held) else self._steps_from
         if out + size > rows:
             self._skip = out - (rows - len(held))
@@ -153,12 +154,11 @@ class ShuffleBuffer:
         if self._keep is None:
             self._filling.append((part, positions))
             return
-        by_position = np.argsort(self._keep)
-        kept = self._keep[by_position]
+        kept, slots = self._keep
         at = np.minimum(np.searchsorted(kept, positions), len(kept) - 1)
         hit = kept[at] == positions
         if hit.any():
-            self._filling.append((take(part, np.flatnonzero(hit)), by_position[at[hit]]))
+            self._filling.append((take(part, np.flatnonzero(hit)), slots[at[hit]]))
 
     def _filled(self) -> Optional[Columns]:
         """The slots' samples, slot by slot, once the fill is over."""
