@@ -54,6 +54,7 @@ from ._auto_workers import check as check_workers
 from ._bucket import BucketBy, buffer_size
 from ._bytes import DEFAULT_READAHEAD_BYTES
 from ._compose import callable_name, check_compose
+from ._epoch_cache import CacheEncoded, as_cache_encoded, check_applies, check_cache_encoded, resume_key
 from ._errors import ErrorHandler, ErrorPolicy, Stats
 from ._files import DataDir
 from ._mix import check_stop
@@ -214,6 +215,10 @@ class Options:
     stop: Annotated[str, Option(
         'with Sources: "first_exhausted" or "all_exhausted"',
         check=_stop)] = "first_exhausted"
+    cache_encoded: Annotated[Union[None, CacheEncoded, Dict[str, Any]], Option(
+        'write every update_every-th epoch\'s encoded batches to dir and read them back in the epochs between: '
+        '{"dir": ..., "update_every": K, "limit": None} or a CacheEncoded', check=check_cache_encoded,
+        resume=resume_key, convert=as_cache_encoded)] = None
 
     def __post_init__(self) -> None:
         for name, option in OPTIONS.items():
@@ -239,6 +244,7 @@ def _check_together(a: Dict[str, Any]) -> None:
     if not a["stream"] and a["seq_len"] is not None:
         raise ValueError("seq_len applies to stream mode only (stream=True)")
     check_compose(a)
+    check_applies(a)
     resolve_sharding(a["rank"], a["world_size"], a["even_batches"])  # explicit values are checked now
     ErrorHandler(a["on_error"], a["max_errors"], Stats())  # checks them; each iteration gets its own
     if a["persistent_workers"] and a["num_workers"] == 0:

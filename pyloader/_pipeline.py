@@ -1,4 +1,9 @@
-"""The path of a batch, top to bottom: files → pieces → batches (in groups) → encoded and collated → hand-over."""
+"""The path of a batch, top to bottom: files → pieces → batches (in groups) → encoded and collated → hand-over.
+
+With ``cache_encoded`` each epoch takes one of three paths (``_cached_epochs``): read from the
+cache of encoded batches (then collated), from the files with its encoded batches written to
+the cache before they are collated, or from the files as without the cache.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +16,9 @@ from ._batch import Batcher, Group, Stacked
 from ._bucket import Lengths
 from ._bytes import ReadAhead
 from ._cache import DiskCache
+from ._cached_epochs import CachedEpochs
 from ._entries import Entries, bounds_of, known_counts, with_memory
+from ._epoch_cache import EpochStore
 from ._errors import ErrorHandler, Stats, reraise
 from ._even import EvenSteps
 from ._filter import with_filter
@@ -49,6 +56,7 @@ class Settings:
     cache: Optional[DiskCache] = None  # ``cache_dir``
     entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_entries``)
     mix: Optional[Mix] = None  # weighted sources (``_mix``): ``files`` are theirs, ``reader`` reads each with its own
+    encoded_cache: Optional[EpochStore] = None  # ``cache_encoded``: this rank's share of the cache (``_cached_epochs``)
 
 
 class CheckedEncode:
@@ -210,6 +218,29 @@ def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
     return lambda epoch: source.steps(epoch, s.reader.batch_size, s.options.seq_len, s.options.drop_last)
 
 
+async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: Callable, steps: Any,
+                      past_files: bool, epochs: range, from_position: bool,
+                      tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
+    """Stages 2 to 4 over ``epochs``: their files read, cut into batches, and ``run`` on each group
+    (``batch_encode`` and ``collate_batch``, or ``batch_encode`` alone); with ``from_position``, the run's
+    first epoch from the position it resumes at, else whole."""
+    resumed = from_position and epochs.start == start.epoch
+    past_files = past_files and resumed
+    skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
+    read = _reader_stage(s, runner)
+    batcher = _batcher(s, start, source, steps, skip_rows)
+    read_from = 0
+    if skip_rows:  # read again to find the place: the file it falls in, and what the buffers' state needs
+        read_from = batcher.reads_from()
+        s.stats.replayed(0, source.read_again(start.epoch, skip_rows, read_from))
+    raw = batcher.iterate(read.iterate(source.iterate(epochs.start, read_from, epochs.stop), tasks), read)
+    if resumed and start.skip and not past_files:
+        raw = _skip(raw, start, s.stats)
+    async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
+        read.open_up()
+        yield group
+
+
 async def batches(s: Settings, start: Start, run_blocking: Callable,
                   tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
     """The stages of one run, chained; ``run_blocking(fn, *args)`` runs ``fn`` off the loop.
@@ -223,22 +254,20 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
         past_files = resumes_past_files(s, start)
         needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
         source = _source(s, start, await count_samples(s, lane) if needs_counts else None)
-        read = _reader_stage(s, runner)
-        skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
         steps = _planned_steps(s, source)
-        batcher = _batcher(s, start, source, steps, skip_rows)
-        read_from = 0
-        if skip_rows:  # read again to find the place: the file it falls in, and what the buffers' state needs
-            read_from = batcher.reads_from()
-            s.stats.replayed(0, source.read_again(start.epoch, skip_rows, read_from))
-        raw = batcher.iterate(read.iterate(source.iterate(start.epoch, read_from), tasks), read)
-        if start.skip and not past_files:
-            raw = _skip(raw, start, s.stats)
-        groups = OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks)
+
+        def from_files(epochs: range, run: Callable, from_position: bool = True) -> AsyncGenerator[Group, None]:
+            return _from_files(s, start, source, runner, run, steps, past_files, epochs, from_position, tasks)
+
+        groups: AsyncIterator[Group]
+        if s.encoded_cache is None:
+            groups = from_files(range(start.epoch, start.end), runner.run)
+        else:
+            groups = CachedEpochs(s, start, source, from_files, runner.run, runner.encoding_only((o.dataset,)),
+                                  split_steps(s)[2][1:], lane, run_blocking, tasks).iterate()
         if steps is not None:  # a batch skipped after an error leaves a hole, padded there
             groups = EvenSteps(steps, start.epoch, start.skip, start.end).iterate(groups)
         async for group in groups:
-            read.open_up()
             yield attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
     finally:
         if pool is not None:
