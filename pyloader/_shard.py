@@ -134,18 +134,12 @@ def batches_of(samples: int, batch_size: int, drop_last: bool, rotation: int = 1
     return -(-samples * rotation // batch_size)
 
 
-def planned_samples(order: Sequence[int], counts: Sequence[int], s: Sharding, batch_size: int,
-                    splits: Sequence[Split] = ()) -> int:
-    """The samples every rank delivers in an epoch (outside stream mode; padding included), or in
-    what the ``splits`` before left of it."""
-    return _shares(_spans(order, counts, splits, batch_size, s.even_batches), s.world_size, s.even_batches)[1]
-
-
 def planned_steps(order: Sequence[int], counts: Sequence[int], s: Sharding, batch_size: int, drop_last: bool,
                   splits: Sequence[Split] = ()) -> int:
     """The number of batches every rank gives in an epoch (outside stream mode), or in what the
     ``splits`` before left of it."""
-    return batches_of(planned_samples(order, counts, s, batch_size, splits), batch_size, drop_last)
+    target = _shares(_spans(order, counts, splits, batch_size, s.even_batches), s.world_size, s.even_batches)[1]
+    return batches_of(target, batch_size, drop_last)
 
 
 def rank_ranges(order: Sequence[int], counts: Sequence[int], s: Sharding, splits: Sequence[Split] = (),

@@ -7,16 +7,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 from ._order import FileOrder, OrderFn
 from ._rng import FILE_ORDER, derive_rng
-from ._shard import (
-    SINGLE,
-    Sharding,
-    Split,
-    planned_samples,
-    planned_steps,
-    rank_ranges,
-    stream_positions,
-    stream_target,
-)
+from ._shard import SINGLE, Sharding, Split, planned_steps, rank_ranges, stream_positions, stream_target
 
 
 @dataclass(frozen=True)
@@ -138,14 +129,9 @@ class FileSource:
                                                           splits)
 
     def samples(self, epoch: int) -> int:
-        """The samples this rank delivers in ``epoch`` outside stream mode (under ranks its share and
-        padding), from the counts alone."""
-        order = self.order(epoch)
-        assert self.counts is not None, "planning samples needs the sample counts"
-        if not self.sharding.active:
-            return sum(self.counts[i] for i in order)  # file_order may leave files out or repeat them
-        splits, batch_size = self._splits(epoch)
-        return planned_samples(order, self.counts, self.sharding, batch_size, splits)
+        """The samples this rank delivers in ``epoch`` outside stream mode, from the counts alone (as
+        ``MixSource.samples``): under ranks its share and its padding, which its tasks read (``rows``)."""
+        return self.rows(epoch)
 
     def _splits(self, epoch: int) -> Tuple[Sequence[Split], int]:
         """The parts of ``epoch`` taken under other world sizes before this run (elastic resume)."""
