@@ -144,6 +144,44 @@ def sliced_loader(folder: Path, **kwargs: Any) -> Make:
                                  stream=True, seq_len=3, **kwargs)
 
 
+class FailingPieceReader(PieceReader):
+    """``PieceReader`` whose file ``s002.txt`` fails after its first piece."""
+
+    def iter_file(self, path: str) -> Any:
+        for i, piece in enumerate(super().iter_file(path)):
+            if i == 1 and path.endswith("s002.txt"):
+                raise OSError("the disk says no")
+            yield piece
+
+
+class FailingEncode(pl.Dataset):
+    """Fails on the batches holding id 9 (or, in stream mode, 2001)."""
+
+    def batch_encode(self, batch_data: Dict[str, list]) -> Dict[str, list]:
+        flat = np.asarray(batch_data["id"]).ravel().tolist()
+        if 9 in flat or 2001 in flat:
+            raise ValueError("cannot encode this batch")
+        return batch_data
+
+
+def failing_stream_loader(folder: Path, **kwargs: Any) -> Make:
+    write_streams(folder, STREAMS)
+    return lambda: pl.DataLoader(FailingPieceReader(2, 3, True), pl.IdentityDataset(), NumpyCollator(), str(folder),
+                                 stream=True, seq_len=3, on_error="skip", **kwargs)
+
+
+def failing_encode_loader(folder: Path, **kwargs: Any) -> Make:
+    write_chunks(folder, SIZES)
+    return lambda: pl.DataLoader(IdReader(3), FailingEncode(), ListCollator(), str(folder), on_error="skip",
+                                 **kwargs)
+
+
+def own_collator_stream_loader(folder: Path, **kwargs: Any) -> Make:
+    write_streams(folder, STREAMS)
+    return lambda: pl.DataLoader(PieceReader(2, 3, True), pl.IdentityDataset(), ListCollator(), str(folder),
+                                 stream=True, **kwargs)
+
+
 MEMORY = [np.arange(k * 1000, k * 1000 + n) for k, n in enumerate(STREAMS)]
 
 # name (a sentence) -> the loaders of the case, from a fresh folder
@@ -188,6 +226,22 @@ CASES: Dict[str, Callable[[Path], Make]] = {
     "a_bad_file_skipped": lambda d: bad_file_loader(d, shuffle=True),
     "a_bad_file_skipped_under_ranks_with_two_workers": lambda d: bad_file_loader(d, rank=0, world_size=2,
                                                                                 num_workers=2),
+    "a_batch_that_fails_to_encode_skipped": lambda d: failing_encode_loader(d, shuffle=True),
+    "a_batch_that_fails_to_encode_skipped_under_ranks": lambda d: failing_encode_loader(d, rank=1, world_size=2),
+    "a_bad_file_skipped_in_stream_mode": lambda d: failing_stream_loader(d),
+    "a_bad_file_skipped_in_stream_mode_under_ranks": lambda d: failing_stream_loader(d, rank=0, world_size=2,
+                                                                                    shuffle=True),
+    "stream_mode_with_a_collator_of_its_own": lambda d: own_collator_stream_loader(d, seq_len=2, shuffle=True),
+    "stream_mode_over_a_file_order": lambda d: stream_loader(d, seq_len=2, file_order=reverse_order),
+    "stream_mode_replaying_data_under_ranks_with_two_workers": lambda d: stream_loader(
+        d, seq_len=2, padding_mode="data", rank=1, world_size=2, num_workers=2, shuffle=True),
+    "the_smallest_queue_and_read_ahead": lambda d: ids_loader(d, 2, shuffle=True, max_queue_size=1,
+                                                              prefetch_files=1, shuffle_buffer=3),
+    "the_last_partial_batch_dropped_under_ranks": lambda d: ids_loader(d, 3, shuffle=True, drop_last=True, rank=1,
+                                                                       world_size=2),
+    "a_filter_bucketing_and_a_shuffle_buffer_with_two_workers": lambda d: ids_loader(
+        d, 2, filter_fn=even, bucket_by="id", bucket_buffer=4, shuffle_buffer=3, shuffle=True, num_workers=2),
+    "weighted_sources_over_two_epochs_shuffled_in_file": lambda d: mixed_loader(d, num_epoch=2),
     "the_text_lines_reader": text_loader,
     "the_json_lines_reader_in_pieces": lambda d: format_loader(d, write_jsonl, JsonLinesReader(4, piece_size=2),
                                                                TorchCollator()),
