@@ -209,6 +209,8 @@ CASES: Dict[str, Callable[[Path], Make]] = {
     "stream_mode_time_major": lambda d: stream_loader(d, seq_len=3, time_major=True, shuffle=True),
     "stream_mode_with_two_workers": lambda d: stream_loader(d, seq_len=3, shuffle=True, num_workers=2),
     "stream_mode_rank_1_of_2": lambda d: stream_loader(d, seq_len=2, shuffle=True, rank=1, world_size=2),
+    "stream_mode_edge_padding_list_samples_under_ranks": lambda d: stream_loader(
+        d, rows=3, arrays=False, seq_len=3, padding_mode="edge", rank=0, world_size=2, shuffle=True),
     "stream_mode_over_slices_of_a_file": lambda d: sliced_loader(d, shuffle=True),
     "stream_mode_over_in_memory_streams": lambda d: stream_loader(d, data=MEMORY, seq_len=3, shuffle=True,
                                                                   padding_mode="edge"),

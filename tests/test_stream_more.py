@@ -414,3 +414,17 @@ def test_in_memory_streams_and_files_do_not_mix(tmp_path):
     with pytest.raises(ValueError, match="among files"):
         pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), [str(tmp_path / "s000.txt"), np.arange(3)],
                       stream=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("padding_mode", ["zeros", "edge"])
+def test_padding_steps_of_a_short_rank_give_list_samples_the_shape_of_its_other_steps(tmp_path, padding_mode, workers):
+    write_streams(tmp_path, [9, 1])  # rank 1's one sample is one step; it pads two more, with no live row
+    loader = pl.DataLoader(PieceReader(2, 2, arrays=False), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                           stream=True, seq_len=3, padding_mode=padding_mode, pad_value=-5, rank=1, world_size=2,
+                           num_workers=workers)
+    batches = list(loader)
+    assert [b[VALID].any(axis=1).tolist() for b in batches] == [[True, False], [False, False], [False, False]]
+    assert [b["pair"].shape for b in batches] == [(2, 3, 2)] * 3
+    edge = [1000, -1000] if padding_mode == "edge" else [-5, -5]
+    assert batches[1]["pair"].tolist() == [[edge] * 3, [[-5, -5]] * 3]
