@@ -102,6 +102,14 @@ def test_under_ranks_a_filter_leaves_every_rank_the_planned_steps(tmp_path, work
     assert all(pad for _, ids, flags in runs[1][-2:] for pad in flags), "rank 1 ends with padding steps"
 
 
+def test_a_rank_whose_filter_leaves_no_full_batch_with_drop_last_says_so(tmp_path):
+    write_chunks(tmp_path, [4, 4])  # rank 0: ids 0..3, one planned step; the filter keeps 0 and 2
+    loader = loader_over(tmp_path, 3, filter_fn=even, rank=0, world_size=2, drop_last=True)
+    with pytest.raises(RuntimeError, match=r"filter_fn left too few samples for one\): there is nothing to pad the 1 "
+                                           "steps this rank still owes"):
+        list(loader)
+
+
 def test_the_length_of_a_filtered_loader_is_unknown_without_ranks(tmp_path):
     write_chunks(tmp_path, [5, 5])
     with pytest.raises(TypeError, match="length is unknown: filter_fn"):
