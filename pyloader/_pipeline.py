@@ -1,4 +1,9 @@
-"""The path of a batch, top to bottom: files → pieces → batches (in groups) → encoded and collated → hand-over."""
+"""The path of a batch, top to bottom: files → pieces → batches (in groups) → encoded and collated → hand-over.
+
+With ``cache_encoded`` each epoch takes one of three paths (``_cached_epochs``): read from the
+cache of encoded batches (then collated), from the files with its encoded batches written to
+the cache before they are collated, or from the files as without the cache.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -8,10 +13,12 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, List, Map
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
-from ._bucket import BucketBy, Lengths
-from ._bytes import DEFAULT_READAHEAD_BYTES, ReadAhead
+from ._bucket import Lengths
+from ._bytes import ReadAhead
 from ._cache import DiskCache
+from ._cached_epochs import CachedEpochs
 from ._entries import Entries, bounds_of, known_counts, with_memory
+from ._epoch_cache import EpochStore
 from ._errors import ErrorHandler, Stats, reraise
 from ._even import EvenSteps
 from ._filter import with_filter
@@ -19,6 +26,7 @@ from ._frameworks import attach_meta
 from ._length import checked_count
 from ._map import OrderedMap, Step
 from ._mix import MixSource
+from ._options import Options, resolved
 from ._pool import KeptPool, WorkerPool
 from ._read import ReadFiles
 from ._runners import Exclusive, Lane, PoolRunner, ThreadRunner
@@ -31,46 +39,24 @@ from ._stream import StreamBatcher
 
 @dataclass
 class Settings:
-    """Everything a run needs; fixed when the ``DataLoader`` is built."""
+    """What a run needs: the user's options, and the pieces the loader built from them."""
 
-    files: List[str]
-    reader: DataReader
-    dataset: Dataset
-    collator: DataCollator
-    num_epoch: int
-    max_queue_size: int
-    shuffle: bool
-    random_seed: int
-    shuffle_buffer: int
-    drop_last: bool
-    prefetch_files: int
-    concurrency: int
-    errors: ErrorHandler
+    options: Options  # checked and resolved when the loader was built (``_options``)
+    files: List[str]  # of ``data_dir``, or of the weighted sources
+    reader: DataReader  # the datareader, or the sources' readers (``mix``)
+    num_workers: int  # worker processes of this run (``num_workers``, resolved: ``_auto_workers``)
+    concurrency: int  # groups being encoded and collated at once
+    errors: ErrorHandler  # ``on_error`` and ``max_errors``, counted per run
     stats: Stats
     finish: Optional[Callable[[Any], Any]] = None  # e.g. pin_memory, run after collate_batch
-    stream: bool = False
-    seq_len: Optional[int] = None
-    padding_mode: str = "zeros"
-    pad_value: Any = 0
-    num_workers: int = 0
-    num_threads: int = 1
-    worker_init_fn: Optional[Callable[[int], None]] = None
-    start_method: Optional[str] = None
     kept_workers: Optional[KeptPool] = None  # persistent_workers: the pool outlives the run
-    sharding: Sharding = Sharding()
+    sharding: Sharding = Sharding()  # ``rank``, ``world_size``, ``even_batches``, resolved for this run
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
-    readahead_bytes: int = DEFAULT_READAHEAD_BYTES
-    retries: int = 3
-    cache: Optional[DiskCache] = None
-    filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None  # run where files are read (``_filter``)
-    file_order: Optional[Callable[..., Any]] = None  # the order of each epoch's files (``_order``)
-    time_major: bool = False  # stream mode: [T, B, ...]
+    cache: Optional[DiskCache] = None  # ``cache_dir``
     entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_entries``)
-    bucket_by: Optional[BucketBy] = None  # length bucketing (``_bucket``) ...
-    bucket_buffer: int = 0  # ... through a buffer of this many samples
     mix: Optional[Mix] = None  # weighted sources (``_mix``): ``files`` are theirs, ``reader`` reads each with its own
-    stop: str = "first_exhausted"
+    encoded_cache: Optional[EpochStore] = None  # ``cache_encoded``: this rank's share of the cache (``_cached_epochs``)
 
 
 class CheckedEncode:
@@ -111,11 +97,11 @@ def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
     With workers, a collator that makes tensors a worker should not (TF's) is
     split: NumPy stacking in the worker, conversion here; pinning is always here.
     """
-    encode: Step = ("batch_encode", CheckedEncode(s.dataset))
-    collate: Step = ("collate_batch", Collate(s.collator))
+    encode: Step = ("batch_encode", CheckedEncode(s.options.dataset))
+    collate: Step = ("collate_batch", Collate(s.options.datacollator))
     finish: List[Step] = [] if s.finish is None else [("pin_memory", s.finish)]
-    if s.num_workers and getattr(s.collator, "converts_in_main", False):
-        split: Any = s.collator  # an ArrayCollator: stacking there, converting here
+    if s.num_workers and getattr(s.options.datacollator, "converts_in_main", False):
+        split: Any = s.options.datacollator  # an ArrayCollator: stacking there, converting here
         there = [encode, ("collate_batch", split.stack)]
         here = [("collate_batch", split.convert), *finish]
     else:
@@ -127,7 +113,7 @@ async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
     """Samples per file (``DataReader.count``), several files at once; computed once per loader.
     A failure goes through the error policy: skipped, the file's count is ``None`` (it is left out)."""
     if s.count_cache.get("files") != s.files:
-        limit = asyncio.Semaphore(s.prefetch_files)
+        limit = asyncio.Semaphore(s.options.prefetch_files)
 
         async def one(path: str, known: Optional[int]) -> Optional[int]:
             if known is not None:  # a slice, an in-memory stream
@@ -161,13 +147,13 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optiona
     """Where user methods run: worker processes (a pool, kept across runs with
     ``persistent_workers``) or threads of this process."""
     there, here, local = split_steps(s)
-    reader = with_filter(s.reader, s.filter_fn)
-    uses = (s.dataset, s.collator)
+    reader = with_filter(s.reader, s.options.filter_fn)
+    uses = (s.options.dataset, s.options.datacollator)
     if not s.num_workers:
         return with_memory(ThreadRunner(reader, local, lane, readahead, uses=uses, busy=s.stats.busy), s.entries), None
 
     def make_pool() -> WorkerPool:
-        return WorkerPool(s.num_workers, reader, there, s.worker_init_fn, s.start_method,
+        return WorkerPool(s.num_workers, reader, there, s.options.worker_init_fn, s.options.start_method,
                           persistent=s.kept_workers is not None)
 
     pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
@@ -181,32 +167,34 @@ def resumes_past_files(s: Settings, start: Start) -> bool:
     """Whether a resumed epoch can start past the files before its position, found from the
     counts: not when something before the position decides what comes after it (a shuffle or
     bucket buffer, stream rows, mixing, samples filtered or errors skipped): those replay it."""
-    return (start.skip > start.base and not s.stream and not s.shuffle_buffer and s.bucket_by is None
-            and s.filter_fn is None and s.errors.policy is reraise and s.mix is None)
+    o = s.options
+    return (start.skip > start.base and not o.stream and not o.shuffle_buffer and o.bucket_by is None
+            and o.filter_fn is None and s.errors.policy is reraise and s.mix is None)
 
 
 def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Any:
     """The plan of files of every epoch of the run (``FileSource``, or ``MixSource`` for sources)."""
+    o = s.options
     if s.mix is not None:
-        return MixSource(s.mix, counts or [], s.stop, s.shuffle, s.random_seed, start.end, s.sharding,
-                         s.stats.sources)
+        return MixSource(s.mix, counts or [], o.stop, o.shuffle, o.random_seed, start.end, s.sharding, s.stats.sources)
     elastic = Elastic(start.epoch, start.splits, s.reader.batch_size) if start.splits else None
-    return FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream,
-                      file_order=s.file_order, bounds=bounds_of(s.entries), elastic=elastic)
+    return FileSource(s.files, start.end, o.shuffle, o.random_seed, s.sharding, counts, whole_files=o.stream,
+                      file_order=o.file_order, bounds=bounds_of(s.entries), elastic=elastic)
 
 
 def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], past_files: bool) -> Any:
     """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``)."""
-    if s.stream:
+    o = s.options
+    if o.stream:
         fallback = None
         if s.sharding.active:
             def fallback(epoch: int) -> List[FileTask]:
-                return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed,
-                                       file_order=s.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
-        return StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
-                             steps, fallback, s.time_major)
-    bucket = None if s.bucket_by is None else (Lengths(s.bucket_by), s.bucket_buffer)
-    return Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
+                return list(FileSource(s.files, o.num_epoch, o.shuffle, o.random_seed,
+                                       file_order=o.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
+        return StreamBatcher(s.files, s.reader.batch_size, o.seq_len, o.padding_mode, o.pad_value,
+                             steps, fallback, o.time_major)
+    bucket = None if o.bucket_by is None else (Lengths(o.bucket_by), resolved(o.bucket_buffer))
+    return Batcher(s.files, s.reader.batch_size, o.drop_last, o.shuffle_buffer, o.random_seed,
                    flag_padding=s.sharding.active, steps=steps, bucket=bucket,
                    resumed=(start.epoch, start.skip if past_files else start.base),
                    mix=None if s.mix is None else source.buffer)
@@ -215,17 +203,38 @@ def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[i
 def _reader_stage(s: Settings, runner: Any) -> ReadFiles:
     """Stage 2. Stream rows need several files before their first batch (no ramp there), and rows
     whose files end at the same step all need a new one at once: a file per row is read ahead."""
-    ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
-    buffered = s.shuffle_buffer > 0 or s.bucket_by is not None or s.mix is not None  # rows meet here
-    return ReadFiles(runner, s.stream or buffered, ahead, s.errors, s.stats,
-                     start_ahead=None if s.stream else max(0, s.num_workers - 1))
+    ahead = max(s.options.prefetch_files, s.reader.batch_size) if s.options.stream else s.options.prefetch_files
+    buffered = s.options.shuffle_buffer > 0 or s.options.bucket_by is not None or s.mix is not None  # rows meet here
+    return ReadFiles(runner, s.options.stream or buffered, ahead, s.errors, s.stats,
+                     start_ahead=None if s.options.stream else max(0, s.num_workers - 1))
 
 
 def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
     """Under ranks, the steps every rank gives in an epoch (planned from the counts)."""
     if not s.sharding.active:
         return None
-    return lambda epoch: source.steps(epoch, s.reader.batch_size, s.seq_len, s.drop_last)
+    return lambda epoch: source.steps(epoch, s.reader.batch_size, s.options.seq_len, s.options.drop_last)
+
+
+async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: Callable, steps: Any,
+                      past_files: bool, epochs: range, from_position: bool,
+                      tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
+    """Stages 2 to 4 over ``epochs``: their files read, cut into batches, and ``run`` on each group
+    (``batch_encode`` and ``collate_batch``, or ``batch_encode`` alone); with ``from_position``, the run's
+    first epoch from the position it resumes at, else whole."""
+    resumed = from_position and epochs.start == start.epoch
+    past_files = past_files and resumed
+    skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
+    if skip_rows:  # the file the position falls in is read again, up to the position
+        s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
+    read = _reader_stage(s, runner)
+    raw = _batcher(s, start, source, steps, past_files).iterate(
+        read.iterate(source.iterate(epochs.start, skip_rows, epochs.stop), tasks), read)
+    if resumed and start.skip and not past_files:
+        raw = _skip(raw, start, s.stats)
+    async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
+        read.open_up()
+        yield group
 
 
 async def batches(s: Settings, start: Start, run_blocking: Callable,
@@ -234,26 +243,27 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
 
     User methods run in this process ``num_threads`` at a time (``Lane``).
     """
-    lane = Lane(run_blocking, s.num_threads, s.exclusive)
-    runner, pool = _runner(s, lane, ReadAhead(run_blocking, s.reader, s.readahead_bytes, s.retries, s.cache))
+    o = s.options
+    lane = Lane(run_blocking, resolved(o.num_threads), s.exclusive)
+    runner, pool = _runner(s, lane, ReadAhead(run_blocking, s.reader, o.readahead_bytes, o.retries, s.cache))
     try:
         past_files = resumes_past_files(s, start)
         needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
         source = _source(s, start, await count_samples(s, lane) if needs_counts else None)
-        read = _reader_stage(s, runner)
-        skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
-        if skip_rows:  # the file the position falls in is read again, up to the position
-            s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
         steps = _planned_steps(s, source)
-        raw = _batcher(s, start, source, steps, past_files).iterate(
-            read.iterate(source.iterate(start.epoch, skip_rows), tasks), read)
-        if start.skip and not past_files:
-            raw = _skip(raw, start, s.stats)
-        groups = OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks)
+
+        def from_files(epochs: range, run: Callable, from_position: bool = True) -> AsyncGenerator[Group, None]:
+            return _from_files(s, start, source, runner, run, steps, past_files, epochs, from_position, tasks)
+
+        groups: AsyncIterator[Group]
+        if s.encoded_cache is None:
+            groups = from_files(range(start.epoch, start.end), runner.run)
+        else:
+            groups = CachedEpochs(s, start, source, from_files, runner.run, runner.encoding_only((o.dataset,)),
+                                  split_steps(s)[2][1:], lane, run_blocking, tasks).iterate()
         if steps is not None:  # a batch skipped after an error leaves a hole, padded there
             groups = EvenSteps(steps, start.epoch, start.skip, start.end).iterate(groups)
         async for group in groups:
-            read.open_up()
             yield attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
     finally:
         if pool is not None:
