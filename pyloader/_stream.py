@@ -29,6 +29,7 @@ same way whatever came before it (a resumed run too).
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
@@ -186,7 +187,7 @@ class StreamBatcher:
         arrays = all(isinstance(col, np.ndarray) for _, col in live) if live else isinstance(like, np.ndarray)
         if not arrays:
             # samples are sequences: pad with one of their shape (the template's when no row is live)
-            first = next((col[0] for _, col in live), like[0] if len(like) else None)
+            first = next(itertools.chain((col[0] for _, col in live), like[:1]), None)
             if first is not None and np.ndim(first):
                 pad = np.full(np.shape(first), pad).tolist()
         fills = [self._fill(key, r, col, pad) for r, col in enumerate(columns)]
