@@ -182,6 +182,14 @@ def own_collator_stream_loader(folder: Path, **kwargs: Any) -> Make:
                                  stream=True, **kwargs)
 
 
+def cached_loader(folder: Path, **kwargs: Any) -> Make:
+    """Epochs in blocks of two: the first of each writes its encoded batches to disk, the second reads them."""
+    write_chunks(folder / "data", SIZES)
+    cache = {"dir": str(folder / "encoded"), "update_every": 2}
+    return lambda: pl.DataLoader(IdReader(4), pl.IdentityDataset(), ListCollator(), str(folder / "data"),
+                                 cache_encoded=cache, **kwargs)
+
+
 MEMORY = [np.arange(k * 1000, k * 1000 + n) for k, n in enumerate(STREAMS)]
 
 # name (a sentence) -> the loaders of the case, from a fresh folder
@@ -244,6 +252,9 @@ CASES: Dict[str, Callable[[Path], Make]] = {
     "a_filter_bucketing_and_a_shuffle_buffer_with_two_workers": lambda d: ids_loader(
         d, 2, filter_fn=even, bucket_by="id", bucket_buffer=4, shuffle_buffer=3, shuffle=True, num_workers=2),
     "weighted_sources_over_two_epochs_shuffled_in_file": lambda d: mixed_loader(d, num_epoch=2),
+    "epochs_read_from_a_cache_of_encoded_batches": lambda d: cached_loader(d, num_epoch=3, shuffle=True),
+    "cached_epochs_with_a_shuffle_buffer_under_ranks_with_two_workers": lambda d: cached_loader(
+        d, num_epoch=2, shuffle_buffer=3, rank=1, world_size=2, num_workers=2),
     "the_text_lines_reader": text_loader,
     "the_json_lines_reader_in_pieces": lambda d: format_loader(d, write_jsonl, JsonLinesReader(4, piece_size=2),
                                                                TorchCollator()),
@@ -264,6 +275,14 @@ def test_a_run_resumes_exactly_at_every_position(tmp_path, case):
     n = check_resume(make)
     assert n >= 3, "too few batches for the positions to mean anything"
     assert wait_no_threads() == []
+    assert wait_no_children() == []
+
+
+def test_a_run_with_the_workers_chosen_automatically_resumes_exactly_at_every_position(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYLOADER_NUM_WORKERS", "auto")  # the suite's conftest says 0
+    make = ids_loader(tmp_path / "data", shuffle=True, shuffle_buffer=3)
+    assert make().num_workers == "auto"
+    assert check_resume(make) == 6
     assert wait_no_children() == []
 
 
