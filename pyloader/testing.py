@@ -76,7 +76,7 @@ def check_resume(make_loader: Callable[[], DataLoader], positions: Optional[Iter
         first, second = _run(loader), _run(loader)
     finally:
         loader.close()
-    assert first, "the uninterrupted iteration yielded no batch: there is no position to resume at"
+    _expect(bool(first), "the uninterrupted iteration yielded no batch: there is no position to resume at")
     n = len(first)
     chosen = list(range(n + 1) if positions is None else positions)
     outside = [k for k in chosen if not 0 <= k <= n]
@@ -89,6 +89,7 @@ def check_resume(make_loader: Callable[[], DataLoader], positions: Optional[Iter
 
 def _check_position(make_loader: Callable[[], DataLoader], first: List[_Step], second: List[_Step],
                     k: int) -> None:
+    """Stop a new loader after ``k`` batches; its state must resume a new loader and the same one."""
     n = len(first)
     rest = [first[k:], second] if k < n else [second]
     where = f"resumed at position {k} of {n}"
@@ -97,7 +98,7 @@ def _check_position(make_loader: Callable[[], DataLoader], first: List[_Step], s
         head, state, left = _take(loader, k, n)
         _same([first[:k]], [head], f"{where}: the first {k} batches of a new loader (is the loader deterministic?)")
         if k < n:
-            assert left == state, (f"{where}: state_dict() after the break differs from the one taken at the "
+            _expect(left == state, f"{where}: state_dict() after the break differs from the one taken at the "
                                    f"position: {left} != {state}")
         other = make_loader()
         try:
@@ -126,7 +127,7 @@ def _take(loader: DataLoader, k: int, n: int) -> Tuple[List[_Step], Dict[str, An
             state = _json(loader.state_dict(), where)
             if k < n:
                 break
-    assert len(head) >= k, f"{where}: a new loader's first iteration yielded {len(head)} batches, not {n}"
+    _expect(len(head) >= k, f"{where}: a new loader's first iteration yielded {len(head)} batches, not {n}")
     return head, state, _json(loader.state_dict(), f"{where}, after leaving the loop")
 
 
@@ -136,7 +137,7 @@ def _json(state: Any, where: str) -> Dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise AssertionError(f"{where} is not JSON-serializable: {exc}") from exc
     out = json.loads(text)
-    assert isinstance(out, dict), f"{where} is a {type(state).__name__}, not a dict"
+    _expect(isinstance(out, dict), f"{where} is a {type(state).__name__}, not a dict")
     return out
 
 
@@ -221,6 +222,12 @@ def _same(expected: Sequence[List[_Step]], got: Sequence[List[_Step]], where: st
             found = _difference(want_batch, have_batch)
             if found is None and want_epoch != have_epoch:
                 found = f"loader.epoch: expected {want_epoch}, got {have_epoch}"
-            assert found is None, f"{where}: iteration {it}, batch {i}: {found}"
-        assert len(want) == len(have), (f"{where}: iteration {it} yielded {len(have)} batches, expected {len(want)} "
+            _expect(found is None, f"{where}: iteration {it}, batch {i}: {found}")
+        _expect(len(want) == len(have), f"{where}: iteration {it} yielded {len(have)} batches, expected {len(want)} "
                                         f"(the first {min(len(want), len(have))} equal)")
+
+
+def _expect(ok: bool, message: str) -> None:
+    """``AssertionError(message)`` unless ``ok`` (raised, not ``assert``ed: ``python -O`` keeps the check)."""
+    if not ok:
+        raise AssertionError(message)

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
@@ -363,6 +367,35 @@ def test_the_check_compares_dtypes_as_well_as_values(tmp_path, collator):
 
     with pytest.raises(AssertionError, match=r"position 0 of 6.*key 'id': expected .*int64 \(4,\), got .*int32"):
         check_resume(lambda: Resumed(IdReader(4), Cast(), collator, str(tmp_path)))
+
+
+def test_the_check_fails_under_python_dash_o_too(tmp_path):
+    """It raises its AssertionErrors, not ``assert``s them: ``python -O`` would drop those."""
+    script = tmp_path / "check.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        import pyloader as pl
+        from pyloader.readers import TextLinesReader
+        from pyloader.collators import NumpyCollator
+        from pyloader.testing import check_resume
+
+        class Late(pl.DataLoader):
+            def load_state_dict(self, state):
+                super().load_state_dict({{**state, "batches_in_epoch": state["batches_in_epoch"] + 1}})
+
+        with open({str(tmp_path / "a.txt")!r}, "w") as f:
+            f.write("".join(f"{{i}}\\n" for i in range(12)))
+        try:
+            check_resume(lambda: Late(TextLinesReader(4), pl.IdentityDataset(), NumpyCollator(),
+                                      {str(tmp_path / "a.txt")!r}, num_workers=0))
+        except AssertionError as exc:
+            sys.exit(0 if "position 0 of 3" in str(exc) else 2)
+        sys.exit(1)
+        """))
+    root = str(Path(pl.__file__).resolve().parent.parent)
+    done = subprocess.run([sys.executable, "-O", str(script)], env={**os.environ, "PYTHONPATH": root},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_positions_outside_the_run_are_refused(tmp_path):
