@@ -164,12 +164,13 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optiona
 
 
 def resumes_past_files(s: Settings, start: Start) -> bool:
-    """Whether a resumed epoch can start past the files before its position, found from the
-    counts: not when something before the position decides what comes after it (a shuffle or
-    bucket buffer, stream rows, mixing, samples filtered or errors skipped): those replay it."""
+    """Whether a resumed epoch can start past the files before its position (or past those before
+    where the buffers' state there is rebuilt from: ``_shuffle``, ``_bucket``), found from the counts:
+    not when the counts cannot place the position (stream rows, mixing, samples filtered or errors
+    skipped): those replay it."""
     o = s.options
-    return (start.skip > start.base and not o.stream and not o.shuffle_buffer and o.bucket_by is None
-            and o.filter_fn is None and s.errors.policy is reraise and s.mix is None)
+    return (start.skip > start.base and not o.stream and o.filter_fn is None and s.errors.policy is reraise
+            and s.mix is None)
 
 
 def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Any:
@@ -182,7 +183,7 @@ def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) ->
                       file_order=o.file_order, bounds=bounds_of(s.entries), elastic=elastic)
 
 
-def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], past_files: bool) -> Any:
+def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], skip_rows: int) -> Any:
     """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``)."""
     o = s.options
     if o.stream:
@@ -196,8 +197,9 @@ def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[i
     bucket = None if o.bucket_by is None else (Lengths(o.bucket_by), resolved(o.bucket_buffer))
     return Batcher(s.files, s.reader.batch_size, o.drop_last, o.shuffle_buffer, o.random_seed,
                    flag_padding=s.sharding.active, steps=steps, bucket=bucket,
-                   resumed=(start.epoch, start.skip if past_files else start.base),
-                   mix=None if s.mix is None else source.buffer)
+                   resumed=(start.epoch, start.skip if skip_rows else start.base),
+                   mix=None if s.mix is None else source.buffer,
+                   resumed_rows=(skip_rows, source.rows(start.epoch) if skip_rows else 0))
 
 
 def _reader_stage(s: Settings, runner: Any) -> ReadFiles:
@@ -225,11 +227,13 @@ async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: 
     resumed = from_position and epochs.start == start.epoch
     past_files = past_files and resumed
     skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
-    if skip_rows:  # the file the position falls in is read again, up to the position
-        s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
     read = _reader_stage(s, runner)
-    raw = _batcher(s, start, source, steps, past_files).iterate(
-        read.iterate(source.iterate(epochs.start, skip_rows, epochs.stop), tasks), read)
+    batcher = _batcher(s, start, source, steps, skip_rows)
+    read_from = 0
+    if skip_rows:  # read again to find the place: the file it falls in, and what the buffers' state needs
+        read_from = batcher.reads_from()
+        s.stats.replayed(0, source.read_again(start.epoch, skip_rows, read_from))
+    raw = batcher.iterate(read.iterate(source.iterate(epochs.start, read_from, epochs.stop), tasks), read)
     if resumed and start.skip and not past_files:
         raw = _skip(raw, start, s.stats)
     async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
