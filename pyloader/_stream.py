@@ -29,6 +29,7 @@ same way whatever came before it (a resumed run too).
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
@@ -185,8 +186,9 @@ class StreamBatcher:
         live = [(path, col) for path, col in zip(paths, columns) if col is not None]
         arrays = all(isinstance(col, np.ndarray) for _, col in live) if live else isinstance(like, np.ndarray)
         if not arrays:
-            first = next((col[0] for _, col in live), None)
-            if first is not None and np.ndim(first):  # samples are sequences: pad with one of their shape
+            # samples are sequences: pad with one of their shape (the template's when no row is live)
+            first = next(itertools.chain((col[0] for _, col in live), like[:1]), None)
+            if first is not None and np.ndim(first):
                 pad = np.full(np.shape(first), pad).tolist()
         fills = [self._fill(key, r, col, pad) for r, col in enumerate(columns)]
         if arrays:
