@@ -30,8 +30,10 @@ Contracts:
   only the window being filled is in memory. The stage learns that an epoch has ended when a batch
   of the next epoch (or the run's end) arrives; the epoch's last phases wait for that.
 * **Ranks.** Each rank rotates its own share (padding samples too, still flagged). The steps every
-  rank gives are planned from the counts (``steps``); the stage never gives more, and ``EvenSteps``
-  pads a rank that gives fewer (batches skipped after errors).
+  rank gives are planned from the counts (``steps``); the stage never gives more, and tops an epoch
+  short of samples (lost to skipped errors) up with copies of its last batch flagged as padding, as
+  the batcher does without rotation (a resumed run makes the same ones); ``EvenSteps`` fills the
+  holes batches skipped in ``collate_batch`` leave.
 * **Resume.** A resumed epoch is served again from its start (its samples read and encoded again;
   the batches before the position are not collated, ``_pipeline``): the schedule is a pure function
   of the samples, the seed and the epoch.
@@ -44,6 +46,7 @@ Contracts:
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -372,6 +375,7 @@ class _Cutter:
         self.index = 0
         self.sizes = GroupSize()
         self.limit = None if self.stage.steps is None else self.stage.steps(epoch.epoch)
+        self.last: Optional[Batch] = None  # under ranks: a copy of the last batch cut, to pad the epoch with
 
     def add(self, entries: Entries) -> None:
         self.entries.append(entries)
@@ -405,12 +409,11 @@ class _Cutter:
             self.carry = await self._take(self.count)
 
     async def end(self) -> List[Group]:
-        """The epoch's last, short batch, alone in its group (unless ``drop_last``)."""
+        """The epoch's last, short batch, alone in its group (unless ``drop_last``); under ranks, the
+        planned steps the epoch still owes (samples lost to skipped errors)."""
         await self.settle()
-        if self.carry is None or self.stage.drop_last:
-            return []
-        group = self._cut(self.carry, 1)
-        return [group] if group else []
+        group = [] if self.carry is None or self.stage.drop_last else self._cut(self.carry, 1)
+        return ([group] if group else []) + self._padding()
 
     def _cut(self, columns: Columns, n: int) -> Group:
         """``n`` batches of ``columns`` (the last may be short), none past the planned steps."""
@@ -418,5 +421,19 @@ class _Cutter:
         for k in range(n):
             if self.limit is None or self.index < self.limit:
                 group.append(self.epoch.batch(self.index, slice_rows(columns, k * size, (k + 1) * size)))
+                if self.limit is not None:
+                    self.last = dataclasses.replace(group[-1], data=dict(group[-1].data))
             self.index += 1
         return group
+
+    def _padding(self) -> List[Group]:
+        """Copies of the epoch's last batch flagged as padding, up to the planned steps (as the
+        batcher pads a share short of samples): a resumed run makes the same ones."""
+        last, groups = self.last, []
+        while last is not None and self.limit is not None and self.index < self.limit:
+            end = min(self.limit, self.index + GroupSize.LIMIT)
+            flags = {key: np.ones(len(value), dtype=bool) for key, value in (last.meta or {}).items()}
+            groups.append([dataclasses.replace(last, index=k, data=dict(last.data), meta=dict(flags))
+                           for k in range(self.index, end)])
+            self.index = end
+        return groups
