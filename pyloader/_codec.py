@@ -1,4 +1,4 @@
-"""Encoded batches as NumPy arrays and back, exactly, without pickle (``cache_encoded``).
+"""Encoded batches as NumPy arrays and back, exactly, without pickle (``cache_encoded``, ``rotation_dir``).
 
 Contracts:
 
@@ -18,12 +18,15 @@ Contracts:
 - Anything else (``None``, dicts, mixed types such as ``[1, 2.5]``, ints beyond 64
   bits, tensors, ``str`` subclasses) raises ``NotCacheable`` naming the column and
   what it holds: the data is never changed to fit.
+- ``take(arrays, rows)`` gives rows of a stored batch (in any order), as ``unpack`` would
+  give them after taking those rows, reading only what they need (the arrays may be
+  memory-mapped ``.npy`` files: ``rotation_dir``); nothing it returns refers to the arrays.
 """
 from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,17 +49,18 @@ class _Unsupported(Exception):
     """Why a part of a column cannot be stored (the column is named by the caller)."""
 
 
-def pack(batch: Mapping[str, Any]) -> Arrays:
-    """The arrays that hold ``batch`` exactly, its layout in ``LAYOUT`` (see the module's contracts)."""
+def pack(batch: Mapping[str, Any], purpose: str = "cache_encoded") -> Arrays:
+    """The arrays that hold ``batch`` exactly, its layout in ``LAYOUT`` (see the module's contracts);
+    ``purpose`` (the option storing it) is named in errors."""
     arrays: Arrays = {}
     columns = []
     for i, (key, column) in enumerate(batch.items()):
         if not isinstance(key, str):
-            raise NotCacheable(f"cache_encoded: batch_encode returned the key {key!r}: keys must be strings")
+            raise NotCacheable(f"{purpose}: batch_encode returned the key {key!r}: keys must be strings")
         try:
             columns.append([key, _pack_column(column, f"c{i}", arrays)])
         except _Unsupported as why:
-            raise NotCacheable(f"cache_encoded cannot store column {key!r} of the encoded batch without pickle: "
+            raise NotCacheable(f"{purpose} cannot store column {key!r} of the encoded batch without pickle: "
                                f"{why} (supported: see the README, Cached epochs)") from None
     arrays[LAYOUT] = np.frombuffer(json.dumps({"format": FORMAT, "columns": columns}).encode(), dtype=np.uint8)
     return arrays
@@ -64,10 +68,16 @@ def pack(batch: Mapping[str, Any]) -> Arrays:
 
 def unpack(arrays: Mapping[str, np.ndarray]) -> Dict[str, Any]:
     """The batch that ``pack`` stored in ``arrays``."""
-    layout = json.loads(arrays[LAYOUT].tobytes())
+    return take(arrays, None)
+
+
+def take(arrays: Mapping[str, np.ndarray], rows: Optional[np.ndarray]) -> Dict[str, Any]:
+    """Rows ``rows`` (positions, in that order; ``None``: all of them) of the batch that ``pack``
+    stored in ``arrays`` (see the module's contracts)."""
+    layout = json.loads(np.asarray(arrays[LAYOUT]).tobytes())
     if layout.get("format") != FORMAT:
         raise ValueError(f"unknown cached batch layout format {layout.get('format')!r}")
-    return {key: _unpack_column(spec, arrays) for key, spec in layout["columns"]}
+    return {key: _unpack_column(spec, arrays, rows) for key, spec in layout["columns"]}
 
 
 def _pack_column(column: Any, name: str, arrays: Arrays) -> Dict[str, Any]:
@@ -83,11 +93,11 @@ def _pack_column(column: Any, name: str, arrays: Arrays) -> Dict[str, Any]:
     raise _Unsupported(f"it is a {type(column).__name__}: a column must be a list, a tuple or a NumPy array")
 
 
-def _unpack_column(spec: Dict[str, Any], arrays: Mapping[str, np.ndarray]) -> Any:
+def _unpack_column(spec: Dict[str, Any], arrays: Mapping[str, np.ndarray], rows: Optional[np.ndarray]) -> Any:
     container = spec["container"]
     if container == "array":
-        return arrays[spec["name"]]
-    items = _unpack_items(spec["items"], arrays, spec["name"])
+        return arrays[spec["name"]] if rows is None else np.array(arrays[spec["name"]][rows])
+    items = _unpack_items(spec["items"], arrays, spec["name"], rows)
     if container == "tuple":
         return tuple(items)
     if container == "objects":
@@ -153,25 +163,51 @@ def _offsets(lengths: List[int]) -> np.ndarray:
     return out
 
 
-def _unpack_items(spec: Dict[str, Any], arrays: Mapping[str, np.ndarray], name: str) -> List[Any]:
-    """The items ``_pack_items`` stored under ``name``."""
+def _unpack_arrays(arrays: Mapping[str, np.ndarray], name: str, rows: Optional[np.ndarray]) -> List[np.ndarray]:
+    """The NumPy arrays stored under ``name`` (those at ``rows``, copied, when given; else views)."""
+    shapes, values = np.asarray(arrays[name + "s"]), arrays[name]
+    sizes = np.prod(shapes, axis=1)
+    ends = np.cumsum(sizes)
+    starts = (ends - sizes).tolist()
+    ends = ends.tolist()
+    if rows is None:
+        return [values[starts[k]:ends[k]].reshape(shapes[k]) for k in range(len(shapes))]
+    return [np.array(values[starts[k]:ends[k]]).reshape(shapes[k]) for k in rows.tolist()]
+
+
+def _spans(bounds: np.ndarray, rows: Optional[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+    """Where the items ``rows`` (``None``: all) start and end, from the offsets ``bounds``."""
+    if rows is None:
+        return np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    return np.asarray(bounds[rows]), np.asarray(bounds[rows + 1])
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``starts[k]:ends[k]`` for every ``k``, put end to end, as positions."""
+    lengths = ends - starts
+    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
+
+
+def _unpack_items(spec: Dict[str, Any], arrays: Mapping[str, np.ndarray], name: str,
+                  rows: Optional[np.ndarray] = None) -> List[Any]:
+    """The items ``_pack_items`` stored under ``name`` (those at ``rows`` when given, copied out of ``arrays``)."""
     kind = spec["kind"]
     if kind == "empty":
         return []
     if kind == "nested":
-        bounds = arrays[name + "o"].tolist()
-        flat = _unpack_items(spec["items"], arrays, name + "i")
+        starts, ends = _spans(arrays[name + "o"], rows)
+        flat = _unpack_items(spec["items"], arrays, name + "i", None if rows is None else _ranges(starts, ends))
         make: Callable[[List[Any]], Any] = tuple if spec["container"] == "tuple" else list
-        return [make(flat[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        edges = np.cumsum(np.concatenate([[0], ends - starts])).tolist()
+        return [make(flat[a:b]) for a, b in zip(edges[:-1], edges[1:])]
     if kind in ("str", "bytes"):
-        data, bounds = arrays[name].tobytes(), arrays[name + "o"].tolist()
-        parts = [data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        starts, ends = _spans(arrays[name + "o"], rows)
+        data = arrays[name]
+        parts = [bytes(data[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
         return [p.decode("utf-8", "surrogatepass") for p in parts] if kind == "str" else parts
     if kind == "arrays":
-        shapes, values = arrays[name + "s"], arrays[name]
-        sizes = [int(np.prod(shape)) for shape in shapes.tolist()]
-        ends = np.cumsum(sizes).tolist()
-        return [values[end - size:end].reshape(shape) for end, size, shape in zip(ends, sizes, shapes.tolist())]
+        return _unpack_arrays(arrays, name, rows)
+    values = arrays[name] if rows is None else np.array(arrays[name][rows])
     if kind == "scalar":
-        return list(arrays[name])
-    return arrays[name].tolist()  # bool, int, float, complex: the Python types they were
+        return list(values)
+    return values.tolist()  # bool, int, float, complex: the Python types they were

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from operator import itemgetter
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -86,3 +86,18 @@ def concat(pieces: Sequence[Columns], where: str = "batch") -> Columns:
                 joined.extend(c.tolist() if isinstance(c, np.ndarray) else c)
             out[key] = joined
     return out
+
+
+def interleave(labels: np.ndarray, part: Callable[[int, np.ndarray], Columns], where: str) -> Columns:
+    """Rows from several places, in the order of ``labels`` (one per row): ``part(label, positions)``
+    gives the rows of one label (those at ``positions``, in order); they are joined once and put back
+    in order."""
+    parts: list = []
+    order = np.empty(len(labels), dtype=np.int64)
+    offset = 0
+    for label in np.unique(labels).tolist():
+        positions = np.flatnonzero(labels == label)
+        parts.append(part(label, positions))
+        order[positions] = offset + np.arange(len(positions))
+        offset += len(positions)
+    return take(concat(parts, where), order)

@@ -2,7 +2,7 @@
 
 Each feature lives in its own module (``_filter``: ``filter_fn``; ``_order``:
 ``file_order``; ``_bucket``: ``bucket_by``; ``_stream`` and ``_entries``: the
-stream-mode additions); this one only
+stream-mode additions; ``_rotation``: ``rotation``, ``rotation_dir``, ``rotation_size``); this one only
 gathers the checks ``_options`` runs for all of them. Their part of the resume
 fingerprint is declared with each option (``_options.Options``).
 """
@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional
 from ._bucket import check_bucketing
 from ._filter import check_filter
 from ._order import check_file_order
+from ._rotation import check_rotation
 
 
 def check_compose(a: Mapping[str, Any]) -> None:
@@ -22,6 +23,7 @@ def check_compose(a: Mapping[str, Any]) -> None:
     if a["time_major"] and not (a["stream"] and a["seq_len"]):
         raise ValueError("time_major=True lays stream windows out as [T, B, ...]: it needs stream=True and seq_len")
     check_bucketing(a)
+    check_rotation(a)
 
 
 def callable_name(fn: Any) -> Optional[str]:

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence
 from ._abc import DataReader
 from ._errors import PipelineError
 from ._runners import Exclusive
-from ._shard import stream_steps
+from ._shard import batches_of, stream_steps
 from ._source import FileSource
 
 
@@ -67,12 +67,12 @@ def count_files(reader: DataReader, files: Sequence[str], cache: Dict[str, objec
 
 
 def epoch_batches(source: FileSource, epoch: int, batch_size: int, drop_last: bool, stream: bool,
-                  seq_len: Optional[int]) -> int:
-    """The batches (steps, in stream mode) of ``epoch`` for this rank; ``source`` holds the counts."""
+                  seq_len: Optional[int], rotation: int = 1) -> int:
+    """The batches (steps, in stream mode) of ``epoch`` for this rank, each sample served ``rotation``
+    times; ``source`` holds the counts (a file whose count failed and was skipped counts as empty)."""
+    if not stream:
+        return batches_of(source.samples(epoch), batch_size, drop_last, rotation)
     if source.sharding.active:
         return source.steps(epoch, batch_size, seq_len, drop_last)
-    counts = [n or 0 for n in source.counts or ()]  # a file whose count failed and was skipped: none
-    if stream:
-        return stream_steps([counts[i] for i in source.order(epoch)], batch_size, seq_len or 1)
-    samples = sum(counts[i] for i in source.order(epoch))  # file_order may leave files out or repeat them
-    return samples // batch_size if drop_last else -(-samples // batch_size)
+    counts = source.counts or []
+    return stream_steps([counts[i] for i in source.order(epoch)], batch_size, seq_len or 1)

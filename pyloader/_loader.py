@@ -93,7 +93,9 @@ class DataLoader(Options):
     batch_size)``: one per row) (each holding at most 2 pieces from
     ``iter_file``, or the whole file when ``read_file`` is used), the bytes
     read ahead of the readers (``readahead_bytes``, exceeded by at most one file or
-    block per file the consumer waits for), and ``shuffle_buffer`` and ``bucket_buffer`` samples.
+    block per file the consumer waits for), ``shuffle_buffer`` and ``bucket_buffer`` samples,
+    and with ``rotation`` ``rotation_size`` encoded samples (on disk with ``rotation_dir``) and
+    2 groups of rotated batches being collated.
 
     User methods that run in this process (all of them without ``num_workers``)
     run ``num_threads`` at a time (default: one per file read ahead and per group
@@ -103,13 +105,13 @@ class DataLoader(Options):
     Randomness is a pure function of ``random_seed`` (file order, ``file_order``'s
     ``rng``, shuffle buffer, bucketing), ``datareader.random_seed`` (in-file order)
     and the epoch. Composing data (``filter_fn``, ``file_order``, ``bucket_by``,
-    stream slices and in-memory streams): see ``_compose`` and the modules it names.
+    stream slices and in-memory streams, ``rotation``): see ``_compose`` and the modules it names.
     """
 
     @taking(Options)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._arguments = bind("DataLoader", args, kwargs)
-        super().__init__(**self._arguments)  # checks every option, resolves num_threads and bucket_buffer
+        super().__init__(**self._arguments)  # checks every option, resolves num_threads, bucket_buffer, rotation_size
         self.options = Options(**values_of(self))  # the options alone (not the loader), for the pipeline
         self._placer = Placer(self.num_workers, self.start_method)
         self._count_cache: Dict[str, Any] = {}
@@ -282,15 +284,15 @@ class DataLoader(Options):
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
         if self._mix is not None:
             mixed = MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, start.end, self.sharding)
-            return sum(mixed.batches(e, self.datareader.batch_size, self.drop_last)
+            return sum(mixed.batches(e, self.datareader.batch_size, self.drop_last, self.rotation)
                        for e in range(start.epoch, start.end))
         source = FileSource(self.files, start.end, self.shuffle, self.random_seed, self.sharding, counts,
                             whole_files=self.stream, file_order=self.file_order, bounds=bounds_of(self._entries))
         # epochs differ in batches when the order changes the steps (stream mode) or the files read
         varies = self.stream or declares_drops_or_repeats(self.file_order)
         epochs = range(start.epoch, start.end if varies else start.epoch + 1)
-        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, self.stream, self.seq_len)
-                for e in epochs)
+        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, self.stream, self.seq_len,
+                              self.rotation) for e in epochs)
         return n if varies else n * (start.end - start.epoch)
 
     @property

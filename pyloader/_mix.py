@@ -30,14 +30,14 @@ Contracts:
 from __future__ import annotations
 
 import collections
-from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, cast
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ._batch import SRC
-from ._columns import Columns, concat, n_rows, slice_rows, take
+from ._columns import Columns, concat, interleave, n_rows, slice_rows
 from ._rng import MIX, MIX_FILES, derive_rng
-from ._shard import Sharding, bounds
+from ._shard import Sharding, batches_of, bounds
 from ._source import EpochEnd, FileTask, SourceItem
 from ._sources import Mix
 from ._state import files_digest
@@ -128,17 +128,17 @@ class MixSource:
         lo, hi, _ = self._share(len(plan))
         return plan[lo:hi]
 
+    def samples(self, epoch: int) -> int:
+        """The samples this rank delivers in ``epoch`` (under ranks its share and padding)."""
+        return self._share(len(self.plan(epoch)))[2]
+
     def steps(self, epoch: int, batch_size: int, seq_len: Optional[int], drop_last: bool) -> int:
         """The batches every rank gives in ``epoch``."""
-        _, _, target = self._share(len(self.plan(epoch)))
-        return target // batch_size if drop_last else -(-target // batch_size)
+        return batches_of(self.samples(epoch), batch_size, drop_last)
 
-    def batches(self, epoch: int, batch_size: int, drop_last: bool) -> int:
-        """The batches this rank gives in ``epoch`` (``len()``)."""
-        if self.sharding.active:
-            return self.steps(epoch, batch_size, None, drop_last)
-        n = len(self.plan(epoch))
-        return n // batch_size if drop_last else -(-n // batch_size)
+    def batches(self, epoch: int, batch_size: int, drop_last: bool, rotation: int = 1) -> int:
+        """The batches this rank gives in ``epoch`` (``len()``), each sample served ``rotation`` times."""
+        return batches_of(self.samples(epoch), batch_size, drop_last, rotation)
 
     def _needs(self, epoch: int, k: int, first: int, n: int, positions: np.ndarray) -> Iterator[Need]:
         """Source ``k``'s samples ``first .. first + n`` (cycling through its files) as file ranges, each
@@ -225,21 +225,10 @@ class MixBuffer:
 
     def _emit(self, part: np.ndarray) -> Columns:
         """The next rows for positions of sources ``part``, in that order."""
-        chunks: List[Columns] = []
-        order = np.empty(len(part), dtype=np.int64)
-        offset = 0
-        for k in range(len(self.queues)):
-            mask = part == k
-            n = int(np.count_nonzero(mask))
-            if n:
-                chunks.append(self._pop(k, n))
-                order[mask] = offset + np.arange(n)
-                offset += n
         try:
-            joined = concat(chunks, "mix")
+            return interleave(part, lambda k, positions: self._pop(k, len(positions)), "mix")
         except ValueError as exc:
             raise ValueError(f"sources {', '.join(map(repr, self.mix.sources))} cannot be mixed: {exc}") from None
-        return take(joined, cast(Sequence[int], order))
 
     def _pop(self, k: int, n: int) -> Columns:
         if self.counted:

@@ -13,7 +13,7 @@ and everything else is derived from it, at import or at construction:
 * the attributes users read (``loader.num_workers``...): the fields themselves, read-only;
 * validation: each option's ``check(name, value)``, in declaration order, then the
   rules between options (``_check_together``); bool options are stored as ``bool``,
-  and two defaults are resolved from others (``num_threads``, ``bucket_buffer``);
+  and three defaults are resolved from others (``num_threads``, ``bucket_buffer``, ``rotation_size``);
 * the resume fingerprint (``fingerprint``): the options declared with ``resume``, under
   their names: ``True`` keeps the value, a callable maps it to what the state records.
   Keys and values must stay as older states recorded them, and a new option that
@@ -45,6 +45,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import multiprocessing
+import os
 import typing
 from dataclasses import KW_ONLY, MISSING, dataclass, fields
 from typing import Annotated, Any, Callable, Concatenate, Dict, Optional, ParamSpec, Sequence, Tuple, Union
@@ -59,6 +60,7 @@ from ._errors import ErrorHandler, ErrorPolicy, Stats
 from ._files import DataDir
 from ._mix import check_stop
 from ._progress import check as check_progress
+from ._rotation import check_folder, held_samples
 from ._shard import EVEN_BATCHES
 from ._shard import resolve as resolve_sharding
 from ._sources import Source
@@ -136,6 +138,14 @@ def _bucket_key(bucket_by: Any) -> Any:
 
 def _true_or_none(value: bool) -> Optional[bool]:
     return value or None
+
+
+def _above_one(value: int) -> Optional[int]:
+    return value if value > 1 else None
+
+
+def _path(value: Any) -> Optional[str]:
+    return None if value is None else os.fspath(value)
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -219,6 +229,15 @@ class Options:
         'write every update_every-th epoch\'s encoded batches to dir and read them back in the epochs between: '
         '{"dir": ..., "update_every": K, "limit": None} or a CacheEncoded', check=check_cache_encoded,
         resume=resume_key, convert=as_cache_encoded)] = None
+    rotation: Annotated[int, Option(
+        "serve each encoded sample this many times per epoch (the epoch grows as many times), spread through it",
+        check=positive, resume=_above_one)] = 1
+    rotation_dir: Annotated[Union[None, str, "os.PathLike[str]"], Option(
+        "with rotation: hold the samples served again in .npy files under this folder (else in memory)",
+        check=optional(check_folder), convert=_path)] = None
+    rotation_size: Annotated[Optional[int], Option(
+        "with rotation: the encoded samples held at once (default: rotation windows of 32 batches)",
+        check=optional(positive), resume=True)] = None
 
     def __post_init__(self) -> None:
         for name, option in OPTIONS.items():
@@ -232,6 +251,7 @@ class Options:
         if self.num_threads is None:  # every file read ahead and every group in flight at once
             object.__setattr__(self, "num_threads", self.prefetch_files + GROUPS_IN_FLIGHT)
         object.__setattr__(self, "bucket_buffer", buffer_size(given))
+        object.__setattr__(self, "rotation_size", held_samples(given))
 
 
 def _check_together(a: Dict[str, Any]) -> None:
@@ -283,7 +303,7 @@ SIGNATURE = _signature()
 
 def resolved(value: Optional[int]) -> int:
     """An option whose ``None`` default was resolved at construction: ``num_threads`` (always),
-    ``bucket_buffer`` (with ``bucket_by``)."""
+    ``bucket_buffer`` (with ``bucket_by``), ``rotation_size`` (with ``rotation``)."""
     assert value is not None
     return value
 

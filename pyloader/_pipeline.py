@@ -2,7 +2,9 @@
 
 With ``cache_encoded`` each epoch takes one of three paths (``_cached_epochs``): read from the
 cache of encoded batches (then collated), from the files with its encoded batches written to
-the cache before they are collated, or from the files as without the cache.
+the cache before they are collated, or from the files as without the cache. With ``rotation``
+the encoded batches are cut into samples, served several times and batched again
+(``_rotation``) before they are collated.
 """
 from __future__ import annotations
 
@@ -23,18 +25,22 @@ from ._errors import ErrorHandler, Stats, reraise
 from ._even import EvenSteps
 from ._filter import with_filter
 from ._frameworks import attach_meta
+from ._held import InMemory, OnDisk
 from ._length import checked_count
 from ._map import OrderedMap, Step
 from ._mix import MixSource
 from ._options import Options, resolved
 from ._pool import KeptPool, WorkerPool
 from ._read import ReadFiles
-from ._runners import Exclusive, Lane, PoolRunner, ThreadRunner
-from ._shard import Sharding
+from ._rotation import Rotation
+from ._runners import Exclusive, Lane, LocalSteps, PoolRunner, ThreadRunner
+from ._shard import Sharding, batches_of
 from ._source import Elastic, FileSource, FileTask
 from ._sources import Mix
 from ._state import Start
 from ._stream import StreamBatcher
+
+_COLLATING = 2  # groups of rotated batches being collated at once
 
 
 @dataclass
@@ -167,10 +173,10 @@ def resumes_past_files(s: Settings, start: Start) -> bool:
     """Whether a resumed epoch can start past the files before its position (or past those before
     where the buffers' state there is rebuilt from: ``_shuffle``, ``_bucket``), found from the counts:
     not when the counts cannot place the position (stream rows, mixing, samples filtered or errors
-    skipped): those replay it."""
+    skipped), nor with rotation (its batches are not the files' in order): those replay it."""
     o = s.options
     return (start.skip > start.base and not o.stream and o.filter_fn is None and s.errors.policy is reraise
-            and s.mix is None)
+            and s.mix is None and o.rotation == 1)
 
 
 def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Any:
@@ -195,6 +201,8 @@ def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[i
         return StreamBatcher(s.files, s.reader.batch_size, o.seq_len, o.padding_mode, o.pad_value,
                              steps, fallback, o.time_major)
     bucket = None if o.bucket_by is None else (Lengths(o.bucket_by), resolved(o.bucket_buffer))
+    if o.rotation > 1:  # the steps are the rotated batches': a share short of samples is padded later (EvenSteps)
+        steps = None
     return Batcher(s.files, s.reader.batch_size, o.drop_last, o.shuffle_buffer, o.random_seed,
                    flag_padding=s.sharding.active, steps=steps, bucket=bucket,
                    resumed=(start.epoch, start.skip if skip_rows else start.base),
@@ -215,7 +223,31 @@ def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
     """Under ranks, the steps every rank gives in an epoch (planned from the counts)."""
     if not s.sharding.active:
         return None
-    return lambda epoch: source.steps(epoch, s.reader.batch_size, s.options.seq_len, s.options.drop_last)
+    o = s.options
+    if o.rotation > 1:
+        return lambda epoch: batches_of(source.samples(epoch), s.reader.batch_size, o.drop_last, o.rotation)
+    return lambda epoch: source.steps(epoch, s.reader.batch_size, o.seq_len, o.drop_last)
+
+
+def _rotation(s: Settings, run_blocking: Callable, steps: Optional[Callable[[int], int]]) -> Optional[Rotation]:
+    """With ``rotation`` > 1, the stage serving encoded samples several times, re-batched (``_rotation``)."""
+    o = s.options
+    if o.rotation == 1:
+        return None
+    held = InMemory() if o.rotation_dir is None else OnDisk(str(o.rotation_dir))
+    return Rotation(o.rotation, resolved(o.rotation_size), s.reader.batch_size, o.drop_last, o.random_seed,
+                    o.shuffle or o.file_order is not None, held, s.errors, s.stats, run_blocking, steps)
+
+
+def _rotated(s: Settings, start: Start, rotation: Rotation, encoded: AsyncIterator[Group], lane: Lane,
+             tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
+    """The encoded samples served again and batched again (those before a resumed position
+    dropped), then collated and pinned in this process."""
+    rotated = rotation.iterate(encoded)
+    if start.skip:
+        rotated = _skip(rotated, start, s.stats)
+    collate = LocalSteps(split_steps(s)[2][1:], lane, (s.options.datacollator,), s.stats.busy)
+    return OrderedMap(collate.run, _COLLATING, s.errors, s.stats).iterate(rotated, tasks)
 
 
 async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: Callable, steps: Any,
@@ -250,6 +282,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
     o = s.options
     lane = Lane(run_blocking, resolved(o.num_threads), s.exclusive)
     runner, pool = _runner(s, lane, ReadAhead(run_blocking, s.reader, o.readahead_bytes, o.retries, s.cache))
+    rotation: Optional[Rotation] = None
     try:
         past_files = resumes_past_files(s, start)
         needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
@@ -260,15 +293,21 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
             return _from_files(s, start, source, runner, run, steps, past_files, epochs, from_position, tasks)
 
         groups: AsyncIterator[Group]
-        if s.encoded_cache is None:
-            groups = from_files(range(start.epoch, start.end), runner.run)
-        else:
+        rotation = _rotation(s, run_blocking, steps)
+        if s.encoded_cache is not None:
             groups = CachedEpochs(s, start, source, from_files, runner.run, runner.encoding_only((o.dataset,)),
                                   split_steps(s)[2][1:], lane, run_blocking, tasks).iterate()
+        elif rotation is not None:  # each epoch encoded whole, its samples served again, then collated
+            encoded = from_files(range(start.epoch, start.end), runner.encoding_only((o.dataset,)), False)
+            groups = _rotated(s, start, rotation, encoded, lane, tasks)
+        else:
+            groups = from_files(range(start.epoch, start.end), runner.run)
         if steps is not None:  # a batch skipped after an error leaves a hole, padded there
             groups = EvenSteps(steps, start.epoch, start.skip, start.end).iterate(groups)
         async for group in groups:
             yield attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
     finally:
+        if rotation is not None:
+            rotation.close()
         if pool is not None:
             pool.finish()

@@ -126,12 +126,20 @@ def _spans(order: Sequence[int], counts: Sequence[int], splits: Sequence[Split],
     return undelivered(total, splits, batch_size, even_batches) if splits else [(0, total)]
 
 
+def batches_of(samples: int, batch_size: int, drop_last: bool, rotation: int = 1) -> int:
+    """The batches an epoch of ``samples`` gives, each sample served ``rotation`` times (``_rotation``):
+    with ``drop_last`` the short batch is dropped before rotating, so every rotated batch is full."""
+    if drop_last:
+        return samples // batch_size * rotation
+    return -(-samples * rotation // batch_size)
+
+
 def planned_steps(order: Sequence[int], counts: Sequence[int], s: Sharding, batch_size: int, drop_last: bool,
                   splits: Sequence[Split] = ()) -> int:
     """The number of batches every rank gives in an epoch (outside stream mode), or in what the
     ``splits`` before left of it."""
     target = _shares(_spans(order, counts, splits, batch_size, s.even_batches), s.world_size, s.even_batches)[1]
-    return target // batch_size if drop_last else -(-target // batch_size)
+    return batches_of(target, batch_size, drop_last)
 
 
 def rank_ranges(order: Sequence[int], counts: Sequence[int], s: Sharding, splits: Sequence[Split] = (),

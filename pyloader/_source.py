@@ -128,6 +128,11 @@ class FileSource:
         return sum(b for _, b in splits) + planned_steps(order, self.counts, self.sharding, batch_size, drop_last,
                                                           splits)
 
+    def samples(self, epoch: int) -> int:
+        """The samples this rank delivers in ``epoch`` outside stream mode, from the counts alone (as
+        ``MixSource.samples``): under ranks its share and its padding, which its tasks read (``rows``)."""
+        return self.rows(epoch)
+
     def _splits(self, epoch: int) -> Tuple[Sequence[Split], int]:
         """The parts of ``epoch`` taken under other world sizes before this run (elastic resume)."""
         if self.elastic is None or self.elastic.epoch != epoch:

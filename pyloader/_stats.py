@@ -227,7 +227,7 @@ class Figures:
         return Figures(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)})
 
 
-_COUNTERS = ("files_read", "samples_read", "filtered_samples", "skipped_files", "skipped_batches")
+_COUNTERS = ("files_read", "samples_read", "filtered_samples", "rotated_samples", "skipped_files", "skipped_batches")
 
 
 class Watch:
@@ -317,6 +317,7 @@ class Stats:
         self.files_read = 0
         self.samples_read = 0  # kept by filter_fn, when there is one
         self.filtered_samples = 0  # dropped by filter_fn
+        self.rotated_samples = 0  # served again by rotation (``_rotation``)
         self.batches = 0
         self.skipped_files = 0
         self.skipped_batches = 0

@@ -259,6 +259,12 @@ CASES: Dict[str, Callable[[Path], Make]] = {
     "epochs_read_from_a_cache_of_encoded_batches": lambda d: cached_loader(d, num_epoch=3, shuffle=True),
     "cached_epochs_with_a_shuffle_buffer_under_ranks_with_two_workers": lambda d: cached_loader(
         d, num_epoch=2, shuffle_buffer=3, rank=1, world_size=2, num_workers=2),
+    "rotation_serving_each_sample_three_times": lambda d: ids_loader(d, rotation=3, rotation_size=9, shuffle=True,
+                                                                    num_epoch=2),
+    "rotation_on_disk_with_two_workers": lambda d: ids_loader(d, rotation=2, rotation_size=8, num_workers=2,
+                                                              rotation_dir=d.parent / "rotation", shuffle=True),
+    "rotation_under_ranks_with_a_shuffle_buffer_and_a_skipped_encode": lambda d: failing_encode_loader(
+        d, rotation=2, rotation_size=6, rank=1, world_size=2, shuffle_buffer=5, shuffle=True),
     "the_text_lines_reader": text_loader,
     "the_json_lines_reader_in_pieces": lambda d: format_loader(d, write_jsonl, JsonLinesReader(4, piece_size=2),
                                                                TorchCollator()),

@@ -30,7 +30,8 @@ class SleepyDataset(pl.Dataset):
 
 
 REPORT_KEYS = {
-    "files_read", "samples_read", "filtered_samples", "skipped_files", "skipped_batches", "error_count", "batches",
+    "files_read", "samples_read", "filtered_samples", "rotated_samples", "skipped_files", "skipped_batches",
+    "error_count", "batches",
     "samples",
     "seconds", "batches_per_s", "samples_per_s", "wait_s", "step_s", "stall_share", "queue_fill", "stage_s",
     "method_s", "resume_files", "resume_batches",

@@ -104,11 +104,13 @@ def test_a_state_records_the_settings_older_states_recorded(tmp_path, num_worker
     assert sorted(settings) == sorted([
         "files", "num_files", "batch_size", "shuffle", "random_seed", "reader_shuffle", "reader_seed",
         "shuffle_buffer", "drop_last", "stream", "seq_len", "padding_mode", "rank", "world_size", "even_batches",
-        "filter_fn", "file_order", "time_major", "bucket_by", "bucket_buffer", "mix", "cache_encoded"])
+        "filter_fn", "file_order", "time_major", "bucket_by", "bucket_buffer", "mix", "cache_encoded", "rotation",
+        "rotation_size"])
     assert {k: settings[k] for k in ("shuffle", "rank", "world_size", "even_batches", "time_major", "bucket_buffer",
-                                      "filter_fn", "mix", "cache_encoded")} == {
+                                      "filter_fn", "mix", "cache_encoded", "rotation", "rotation_size")} == {
         "shuffle": True, "rank": 1, "world_size": 2, "even_batches": "pad", "time_major": None,
-        "bucket_buffer": None, "filter_fn": None, "mix": None, "cache_encoded": None}
+        "bucket_buffer": None, "filter_fn": None, "mix": None, "cache_encoded": None, "rotation": None,
+        "rotation_size": None}
 
 
 def test_mypy_checks_the_keywords_and_types_users_pass_and_the_options_they_assign(tmp_path):
