@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
@@ -23,10 +23,11 @@ from ._pool import KeptPool, WorkerPool
 from ._read import ReadFiles
 from ._runners import Exclusive, Lane, PoolRunner, ThreadRunner
 from ._shard import Sharding
-from ._source import Elastic, FileSource, FileTask
+from ._source import Elastic, FileSource, FileTask, SourceItem
 from ._sources import Mix
 from ._state import Start
 from ._stream import StreamBatcher
+from ._stream_resume import StreamStart, stream_start
 
 
 @dataclass
@@ -180,8 +181,8 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optiona
 def resumes_past_files(s: Settings, start: Start) -> bool:
     """Whether a resumed epoch can start past the files before its position, found from the
     counts: not when something before the position decides what comes after it (a shuffle or
-    bucket buffer, stream rows, mixing, samples filtered or errors skipped): those replay it."""
-    return (start.skip > start.base and not s.stream and not s.shuffle_buffer and s.bucket_by is None
+    bucket buffer, mixing, samples filtered or errors skipped): those replay it."""
+    return (start.skip > start.base and not s.shuffle_buffer and s.bucket_by is None
             and s.filter_fn is None and s.errors.policy is reraise and s.mix is None)
 
 
@@ -190,21 +191,49 @@ def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) ->
     if s.mix is not None:
         return MixSource(s.mix, counts or [], s.stop, s.shuffle, s.random_seed, start.end, s.sharding,
                          s.stats.sources)
-    elastic = Elastic(start.epoch, start.splits, s.reader.batch_size) if start.splits else None
+    elastic = Elastic(start.epoch, start.splits, s.reader.batch_size, s.seq_len or 1) if start.splits else None
     return FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream,
                       file_order=s.file_order, bounds=bounds_of(s.entries), elastic=elastic)
 
 
-def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], past_files: bool) -> Any:
+def _fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
+    """Stream mode under ranks: the files a rank with none of its own replays (padding needs the fields)."""
+    if not s.sharding.active:
+        return None
+
+    def fallback(epoch: int) -> List[FileTask]:
+        return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed,
+                               file_order=s.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
+    return fallback
+
+
+def _files(s: Settings, start: Start, source: Any, past_files: bool) -> Iterator[SourceItem]:
+    """Stage 1: the files of the run, past those before the position where the counts find it."""
+    skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
+    if skip_rows:  # the file the position falls in is read again, up to the position
+        s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
+    return source.iterate(start.epoch, skip_rows)
+
+
+def _stream_start(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]],
+                  past_files: bool) -> Optional[StreamStart]:
+    """Stream mode: where the first epoch's rows are, when it does not begin at its first step (a
+    resume past files, or an elastic one); the files read again to get there count in the stats."""
+    if not s.stream or not (past_files or start.splits):
+        return None
+    at = stream_start(source, start.epoch, start.base, start.skip - start.base if past_files else 0,
+                      s.reader.batch_size, s.seq_len or 1, s.padding_mode == "data",
+                      None if steps is None else steps(start.epoch), _fallback(s))
+    s.stats.replayed(0, at.read_again(edges=s.padding_mode == "edge"))
+    return at
+
+
+def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], past_files: bool,
+             stream: Optional[StreamStart]) -> Any:
     """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``)."""
     if s.stream:
-        fallback = None
-        if s.sharding.active:
-            def fallback(epoch: int) -> List[FileTask]:
-                return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed,
-                                       file_order=s.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
         return StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
-                             steps, fallback, s.time_major)
+                             steps, _fallback(s), s.time_major, stream)
     bucket = None if s.bucket_by is None else (Lengths(s.bucket_by), s.bucket_buffer)
     return Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
                    flag_padding=s.sharding.active, steps=steps, bucket=bucket,
@@ -241,12 +270,10 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
         needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
         source = _source(s, start, await count_samples(s, lane) if needs_counts else None)
         read = _reader_stage(s, runner)
-        skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
-        if skip_rows:  # the file the position falls in is read again, up to the position
-            s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
         steps = _planned_steps(s, source)
-        raw = _batcher(s, start, source, steps, past_files).iterate(
-            read.iterate(source.iterate(start.epoch, skip_rows), tasks), read)
+        stream = _stream_start(s, start, source, steps, past_files)
+        files = _files(s, start, source, past_files) if stream is None else stream.source(source)
+        raw = _batcher(s, start, source, steps, past_files, stream).iterate(read.iterate(files, tasks), read)
         if start.skip and not past_files:
             raw = _skip(raw, start, s.stats)
         groups = OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks)

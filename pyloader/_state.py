@@ -120,11 +120,11 @@ def _elastic(start: Start, saved_world: Any, ours: Mapping[str, Any]) -> Start:
     taken = start.skip - start.base
     if saved_world == ours["world_size"] or not taken:
         return start
-    if ours["stream"] or ours["shuffle_buffer"] or ours.get("filter_fn") or ours.get("bucket_by"):
+    if ours["shuffle_buffer"] or ours.get("filter_fn") or ours.get("bucket_by"):
         raise ValueError(f"the state was saved mid-epoch under world_size={saved_world}, not {ours['world_size']}: "
-                         f"resuming under another world size is not supported in stream mode, with a shuffle "
-                         f"or bucket buffer, or with filter_fn (the samples a rank delivered are then not "
-                         f"the first ones of its share)")
+                         f"resuming under another world size is not supported with a shuffle or bucket buffer, "
+                         f"or with filter_fn (the samples a rank delivered are then not the first ones of its "
+                         f"share)")
     return Start(start.epoch, start.skip, start.end, (*start.splits, (saved_world, taken)))
 
 

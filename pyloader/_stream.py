@@ -17,10 +17,13 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Callable, List, Optional, Sequence
 
 from ._batch import Group, GroupSize
+from ._columns import Columns, concat
 from ._read import FileStream, ReadFiles, ReadItem
-from ._source import EpochEnd, FileTask
+from ._source import EpochEnd, FileTask, seek
 from ._stream_cut import FIRST, POSITION, REPLAY, STREAM_ID, VALID, Cutter
-from ._stream_rows import Rows
+from ._stream_plan import Held
+from ._stream_resume import StreamStart, last_part
+from ._stream_rows import Rows, open_row
 
 META_KEYS = (FIRST, VALID, REPLAY, STREAM_ID, POSITION)
 PADDING_MODES = ("zeros", "data", "edge")
@@ -40,7 +43,8 @@ class StreamBatcher:
 
     def __init__(self, files: Sequence[str], rows: int, seq_len: Optional[int], padding_mode: str,
                  pad_value: Any, target: Optional[Callable[[int], int]] = None,
-                 fallback: Optional[Callable[[int], List[FileTask]]] = None, time_major: bool = False) -> None:
+                 fallback: Optional[Callable[[int], List[FileTask]]] = None, time_major: bool = False,
+                 start: Optional[StreamStart] = None) -> None:
         self.files = files
         self.rows = rows
         self.seq_len = seq_len
@@ -50,14 +54,18 @@ class StreamBatcher:
         # for a rank that has none of its own (padding needs the fields' shapes)
         self.target = target
         self.fallback = fallback
+        self.start = start  # where the first epoch begins, when not at its first step (``_stream_resume``)
         step = rows * (seq_len or 1)
         self.group_limit = min(self.MAX_GROUP, max(GroupSize.LIMIT, self.GROUP_SAMPLES // step))
 
     async def _epoch(self, unread: AsyncIterator[FileStream], read: ReadFiles,
                      epoch: int) -> AsyncIterator[Group]:
+        start = self.start if self.start is not None and self.start.epoch == epoch else None
+        if start is not None and start.at.ended:
+            return  # resumed at the epoch's end
         rows = Rows(self.rows, unread, read, replay=self.padding_mode == "data")
         self.cutter.reset()
-        index = 0
+        index = 0 if start is None else await self._restore(rows, start)
         sizes = GroupSize(self.group_limit)
         target = self.target(epoch) if self.target is not None else None
         try:
@@ -71,6 +79,23 @@ class StreamBatcher:
                 yield group
         finally:
             await rows.close()
+
+    async def _restore(self, rows: Rows, start: StreamStart) -> int:
+        """Put the rows of a resumed epoch where they were at its position; the step that is.
+        Its first files (``StreamStart.tasks``) are those in progress, from where their rows are."""
+        at = start.at
+        for r, _ in sorted(at.in_progress(replay=False), key=lambda row: row[1].place):
+            stream = await anext(rows.unread)
+            rows.rows[r] = await open_row(rows.read, stream, replay=False)
+        for r, held in at.in_progress(replay=True):
+            rows.rows[r] = await open_row(rows.read, rows.read.open(last_part(held)), replay=True)
+        rows.delivered, rows.replays, rows.fresh_left = [task for task, _ in at.delivered], at.replays, at.fresh_left
+        if self.padding_mode == "edge":
+            for r, held in at.edges:
+                self.cutter.remember_edge(r, await _last_sample(rows, held))
+        if at.template is not None:
+            self.cutter.template = await _last_sample(rows, at.template)
+        return start.base + at.step
 
     def _fallback(self, epoch: int) -> List[FileTask]:
         assert self.fallback is not None, "ranks give a fallback"
@@ -111,6 +136,17 @@ class StreamBatcher:
                 yield batch
             async for stream in files:  # cut short (even_batches="drop"): the rest is not read
                 stream.cancel()
+
+
+async def _last_sample(rows: Rows, held: Held) -> Columns:
+    """The last sample of the file ``held`` (the file read up to it)."""
+    task = seek(held.item, held.length - 1, held.length)
+    row = await open_row(rows.read, rows.read.open(task), replay=True)
+    try:
+        parts, _ = await row.take(1)
+    finally:
+        await row.close()
+    return concat(parts, f"file {task.path!r}")
 
 
 async def _nothing() -> AsyncIterator[FileStream]:

@@ -72,7 +72,10 @@ class Cutter:
         """``padding_mode="edge"``: keep each row's last real sample (a copy: not the piece it came from)."""
         for r, window in enumerate(windows):
             if window is not None and n_rows(window):
-                self.edge[r] = {key: _copy_sample(col[-1]) for key, col in window.items() if key != SRC}
+                self.remember_edge(r, window)
+
+    def remember_edge(self, r: int, window: Columns) -> None:
+        self.edge[r] = {key: _copy_sample(col[-1]) for key, col in window.items() if key != SRC}
 
     # -- a group of steps at once ------------------------------------------------------------------
     def cut_steps(self, rows: Rows, first: np.ndarray, epoch: int, index: int, steps: int) -> Stacked:
