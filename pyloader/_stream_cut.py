@@ -184,7 +184,8 @@ class Cutter:
         """
         live = [col for col in columns if col is not None]
         arrays = all(isinstance(col, np.ndarray) for col in live) if live else isinstance(like, np.ndarray)
-        return self._array_field(key, columns, files, like) if arrays else self._list_field(key, columns, live)
+        return self._array_field(key, columns, files, like) if arrays else self._list_field(key, columns,
+                                                                                              live[0] if live else like)
 
     def _array_field(self, key: str, columns: List[Window], files: Sequence[Optional[str]], like: Any) -> np.ndarray:
         pad = self._pad(key)
@@ -202,10 +203,11 @@ class Cutter:
             return out[:, 0]
         return np.ascontiguousarray(out.swapaxes(0, 1)) if self.time_major else out
 
-    def _list_field(self, key: str, columns: List[Window], live: List[Sequence]) -> List[Any]:
+    def _list_field(self, key: str, columns: List[Window], like: Sequence) -> List[Any]:
+        """``like``: samples of the field (of a window, else of the template)."""
         pad = self._pad(key)
-        if live and np.ndim(live[0][0]):  # samples are sequences: pad with one of their shape
-            pad = np.full(np.shape(live[0][0]), pad).tolist()
+        if np.ndim(like[0]):  # samples are sequences: pad with one of their shape
+            pad = np.full(np.shape(like[0]), pad).tolist()
         fills = [self._fill(key, r, col, pad) for r, col in enumerate(columns)]
         if not self.seq_len:
             return [fill if col is None else col[0] for col, fill in zip(columns, fills)]
