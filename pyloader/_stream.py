@@ -17,13 +17,11 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Callable, List, Optional, Sequence
 
 from ._batch import Group, GroupSize
-from ._columns import Columns, concat
 from ._read import FileStream, ReadFiles, ReadItem
-from ._source import EpochEnd, FileTask, seek
+from ._source import EpochEnd, FileTask
 from ._stream_cut import FIRST, POSITION, REPLAY, STREAM_ID, VALID, Cutter
-from ._stream_plan import Held
-from ._stream_resume import StreamStart, last_part
-from ._stream_rows import Rows, open_row
+from ._stream_resume import StreamStart
+from ._stream_rows import Rows
 
 META_KEYS = (FIRST, VALID, REPLAY, STREAM_ID, POSITION)
 PADDING_MODES = ("zeros", "data", "edge")
@@ -58,59 +56,6 @@ class StreamBatcher:
         step = rows * (seq_len or 1)
         self.group_limit = min(self.MAX_GROUP, max(GroupSize.LIMIT, self.GROUP_SAMPLES // step))
 
-    async def _epoch(self, unread: AsyncIterator[FileStream], read: ReadFiles,
-                     epoch: int) -> AsyncIterator[Group]:
-        start = self.start if self.start is not None and self.start.epoch == epoch else None
-        if start is not None and start.at.ended:
-            return  # resumed at the epoch's end
-        rows = Rows(self.rows, unread, read, replay=self.padding_mode == "data")
-        self.cutter.reset()
-        index = 0 if start is None else await self._restore(rows, start)
-        sizes = GroupSize(self.group_limit)
-        target = self.target(epoch) if self.target is not None else None
-        try:
-            while target is None or index < target:
-                first = await rows.step_files(target is not None, self.cutter.template is not None,
-                                              lambda: self._fallback(epoch))
-                if first is None:
-                    return
-                group = await self._cut(rows, first, epoch, index, target, sizes)
-                index += len(group)
-                yield group
-        finally:
-            await rows.close()
-
-    async def _restore(self, rows: Rows, start: StreamStart) -> int:
-        """Put the rows of a resumed epoch where they were at its position; the step that is.
-        Its first files (``StreamStart.tasks``) are those in progress, from where their rows are."""
-        at = start.at
-        for r, _ in sorted(at.in_progress(replay=False), key=lambda row: row[1].place):
-            stream = await anext(rows.unread)
-            rows.rows[r] = await open_row(rows.read, stream, replay=False)
-        for r, held in at.in_progress(replay=True):
-            rows.rows[r] = await open_row(rows.read, rows.read.open(last_part(held)), replay=True)
-        rows.delivered, rows.replays, rows.fresh_left = [task for task, _ in at.delivered], at.replays, at.fresh_left
-        if self.padding_mode == "edge":
-            for r, held in at.edges:
-                self.cutter.remember_edge(r, await _last_sample(rows, held))
-        if at.template is not None:
-            self.cutter.template = await _last_sample(rows, at.template)
-        return start.base + at.step
-
-    def _fallback(self, epoch: int) -> List[FileTask]:
-        assert self.fallback is not None, "ranks give a fallback"
-        return self.fallback(epoch)
-
-    async def _cut(self, rows: Rows, first: Any, epoch: int, index: int, target: Optional[int],
-                   sizes: GroupSize) -> Group:
-        """The next group: as many steps as can be cut at once (none past ``target``), else one."""
-        steps = self.cutter.steps_ahead(rows.rows)
-        if target is not None:
-            steps = min(steps, target - index)
-        if steps:
-            return self.cutter.cut_steps(rows.rows, first, epoch, index, min(steps, sizes.take()))
-        return [await self.cutter.step(rows.rows, first, epoch, index)]
-
     async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Group]:
         items = aiter(items)
         while True:
@@ -137,17 +82,53 @@ class StreamBatcher:
             async for stream in files:  # cut short (even_batches="drop"): the rest is not read
                 stream.cancel()
 
+    async def _epoch(self, unread: AsyncIterator[FileStream], read: ReadFiles,
+                     epoch: int) -> AsyncIterator[Group]:
+        start = self.start if self.start is not None and self.start.epoch == epoch else None
+        if start is not None and start.at.ended:
+            return  # resumed at the epoch's end
+        rows = Rows(self.rows, unread, read, replay=self.padding_mode == "data")
+        self.cutter.reset()
+        sizes = GroupSize(self.group_limit)
+        target = self.target(epoch) if self.target is not None else None
+        try:
+            index = 0 if start is None else await self._restore(rows, start)
+            while target is None or index < target:
+                first = await rows.step_files(target is not None, self.cutter.template is not None,
+                                              lambda: self._fallback(epoch))
+                if first is None:
+                    return
+                group = await self._cut(rows, first, epoch, index, target, sizes)
+                index += len(group)
+                yield group
+        finally:
+            await rows.close()
 
-async def _last_sample(rows: Rows, held: Held) -> Columns:
-    """The last sample of the file ``held`` (the file read up to it)."""
-    task = seek(held.item, held.length - 1, held.length)
-    row = await open_row(rows.read, rows.read.open(task), replay=True)
-    try:
-        parts, _ = await row.take(1)
-    finally:
-        await row.close()
-    return concat(parts, f"file {task.path!r}")
+    async def _restore(self, rows: Rows, start: StreamStart) -> int:
+        """Put the rows of a resumed epoch where they were at its position, and what pads them
+        there; the step that is."""
+        at = start.at
+        await rows.restore(at)
+        if self.padding_mode == "edge":
+            for r, held in at.edges:
+                self.cutter.remember_edge(r, await rows.last_sample(held))
+        if at.template is not None:
+            self.cutter.template = await rows.last_sample(at.template)
+        return start.base + at.step
 
+    def _fallback(self, epoch: int) -> List[FileTask]:
+        assert self.fallback is not None, "ranks give a fallback"
+        return self.fallback(epoch)
+
+    async def _cut(self, rows: Rows, first: Any, epoch: int, index: int, target: Optional[int],
+                   sizes: GroupSize) -> Group:
+        """The next group: as many steps as can be cut at once (none past ``target``), else one."""
+        steps = self.cutter.steps_ahead(rows.rows)
+        if target is not None:
+            steps = min(steps, target - index)
+        if steps:
+            return self.cutter.cut_steps(rows.rows, first, epoch, index, min(steps, sizes.take()))
+        return [await self.cutter.step(rows.rows, first, epoch, index)]
 
 async def _nothing() -> AsyncIterator[FileStream]:
     return

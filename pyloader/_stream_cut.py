@@ -68,15 +68,6 @@ class Cutter:
             return 0
         return steps
 
-    def remember_edges(self, windows: Sequence[Optional[Columns]]) -> None:
-        """``padding_mode="edge"``: keep each row's last real sample (a copy: not the piece it came from)."""
-        for r, window in enumerate(windows):
-            if window is not None and n_rows(window):
-                self.remember_edge(r, window)
-
-    def remember_edge(self, r: int, window: Columns) -> None:
-        self.edge[r] = {key: _copy_sample(col[-1]) for key, col in window.items() if key != SRC}
-
     # -- a group of steps at once ------------------------------------------------------------------
     def cut_steps(self, rows: Rows, first: np.ndarray, epoch: int, index: int, steps: int) -> Stacked:
         """``steps`` consecutive batches, each field filled with one copy per row for all of them."""
@@ -214,6 +205,15 @@ class Cutter:
         rows = [[fill] * self.width if col is None else list(col) + [fill] * (self.width - len(col))
                 for col, fill in zip(columns, fills)]
         return [list(step) for step in zip(*rows)] if self.time_major else rows
+
+    def remember_edges(self, windows: Sequence[Optional[Columns]]) -> None:
+        """``padding_mode="edge"``: keep each row's last real sample (a copy: not the piece it came from)."""
+        for r, window in enumerate(windows):
+            if window is not None and n_rows(window):
+                self.remember_edge(r, window)
+
+    def remember_edge(self, r: int, window: Columns) -> None:
+        self.edge[r] = {key: _copy_sample(col[-1]) for key, col in window.items() if key != SRC}
 
     def _pad(self, key: str) -> Any:
         return self.pad_value.get(key, 0) if isinstance(self.pad_value, abc.Mapping) else self.pad_value

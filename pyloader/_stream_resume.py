@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional
 
-from ._source import EpochEnd, FileSource, FileTask, SourceItem, seek
-from ._stream_plan import Held, Item, RowsAt, Schedule
+from ._source import EpochEnd, FileSource, FileTask, SourceItem
+from ._stream_plan import Item, RowsAt, Schedule
+from ._stream_rows import last_part
 
 
 @dataclass
@@ -53,11 +54,6 @@ class StreamStart:
         yield from self.tasks()
         yield EpochEnd(self.epoch)
         yield from source.iterate(self.epoch + 1)
-
-
-def last_part(held: Held) -> FileTask:
-    """The task a row in a file reads from where it is."""
-    return seek(held.item, held.offset, held.length)
 
 
 def stream_start(source: FileSource, epoch: int, base: int, steps: int, rows: int, width: int, replay: bool,

@@ -19,9 +19,10 @@ from typing import AsyncGenerator, AsyncIterator, Callable, List, Optional, Sequ
 
 import numpy as np
 
-from ._columns import Columns, n_rows, slice_rows
+from ._columns import Columns, concat, n_rows, slice_rows
 from ._read import FileStream, Piece, ReadFiles
-from ._source import FileTask
+from ._source import FileTask, seek
+from ._stream_plan import Held, RowsAt
 
 
 class Counted:
@@ -116,13 +117,6 @@ class Row:
         await self._pieces.aclose()
 
 
-async def open_row(read: ReadFiles, stream: FileStream, replay: bool) -> Row:
-    """A row over ``stream``'s file, with its first sample at hand (or marked as ended)."""
-    row = Row(row_pieces(read, stream), stream.task, replay)
-    await row.prime()
-    return row
-
-
 class Rows:
     """The ``B`` rows of one epoch, and the files they take (see the module docstring)."""
 
@@ -134,6 +128,26 @@ class Rows:
         self.delivered: List[FileTask] = []
         self.replays = 0
         self.fresh_left = True
+
+    async def restore(self, at: RowsAt) -> None:
+        """The rows where they are in a resumed epoch (``_stream_plan.RowsAt``): the files in progress
+        come first among the unread ones (``_stream_resume.StreamStart.tasks``), from where their rows are."""
+        for r, _ in sorted(at.in_progress(replay=False), key=lambda row: row[1].place):
+            self.rows[r] = await open_row(self.read, await anext(self.unread), replay=False)
+        for r, held in at.in_progress(replay=True):
+            self.rows[r] = await open_row(self.read, self.read.open(last_part(held)), replay=True)
+        self.delivered = [task for task, _ in at.delivered]
+        self.replays, self.fresh_left = at.replays, at.fresh_left
+
+    async def last_sample(self, held: Held) -> Columns:
+        """The last sample of the file ``held`` (the file is read up to it)."""
+        task = seek(held.item, held.length - 1, held.length)
+        row = await open_row(self.read, self.read.open(task), replay=True)
+        try:
+            parts, _ = await row.take(1)
+        finally:
+            await row.close()
+        return concat(parts, f"file {task.path!r}")
 
     async def step_files(self, padded: bool, cut_before: bool,
                          fallback: Callable[[], Sequence[FileTask]]) -> Optional[np.ndarray]:
@@ -198,3 +212,15 @@ class Rows:
         for row in self.rows:
             if row is not None:
                 await row.close()
+
+
+async def open_row(read: ReadFiles, stream: FileStream, replay: bool) -> Row:
+    """A row over ``stream``'s file, with its first sample at hand (or marked as ended)."""
+    row = Row(row_pieces(read, stream), stream.task, replay)
+    await row.prime()
+    return row
+
+
+def last_part(held: Held) -> FileTask:
+    """The task a row in a file (``held``) reads from where it is."""
+    return seek(held.item, held.offset, held.length)
