@@ -1,15 +1,16 @@
-"""The loader's keywords for composing data: their checks at construction, and their part of the resume fingerprint.
+"""The loader's keywords for composing data: the checks between them at construction.
 
 Each feature lives in its own module (``_filter``: ``filter_fn``; ``_order``:
 ``file_order``; ``_bucket``: ``bucket_by``; ``_stream`` and ``_entries``: the
 stream-mode additions); this one only
-gathers what ``DataLoader`` needs from all of them, so the loader names each once.
+gathers the checks ``_options`` runs for all of them. Their part of the resume
+fingerprint is declared with each option (``_options.Options``).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Mapping, Optional
 
-from ._bucket import buffer_size, check_bucketing
+from ._bucket import check_bucketing
 from ._filter import check_filter
 from ._order import check_file_order
 
@@ -31,11 +32,3 @@ def callable_name(fn: Any) -> Optional[str]:
     named = fn if hasattr(fn, "__qualname__") else type(fn)
     return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
 
-
-def compose_fingerprint(a: Mapping[str, Any]) -> Dict[str, Any]:
-    """The composing settings that change the batch sequence, as the state records them."""
-    bucket_by = a["bucket_by"]
-    return {"filter_fn": callable_name(a["filter_fn"]), "file_order": callable_name(a["file_order"]),
-            "time_major": a["time_major"] or None,
-            "bucket_by": bucket_by if isinstance(bucket_by, str) else callable_name(bucket_by),
-            "bucket_buffer": buffer_size(a)}

@@ -1,80 +1,41 @@
-"""The public ``DataLoader``: settings, iteration, resume state."""
+"""The public ``DataLoader``: iteration and resume state over its options (declared in ``_options``)."""
 from __future__ import annotations
 
-import multiprocessing
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from ._abc import DataCollator, DataReader, Dataset
+from ._abc import DataReader
 from ._batch import Batch, Group, Stacked
-from ._bucket import BucketBy, buffer_size
-from ._bytes import DEFAULT_READAHEAD_BYTES
 from ._cache import DiskCache
-from ._compose import check_compose, compose_fingerprint
 from ._engine import Engine
 from ._entries import bounds_of, known_counts, stream_data
-from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
-from ._files import DataDir
+from ._errors import ErrorHandler, PipelineError, Stats
 from ._frameworks import mover, pinner, unstack
 from ._length import count_files, epoch_batches
-from ._mix import MixSource, check_stop, mix_fingerprint
+from ._mix import MixSource, mix_fingerprint
+from ._options import (
+    GROUPS_IN_FLIGHT,
+    GROUPS_PER_WORKER,
+    Options,
+    bind,
+    describe,
+    fingerprint,
+    resolved,
+    taking,
+    values_of,
+)
 from ._order import declares_drops_or_repeats
 from ._pipeline import Settings, batches
 from ._pool import KeptPool
-from ._progress import check as check_progress
 from ._progress import progress_bar
 from ._runners import Exclusive
 from ._shard import Sharding
 from ._shard import resolve as resolve_sharding
 from ._source import FileSource
-from ._sources import Source, build_mix, is_mix
+from ._sources import build_mix, is_mix
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
 from ._stats import profiled
-from ._stream import PADDING_MODES
-
-_GROUPS_IN_FLIGHT = 2  # being encoded and collated without workers
-_GROUPS_PER_WORKER = 4  # with workers: enough that one worker's file does not hold the other idle
-
-
-def _positive(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
-
-
-def _check_objects(datareader: Any, dataset: Any, datacollator: Any) -> None:
-    for name, obj, cls in (("datareader", datareader, DataReader), ("dataset", dataset, Dataset),
-                           ("datacollator", datacollator, DataCollator)):
-        if not isinstance(obj, cls):
-            raise TypeError(f"{name} must be a pyloader.{cls.__name__}, got {type(obj).__name__}")
-
-
-def _check_counts(a: Dict[str, Any]) -> None:
-    for name in ("num_epoch", "max_queue_size", "prefetch_files"):
-        _positive(name, a[name])
-    for name in ("num_threads", "seq_len", "cache_limit"):
-        if a[name] is not None:
-            _positive(name, a[name])
-    for name in ("shuffle_buffer", "num_workers", "retries", "readahead_bytes"):
-        value = a[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-
-
-def _check_modes(a: Dict[str, Any]) -> None:
-    methods = multiprocessing.get_all_start_methods()
-    if a["start_method"] is not None and a["start_method"] not in methods:
-        raise ValueError(f"start_method must be one of {methods}, got {a['start_method']!r}")
-    if a["padding_mode"] not in PADDING_MODES:
-        raise ValueError(f"padding_mode must be one of {PADDING_MODES}, got {a['padding_mode']!r}")
-    if a["stream"] and a["shuffle_buffer"]:
-        raise ValueError("stream mode keeps each row in file order: shuffle_buffer must be 0")
-    if a["stream"] and a["datareader"].shuffle:
-        raise ValueError("stream mode reads every file in order: use DataReader(shuffle=False) "
-                         "(DataLoader(shuffle=True) still shuffles the file order)")
-    if not a["stream"] and a["seq_len"] is not None:
-        raise ValueError("seq_len applies to stream mode only (stream=True)")
 
 
 def _weighted_sources(data_dir: Any, reader: DataReader, stream: bool, retries: int) -> Any:
@@ -105,7 +66,7 @@ class _Run:
             self.ended = "closed"
 
 
-class DataLoader:
+class DataLoader(Options):
     """Streams the chunk files of ``data_dir`` as collated batches, ``num_epoch`` epochs per iteration.
 
     Each iteration (``for`` or ``async for``) runs the next ``num_epoch`` epochs on
@@ -138,95 +99,39 @@ class DataLoader:
     stream slices and in-memory streams): see ``_compose`` and the modules it names.
     """
 
-    def __init__(self, datareader: DataReader, dataset: Dataset, datacollator: DataCollator,
-                 data_dir: Union[DataDir, Sequence[Source]], num_epoch: int = 1, max_queue_size: int = 10,
-                 shuffle: bool = False, random_seed: int = 42, *, shuffle_buffer: int = 0,
-                 drop_last: bool = False, prefetch_files: int = 4, on_error: ErrorPolicy = "raise",
-                 max_errors: Optional[int] = None, pin_memory: bool = False, device: Any = None,
-                 stream: bool = False, seq_len: Optional[int] = None, padding_mode: str = "zeros",
-                 pad_value: Any = 0, num_workers: int = 0, num_threads: Optional[int] = None,
-                 worker_init_fn: Optional[Callable[[int], None]] = None,
-                 start_method: Optional[str] = None, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, even_batches: str = "pad",
-                 persistent_workers: bool = False, cache_dir: Optional[str] = None,
-                 cache_limit: Optional[int] = None, retries: int = 3,
-                 readahead_bytes: int = DEFAULT_READAHEAD_BYTES, progress: bool = False,
-                 filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None,
-                 file_order: Optional[Callable[..., Any]] = None, time_major: bool = False,
-                 bucket_by: Optional[BucketBy] = None, bucket_buffer: Optional[int] = None,
-                 stop: str = "first_exhausted") -> None:
-        self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        _check_objects(datareader, dataset, datacollator)
-        _positive("batch_size", datareader.batch_size)
-        _check_counts(self._arguments)
-        _check_modes(self._arguments)
-        check_compose(self._arguments)
-        check_stop(stop)
-        self.stop = stop
-        resolve_sharding(rank, world_size, even_batches)  # explicit values are checked now
-        self._rank, self._world_size, self._even_batches = rank, world_size, even_batches
-        if progress:
-            check_progress()
-        self.progress = bool(progress)
-        # default: every file read ahead and every group in flight at once
-        self.num_threads = prefetch_files + _GROUPS_IN_FLIGHT if num_threads is None else num_threads
-        self.num_workers = num_workers
+    @taking(Options)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._arguments = bind("DataLoader", args, kwargs)
+        super().__init__(**self._arguments)  # checks every option, resolves num_threads and bucket_buffer
+        self.options = Options(**values_of(self))  # the options alone (not the loader), for the pipeline
         self._count_cache: Dict[str, Any] = {}
-        self._mix = _weighted_sources(data_dir, datareader, stream, retries)
-        self._reader = datareader if self._mix is None else self._mix.readers
-        self._exclusive = Exclusive((self._reader, datareader, dataset, datacollator))
-        self.worker_init_fn = worker_init_fn
-        self.start_method = start_method
-        self.persistent_workers = bool(persistent_workers)
-        self._kept_workers = self._keep_workers(persistent_workers, num_workers)
-        self.stream = bool(stream)
-        self.seq_len = seq_len
-        self.padding_mode = padding_mode
-        self.pad_value = pad_value
-        self.datareader = datareader
-        self.dataset = dataset
-        self.datacollator = datacollator
-        listed: Tuple[List[str], Any] = (stream_data(data_dir, self.stream, retries) if self._mix is None
+        self._mix = _weighted_sources(self.data_dir, self.datareader, self.stream, self.retries)
+        self._reader = self.datareader if self._mix is None else self._mix.readers
+        self._exclusive = Exclusive((self._reader, self.datareader, self.dataset, self.datacollator))
+        self._kept_workers = self._keep_workers(self.persistent_workers)
+        listed: Tuple[List[str], Any] = (stream_data(self.data_dir, self.stream, self.retries) if self._mix is None
                                          else (self._mix.files, None))
         self.files, self._entries = listed
         if self._entries is not None:  # an iterator of streams is read once: keep the list it gave
             self._arguments["data_dir"] = self._entries.listed
-        self._readahead_bytes, self._retries = readahead_bytes, retries
-        self._cache = None if cache_dir is None else DiskCache(cache_dir, cache_limit)
-        self.num_epoch = num_epoch
-        self.max_queue_size = max_queue_size
-        self.shuffle = bool(shuffle)
-        self.random_seed = int(random_seed)
-        self.shuffle_buffer = shuffle_buffer
-        self.drop_last = bool(drop_last)
-        self.prefetch_files = prefetch_files
-        self.pin_memory = bool(pin_memory)
-        self.device = device
-        self.on_error, self.max_errors = on_error, max_errors
-        self.filter_fn = filter_fn
-        self.file_order = file_order
-        self.time_major = bool(time_major)
-        self.bucket_by, self.bucket_buffer = bucket_by, buffer_size(self._arguments)
+        self._cache = None if self.cache_dir is None else DiskCache(self.cache_dir, self.cache_limit)
         self._stats = Stats()
         if self._mix is not None:
             self._stats.sources = [{"data_dir": str(s.data_dir), "weight": w, "samples": 0}
                                    for s, w in zip(self._mix.sources, self._mix.weights())]
-        ErrorHandler(on_error, max_errors, self._stats)  # checks them now; each iteration gets its own
         self._finish = pinner() if self.pin_memory else None
-        self._move = mover(device, self.pin_memory) if device is not None else None
+        self._move = mover(self.device, self.pin_memory) if self.device is not None else None
         self._iterator: Optional[weakref.ref] = None
         self._record: Optional[_Run] = None  # the latest iteration, if any since the last set_epoch/load
-        self._next = fresh(0, num_epoch)
+        self._next = fresh(0, self.num_epoch)
         self._files_digest: Optional[str] = None
         self.epoch: Optional[int] = None
 
-    def _keep_workers(self, persistent: bool, num_workers: int) -> Optional[KeptPool]:
+    def _keep_workers(self, persistent: bool) -> Optional[KeptPool]:
         """The pool kept across iterations with ``persistent_workers``: ended by ``close()``, or
         when the loader is collected or the interpreter exits."""
         if not persistent:
             return None
-        if not num_workers:
-            raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0")
         kept = KeptPool()
         weakref.finalize(self, kept.close)
         return kept
@@ -263,7 +168,7 @@ class DataLoader:
     @property
     def sharding(self) -> Sharding:
         """This process's rank and world size: the explicit ones, else resolved now (see ``_shard.resolve``)."""
-        return resolve_sharding(self._rank, self._world_size, self._even_batches)
+        return resolve_sharding(self.rank, self.world_size, self.even_batches)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration start at ``epoch`` (as ``DistributedSampler.set_epoch`` does).
@@ -277,22 +182,14 @@ class DataLoader:
 
     def _engine(self, start: Start) -> Engine:
         settings = Settings(
-            files=self.files, reader=self._reader, dataset=self.dataset, collator=self.datacollator,
-            num_epoch=self.num_epoch, max_queue_size=self.max_queue_size, shuffle=self.shuffle,
-            random_seed=self.random_seed, shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
-            prefetch_files=self.prefetch_files, concurrency=_GROUPS_PER_WORKER * self.num_workers or _GROUPS_IN_FLIGHT,
-            errors=ErrorHandler(self.on_error, self.max_errors, self._stats),
-            stats=self._stats, finish=self._finish, stream=self.stream, seq_len=self.seq_len,
-            padding_mode=self.padding_mode, pad_value=self.pad_value, num_workers=self.num_workers,
-            num_threads=self.num_threads, worker_init_fn=self.worker_init_fn, start_method=self.start_method,
-            kept_workers=self._kept_workers, sharding=self.sharding,
-            count_cache=self._count_cache, exclusive=self._exclusive,
-            readahead_bytes=self._readahead_bytes, retries=self._retries, cache=self._cache,
-            filter_fn=self.filter_fn, file_order=self.file_order, time_major=self.time_major,
-            entries=self._entries, bucket_by=self.bucket_by, bucket_buffer=self.bucket_buffer or 0,
-            mix=self._mix, stop=self.stop)
+            options=self.options, files=self.files, reader=self._reader,
+            concurrency=GROUPS_PER_WORKER * self.num_workers or GROUPS_IN_FLIGHT,
+            errors=ErrorHandler(self.on_error, self.max_errors, self._stats), stats=self._stats,
+            finish=self._finish, kept_workers=self._kept_workers, sharding=self.sharding,
+            count_cache=self._count_cache, exclusive=self._exclusive, cache=self._cache, entries=self._entries,
+            mix=self._mix)
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
-                      self.max_queue_size, threads=self.prefetch_files + self.num_threads)
+                      self.max_queue_size, threads=self.prefetch_files + resolved(self.num_threads))
 
     def _consumed(self, batch: Batch, record: _Run) -> Any:
         self.epoch = batch.epoch
@@ -372,13 +269,12 @@ class DataLoader:
         if self._files_digest is None:
             self._files_digest = files_digest(self.files) if self._entries is None else self._entries.digest()
         sharding = self.sharding
-        return {"files": self._files_digest, "num_files": len(self.files), "batch_size": self.datareader.batch_size,
-                "shuffle": self.shuffle, "random_seed": self.random_seed,
-                "reader_shuffle": self.datareader.shuffle, "reader_seed": self.datareader.random_seed,
-                "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "stream": self.stream,
-                "seq_len": self.seq_len, "padding_mode": self.padding_mode, "rank": sharding.rank,
-                "world_size": sharding.world_size, "even_batches": sharding.even_batches,
-                **compose_fingerprint(self._arguments), "mix": mix_fingerprint(self._mix, self.stop)}
+        reader = self.datareader
+        return {"files": self._files_digest, "num_files": len(self.files), "batch_size": reader.batch_size,
+                "reader_shuffle": reader.shuffle, "reader_seed": reader.random_seed,
+                **fingerprint(self, rank=sharding.rank, world_size=sharding.world_size,
+                              even_batches=sharding.even_batches),
+                "mix": mix_fingerprint(self._mix, self.stop)}
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the consumer is: the batches handed over so far, not those read ahead.
@@ -558,6 +454,9 @@ class LoaderIterator:
         self._finalizer()
         if self._watch is not None:
             self._watch.close()
+
+
+DataLoader.__doc__ = (DataLoader.__doc__ or "") + describe()
 
 
 def _stop(engine: Engine, record: _Run) -> None:

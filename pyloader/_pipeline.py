@@ -8,8 +8,8 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, Iterator,
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
-from ._bucket import BucketBy, Lengths
-from ._bytes import DEFAULT_READAHEAD_BYTES, ReadAhead
+from ._bucket import Lengths
+from ._bytes import ReadAhead
 from ._cache import DiskCache
 from ._entries import Entries, bounds_of, known_counts, with_memory
 from ._errors import ErrorHandler, Stats, reraise
@@ -19,6 +19,7 @@ from ._frameworks import attach_meta
 from ._length import checked_count
 from ._map import OrderedMap, Step
 from ._mix import MixSource
+from ._options import Options, resolved
 from ._pool import KeptPool, WorkerPool
 from ._read import ReadFiles
 from ._runners import Exclusive, Lane, PoolRunner, ThreadRunner
@@ -32,46 +33,22 @@ from ._stream_resume import StreamStart, stream_start
 
 @dataclass
 class Settings:
-    """Everything a run needs; fixed when the ``DataLoader`` is built."""
+    """What a run needs: the user's options, and the pieces the loader built from them."""
 
-    files: List[str]
-    reader: DataReader
-    dataset: Dataset
-    collator: DataCollator
-    num_epoch: int
-    max_queue_size: int
-    shuffle: bool
-    random_seed: int
-    shuffle_buffer: int
-    drop_last: bool
-    prefetch_files: int
-    concurrency: int
-    errors: ErrorHandler
+    options: Options  # checked and resolved when the loader was built (``_options``)
+    files: List[str]  # of ``data_dir``, or of the weighted sources
+    reader: DataReader  # the datareader, or the sources' readers (``mix``)
+    concurrency: int  # groups being encoded and collated at once
+    errors: ErrorHandler  # ``on_error`` and ``max_errors``, counted per run
     stats: Stats
     finish: Optional[Callable[[Any], Any]] = None  # e.g. pin_memory, run after collate_batch
-    stream: bool = False
-    seq_len: Optional[int] = None
-    padding_mode: str = "zeros"
-    pad_value: Any = 0
-    num_workers: int = 0
-    num_threads: int = 1
-    worker_init_fn: Optional[Callable[[int], None]] = None
-    start_method: Optional[str] = None
     kept_workers: Optional[KeptPool] = None  # persistent_workers: the pool outlives the run
-    sharding: Sharding = Sharding()
+    sharding: Sharding = Sharding()  # ``rank``, ``world_size``, ``even_batches``, resolved for this run
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
-    readahead_bytes: int = DEFAULT_READAHEAD_BYTES
-    retries: int = 3
-    cache: Optional[DiskCache] = None
-    filter_fn: Optional[Callable[[Dict[str, Any]], bool]] = None  # run where files are read (``_filter``)
-    file_order: Optional[Callable[..., Any]] = None  # the order of each epoch's files (``_order``)
-    time_major: bool = False  # stream mode: [T, B, ...]
+    cache: Optional[DiskCache] = None  # ``cache_dir``
     entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_entries``)
-    bucket_by: Optional[BucketBy] = None  # length bucketing (``_bucket``) ...
-    bucket_buffer: int = 0  # ... through a buffer of this many samples
     mix: Optional[Mix] = None  # weighted sources (``_mix``): ``files`` are theirs, ``reader`` reads each with its own
-    stop: str = "first_exhausted"
 
 
 class CheckedEncode:
@@ -112,11 +89,11 @@ def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
     With workers, a collator that makes tensors a worker should not (TF's) is
     split: NumPy stacking in the worker, conversion here; pinning is always here.
     """
-    encode: Step = ("batch_encode", CheckedEncode(s.dataset))
-    collate: Step = ("collate_batch", Collate(s.collator))
+    encode: Step = ("batch_encode", CheckedEncode(s.options.dataset))
+    collate: Step = ("collate_batch", Collate(s.options.datacollator))
     finish: List[Step] = [] if s.finish is None else [("pin_memory", s.finish)]
-    if s.num_workers and getattr(s.collator, "converts_in_main", False):
-        split: Any = s.collator  # an ArrayCollator: stacking there, converting here
+    if s.options.num_workers and getattr(s.options.datacollator, "converts_in_main", False):
+        split: Any = s.options.datacollator  # an ArrayCollator: stacking there, converting here
         there = [encode, ("collate_batch", split.stack)]
         here = [("collate_batch", split.convert), *finish]
     else:
@@ -128,7 +105,7 @@ async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
     """Samples per file (``DataReader.count``), several files at once; computed once per loader.
     A failure goes through the error policy: skipped, the file's count is ``None`` (it is left out)."""
     if s.count_cache.get("files") != s.files:
-        limit = asyncio.Semaphore(s.prefetch_files)
+        limit = asyncio.Semaphore(s.options.prefetch_files)
 
         async def one(path: str, known: Optional[int]) -> Optional[int]:
             if known is not None:  # a slice, an in-memory stream
@@ -162,13 +139,13 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optiona
     """Where user methods run: worker processes (a pool, kept across runs with
     ``persistent_workers``) or threads of this process."""
     there, here, local = split_steps(s)
-    reader = with_filter(s.reader, s.filter_fn)
-    uses = (s.dataset, s.collator)
-    if not s.num_workers:
+    reader = with_filter(s.reader, s.options.filter_fn)
+    uses = (s.options.dataset, s.options.datacollator)
+    if not s.options.num_workers:
         return with_memory(ThreadRunner(reader, local, lane, readahead, uses=uses, busy=s.stats.busy), s.entries), None
 
     def make_pool() -> WorkerPool:
-        return WorkerPool(s.num_workers, reader, there, s.worker_init_fn, s.start_method,
+        return WorkerPool(s.options.num_workers, reader, there, s.options.worker_init_fn, s.options.start_method,
                           persistent=s.kept_workers is not None)
 
     pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
@@ -182,28 +159,30 @@ def resumes_past_files(s: Settings, start: Start) -> bool:
     """Whether a resumed epoch can start past the files before its position, found from the
     counts: not when something before the position decides what comes after it (a shuffle or
     bucket buffer, mixing, samples filtered or errors skipped): those replay it."""
-    return (start.skip > start.base and not s.shuffle_buffer and s.bucket_by is None
-            and s.filter_fn is None and s.errors.policy is reraise and s.mix is None)
+    o = s.options
+    return (start.skip > start.base and not o.shuffle_buffer and o.bucket_by is None
+            and o.filter_fn is None and s.errors.policy is reraise and s.mix is None)
 
 
 def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Any:
     """The plan of files of every epoch of the run (``FileSource``, or ``MixSource`` for sources)."""
+    o = s.options
     if s.mix is not None:
-        return MixSource(s.mix, counts or [], s.stop, s.shuffle, s.random_seed, start.end, s.sharding,
-                         s.stats.sources)
-    elastic = Elastic(start.epoch, start.splits, s.reader.batch_size, s.seq_len or 1) if start.splits else None
-    return FileSource(s.files, start.end, s.shuffle, s.random_seed, s.sharding, counts, whole_files=s.stream,
-                      file_order=s.file_order, bounds=bounds_of(s.entries), elastic=elastic)
+        return MixSource(s.mix, counts or [], o.stop, o.shuffle, o.random_seed, start.end, s.sharding, s.stats.sources)
+    elastic = Elastic(start.epoch, start.splits, s.reader.batch_size, o.seq_len or 1) if start.splits else None
+    return FileSource(s.files, start.end, o.shuffle, o.random_seed, s.sharding, counts, whole_files=o.stream,
+                      file_order=o.file_order, bounds=bounds_of(s.entries), elastic=elastic)
 
 
 def _fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
     """Stream mode under ranks: the files a rank with none of its own replays (padding needs the fields)."""
     if not s.sharding.active:
         return None
+    o = s.options
 
     def fallback(epoch: int) -> List[FileTask]:
-        return list(FileSource(s.files, s.num_epoch, s.shuffle, s.random_seed,
-                               file_order=s.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
+        return list(FileSource(s.files, o.num_epoch, o.shuffle, o.random_seed,
+                               file_order=o.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
     return fallback
 
 
@@ -219,23 +198,25 @@ def _stream_start(s: Settings, start: Start, source: Any, steps: Optional[Callab
                   past_files: bool) -> Optional[StreamStart]:
     """Stream mode: where the first epoch's rows are, when it does not begin at its first step (a
     resume past files, or an elastic one); the files read again to get there count in the stats."""
-    if not s.stream or not (past_files or start.splits):
+    o = s.options
+    if not o.stream or not (past_files or start.splits):
         return None
     at = stream_start(source, start.epoch, start.base, start.skip - start.base if past_files else 0,
-                      s.reader.batch_size, s.seq_len or 1, s.padding_mode == "data",
+                      s.reader.batch_size, o.seq_len or 1, o.padding_mode == "data",
                       None if steps is None else steps(start.epoch), _fallback(s))
-    s.stats.replayed(0, at.read_again(edges=s.padding_mode == "edge"))
+    s.stats.replayed(0, at.read_again(edges=o.padding_mode == "edge"))
     return at
 
 
 def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], past_files: bool,
              stream: Optional[StreamStart]) -> Any:
     """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``)."""
-    if s.stream:
-        return StreamBatcher(s.files, s.reader.batch_size, s.seq_len, s.padding_mode, s.pad_value,
-                             steps, _fallback(s), s.time_major, stream)
-    bucket = None if s.bucket_by is None else (Lengths(s.bucket_by), s.bucket_buffer)
-    return Batcher(s.files, s.reader.batch_size, s.drop_last, s.shuffle_buffer, s.random_seed,
+    o = s.options
+    if o.stream:
+        return StreamBatcher(s.files, s.reader.batch_size, o.seq_len, o.padding_mode, o.pad_value,
+                             steps, _fallback(s), o.time_major, stream)
+    bucket = None if o.bucket_by is None else (Lengths(o.bucket_by), resolved(o.bucket_buffer))
+    return Batcher(s.files, s.reader.batch_size, o.drop_last, o.shuffle_buffer, o.random_seed,
                    flag_padding=s.sharding.active, steps=steps, bucket=bucket,
                    resumed=(start.epoch, start.skip if past_files else start.base),
                    mix=None if s.mix is None else source.buffer)
@@ -244,17 +225,17 @@ def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[i
 def _reader_stage(s: Settings, runner: Any) -> ReadFiles:
     """Stage 2. Stream rows need several files before their first batch (no ramp there), and rows
     whose files end at the same step all need a new one at once: a file per row is read ahead."""
-    ahead = max(s.prefetch_files, s.reader.batch_size) if s.stream else s.prefetch_files
-    buffered = s.shuffle_buffer > 0 or s.bucket_by is not None or s.mix is not None  # rows meet here
-    return ReadFiles(runner, s.stream or buffered, ahead, s.errors, s.stats,
-                     start_ahead=None if s.stream else max(0, s.num_workers - 1))
+    ahead = max(s.options.prefetch_files, s.reader.batch_size) if s.options.stream else s.options.prefetch_files
+    buffered = s.options.shuffle_buffer > 0 or s.options.bucket_by is not None or s.mix is not None  # rows meet here
+    return ReadFiles(runner, s.options.stream or buffered, ahead, s.errors, s.stats,
+                     start_ahead=None if s.options.stream else max(0, s.options.num_workers - 1))
 
 
 def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
     """Under ranks, the steps every rank gives in an epoch (planned from the counts)."""
     if not s.sharding.active:
         return None
-    return lambda epoch: source.steps(epoch, s.reader.batch_size, s.seq_len, s.drop_last)
+    return lambda epoch: source.steps(epoch, s.reader.batch_size, s.options.seq_len, s.options.drop_last)
 
 
 async def batches(s: Settings, start: Start, run_blocking: Callable,
@@ -263,8 +244,9 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
 
     User methods run in this process ``num_threads`` at a time (``Lane``).
     """
-    lane = Lane(run_blocking, s.num_threads, s.exclusive)
-    runner, pool = _runner(s, lane, ReadAhead(run_blocking, s.reader, s.readahead_bytes, s.retries, s.cache))
+    o = s.options
+    lane = Lane(run_blocking, resolved(o.num_threads), s.exclusive)
+    runner, pool = _runner(s, lane, ReadAhead(run_blocking, s.reader, o.readahead_bytes, o.retries, s.cache))
     try:
         past_files = resumes_past_files(s, start)
         needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None

@@ -1,0 +1,130 @@
+"""The loader's options are declared once (``pyloader._options``): the signature, the docs,
+the attributes, the checks and the resume fingerprint agree with that declaration."""
+from __future__ import annotations
+
+import inspect
+import os
+import pydoc
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import IdReader, ListCollator, ids_of, write_chunks
+
+import pyloader as pl
+from pyloader._options import OPTIONS
+
+pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+POSITIONAL = ["datareader", "dataset", "datacollator", "data_dir", "num_epoch", "max_queue_size", "shuffle",
+              "random_seed"]
+
+
+def loader(folder: Path, **kwargs) -> pl.DataLoader:
+    return pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(folder), **kwargs)
+
+
+def readme_section() -> str:
+    text = README.read_text()
+    start = text.index("### `DataLoader(")
+    return text[start:text.index("\n## ", start)]
+
+
+def as_written(value: object) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def test_the_readme_table_lists_exactly_the_declared_options():
+    rows = re.findall(r"^\| (`[^|]*`) \|", readme_section(), re.M)
+    named = [name for row in rows for name in re.findall(r"`(\w+)`", row)]
+    assert sorted(named) == sorted(OPTIONS)
+    assert len(named) == len(set(named))
+
+
+def test_the_readme_shows_the_signature_and_every_default_as_declared():
+    section = readme_section()
+    params = inspect.signature(pl.DataLoader).parameters.values()
+    positional = ", ".join(p.name if p.default is p.empty else f"{p.name}={as_written(p.default)}"
+                           for p in params if p.kind is not p.KEYWORD_ONLY)
+    assert section.startswith(f"### `DataLoader({positional}, *, ...)`")
+    written = re.search(r"Keyword arguments after `random_seed`: `(.*?)`\.", section, re.S).group(1)
+    declared = ", ".join(f"{p.name}={as_written(p.default)}" for p in params if p.kind is p.KEYWORD_ONLY)
+    assert " ".join(written.split()) == declared
+
+
+def test_the_signature_and_help_show_every_option_with_its_default_and_doc():
+    params = inspect.signature(pl.DataLoader).parameters
+    assert list(params) == list(OPTIONS)
+    assert [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD] == POSITIONAL
+    assert params["num_epoch"].default == 1 and params["random_seed"].default == 42
+    assert params["num_workers"].default == 0 and params["stop"].default == "first_exhausted"
+    assert params["shuffle_buffer"].annotation is int
+    keyword_only = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    assert pl.DataLoader.__init__.__kwdefaults__ == keyword_only
+    text = pydoc.render_doc(pl.DataLoader, renderer=pydoc.plaintext)
+    assert "num_workers: int = 0" in text and "stop: str = 'first_exhausted'" in text
+    for name, option in OPTIONS.items():
+        assert option.doc and option.doc in " ".join(text.split()), name
+
+
+def test_an_unknown_keyword_raises_a_type_error_naming_it_and_the_nearest_option(tmp_path):
+    write_chunks(tmp_path, [4])
+    with pytest.raises(TypeError, match=r"DataLoader\(\) got an unexpected keyword argument 'nm_workers'; "
+                                        r"did you mean 'num_workers'\?"):
+        loader(tmp_path, nm_workers=2)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'colour'$"):
+        loader(tmp_path, colour="red")
+    with pytest.raises(TypeError, match=r"DataLoader\(\): too many positional arguments"):
+        pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), 1, 10, False, 42, 0)
+    with pytest.raises(TypeError, match=r"DataLoader\(\): missing a required argument: 'data_dir'"):
+        pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator())
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_options_read_back_as_given_or_resolved_and_cannot_be_reassigned(tmp_path, num_workers):
+    write_chunks(tmp_path, [4, 4])
+    made = loader(tmp_path, num_workers=num_workers, shuffle=1, prefetch_files=3, bucket_by="id")
+    assert made.shuffle is True and made.num_workers == num_workers and made.prefetch_files == 3
+    assert made.num_threads == 3 + 2  # one per file read ahead and per group being encoded
+    assert made.bucket_buffer == 32 * 2  # 32 batches
+    assert loader(tmp_path).bucket_buffer is None and loader(tmp_path, num_threads=1).num_threads == 1
+    with pytest.raises(AttributeError, match="num_workers"):
+        made.num_workers = 1  # type: ignore[misc]
+    assert sorted(ids_of(made)) == list(range(8))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_state_records_the_settings_older_states_recorded(tmp_path, num_workers):
+    write_chunks(tmp_path, [4, 4])
+    made = loader(tmp_path, num_workers=num_workers, rank=1, world_size=2, shuffle=True)
+    settings = made.state_dict()["settings"]
+    assert sorted(settings) == sorted([
+        "files", "num_files", "batch_size", "shuffle", "random_seed", "reader_shuffle", "reader_seed",
+        "shuffle_buffer", "drop_last", "stream", "seq_len", "padding_mode", "rank", "world_size", "even_batches",
+        "filter_fn", "file_order", "time_major", "bucket_by", "bucket_buffer", "mix"])
+    assert {k: settings[k] for k in ("shuffle", "rank", "world_size", "even_batches", "time_major", "bucket_buffer",
+                                      "filter_fn", "mix")} == {
+        "shuffle": True, "rank": 1, "world_size": 2, "even_batches": "pad", "time_major": None,
+        "bucket_buffer": None, "filter_fn": None, "mix": None}
+
+
+def test_mypy_checks_the_keywords_and_types_users_pass_and_the_options_they_assign(tmp_path):
+    user = tmp_path / "user.py"
+    user.write_text(
+        "import pyloader as pl\n\n\n"
+        "def make(reader: pl.DataReader, dataset: pl.Dataset, collator: pl.DataCollator) -> int:\n"
+        "    loader = pl.DataLoader(reader, dataset, collator, 'data', 2, nm_workers=2, shuffle_buffer='x')\n"
+        "    loader.num_workers = 3\n"
+        "    return loader.num_workers + loader.prefetch_files\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-incremental", "--ignore-missing-imports",
+         "--cache-dir", str(tmp_path / "cache"), str(user)],
+        cwd=tmp_path, env={**os.environ, "MYPYPATH": str(ROOT)}, capture_output=True, text=True, timeout=110)
+    errors = [line for line in out.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 3, out.stdout + out.stderr
+    assert 'Unexpected keyword argument "nm_workers"' in errors[0] and 'did you mean "num_workers"' in errors[0]
+    assert 'Argument "shuffle_buffer"' in errors[1] and 'expected "int"' in errors[1]
+    assert '"num_workers"' in errors[2] and "read-only" in errors[2]
