@@ -44,6 +44,8 @@ class StreamStart:
 
     def read_again(self, edges: bool) -> List[str]:
         """The files read before the position to find the rows' places (``edges``: with edge padding)."""
+        if self.at.ended:
+            return []
         held = [h for _, h in self.at.in_progress(replay=False) + self.at.in_progress(replay=True)]
         held += [h for _, h in self.at.edges] if edges else []
         held += [] if self.at.template is None else [self.at.template]
