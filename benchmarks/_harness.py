@@ -306,12 +306,12 @@ def common_args(ap: Any, write_help: str, default_repeats: str, results_json: st
 
 
 def child_or_replot(args: Any, child: Callable[[str, str, dict], None], results_json: str,
-                    plot: Callable[[dict, dict, str], None], image: str) -> bool:
+                    plot: Optional[Callable[[dict, dict, str], None]], image: Optional[str]) -> bool:
     """Run the child entry or redraw the plot when asked to; True when that was the whole job."""
     if args.child:
         child(args.child, args.data, json.loads(args.cfg))
         return True
-    if args.replot:
+    if args.replot and plot is not None and image is not None:
         with open(results_json) as f:
             saved = json.load(f)
         plot(saved["results"], saved["cfg"], image)
@@ -321,12 +321,15 @@ def child_or_replot(args: Any, child: Callable[[str, str, dict], None], results_
 
 
 def write_results(section: str, markdown: str, results_json: str, payload: dict,
-                  plot: Callable[[dict, dict, str], None], image: str) -> None:
+                  plot: Optional[Callable[[dict, dict, str], None]], image: Optional[str]) -> None:
     """``--write``: the README section, every figure as JSON, and the plot."""
     replace_section(os.path.normpath(os.path.join(os.path.dirname(results_json), "..", "README.md")), section, markdown)
     os.makedirs(os.path.dirname(results_json), exist_ok=True)
     with open(results_json, "w") as f:
         json.dump(payload, f, indent=1, sort_keys=True)
+    if plot is None or image is None:
+        print(f"\nwrote benchmarks/README.md ({section} section)")
+        return
     os.makedirs(os.path.dirname(image), exist_ok=True)
     plot(payload["results"], payload["cfg"], image)
     print(f"\nwrote benchmarks/README.md ({section} section) and {os.path.relpath(image)}")

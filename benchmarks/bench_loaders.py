@@ -56,9 +56,10 @@ SIZES = {
 }
 
 SECTIONS = {
-    "json": ["json/plain", "json/torch-w0", "json/torch-w2", "json/tf-interleave2", "json/pyloader-w0",
-             "json/pyloader-w0+t1", "json/pyloader-w2"],
-    "npy": ["npy/raw-np.load", "npy/torch-w0", "npy/torch-w2", "npy/pyloader-w0", "npy/pyloader-w2"],
+    "json": ["json/plain", "json/torch-w0", "json/torch-w2", "json/tf-interleave2", "json/pyloader-default",
+             "json/pyloader-w0", "json/pyloader-w0+t1", "json/pyloader-w2"],
+    "npy": ["npy/raw-np.load", "npy/torch-w0", "npy/torch-w2", "npy/pyloader-default", "npy/pyloader-w0",
+            "npy/pyloader-w2"],
     "latency": ["lat0/pyloader-w2", "latL/pyloader-w2", "lat0/torch-w2", "latL/torch-w2",
                 "lat0/pyloader-w0", "latL/pyloader-w0"],
     "memory": ["mem1x/pyloader-w0", "mem8x/pyloader-w0", "mem1x/pyloader-w2", "mem8x/pyloader-w2",
@@ -68,6 +69,7 @@ SECTIONS = {
 LABELS = {
     "plain": "plain loop (1 process)", "torch-w0": "torch DataLoader, 0 workers",
     "torch-w2": "torch DataLoader, 2 workers", "tf-interleave2": "tf.data from_generator + interleave(2)",
+    "pyloader-default": "pyloader, default settings (num_workers=\"auto\")",
     "pyloader-w0": "pyloader, 0 workers", "pyloader-w2": "pyloader, 2 workers",
     "raw-np.load": "raw np.load loop (1 process)",
     "pyloader-w0+mt": "pyloader, 0 workers, MALLOC_MMAP_THRESHOLD_=1 MiB",
@@ -237,7 +239,19 @@ def _pyloader_json_classes():
     return JsonReader, Encode, Collate
 
 
-def build_pyloader_json(data_dir: Any, cfg: dict, workers: int, threads: Optional[int] = None):
+def loader_options(workers: Optional[int], threads: Optional[int] = None) -> Dict[str, Any]:
+    """pyloader's options of an entry: none for the default settings (``workers`` None)."""
+    return {} if workers is None else dict(num_workers=workers, num_threads=threads)
+
+
+def entry_workers(loader: str) -> Optional[int]:
+    """``pyloader-w2`` -> 2, ``pyloader-default`` -> None (no option given), others -> 0."""
+    if loader.endswith("-default"):
+        return None
+    return int(loader.rsplit("-w", 1)[1]) if "-w" in loader else 0
+
+
+def build_pyloader_json(data_dir: Any, cfg: dict, workers: Optional[int], threads: Optional[int] = None):
     import torch  # noqa: F401  (imported up front, like every other torch entry)
 
     import pyloader as pl
@@ -247,7 +261,7 @@ def build_pyloader_json(data_dir: Any, cfg: dict, workers: int, threads: Optiona
 
     def make():
         holder["loader"] = pl.DataLoader(JsonReader(batch_size=cfg["json_batch"]), Encode(), Collate(), data_dir,
-                                         num_workers=workers, num_threads=threads)
+                                         **loader_options(workers, threads))
         return iter(holder["loader"])
 
     return make, lambda: holder["loader"].close()
@@ -296,7 +310,7 @@ def build_torch_npy(files: List[str], cfg: dict, workers: int, epochs: int):
     return make, lambda: holder.pop("loader", None)
 
 
-def build_pyloader_npy(folder: str, cfg: dict, workers: int, epochs: int):
+def build_pyloader_npy(folder: str, cfg: dict, workers: Optional[int], epochs: int):
     import torch  # noqa: F401
 
     import pyloader as pl
@@ -307,7 +321,7 @@ def build_pyloader_npy(folder: str, cfg: dict, workers: int, epochs: int):
 
     def make():
         holder["loader"] = pl.DataLoader(NumpyReader(batch_size=cfg["npy_batch"]), pl.IdentityDataset(),
-                                         TorchCollator(), folder, num_workers=workers, num_epoch=epochs)
+                                         TorchCollator(), folder, num_epoch=epochs, **loader_options(workers))
         return iter(holder["loader"])
 
     return make, lambda: holder["loader"].close()
@@ -347,7 +361,7 @@ def wait_for_threads(timeout: float = 10.0) -> Tuple[List[str], float]:
 def child(entry: str, data: str, cfg: dict) -> None:
     kind, loader = entry.split("/")
     loader, *options = loader.split("+")
-    workers = int(loader.rsplit("-w", 1)[1]) if "-w" in loader else 0
+    workers = entry_workers(loader)
     if kind == "json":
         folder = os.path.join(data, "json")
         files, key, n_expected = files_in(folder), "label", cfg["json_files"] * cfg["json_lines"]
@@ -528,11 +542,15 @@ def targets(res: Dict[str, dict], cfg: dict) -> List[Tuple[str, Optional[float],
         out.append((what, value, f"{'>=' if at_least else '<='} {goal}{unit}", met))
 
     py2 = rate(res, "json/pyloader-w2")
-    add("(1) JSONL: pyloader 2 workers / plain loop", ratio(py2, rate(res, "json/plain")), 1.6)
+    add("(1) JSONL: pyloader default settings / plain loop", ratio(rate(res, "json/pyloader-default"),
+                                                                   rate(res, "json/plain")), 1.0)
+    add("(1) JSONL: pyloader 2 workers / plain loop", ratio(py2, rate(res, "json/plain")), 1.8)
     add("(1) JSONL: pyloader 2 workers / torch DataLoader 2 workers", ratio(py2, rate(res, "json/torch-w2")), 2.0)
+    add("(2) npy: pyloader default settings / raw np.load loop",
+        ratio(rate(res, "npy/pyloader-default"), rate(res, "npy/raw-np.load")), 0.9)
     for w in ("w0", "w2"):
         add(f"(2) npy: pyloader {w[1]} workers / raw np.load loop",
-            ratio(rate(res, f"npy/pyloader-{w}"), rate(res, "npy/raw-np.load")), 0.8)
+            ratio(rate(res, f"npy/pyloader-{w}"), rate(res, "npy/raw-np.load")), 0.9)
     add(f"(3) {cfg['latency_ms']} ms/file: pyloader 2 workers / its 0 ms figure",
         ratio(rate(res, "latL/pyloader-w2"), rate(res, "lat0/pyloader-w2")), 0.8)
     for w in ("w0", "w2"):

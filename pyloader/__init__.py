@@ -6,6 +6,7 @@ iterate. Importing this package configures nothing and imports neither torch nor
 TensorFlow.
 """
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
+from ._epoch_cache import CacheEncoded
 from ._errors import PipelineError, TooManyErrors, WorkerDied, reraise, warn_and_skip
 from ._files import list_files, open_file
 from ._loader import DataLoader, LoaderIterator
@@ -14,5 +15,6 @@ from ._sources import Source
 __all__ = [
     "DataReader", "Dataset", "DataCollator", "IdentityDataset", "DataLoader", "LoaderIterator",
     "PipelineError", "TooManyErrors", "WorkerDied", "reraise", "warn_and_skip", "open_file", "list_files", "Source",
+    "CacheEncoded",
 ]
 __version__ = "0.2.0"

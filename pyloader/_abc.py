@@ -9,21 +9,34 @@ from ._columns import Columns, check_columns, n_rows
 __all__ = ["DataReader", "Dataset", "DataCollator", "IdentityDataset"]
 
 
-def is_thread_safe(obj: Any) -> bool:
-    """Whether the loader may call ``obj``'s methods from several threads at once.
+def declared(obj: Any, flag: str) -> bool:
+    """Whether ``obj``'s class says ``flag = True`` for all the methods it has.
 
-    Only a class can say so, with ``thread_safe = True``, and the word holds for
-    the methods of that class and of its bases: a subclass that defines a method
-    of its own (a ``read_file`` keeping state on ``self``) is called one call at
-    a time again, unless it says ``thread_safe = True`` itself.
+    Only a class can say so, and the word holds for the methods of that class
+    and of its bases: a subclass that defines a method of its own (a
+    ``read_file`` keeping state on ``self``) is back to ``False`` unless it says
+    so itself.
     """
-    declared_at, safe = None, False
+    declared_at, value = None, False
     for depth, cls in enumerate(type(obj).__mro__):
-        if declared_at is None and "thread_safe" in cls.__dict__:
-            declared_at, safe = depth, bool(cls.__dict__["thread_safe"])
+        if declared_at is None and flag in cls.__dict__:
+            declared_at, value = depth, bool(cls.__dict__[flag])
         if declared_at is None and any(callable(v) and not k.startswith("__") for k, v in cls.__dict__.items()):
             return False  # a method defined below any declaration
-    return safe
+    return value
+
+
+def is_thread_safe(obj: Any) -> bool:
+    """Whether the loader may call ``obj``'s methods from several threads at once: its class
+    says ``thread_safe = True`` (see ``declared``)."""
+    return declared(obj, "thread_safe")
+
+
+def releases_gil(obj: Any) -> bool:
+    """Whether ``obj``'s methods spend their time outside the GIL (NumPy, pyarrow, I/O), so
+    threads of this process run them side by side: its class says ``releases_gil = True``
+    (see ``declared``). ``num_workers="auto"`` keeps such objects in this process."""
+    return declared(obj, "releases_gil")
 
 
 class DataReader(abc.ABC):
@@ -92,6 +105,7 @@ class IdentityDataset(Dataset):
     """A ``Dataset`` that passes batches through, for readers that yield model-ready fields."""
 
     thread_safe = True
+    releases_gil = True
 
     def batch_encode(self, batch_data: Dict[str, Any]) -> Dict[str, Any]:
         return batch_data

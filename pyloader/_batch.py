@@ -42,6 +42,9 @@ class Batch:
     paths: Tuple[str, ...]
     meta: Optional[Dict[str, np.ndarray]] = None  # stream mode: per-row flags, kept out of user code
     rows: int = 0  # its samples as cut, set before encoding (``_map``), counted by ``loader.stats``
+    # cache_encoded (``_cached_epochs``): the epoch that wrote the cache this batch was read from, or its own
+    # epoch when that epoch writes the cache; None: from the files alone
+    cached: Optional[int] = None
 
 
 Group = List[Batch]  # consecutive batches of one epoch, in order

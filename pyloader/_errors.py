@@ -85,6 +85,11 @@ class WorkerDied(RuntimeError):
     """A worker process ended while the loader still needed it; never skipped by a policy."""
 
 
+class NeverSkipped(Exception):
+    """A base of errors that no ``on_error`` policy skips: a setting that cannot work with this data
+    (e.g. ``_codec.NotCacheable``), not a bad file or batch."""
+
+
 class TooManyErrors(PipelineError):
     """More errors were skipped than ``max_errors`` allows."""
 
@@ -125,6 +130,8 @@ class ErrorHandler:
     def __call__(self, stage: str, paths: Sequence[str], exc: BaseException) -> None:
         if isinstance(exc, WorkerDied):
             raise exc
+        if isinstance(exc, NeverSkipped):
+            raise PipelineError(stage, paths, exc)
         error = exc if isinstance(exc, PipelineError) else PipelineError(stage, paths, exc)
         self.policy(error)  # raises to stop
         self.stats.errors.append(str(error))

@@ -39,6 +39,7 @@ class EvenSteps:
         self._planned: Dict[int, int] = {}
         self._due: Step = (epoch, skip)  # the next step to give
         self._end: Step = (num_epoch, 0)
+        self._cached: Dict[int, Optional[int]] = {}  # each epoch's ``Batch.cached``, for its padding batches
 
     def _planned_steps(self, epoch: int) -> int:
         if epoch not in self._planned:
@@ -64,11 +65,12 @@ class EvenSteps:
             # a Stacked group is whole (a failure turns it into a plain one): holes come only before it
             for k in range(1 if isinstance(group, Stacked) else len(group)):
                 batch = group[k]
+                self._cached[batch.epoch] = batch.cached
                 holes = self._holes((batch.epoch, batch.index))
                 if holes:
                     if k > start:
                         yield group[start:k]
-                    for padding in _padding(holes, _sample(group, k)):
+                    for padding in _padding(holes, _sample(group, k), self._cached):
                         yield padding
                     start = k
                 self._due = (batch.epoch, batch.index + 1)
@@ -82,7 +84,7 @@ class EvenSteps:
             raise RuntimeError(f"every batch left in this run was skipped after an error: there is nothing to pad "
                                f"the {len(holes)} steps this rank still owes with "
                                f"(the other ranks would wait for them)")
-        for padding in _padding(holes, last):
+        for padding in _padding(holes, last, self._cached):
             yield padding
 
 
@@ -95,9 +97,11 @@ def _sample(group: Group, k: int) -> Sample:
     return batch.data, batch.meta or {}
 
 
-def _padding(holes: List[Step], sample: Sample) -> Iterator[Group]:
-    """A padding batch for each hole, copied from ``sample``, in groups of at most ``GroupSize.LIMIT``."""
+def _padding(holes: List[Step], sample: Sample, cached: Dict[int, Optional[int]]) -> Iterator[Group]:
+    """A padding batch for each hole, copied from ``sample``, in groups of at most ``GroupSize.LIMIT``
+    (``cached``: each epoch's ``Batch.cached``, so that a state saved after a padding batch resumes alike)."""
     data, meta = sample
     flags = {key: np.full_like(value, PAD_FLAGS[key]) for key, value in meta.items()}
     for start in range(0, len(holes), GroupSize.LIMIT):
-        yield [Batch(epoch, index, data, (), dict(flags)) for epoch, index in holes[start:start + GroupSize.LIMIT]]
+        yield [Batch(epoch, index, data, (), dict(flags), cached=cached.get(epoch))
+               for epoch, index in holes[start:start + GroupSize.LIMIT]]

@@ -1,15 +1,21 @@
 """The public ``DataLoader``: iteration and resume state over its options (declared in ``_options``)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from ._abc import DataReader
+from ._auto_workers import Placement, Placer
 from ._batch import Batch, Group, Stacked
 from ._cache import DiskCache
+from ._compose import callable_name
 from ._engine import Engine
 from ._entries import bounds_of, known_counts, stream_data
+from ._epoch_cache import COUNTERS as CACHE_COUNTERS
+from ._epoch_cache import EpochStore, as_cache_encoded, data_stamp
 from ._errors import ErrorHandler, PipelineError, Stats
 from ._frameworks import mover, pinner, unstack
 from ._length import count_files, epoch_batches
@@ -53,13 +59,13 @@ class _Run:
 
     def __init__(self, start: Start) -> None:
         self.start = start
-        self.epoch, self.consumed = start.epoch, start.skip
+        self.epoch, self.consumed, self.cached = start.epoch, start.skip, start.cached
         self.last_epoch: Optional[int] = None  # the epoch of the last batch handed out
         self.ended: Optional[str] = None  # "exhausted", "closed"
 
     def position(self) -> Start:
         splits = self.start.splits if self.epoch == self.start.epoch else ()
-        return Start(self.epoch, self.consumed, self.start.end, splits)
+        return Start(self.epoch, self.consumed, self.start.end, splits, self.cached)
 
     def close(self) -> None:
         if self.ended is None:
@@ -104,6 +110,7 @@ class DataLoader(Options):
         self._arguments = bind("DataLoader", args, kwargs)
         super().__init__(**self._arguments)  # checks every option, resolves num_threads and bucket_buffer
         self.options = Options(**values_of(self))  # the options alone (not the loader), for the pipeline
+        self._placer = Placer(self.num_workers, self.start_method)
         self._count_cache: Dict[str, Any] = {}
         self._mix = _weighted_sources(self.data_dir, self.datareader, self.stream, self.retries)
         self._reader = self.datareader if self._mix is None else self._mix.readers
@@ -116,6 +123,9 @@ class DataLoader(Options):
             self._arguments["data_dir"] = self._entries.listed
         self._cache = None if self.cache_dir is None else DiskCache(self.cache_dir, self.cache_limit)
         self._stats = Stats()
+        if self.cache_encoded is not None:
+            self._stats.cache = dict.fromkeys(CACHE_COUNTERS, 0)
+        self._oversized: Set[Tuple[str, int]] = set()  # blocks of cache_encoded whose write went past its limit
         if self._mix is not None:
             self._stats.sources = [{"data_dir": str(s.data_dir), "weight": w, "samples": 0}
                                    for s, w in zip(self._mix.sources, self._mix.weights())]
@@ -180,20 +190,43 @@ class DataLoader(Options):
         self._next = fresh(epoch, self.num_epoch)
         self._record = None
 
+    def _placement(self) -> Placement:
+        """Where this iteration runs user methods (``_auto_workers``)."""
+        readers = self._mix.readers.readers if self._mix is not None else [self.datareader]
+        python = [] if self.filter_fn is None else [self.filter_fn]
+        placement = self._placer([*readers, self.dataset, self.datacollator, *python])
+        self._stats.placement = placement.as_dict()
+        return placement
+
     def _engine(self, start: Start) -> Engine:
+        num_workers = self._placement().num_workers
         settings = Settings(
-            options=self.options, files=self.files, reader=self._reader,
-            concurrency=GROUPS_PER_WORKER * self.num_workers or GROUPS_IN_FLIGHT,
+            options=self.options, files=self.files, reader=self._reader, num_workers=num_workers,
+            concurrency=GROUPS_PER_WORKER * num_workers or GROUPS_IN_FLIGHT,
             errors=ErrorHandler(self.on_error, self.max_errors, self._stats), stats=self._stats,
             finish=self._finish, kept_workers=self._kept_workers, sharding=self.sharding,
             count_cache=self._count_cache, exclusive=self._exclusive, cache=self._cache, entries=self._entries,
-            mix=self._mix)
+            mix=self._mix, encoded_cache=self._epoch_store())
         return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
                       self.max_queue_size, threads=self.prefetch_files + resolved(self.num_threads))
+
+    def _epoch_store(self) -> Optional[EpochStore]:
+        """This rank's share of the cache of encoded epochs, keyed by the data and every setting that
+        changes its batches (see ``_epoch_cache``)."""
+        config = as_cache_encoded(self.cache_encoded)  # a CacheEncoded already (the option converts it)
+        if config is None:
+            return None
+        sharding = self.sharding
+        key = {**self._fingerprint(), "stamp": data_stamp(self.files), "reader": callable_name(type(self.datareader)),
+               "dataset": callable_name(type(self.dataset))}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+        return EpochStore(config, f"rank{sharding.rank}-of{sharding.world_size}-{digest}", digest,
+                          self._oversized)
 
     def _consumed(self, batch: Batch, record: _Run) -> Any:
         self.epoch = batch.epoch
         record.epoch, record.consumed, record.last_epoch = batch.epoch, batch.index + 1, batch.epoch
+        record.cached = batch.cached
         self._stats.batches += 1
         return self._move(batch.data) if self._move is not None else batch.data
 
@@ -306,7 +339,7 @@ class DataLoader(Options):
     # -- pickling: the settings and the position, never a running iteration -------------
     def __getstate__(self) -> Dict[str, Any]:
         start = self._where()
-        return {"arguments": self._arguments, "next": (start.epoch, start.skip, start.end, start.splits),
+        return {"arguments": self._arguments, "next": (start.epoch, start.skip, start.end, start.splits, start.cached),
                 "counts": dict(self._count_cache)}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:

@@ -192,14 +192,16 @@ class OrderedMap:
 
 
 def _count_rows(group: Group) -> None:
-    """Give each batch its ``rows`` while its raw data is still at hand."""
+    """Give each batch its ``rows`` while its raw data is still at hand (once: a batch that goes through
+    a second map, or that was read from the cache of encoded batches, has them already)."""
     if isinstance(group, Stacked):
         rows = _stacked_rows(group.columns)
         for batch in group:
             batch.rows = rows
     else:
         for batch in group:
-            batch.rows = batch_rows(batch.data)
+            if not batch.rows:
+                batch.rows = batch_rows(batch.data)
 
 
 def _kept(group: Group, kept: List[int]) -> Group:

@@ -172,8 +172,8 @@ class MixSource:
         for pos, (_, index, start, end) in enumerate(needs):
             yield FileTask(epoch, pos, index, self.mix.files[index], start, end, count=self.counts[index])
 
-    def iterate(self, start_epoch: int = 0, skip_rows: int = 0) -> Iterator[SourceItem]:
-        for epoch in range(start_epoch, self.num_epoch):
+    def iterate(self, start_epoch: int = 0, skip_rows: int = 0, until: Optional[int] = None) -> Iterator[SourceItem]:
+        for epoch in range(start_epoch, self.num_epoch if until is None else until):
             yield from self.tasks(epoch)
             yield EpochEnd(epoch)
 

@@ -50,9 +50,11 @@ from dataclasses import KW_ONLY, MISSING, dataclass, fields
 from typing import Annotated, Any, Callable, Concatenate, Dict, Optional, ParamSpec, Sequence, Tuple, Union
 
 from ._abc import DataCollator, DataReader, Dataset
+from ._auto_workers import check as check_workers
 from ._bucket import BucketBy, buffer_size
 from ._bytes import DEFAULT_READAHEAD_BYTES
 from ._compose import callable_name, check_compose
+from ._epoch_cache import CacheEncoded, as_cache_encoded, check_applies, check_cache_encoded, resume_key
 from ._errors import ErrorHandler, ErrorPolicy, Stats
 from ._files import DataDir
 from ._mix import check_stop
@@ -173,8 +175,9 @@ class Options:
     padding_mode: Annotated[str, Option(
         "stream mode: how rows whose files ran out are padded", check=one_of(PADDING_MODES), resume=True)] = "zeros"
     pad_value: Annotated[Any, Option('stream mode: the value padding_mode="zeros" pads with')] = 0
-    num_workers: Annotated[int, Option(
-        "worker processes running the user methods (0: threads of this process)", check=at_least_zero)] = 0
+    num_workers: Annotated[Union[int, str], Option(
+        'worker processes running the user methods (0: threads of this process; "auto": decided per run)',
+        check=check_workers)] = "auto"
     num_threads: Annotated[Optional[int], Option(
         "user methods run at once in this process (default: one per file read ahead and per group being encoded)",
         check=optional(positive))] = None
@@ -212,6 +215,10 @@ class Options:
     stop: Annotated[str, Option(
         'with Sources: "first_exhausted" or "all_exhausted"',
         check=_stop)] = "first_exhausted"
+    cache_encoded: Annotated[Union[None, CacheEncoded, Dict[str, Any]], Option(
+        'write every update_every-th epoch\'s encoded batches to dir and read them back in the epochs between: '
+        '{"dir": ..., "update_every": K, "limit": None} or a CacheEncoded', check=check_cache_encoded,
+        resume=resume_key, convert=as_cache_encoded)] = None
 
     def __post_init__(self) -> None:
         for name, option in OPTIONS.items():
@@ -237,10 +244,11 @@ def _check_together(a: Dict[str, Any]) -> None:
     if not a["stream"] and a["seq_len"] is not None:
         raise ValueError("seq_len applies to stream mode only (stream=True)")
     check_compose(a)
+    check_applies(a)
     resolve_sharding(a["rank"], a["world_size"], a["even_batches"])  # explicit values are checked now
     ErrorHandler(a["on_error"], a["max_errors"], Stats())  # checks them; each iteration gets its own
-    if a["persistent_workers"] and not a["num_workers"]:
-        raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0")
+    if a["persistent_workers"] and a["num_workers"] == 0:
+        raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0 or 'auto'")
 
 
 def _declared() -> Dict[str, Option]:

@@ -1,4 +1,9 @@
-"""The path of a batch, top to bottom: files → pieces → batches (in groups) → encoded and collated → hand-over."""
+"""The path of a batch, top to bottom: files → pieces → batches (in groups) → encoded and collated → hand-over.
+
+With ``cache_encoded`` each epoch takes one of three paths (``_cached_epochs``): read from the
+cache of encoded batches (then collated), from the files with its encoded batches written to
+the cache before they are collated, or from the files as without the cache.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +16,9 @@ from ._batch import Batcher, Group, Stacked
 from ._bucket import Lengths
 from ._bytes import ReadAhead
 from ._cache import DiskCache
+from ._cached_epochs import CachedEpochs
 from ._entries import Entries, bounds_of, known_counts, with_memory
+from ._epoch_cache import EpochStore
 from ._errors import ErrorHandler, Stats, reraise
 from ._even import EvenSteps
 from ._filter import with_filter
@@ -38,6 +45,7 @@ class Settings:
     options: Options  # checked and resolved when the loader was built (``_options``)
     files: List[str]  # of ``data_dir``, or of the weighted sources
     reader: DataReader  # the datareader, or the sources' readers (``mix``)
+    num_workers: int  # worker processes of this run (``num_workers``, resolved: ``_auto_workers``)
     concurrency: int  # groups being encoded and collated at once
     errors: ErrorHandler  # ``on_error`` and ``max_errors``, counted per run
     stats: Stats
@@ -49,6 +57,7 @@ class Settings:
     cache: Optional[DiskCache] = None  # ``cache_dir``
     entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_entries``)
     mix: Optional[Mix] = None  # weighted sources (``_mix``): ``files`` are theirs, ``reader`` reads each with its own
+    encoded_cache: Optional[EpochStore] = None  # ``cache_encoded``: this rank's share of the cache (``_cached_epochs``)
 
 
 class CheckedEncode:
@@ -92,7 +101,7 @@ def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
     encode: Step = ("batch_encode", CheckedEncode(s.options.dataset))
     collate: Step = ("collate_batch", Collate(s.options.datacollator))
     finish: List[Step] = [] if s.finish is None else [("pin_memory", s.finish)]
-    if s.options.num_workers and getattr(s.options.datacollator, "converts_in_main", False):
+    if s.num_workers and getattr(s.options.datacollator, "converts_in_main", False):
         split: Any = s.options.datacollator  # an ArrayCollator: stacking there, converting here
         there = [encode, ("collate_batch", split.stack)]
         here = [("collate_batch", split.convert), *finish]
@@ -141,11 +150,11 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optiona
     there, here, local = split_steps(s)
     reader = with_filter(s.reader, s.options.filter_fn)
     uses = (s.options.dataset, s.options.datacollator)
-    if not s.options.num_workers:
+    if not s.num_workers:
         return with_memory(ThreadRunner(reader, local, lane, readahead, uses=uses, busy=s.stats.busy), s.entries), None
 
     def make_pool() -> WorkerPool:
-        return WorkerPool(s.options.num_workers, reader, there, s.options.worker_init_fn, s.options.start_method,
+        return WorkerPool(s.num_workers, reader, there, s.options.worker_init_fn, s.options.start_method,
                           persistent=s.kept_workers is not None)
 
     pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
@@ -186,12 +195,12 @@ def _fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
     return fallback
 
 
-def _files(s: Settings, start: Start, source: Any, past_files: bool) -> Iterator[SourceItem]:
-    """Stage 1: the files of the run, past those before the position where the counts find it."""
+def _files(s: Settings, start: Start, source: Any, past_files: bool, epochs: range) -> Iterator[SourceItem]:
+    """Stage 1: the files of ``epochs``, past those before the position where the counts find it."""
     skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
     if skip_rows:  # the file the position falls in is read again, up to the position
         s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
-    return source.iterate(start.epoch, skip_rows)
+    return source.iterate(epochs.start, skip_rows, epochs.stop)
 
 
 def _stream_start(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]],
@@ -228,7 +237,7 @@ def _reader_stage(s: Settings, runner: Any) -> ReadFiles:
     ahead = max(s.options.prefetch_files, s.reader.batch_size) if s.options.stream else s.options.prefetch_files
     buffered = s.options.shuffle_buffer > 0 or s.options.bucket_by is not None or s.mix is not None  # rows meet here
     return ReadFiles(runner, s.options.stream or buffered, ahead, s.errors, s.stats,
-                     start_ahead=None if s.options.stream else max(0, s.options.num_workers - 1))
+                     start_ahead=None if s.options.stream else max(0, s.num_workers - 1))
 
 
 def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
@@ -236,6 +245,25 @@ def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
     if not s.sharding.active:
         return None
     return lambda epoch: source.steps(epoch, s.reader.batch_size, s.options.seq_len, s.options.drop_last)
+
+
+async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: Callable, steps: Any,
+                      past_files: bool, epochs: range, from_position: bool,
+                      tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
+    """Stages 2 to 4 over ``epochs``: their files read, cut into batches, and ``run`` on each group
+    (``batch_encode`` and ``collate_batch``, or ``batch_encode`` alone); with ``from_position``, the run's
+    first epoch from the position it resumes at, else whole."""
+    resumed = from_position and epochs.start == start.epoch
+    past_files = past_files and resumed
+    read = _reader_stage(s, runner)
+    stream = _stream_start(s, start, source, steps, past_files) if resumed else None
+    files = _files(s, start, source, past_files, epochs) if stream is None else stream.source(source, epochs.stop)
+    raw = _batcher(s, start, source, steps, past_files, stream).iterate(read.iterate(files, tasks), read)
+    if resumed and start.skip and not past_files:
+        raw = _skip(raw, start, s.stats)
+    async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
+        read.open_up()
+        yield group
 
 
 async def batches(s: Settings, start: Start, run_blocking: Callable,
@@ -251,18 +279,20 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
         past_files = resumes_past_files(s, start)
         needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
         source = _source(s, start, await count_samples(s, lane) if needs_counts else None)
-        read = _reader_stage(s, runner)
         steps = _planned_steps(s, source)
-        stream = _stream_start(s, start, source, steps, past_files)
-        files = _files(s, start, source, past_files) if stream is None else stream.source(source)
-        raw = _batcher(s, start, source, steps, past_files, stream).iterate(read.iterate(files, tasks), read)
-        if start.skip and not past_files:
-            raw = _skip(raw, start, s.stats)
-        groups = OrderedMap(runner.run, s.concurrency, s.errors, s.stats).iterate(raw, tasks)
+
+        def from_files(epochs: range, run: Callable, from_position: bool = True) -> AsyncGenerator[Group, None]:
+            return _from_files(s, start, source, runner, run, steps, past_files, epochs, from_position, tasks)
+
+        groups: AsyncIterator[Group]
+        if s.encoded_cache is None:
+            groups = from_files(range(start.epoch, start.end), runner.run)
+        else:
+            groups = CachedEpochs(s, start, source, from_files, runner.run, runner.encoding_only((o.dataset,)),
+                                  split_steps(s)[2][1:], lane, run_blocking, tasks).iterate()
         if steps is not None:  # a batch skipped after an error leaves a hole, padded there
             groups = EvenSteps(steps, start.epoch, start.skip, start.end).iterate(groups)
         async for group in groups:
-            read.open_up()
             yield attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
     finally:
         if pool is not None:

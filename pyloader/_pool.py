@@ -400,17 +400,17 @@ class WorkerPool:
         if not ok:
             future.set_exception(rebuild_error(value))
         else:
-            future.set_result(self._opened(value) if op == "run" else value)
+            future.set_result(self._opened(value, op) if op in ("run", "encode") else value)
 
-    def _opened(self, results: List[Tuple[bool, Any]]) -> List[Tuple[bool, Any]]:
-        """A ``run`` reply with every result unpickled; one that cannot be fails its batch alone."""
+    def _opened(self, results: List[Tuple[bool, Any]], op: str) -> List[Tuple[bool, Any]]:
+        """A ``run`` (or ``encode``) reply with every result unpickled; one that cannot be fails its batch alone."""
         out = []
         for ok, value in results:
             if ok:
                 try:
                     value = value.open()
                 except Exception as exc:
-                    step = self.steps[-1][0]
+                    step = self.steps[-1 if op == "run" else 0][0]
                     exc.add_note(f"pyloader: the result of {step}, sent by a worker process, could not be "
                                  f"unpickled in the loader's process")
                     ok, value = False, (step, exc, "")

@@ -10,6 +10,7 @@ SHUFFLE_BUFFER = 3
 BUCKETS = 4  # length bucketing: tie-breaks and the order of the batches (``_bucket``)
 MIX = 5  # weighted mixing: the source of each sample position (``_mix``)
 MIX_FILES = 6  # weighted mixing: each source's file order
+CACHED_EPOCH = 7  # cache_encoded: the order of a cached epoch's batches (``_cached_epochs``)
 
 
 def derive_rng(seed: int, *keys: int) -> np.random.Generator:

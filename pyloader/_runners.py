@@ -26,6 +26,7 @@ import weakref
 from typing import (
     Any,
     AsyncIterator,
+    Awaitable,
     Callable,
     Deque,
     Generator,
@@ -228,7 +229,13 @@ class ThreadRunner:
         self.lane = lane
         self.readahead = readahead
         self.busy = busy
+        self._steps, self._uses = steps, uses
         self.run = LocalSteps(steps, lane, uses, busy).run
+
+    def encoding_only(self, uses: Sequence[Any]) -> Callable[[Sequence[BatchData]], Awaitable[Any]]:
+        """``run`` with the first step alone, ``batch_encode`` (``uses``: its object): an epoch whose
+        encoded batches are cached (``_cached_epochs``)."""
+        return LocalSteps(self._steps[:1], self.lane, uses, self.busy).run
 
     async def pieces(self, task: FileTask, fetch: bool,
                      demand: asyncio.Event) -> AsyncIterator[Tuple[int, Columns, None, int]]:
@@ -296,8 +303,9 @@ class PoolRunner:
     _REMEASURE = 64
 
     def __init__(self, pool: WorkerPool, finish: List[Step], lane: Lane, readahead: ReadAhead,
-                 all_steps: List[Step], uses: Sequence[Any], busy: Optional[Busy] = None) -> None:
+                 all_steps: List[Step], uses: Sequence[Any], busy: Optional[Busy] = None, op: str = "run") -> None:
         self.pool = pool
+        self.op = op  # the workers' request: "run" (every step of theirs) or "encode" (batch_encode alone)
         self.finish = finish
         self.lane = lane
         self.readahead = readahead
@@ -306,6 +314,12 @@ class PoolRunner:
         self.here = LocalSteps(all_steps, lane, uses, busy)
         self._turn = 0
         self._sent = 0  # groups of rows here that went to workers since the last measurement
+
+    def encoding_only(self, uses: Sequence[Any]) -> Callable[[Sequence[BatchData]], Awaitable[Any]]:
+        """``run`` with ``batch_encode`` alone, in the workers (``uses``: its object): an epoch whose
+        encoded batches are cached, then collated in this process (``_cached_epochs``)."""
+        return PoolRunner(self.pool, [], self.lane, self.readahead, self.here.steps[:1], uses, self.busy,
+                          op="encode").run
 
     async def pieces(self, task: FileTask, fetch: bool,
                      demand: asyncio.Event) -> AsyncIterator[Tuple[int, Optional[Columns], Any, int]]:
@@ -372,7 +386,7 @@ class PoolRunner:
                                                    doing=f"sending rows of {p.task.path!r}")
                 spec.append((part, 0, end - start))
         jobs = [(spec, paths)]
-        return await self.pool.request(self.pool.least_loaded(), "run", jobs, doing=_doing(jobs))
+        return await self.pool.request(self.pool.least_loaded(), self.op, jobs, doing=_doing(jobs))
 
     def _run_here(self, datas: Sequence[BatchData]) -> bool:
         if not all(_rows_here(data) for data in datas):
@@ -403,7 +417,7 @@ class PoolRunner:
                 parts.append((worker, []))
             parts[-1][1].append((spec, cast(Segments, data).paths))
         replies = await asyncio.gather(*(
-            self._gathered(jobs[0]) if worker is None else self.pool.request(worker, "run", jobs, doing=_doing(jobs))
+            self._gathered(jobs[0]) if worker is None else self.pool.request(worker, self.op, jobs, doing=_doing(jobs))
             for worker, jobs in parts), return_exceptions=True)
         done_replies: List[Any] = []
         for reply in replies:

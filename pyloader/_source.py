@@ -193,9 +193,9 @@ class FileSource:
             rows -= n
         return []
 
-    def iterate(self, start_epoch: int = 0, skip_rows: int = 0) -> Iterator[SourceItem]:
-        """Every epoch's tasks from ``start_epoch`` on, each epoch closed by an ``EpochEnd``;
-        the first epoch less its first ``skip_rows`` rows (see ``tasks_after``)."""
-        for epoch in range(start_epoch, self.num_epoch):
+    def iterate(self, start_epoch: int = 0, skip_rows: int = 0, until: Optional[int] = None) -> Iterator[SourceItem]:
+        """Every epoch's tasks from ``start_epoch`` on (to ``until``, exclusive; default: ``num_epoch``), each
+        epoch closed by an ``EpochEnd``; the first epoch less its first ``skip_rows`` rows (see ``tasks_after``)."""
+        for epoch in range(start_epoch, self.num_epoch if until is None else until):
             yield from self.tasks_after(epoch, skip_rows) if skip_rows and epoch == start_epoch else self.tasks(epoch)
             yield EpochEnd(epoch)

@@ -2,8 +2,9 @@
 
 A state is a small JSON-serializable dict: where the consumer is (``epoch``,
 ``batches_in_epoch``), the end of the iteration it is in (``end_epoch``,
-exclusive), and a fingerprint of the data and of every setting that changes
-the batch sequence. The files are fingerprinted by their names relative to the
+exclusive), with ``cache_encoded`` whether that epoch's batches were read from
+the cache and which epoch wrote it (``cached_from``), and a fingerprint of the
+data and of every setting that changes the batch sequence. The files are fingerprinted by their names relative to the
 folder they were listed from, and (local files) their sizes, so the same data
 moved or mounted elsewhere still resumes. Every check happens before anything
 changes; a refusal names each setting that differs with both values.
@@ -26,12 +27,15 @@ OLD_FORMAT = "pyloader.state/1"  # before epochs went on across iterations: alwa
 class Start:
     """Where an iteration begins: ``epoch``, after skipping its first ``skip`` batches,
     running to ``end`` (exclusive). ``splits``: the parts of ``epoch`` taken under other
-    world sizes, as ``(world_size, batches)`` (elastic resume; see ``_shard.undelivered``)."""
+    world sizes, as ``(world_size, batches)`` (elastic resume; see ``_shard.undelivered``).
+    ``cached``: the epoch that wrote the cache of encoded batches that ``epoch``'s first
+    ``skip`` batches were read from, if they were (``_cached_epochs``)."""
 
     epoch: int = 0
     skip: int = 0
     end: int = 1
     splits: Tuple[Tuple[int, int], ...] = ()
+    cached: Optional[int] = None
 
     @property
     def base(self) -> int:
@@ -62,7 +66,8 @@ def old_files_digest(files: Sequence[str]) -> str:
 
 def make_state(start: Start, settings: Mapping[str, Any]) -> Dict[str, Any]:
     return {"format": FORMAT, "epoch": start.epoch, "batches_in_epoch": start.skip, "end_epoch": start.end,
-            "splits": [list(split) for split in start.splits], "settings": dict(settings)}
+            "splits": [list(split) for split in start.splits], "cached_from": start.cached,
+            "settings": dict(settings)}
 
 
 _PER_RANK = ("rank", "world_size")  # any rank's state resumes every rank, under any world size
@@ -97,10 +102,14 @@ def read_state(state: Any, ours: Mapping[str, Any], old_files: str, num_epoch: i
     end = _integer(state, "end_epoch")
     if end <= epoch:
         raise ValueError(f"the state's end_epoch {end} must be after its epoch {epoch}")
-    start = Start(epoch, skip, end, _splits(state.get("splits", [])))
+    start = Start(epoch, skip, end, _splits(state.get("splits", [])), _optional(state, "cached_from"))
     if skip < start.base:
         raise ValueError(f"the state's batches_in_epoch {skip} is before its splits end ({start.base})")
     return _elastic(start, theirs.get("world_size"), ours)
+
+
+def _optional(state: Mapping[str, Any], name: str) -> Optional[int]:
+    return None if state.get(name) is None else _integer(state, name)
 
 
 def _splits(value: Any) -> Tuple[Tuple[int, int], ...]:
@@ -120,6 +129,10 @@ def _elastic(start: Start, saved_world: Any, ours: Mapping[str, Any]) -> Start:
     taken = start.skip - start.base
     if saved_world == ours["world_size"] or not taken:
         return start
+    if start.cached is not None:
+        raise ValueError(f"the state was saved mid-epoch under world_size={saved_world}, not {ours['world_size']}, "
+                         f"in an epoch read from the cache of encoded batches (cache_encoded), which holds "
+                         f"the saved rank's share only: resume it under world_size={saved_world}")
     if ours["shuffle_buffer"] or ours.get("filter_fn") or ours.get("bucket_by"):
         raise ValueError(f"the state was saved mid-epoch under world_size={saved_world}, not {ours['world_size']}: "
                          f"resuming under another world size is not supported with a shuffle or bucket buffer, "

@@ -322,6 +322,8 @@ class Stats:
         self.skipped_batches = 0
         self.errors: List[str] = []
         self.sources: List[Dict[str, Any]] = []  # a mixed loader's: each source's samples batched (``_mix``)
+        self.cache: Optional[Dict[str, int]] = None  # with cache_encoded: its counters (``_cached_epochs``)
+        self.placement: Dict[str, Any] = {}  # where the latest iteration ran user methods (``_auto_workers``)
         self.busy = Busy()
         self.epoch_files: Dict[int, int] = {}  # files read per epoch, until its log line takes them
         self._watch: Optional[Watch] = None
@@ -357,6 +359,9 @@ class Stats:
         out["errors"] = list(self.errors)
         if self.sources:
             out["sources"] = [dict(source) for source in self.sources]
+        if self.cache is not None:
+            out["cache_encoded"] = dict(self.cache)
+        out["placement"] = dict(self.placement)
         counters, busy = self._counters(), self.busy.seconds()
         watch = self._watch
         current = watch.figures if watch is not None else Figures()

@@ -51,11 +51,11 @@ class StreamStart:
         held += [] if self.at.template is None else [self.at.template]
         return [h.item.path for h in held]
 
-    def source(self, source: FileSource) -> Iterator[SourceItem]:
-        """``source``'s items, its first epoch from the position."""
+    def source(self, source: FileSource, until: int) -> Iterator[SourceItem]:
+        """``source``'s items to epoch ``until`` (exclusive), the first epoch from the position."""
         yield from self.tasks()
         yield EpochEnd(self.epoch)
-        yield from source.iterate(self.epoch + 1)
+        yield from source.iterate(self.epoch + 1, 0, until)
 
 
 def stream_start(source: FileSource, epoch: int, base: int, steps: int, rows: int, width: int, replay: bool,

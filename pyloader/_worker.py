@@ -13,6 +13,8 @@ It serves requests from the loader one at a time: batches before reading ahead
 * ``("run", rid, jobs)``: for each ``(segments, paths)`` of a group, assemble a
   batch from kept pieces or sent columns and run the steps on it; the reply is
   one ``(ok, value)`` per batch, so one failed batch does not sink its group;
+* ``("encode", rid, jobs)``: as ``run``, with ``batch_encode`` alone (an epoch whose
+  encoded batches are cached: they are written and collated in the loader's process);
 * ``("fetch", rid, pid, start, end)``: send rows of a kept piece.
 
 Every reply is ``(ok, value)``, tagged with its ``rid`` (see ``_ipc``); a
@@ -104,7 +106,7 @@ def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], jobs:
         return [_run_job(steps, kept, segments, paths, clock.steps) for segments, paths in jobs]
 
 
-_URGENT = ("open", "close", "release", "run", "fetch")
+_URGENT = ("open", "close", "release", "run", "encode", "fetch")
 
 
 def _next_request(inbox: Deque[tuple], started: Set[int]) -> tuple:
@@ -268,8 +270,8 @@ class _Server:
             self.kept[pid] = item[0]
             self.grace = RUN_GRACE_S
             return n_rows(item[0]), None, *item[1:]
-        if op == "run":
-            return _run_jobs(self.steps, self.kept, msg[2], self.busy)
+        if op in ("run", "encode"):
+            return _run_jobs(self.steps if op == "run" else self.steps[:1], self.kept, msg[2], self.busy)
         if op == "fetch":
             _, _, pid, start, end = msg
             return slice_rows(self.kept[pid], start, end)

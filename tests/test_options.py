@@ -60,12 +60,12 @@ def test_the_signature_and_help_show_every_option_with_its_default_and_doc():
     assert list(params) == list(OPTIONS)
     assert [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD] == POSITIONAL
     assert params["num_epoch"].default == 1 and params["random_seed"].default == 42
-    assert params["num_workers"].default == 0 and params["stop"].default == "first_exhausted"
+    assert params["num_workers"].default == "auto" and params["stop"].default == "first_exhausted"
     assert params["shuffle_buffer"].annotation is int
     keyword_only = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
     assert pl.DataLoader.__init__.__kwdefaults__ == keyword_only
     text = pydoc.render_doc(pl.DataLoader, renderer=pydoc.plaintext)
-    assert "num_workers: int = 0" in text and "stop: str = 'first_exhausted'" in text
+    assert "num_workers: Union[int, str] = 'auto'" in text and "stop: str = 'first_exhausted'" in text
     for name, option in OPTIONS.items():
         assert option.doc and option.doc in " ".join(text.split()), name
 
@@ -104,11 +104,11 @@ def test_a_state_records_the_settings_older_states_recorded(tmp_path, num_worker
     assert sorted(settings) == sorted([
         "files", "num_files", "batch_size", "shuffle", "random_seed", "reader_shuffle", "reader_seed",
         "shuffle_buffer", "drop_last", "stream", "seq_len", "padding_mode", "rank", "world_size", "even_batches",
-        "filter_fn", "file_order", "time_major", "bucket_by", "bucket_buffer", "mix"])
+        "filter_fn", "file_order", "time_major", "bucket_by", "bucket_buffer", "mix", "cache_encoded"])
     assert {k: settings[k] for k in ("shuffle", "rank", "world_size", "even_batches", "time_major", "bucket_buffer",
-                                      "filter_fn", "mix")} == {
+                                      "filter_fn", "mix", "cache_encoded")} == {
         "shuffle": True, "rank": 1, "world_size": 2, "even_batches": "pad", "time_major": None,
-        "bucket_buffer": None, "filter_fn": None, "mix": None}
+        "bucket_buffer": None, "filter_fn": None, "mix": None, "cache_encoded": None}
 
 
 def test_mypy_checks_the_keywords_and_types_users_pass_and_the_options_they_assign(tmp_path):

@@ -677,7 +677,8 @@ def test_persistent_workers_are_started_again_after_one_died(tmp_path):
         assert alive_pids(first) == []
 
 
-def test_persistent_workers_need_workers(tmp_path):
+def test_persistent_workers_need_workers_when_none_are_asked_for(tmp_path):
     write_chunks(tmp_path / "data", [3])
     with pytest.raises(ValueError, match="num_workers"):
-        pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), str(tmp_path / "data"), persistent_workers=True)
+        pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), str(tmp_path / "data"), num_workers=0,
+                      persistent_workers=True)

@@ -15,6 +15,7 @@ class NumpyCollator(ArrayCollator):
     """
 
     thread_safe = True  # holds no per-call state on self
+    releases_gil = True  # NumPy/pyarrow work: num_workers="auto" keeps it in this process
 
     @row_wise
     def convert_array(self, key: str, array: np.ndarray) -> np.ndarray:

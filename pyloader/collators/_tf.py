@@ -22,6 +22,7 @@ class TFCollator(ArrayCollator):
     """
 
     thread_safe = True  # holds no per-call state on self
+    releases_gil = True  # NumPy/pyarrow work: num_workers="auto" keeps it in this process
 
     converts_in_main = True
 

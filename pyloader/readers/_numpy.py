@@ -40,6 +40,7 @@ class NumpyReader(DataReader):
     """
 
     thread_safe = True  # holds no per-call state on self
+    releases_gil = True  # NumPy/pyarrow work: num_workers="auto" keeps it in this process
 
     def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42,
                  key: str = "x", mmap: bool = True, piece_size: int = 65536) -> None:

@@ -40,6 +40,7 @@ class ParquetReader(DataReader):
     """
 
     thread_safe = True  # holds no per-call state on self
+    releases_gil = True  # NumPy/pyarrow work: num_workers="auto" keeps it in this process
 
     def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42,
                  columns: Optional[Sequence[str]] = None) -> None:
