@@ -17,11 +17,11 @@ from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Op
 
 import numpy as np
 
-from ._bucket import LEN, BucketBuffer, Lengths
-from ._columns import Columns, concat, n_rows, slice_rows, take
+from ._bucket import LEN, BucketWindows, Lengths
+from ._columns import Columns, concat, n_rows, slice_rows
 from ._errors import PipelineError
 from ._read import Piece, ReadFiles, ReadItem
-from ._rng import SHUFFLE_BUFFER, derive_rng
+from ._shuffle import Slots
 from ._source import EpochEnd, FileTask
 
 SRC = "\x00src"  # private column: each row's file index, so a batch knows its files
@@ -140,38 +140,6 @@ class GroupSize:
         return n
 
 
-class ShuffleBuffer:
-    """Holds up to ``size`` samples; each sample that leaves is drawn uniformly from the pool.
-
-    Feeding ``k`` rows into a full buffer releases ``k`` rows chosen at random from
-    the ``size + k`` rows at hand. Pieces are fed at most ``size`` rows at a time so
-    a large file cannot flush the buffer in one go. Draws come from ``(seed, epoch)``.
-    """
-
-    def __init__(self, size: int, seed: int, epoch: int) -> None:
-        self.size = size
-        self.rng = derive_rng(seed, SHUFFLE_BUFFER, epoch)
-        self.pool: Optional[Columns] = None
-
-    def feed(self, columns: Columns) -> Iterator[Columns]:
-        n = n_rows(columns)
-        for start in range(0, n, self.size):
-            part = slice_rows(columns, start, min(n, start + self.size))
-            pool = part if self.pool is None else concat([self.pool, part], "shuffle buffer")
-            excess = n_rows(pool) - self.size
-            if excess <= 0:
-                self.pool = pool
-                continue
-            perm = self.rng.permutation(n_rows(pool))
-            self.pool = take(pool, np.sort(perm[excess:]))
-            yield take(pool, perm[:excess])
-
-    def drain(self) -> Iterator[Columns]:
-        if self.pool is not None and n_rows(self.pool):
-            yield take(self.pool, self.rng.permutation(n_rows(self.pool)))
-        self.pool = None
-
-
 def assemble(parts: Sequence[Tuple[Columns, int, int]], paths: Sequence[str]) -> Columns:
     """Rows ``start:end`` of each part, joined; a key mismatch names the files."""
     try:
@@ -205,6 +173,11 @@ class Batcher:
     shuffle buffer or bucketing (``bucket``: the lengths and the buffer size),
     the buffers' output is joined here (they hold the rows anyway).
 
+    ``resumed``: an epoch whose files start past its first batches (the index of
+    its first batch); ``resumed_rows``: the samples of it handed out already and
+    the samples it feeds: with buffers its stream is read from ``reads_from()``,
+    where their state at the position can be rebuilt (``_shuffle``, ``_bucket``).
+
     Under ranks ``steps(e)`` is the number of batches every rank gives in epoch
     ``e``. A share that lost samples to a skipped error gives fewer; it is topped
     up with copies of its epoch's last batch, flagged as padding (the rows of
@@ -215,11 +188,12 @@ class Batcher:
                  shuffle_buffer: int, seed: int, flag_padding: bool = False,
                  steps: Optional[Callable[[int], int]] = None,
                  bucket: Optional[Tuple[Lengths, int]] = None, resumed: Tuple[int, int] = (-1, 0),
-                 mix: Optional[Callable[[int], Any]] = None) -> None:
+                 mix: Optional[Callable[[int], Any]] = None, resumed_rows: Tuple[int, int] = (0, 0)) -> None:
         self.files = files
         self.mix = mix  # epoch -> the buffer interleaving weighted sources (``_mix``), first of the buffers
         self.bucket = bucket
-        self.resumed = resumed  # (epoch, first batch): an epoch whose files start past its first batches
+        self.resumed = resumed  # (epoch, first batch)
+        self.resumed_rows = resumed_rows
         self.flag_padding = flag_padding
         self.steps = steps
         self._last: Optional[Tuple[Any, int, Tuple[str, ...]]] = None  # (data, rows, paths) of the last batch cut
@@ -292,14 +266,38 @@ class Batcher:
             index += len(group)
             yield group
 
-    def _buffers(self, epoch: int) -> List[Any]:
-        """The buffers samples go through this epoch, in turn: the shuffle buffer, the bucket buffer."""
-        out: List[Any] = [] if self.mix is None else [self.mix(epoch)]
+    def _stages(self, epoch: int) -> List[Any]:
+        """The plans of this epoch's shuffle and bucket buffers (``Slots``, ``BucketWindows``), in turn."""
+        out: List[Any] = []
         if self.shuffle_buffer:
-            out.append(ShuffleBuffer(self.shuffle_buffer, self.seed, epoch))
+            out.append(Slots(self.shuffle_buffer, self.seed, epoch))
         if self.bucket is not None:
-            out.append(BucketBuffer(self.bucket[1], self.batch_size, self.seed, epoch))
+            out.append(BucketWindows.drawn(self.bucket[1], self.batch_size, self.seed, epoch))
         return out
+
+    def _resumed(self, stages: List[Any]) -> Tuple[int, List[int]]:
+        """Where the resumed epoch's stream is read from, and the sample each buffer lets out first:
+        each buffer is fed from where the one before it must let out."""
+        handed, rows = self.resumed_rows
+        outs = []
+        for stage in reversed(stages):
+            outs.append(handed)
+            handed = stage.reads_from(handed, rows)
+        return handed, outs[::-1]
+
+    def reads_from(self) -> int:
+        """Where the resumed epoch's stream is read from (its samples handed out, or before: the
+        buffers rebuild their state from there)."""
+        return self._resumed(self._stages(self.resumed[0]))[0]
+
+    def _buffers(self, epoch: int) -> List[Any]:
+        """The buffers samples go through this epoch, in turn: the mix, the shuffle buffer, the bucket buffer."""
+        out: List[Any] = [] if self.mix is None else [self.mix(epoch)]
+        stages = self._stages(epoch)
+        if epoch == self.resumed[0] and self.resumed_rows[0]:
+            _, outs = self._resumed(stages)
+            return out + [stage.buffer((at, self.resumed_rows[1])) for stage, at in zip(stages, outs)]
+        return out + [stage.buffer() for stage in stages]
 
     def _take_piece(self, piece: Piece, task: FileTask, buffers: List[Any], read: ReadFiles) -> bool:
         """Move a piece's rows towards the batches (through the buffers, tagged with their file, padding

@@ -1,15 +1,25 @@
 """Length bucketing (``bucket_by``, ``bucket_buffer``): batches of samples of similar length, to save padding.
 
 Samples pass through a buffer of ``bucket_buffer`` samples (after the shuffle
-buffer, when there is one). Each time it fills, its samples are sorted by
-length (ties broken at random), cut into batches of ``batch_size`` consecutive
-samples, and the full batches leave in a random order; the fewer than
-``batch_size`` samples left over (the longest) wait for the next round. At the
-end of an epoch the rest leaves the same way, its short batch last, so an epoch
-has as many batches as without bucketing (``len`` is unchanged) and only its
-last batch may be short. The randomness comes from ``(random_seed, epoch)``
-alone: the batches are a function of the data, the seed and the epoch, every
-sample leaves exactly once, and a resumed run rebuilds the same batches.
+buffer, when there is one) that works in windows of the epoch's stream (this
+rank's, in plan order), ``bucket_buffer`` rounded down to whole batches each.
+A window's samples are sorted by length (ties broken at random) and cut into
+batches of ``batch_size`` consecutive samples, which leave in a random order;
+the ``batch_size - 1`` longest wait for the next window (with its own samples,
+the window holds no more than ``bucket_buffer``), so the longest samples of
+several windows meet. Windows come in chains of ``CHAIN``, sized so that a
+chain holds whole batches: the last window of a chain lets out everything it
+holds, and nothing crosses into the next chain. The first chain of an epoch
+ends at a drawn multiple of ``batch_size``, so the edges fall elsewhere every
+epoch; the epoch's last window lets out its rest, its short batch last. So an
+epoch has as many batches as without bucketing (``len`` is unchanged) and only
+its last batch may be short. The randomness comes from ``(random_seed,
+epoch)``: the batches are a function of the data, the seed and the epoch, and
+every sample leaves exactly once. A resumed epoch is fed from the first
+position of the chain that holds its position (positions come from the
+counts, as for the shuffle buffer, ``_shuffle``), drops what the chain lets out
+before it, and goes on: it reads the files of at most ``CHAIN`` windows before
+the position, wherever it is.
 
 A sample's length is, for ``bucket_by="key"``, ``len(sample[key])`` (or the
 value itself when the field holds numbers, a length column), or for a
@@ -21,8 +31,10 @@ buffer). A length that cannot be worked out is an error of the sample's file
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -32,6 +44,7 @@ from ._rng import BUCKETS, derive_rng
 
 LEN = "\x00len"  # private column: each row's length, worked out when it arrived
 BUFFER_BATCHES = 32  # the default bucket_buffer, in batches
+CHAIN = 4  # windows in a chain: the longest samples of one wait for the next within a chain
 BucketBy = Union[str, Callable[[dict], float]]
 
 
@@ -83,46 +96,119 @@ def _checked(values: list, path: str, first: int, what: str) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
 
 
-class BucketBuffer:
-    """Holds up to ``size`` samples (with their ``LEN`` column) and lets them out as batches of
-    samples of similar length, in a random order (see the module docstring). Draws come from
-    ``(seed, epoch)``."""
+@dataclass(frozen=True)
+class BucketWindows:
+    """Where one epoch's chains of bucket windows fall: ``[0, offset)``, then every ``chain`` samples."""
 
-    def __init__(self, size: int, batch_size: int, seed: int, epoch: int) -> None:
-        self.size = size
-        self.batch_size = batch_size
-        self.rng = derive_rng(seed, BUCKETS, epoch)
-        self.pool: Optional[Columns] = None
+    size: int  # the samples a window holds: ``bucket_buffer`` rounded down to whole batches
+    batch_size: int
+    offset: int
+    seed: int
+    epoch: int
+
+    @classmethod
+    def drawn(cls, size: int, batch_size: int, seed: int, epoch: int) -> "BucketWindows":
+        """The first chain's end drawn from ``(seed, epoch)``, in whole batches."""
+        whole = cls(size // batch_size * batch_size, batch_size, 0, seed, epoch)
+        offset = batch_size * int(derive_rng(seed, BUCKETS, epoch).integers(whole.chain // batch_size))
+        return dataclasses.replace(whole, offset=offset)
+
+    @property
+    def carry(self) -> int:
+        """The longest samples that wait for the next window of a chain (none in windows of one batch)."""
+        return self.batch_size - 1 if self.size >= 2 * self.batch_size else 0
+
+    @property
+    def windows(self) -> int:
+        return CHAIN if self.carry else 1
+
+    @property
+    def chain(self) -> int:
+        """The samples of a chain: whole batches."""
+        return sum(self.own(j) for j in range(self.windows))
+
+    def own(self, j: int) -> int:
+        """The samples the ``j``-th window of a chain takes in, so that with the ``carry`` each holds at
+        most ``size`` and each but the last lets out whole batches, the last all it holds."""
+        if not self.carry:
+            return self.size
+        return self.size - 1 if j == 0 else self.size - self.batch_size + (j == self.windows - 1)
+
+    def start(self, position: int) -> int:
+        """The first position of the chain that holds ``position``."""
+        if position < self.offset:
+            return 0
+        return self.offset + (position - self.offset) // self.chain * self.chain
+
+    def end(self, start: int) -> int:
+        """The position after the chain that begins at ``start``."""
+        return self.offset if start < self.offset else start + self.chain
+
+    def reads_from(self, out: int, rows: int) -> int:
+        """Where the stream must be fed from for the buffer to let out its ``out``-th sample on."""
+        return self.start(out)
+
+    def buffer(self, resume: Optional[Tuple[int, int]] = None) -> "BucketBuffer":
+        """The epoch's buffer, from its start or (``resume``: samples handed out, samples of the
+        epoch) fed from ``reads_from`` on."""
+        if resume is None:
+            return BucketBuffer(self)
+        first = self.start(resume[0])
+        return BucketBuffer(self, first, resume[0] - first)
+
+
+class BucketBuffer:
+    """Takes in windows, lets each out as batches of samples of similar length (their ``LEN``
+    column) in a random order (see the module docstring), from stream position ``first`` (a
+    chain's start) on; drops the first ``skip`` samples it lets out (handed out before a resume)."""
+
+    def __init__(self, windows: BucketWindows, first: int = 0, skip: int = 0) -> None:
+        self.windows = windows
+        self.skip = skip
+        self._chain, self._window = first, 0  # the chain being taken in, and its window
+        self._position = first
+        self._end = self._window_end()
+        self._parts: List[Columns] = []  # the window's samples: the carried ones, then its own
+
+    def _window_end(self) -> int:
+        w = self.windows
+        own = sum(w.own(j) for j in range(self._window + 1))
+        return min(self._chain + own, w.end(self._chain))
 
     def feed(self, columns: Columns) -> Iterator[Columns]:
-        """Rows of full batches, batch after batch, each time the buffer fills."""
-        n = n_rows(columns)
-        for start in range(0, n, self.size):
-            part = slice_rows(columns, start, min(n, start + self.size))
-            self.pool = part if self.pool is None else concat([self.pool, part], "bucket buffer")
-            if n_rows(self.pool) >= self.size:
-                yield from self._flush(final=False)
+        n, at = n_rows(columns), 0
+        while at < n:
+            part = min(n - at, self._end - self._position)
+            self._parts.append(slice_rows(columns, at, at + part))
+            self._position += part
+            at += part
+            if self._position == self._end:
+                yield from self._flush(final=self._end == self.windows.end(self._chain))
 
     def drain(self) -> Iterator[Columns]:
-        """The rest, at the end of an epoch: full batches, then the short one."""
-        if self.pool is not None and n_rows(self.pool):
+        """The rest at the epoch's end: its last window and what it carries, however short."""
+        if self._parts:
             yield from self._flush(final=True)
-        self.pool = None
 
     def _flush(self, final: bool) -> Iterator[Columns]:
-        pool = self.pool
-        assert pool is not None
-        n, size = n_rows(pool), self.batch_size
-        by_length = np.lexsort((self.rng.random(n), pool[LEN]))
-        k = n // size
-        cut = by_length[:k * size].reshape(k, size)[self.rng.permutation(k)].ravel()
-        rest = by_length[k * size:]
+        w = self.windows
+        window = self._parts[0] if len(self._parts) == 1 else concat(self._parts, "bucket buffer")
+        n, size = n_rows(window), w.batch_size
+        rng = derive_rng(w.seed, BUCKETS, w.epoch, self._chain, self._window)
+        by_length = np.lexsort((rng.random(n), window[LEN]))
+        wait = 0 if final else n % size  # the longest wait for the next window of the chain
+        k = (n - wait) // size
+        cut = by_length[:k * size].reshape(k, size)[rng.permutation(k)].ravel()
+        order = np.concatenate([cut, by_length[k * size:n - wait]])  # a short batch (the epoch's last) last
+        self._parts = [take(window, by_length[n - wait:])] if wait else []
         if final:
-            cut, self.pool = np.concatenate([cut, rest]), None
+            self._chain, self._window = self._end, 0
         else:
-            self.pool = take(pool, np.sort(rest)) if len(rest) else None
-        if len(cut):
-            yield take(pool, cut)
+            self._window += 1
+        self._end = self._window_end()
+        dropped, self.skip = min(self.skip, len(order)), max(0, self.skip - len(order))
+        if dropped < len(order):
+            yield take(window, order[dropped:])
 
 
 def buffer_size(a: Mapping[str, Any]) -> Optional[int]:

@@ -25,8 +25,10 @@ writes; ``None`` from the files alone), and a state records it. An epoch resumed
 its first batch takes the same path: read from the same cache (if it is gone, the epoch
 that wrote it is encoded and written again first); written (if its cache was not
 committed, the whole epoch is encoded and written again, the batches before the
-position dropped once written); or from the files. For a ``batch_encode`` without
-randomness, the batches are those of the run that saved the state.
+position dropped once written); or from the files. An epoch resumed at its start after an
+iteration that ended reads the cache of its block that the state names, written again first
+if it is gone. For a ``batch_encode`` without randomness, the batches are those of the run
+that saved the state.
 """
 from __future__ import annotations
 
@@ -123,6 +125,8 @@ class CachedEpochs:
         block = store.block(epoch)
         if epoch == start.epoch and start.skip:
             return await self._resumed(epoch, block)
+        if epoch == start.epoch:
+            await self._restore(epoch, block)
         if epoch != block:
             manifest = await self._manifest(block)
             if manifest is not None:
@@ -148,6 +152,16 @@ class CachedEpochs:
         found = await self._manifest(block, cached)
         return self._read(epoch, found or await self._rebuild(epoch, cached), self.start.skip)
 
+    async def _restore(self, epoch: int, block: int) -> None:
+        """The run's first epoch, from its start: a state saved after the run before it ended names the cache
+        that run left for the epoch's block (``start.cached``); if it is gone, it is written again first, so
+        that the epoch reads it as that run would have (if it cannot be, the epoch goes on as it would then)."""
+        source, store = self.start.cached, self.store
+        if source is None or source == epoch or store.block(source) != block or (store.key, block) in store.oversized:
+            return
+        if await self._manifest(block, source) is None:
+            await self._write_again(epoch, source)
+
     async def _manifest(self, block: int, source: Optional[int] = None) -> Optional[Manifest]:
         """The block's complete cache (written by epoch ``source``, when given), if any."""
         manifest = await self.run_blocking(self.store.manifest, block)
@@ -155,6 +169,15 @@ class CachedEpochs:
 
     async def _rebuild(self, epoch: int, source: int) -> Manifest:
         """Write the cache of epoch ``source`` again, for ``epoch`` resumed in it; raises when it cannot be."""
+        manifest = await self._write_again(epoch, source)
+        if manifest is None:
+            raise RuntimeError(f"cannot resume epoch {epoch} exactly: its first batches came from the cache of "
+                               f"encoded batches that epoch {source} wrote, which is gone from "
+                               f"{self.store.folder!r} and could not be written again (see the warning above)")
+        return manifest
+
+    async def _write_again(self, epoch: int, source: int) -> Optional[Manifest]:
+        """Encode epoch ``source`` and write its cache again, for ``epoch`` resumed in it: the cache, if committed."""
         logger.warning("pyloader cache_encoded: epoch %d resumes in batches read from the cache that epoch %d "
                        "wrote, which is gone from %r: encoding epoch %d again first", epoch, source,
                        self.store.folder, source)
@@ -163,12 +186,7 @@ class CachedEpochs:
             async with contextlib.aclosing(self._write(writer, None)) as groups:
                 async for _ in groups:
                     pass
-        manifest = await self._manifest(self.store.block(source), source)
-        if manifest is None:
-            raise RuntimeError(f"cannot resume epoch {epoch} exactly: its first batches came from the cache of "
-                               f"encoded batches that epoch {source} wrote, which is gone from "
-                               f"{self.store.folder!r} and could not be written again (see the warning above)")
-        return manifest
+        return await self._manifest(self.store.block(source), source)
 
     async def _read(self, epoch: int, manifest: Manifest, skip: int) -> AsyncGenerator[Group, None]:
         s = self.s

@@ -81,9 +81,9 @@ class EvenSteps:
         if not holes:
             return
         if last is None:
-            raise RuntimeError(f"every batch left in this run was skipped after an error: there is nothing to pad "
-                               f"the {len(holes)} steps this rank still owes with "
-                               f"(the other ranks would wait for them)")
+            raise RuntimeError(f"no batch of this run came through (each was skipped after an error, or filter_fn "
+                               f"left too few samples for one): there is nothing to pad the {len(holes)} steps "
+                               f"this rank still owes with (the other ranks would wait for them)")
         for padding in _padding(holes, last, self._cached):
             yield padding
 

@@ -1,6 +1,7 @@
 """The public ``DataLoader``: iteration and resume state over its options (declared in ``_options``)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -171,8 +172,10 @@ class DataLoader(Options):
     def _where(self) -> Start:
         """The consumer's position: after the last batch handed out, or where the next iteration begins."""
         r = self._record
-        if r is None or r.ended == "exhausted":
+        if r is None:
             return self._upcoming()
+        if r.ended == "exhausted":  # the next epoch's start, with the cache the run left it (``_cached_epochs``)
+            return dataclasses.replace(self._upcoming(), cached=r.cached)
         return r.position()
 
     @property

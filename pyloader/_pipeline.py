@@ -165,12 +165,12 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optiona
 
 
 def resumes_past_files(s: Settings, start: Start) -> bool:
-    """Whether a resumed epoch can start past the files before its position, found from the
-    counts: not when something before the position decides what comes after it (a shuffle or
-    bucket buffer, mixing, samples filtered or errors skipped): those replay it."""
+    """Whether a resumed epoch can start past the files before its position (or past those before
+    where the buffers' state there is rebuilt from: ``_shuffle``, ``_bucket``; in stream mode, at the
+    rows' places there: ``_stream_resume``), found from the counts: not when the counts cannot place
+    the position (mixing, samples filtered or errors skipped): those replay it."""
     o = s.options
-    return (start.skip > start.base and not o.shuffle_buffer and o.bucket_by is None
-            and o.filter_fn is None and s.errors.policy is reraise and s.mix is None)
+    return start.skip > start.base and o.filter_fn is None and s.errors.policy is reraise and s.mix is None
 
 
 def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Any:
@@ -195,14 +195,6 @@ def _fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
     return fallback
 
 
-def _files(s: Settings, start: Start, source: Any, past_files: bool, epochs: range) -> Iterator[SourceItem]:
-    """Stage 1: the files of ``epochs``, past those before the position where the counts find it."""
-    skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
-    if skip_rows:  # the file the position falls in is read again, up to the position
-        s.stats.replayed(0, source.cut_by(start.epoch, skip_rows))
-    return source.iterate(epochs.start, skip_rows, epochs.stop)
-
-
 def _stream_start(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]],
                   past_files: bool) -> Optional[StreamStart]:
     """Stream mode: where the first epoch's rows are, when it does not begin at its first step (a
@@ -217,7 +209,7 @@ def _stream_start(s: Settings, start: Start, source: Any, steps: Optional[Callab
     return at
 
 
-def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], past_files: bool,
+def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], skip_rows: int,
              stream: Optional[StreamStart]) -> Any:
     """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``)."""
     o = s.options
@@ -227,8 +219,9 @@ def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[i
     bucket = None if o.bucket_by is None else (Lengths(o.bucket_by), resolved(o.bucket_buffer))
     return Batcher(s.files, s.reader.batch_size, o.drop_last, o.shuffle_buffer, o.random_seed,
                    flag_padding=s.sharding.active, steps=steps, bucket=bucket,
-                   resumed=(start.epoch, start.skip if past_files else start.base),
-                   mix=None if s.mix is None else source.buffer)
+                   resumed=(start.epoch, start.skip if skip_rows else start.base),
+                   mix=None if s.mix is None else source.buffer,
+                   resumed_rows=(skip_rows, source.rows(start.epoch) if skip_rows else 0))
 
 
 def _reader_stage(s: Settings, runner: Any) -> ReadFiles:
@@ -247,6 +240,17 @@ def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
     return lambda epoch: source.steps(epoch, s.reader.batch_size, s.options.seq_len, s.options.drop_last)
 
 
+def _files(s: Settings, start: Start, source: Any, batcher: Any, skip_rows: int,
+           epochs: range) -> Iterator[SourceItem]:
+    """Stage 1: the files of ``epochs``, the first past its first ``skip_rows`` rows where the counts find
+    them: from the file they end inside of, or from where the buffers' state is rebuilt from."""
+    read_from = 0
+    if skip_rows:  # read again to find the place: the file it falls in, and what the buffers' state needs
+        read_from = batcher.reads_from()
+        s.stats.replayed(0, source.read_again(start.epoch, skip_rows, read_from))
+    return source.iterate(epochs.start, read_from, epochs.stop)
+
+
 async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: Callable, steps: Any,
                       past_files: bool, epochs: range, from_position: bool,
                       tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
@@ -257,8 +261,11 @@ async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: 
     past_files = past_files and resumed
     read = _reader_stage(s, runner)
     stream = _stream_start(s, start, source, steps, past_files) if resumed else None
-    files = _files(s, start, source, past_files, epochs) if stream is None else stream.source(source, epochs.stop)
-    raw = _batcher(s, start, source, steps, past_files, stream).iterate(read.iterate(files, tasks), read)
+    skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files and stream is None else 0
+    batcher = _batcher(s, start, source, steps, skip_rows, stream)
+    files = _files(s, start, source, batcher, skip_rows, epochs) if stream is None else stream.source(source,
+                                                                                                     epochs.stop)
+    raw = batcher.iterate(read.iterate(files, tasks), read)
     if resumed and start.skip and not past_files:
         raw = _skip(raw, start, s.stats)
     async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):

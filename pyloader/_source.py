@@ -183,15 +183,25 @@ class FileSource:
                 rows = 0
             yield task
 
-    def cut_by(self, epoch: int, rows: int) -> List[str]:
-        """The file that the first ``rows`` rows of ``epoch`` end inside of, if they do."""
+    def rows(self, epoch: int) -> int:
+        """The samples ``tasks(epoch)`` read. Needs the counts."""
         assert self.counts is not None, "finding a position needs the sample counts"
+        return sum((self.counts[t.index] if t.end is None else t.end) - t.start for t in self.tasks(epoch))
+
+    def read_again(self, epoch: int, rows: int, read_from: int) -> List[str]:
+        """The files a resumed epoch read from row ``read_from`` on (``tasks_after``) holding rows
+        before ``rows``, the rows handed out already: with ``read_from == rows``, the file they end
+        inside of, if they do."""
+        assert self.counts is not None, "finding a position needs the sample counts"
+        out, at = [], 0
         for task in self.tasks(epoch):
+            if at >= rows:
+                break
             n = (self.counts[task.index] if task.end is None else task.end) - task.start
-            if rows < n:
-                return [task.path] if rows else []
-            rows -= n
-        return []
+            if n and at + n > read_from:
+                out.append(task.path)
+            at += n
+        return out
 
     def iterate(self, start_epoch: int = 0, skip_rows: int = 0, until: Optional[int] = None) -> Iterator[SourceItem]:
         """Every epoch's tasks from ``start_epoch`` on (to ``until``, exclusive; default: ``num_epoch``), each

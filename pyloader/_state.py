@@ -29,7 +29,8 @@ class Start:
     running to ``end`` (exclusive). ``splits``: the parts of ``epoch`` taken under other
     world sizes, as ``(world_size, batches)`` (elastic resume; see ``_shard.undelivered``).
     ``cached``: the epoch that wrote the cache of encoded batches that ``epoch``'s first
-    ``skip`` batches were read from, if they were (``_cached_epochs``)."""
+    ``skip`` batches were read from, if they were; at an epoch's start after an iteration
+    that ended, the cache the batches before it belong to (``_cached_epochs``)."""
 
     epoch: int = 0
     skip: int = 0

@@ -481,6 +481,28 @@ def test_resume_in_a_cached_epoch_whose_cache_is_gone_encodes_its_writer_again(t
     assert "encoding epoch 0 again" in caplog.text
 
 
+@pytest.mark.parametrize("cache_gone", [False, True])
+def test_a_state_saved_after_an_iteration_ended_resumes_the_next_epoch_in_its_blocks_cache(tmp_path, caplog,
+                                                                                            cache_gone):
+    write_chunks(tmp_path / "data", SIZES)
+
+    def fresh(cache: str) -> pl.DataLoader:
+        return make(tmp_path / "data", tmp_path / cache, K=3, num_epoch=2, shuffle=True)
+
+    uninterrupted = fresh("ref")
+    run_from(uninterrupted)
+    expected = run_from(uninterrupted)  # epoch 2 reads the cache epoch 0 wrote; epoch 3 writes anew
+    saver = fresh("a")
+    run_from(saver)
+    state = json.loads(json.dumps(saver.state_dict()))
+    assert (state["epoch"], state["batches_in_epoch"], state["cached_from"]) == (2, 0, 0)
+    resumed = fresh("b" if cache_gone else "a")  # "b": the cache the state needs is not there
+    resumed.load_state_dict(state)
+    with caplog.at_level(logging.WARNING, logger="pyloader"):
+        assert run_from(resumed) == expected
+    assert ("encoding epoch 0 again" in caplog.text) == cache_gone
+
+
 def test_a_state_saved_in_a_cached_epoch_is_refused_under_another_world_size(tmp_path):
     write_chunks(tmp_path / "data", SIZES)
     first = make(tmp_path / "data", tmp_path / "cache", K=3, num_epoch=2, rank=0, world_size=2)

@@ -10,7 +10,7 @@ import functools
 import json
 import logging
 import os
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 from conftest import IdReader, ListCollator, wait_no_children, wait_no_threads, write_chunks
@@ -18,6 +18,7 @@ from conftest import IdReader, ListCollator, wait_no_children, wait_no_threads, 
 import pyloader as pl
 from pyloader._rng import FILE_ORDER, derive_rng
 from pyloader.readers import JsonLinesReader
+from pyloader.testing import check_resume
 
 pytestmark = pytest.mark.timeout(180)
 PADDING = "__padding__"
@@ -41,27 +42,6 @@ def run(loader: pl.DataLoader) -> List[Tuple[int, List[int], List[bool]]]:
 
 def real_ids(batches) -> List[int]:
     return [i for _, ids, flags in batches for i, pad in zip(ids, flags) if not pad]
-
-
-def assert_resumes_everywhere(make: Callable[[], pl.DataLoader]) -> None:
-    """Stop after every number of batches, save the state (through JSON), resume in a new
-    loader: the batches before and after are those of the uninterrupted run."""
-    full = run(make())
-    assert full
-    for k in range(len(full)):
-        first = make()
-        it = iter(first)
-        head = []
-        for _ in range(k):
-            batch = next(it)
-            flags = batch[PADDING].tolist() if PADDING in batch else [False] * len(batch["id"])
-            head.append((first.epoch, list(batch["id"]), flags))
-        state = json.loads(json.dumps(first.state_dict()))
-        first.close()
-        resumed = make()
-        resumed.load_state_dict(state)
-        assert head + run(resumed) == full, f"resumed after {k} of {len(full)} batches"
-    assert wait_no_threads() == []
 
 
 def even(sample: Dict[str, Any]) -> bool:
@@ -122,6 +102,14 @@ def test_under_ranks_a_filter_leaves_every_rank_the_planned_steps(tmp_path, work
     assert all(pad for _, ids, flags in runs[1][-2:] for pad in flags), "rank 1 ends with padding steps"
 
 
+def test_a_rank_whose_filter_leaves_no_full_batch_with_drop_last_says_so(tmp_path):
+    write_chunks(tmp_path, [4, 4])  # rank 0: ids 0..3, one planned step; the filter keeps 0 and 2
+    loader = loader_over(tmp_path, 3, filter_fn=even, rank=0, world_size=2, drop_last=True)
+    with pytest.raises(RuntimeError, match=r"filter_fn left too few samples for one\): there is nothing to pad the 1 "
+                                           "steps this rank still owes"):
+        list(loader)
+
+
 def test_the_length_of_a_filtered_loader_is_unknown_without_ranks(tmp_path):
     write_chunks(tmp_path, [5, 5])
     with pytest.raises(TypeError, match="length is unknown: filter_fn"):
@@ -179,7 +167,8 @@ def test_a_failing_filter_under_the_skip_policy_drops_the_rest_of_that_file(tmp_
                                       {"rank": 1, "world_size": 2, "shuffle": True, "num_epoch": 2}])
 def test_a_filtered_run_resumes_exactly_at_every_position(tmp_path, settings):
     write_chunks(tmp_path, SIZES)
-    assert_resumes_everywhere(lambda: loader_over(tmp_path, 3, IdReader(3, shuffle=True), filter_fn=even, **settings))
+    check_resume(lambda: loader_over(tmp_path, 3, IdReader(3, shuffle=True), filter_fn=even, **settings))
+    assert wait_no_threads() == []
 
 
 def keep_all(sample: Dict[str, Any]) -> bool:
@@ -323,8 +312,8 @@ def test_under_ranks_a_file_order_splits_its_samples_with_equal_steps(tmp_path, 
                                       {"num_epoch": 2, "drop_last": True, "rank": 1, "world_size": 2}])
 def test_a_run_with_a_file_order_resumes_exactly_at_every_position(tmp_path, settings):
     write_chunks(tmp_path, [3, 5, 2, 4])
-    assert_resumes_everywhere(lambda: loader_over(tmp_path, 2, IdReader(2, shuffle=True), file_order=curriculum,
-                                                  **settings))
+    check_resume(lambda: loader_over(tmp_path, 2, IdReader(2, shuffle=True), file_order=curriculum, **settings))
+    assert wait_no_threads() == []
 
 
 def test_a_state_saved_with_another_file_order_is_refused(tmp_path):
@@ -484,8 +473,9 @@ def test_bucketing_under_ranks_keeps_shares_and_steps(tmp_path, workers, even_ba
                                       {"rank": 1, "world_size": 2, "shuffle": True, "num_epoch": 2}])
 def test_a_bucketed_run_resumes_exactly_at_every_position(tmp_path, settings):
     write_chunks(tmp_path, SIZES)
-    assert_resumes_everywhere(lambda: loader_over(tmp_path, 3, IdReader(3, shuffle=True), bucket_by=length_of,
-                                                  bucket_buffer=10, **settings))
+    check_resume(lambda: loader_over(tmp_path, 3, IdReader(3, shuffle=True), bucket_by=length_of, bucket_buffer=10,
+                                     **settings))
+    assert wait_no_threads() == []
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -567,4 +557,5 @@ def test_filter_order_and_bucketing_together_resume_exactly_under_ranks(tmp_path
     write_chunks(tmp_path, SIZES)
     steps = [len(run(every_feature(tmp_path, rank=rank, world_size=2))) for rank in range(2)]
     assert steps[0] == steps[1]
-    assert_resumes_everywhere(lambda: every_feature(tmp_path, rank=1, world_size=2))
+    check_resume(lambda: every_feature(tmp_path, rank=1, world_size=2))
+    assert wait_no_threads() == []

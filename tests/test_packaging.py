@@ -136,7 +136,7 @@ def test_tests_run_from_the_unpacked_sdist(built: Built) -> None:
                "tests/test_semantics.py::test_tail_of_one_file_joins_the_next",
                "tests/test_groups.py::test_a_failed_batch_mid_group_raises_after_the_batches_before_it"],
               cwd=built.unpacked, timeout=180)
-    assert re.search(r"\b5 passed\b", out), out[-2000:]
+    assert re.search(r"\b6 passed\b", out), out[-2000:]
 
 
 SMOKE = """
@@ -205,7 +205,7 @@ def test_the_wheel_offers_the_user_extras_and_the_test_extra_installs_every_tool
     assert USER_EXTRAS | {"test"} <= set(metadata.get_all("Provides-Extra") or [])
     assert {"parquet": "pyarrow", "fast": "orjson", "compression": "zstandard", "progress": "tqdm"} == {
         extra: next(iter(requirements_of(metadata, extra))) for extra in ("parquet", "fast", "compression", "progress")}
-    tools = {"lightning", "pyarrow", "zstandard", "orjson", "tqdm", "mypy", "ruff", "pytest", "setuptools"}
+    tools = {"lightning", "pyarrow", "zstandard", "orjson", "tqdm", "mypy", "ruff", "radon", "pytest", "setuptools"}
     assert tools <= set(requirements_of(metadata, "test")), sorted(tools - set(requirements_of(metadata, "test")))
     # constraints.txt decides which torch: no requirement may cap it or pin it
     torch_specs = [s for extra in metadata.get_all("Provides-Extra") or []

@@ -613,3 +613,50 @@ def test_fast_counting_is_left_to_reading_for_codecs_whose_bytes_cannot_tell(tmp
         reader = TextLinesReader(encoding=encoding, skip_blank=True)
         assert reader.read_file(path) == ({"text": ["a", "b"]}, 2)
         assert reader.count(path) == 2
+
+
+class _Cycle:
+    """Garbage whose collection runs Python code (``__del__``), so other threads get the GIL meanwhile."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+    def __del__(self) -> None:
+        sum(range(50))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mmap", [True, False])
+def test_npy_headers_read_by_many_threads_at_once_never_fail(tmp_path, mmap):
+    """NumPy parses headers with ast, whose state CPython 3.11 shares between threads: two parses at once
+    could fail with SystemError (python/cpython#106905) while the loader counted or read files in threads."""
+    import gc
+    import sys
+    import threading
+
+    path = save_npy(tmp_path, "a.npy", np.zeros((5, 3), np.float32))
+    reader = NumpyReader(mmap=mmap)
+    errors: list = []
+
+    def count_often() -> None:
+        for _ in range(3000):
+            try:
+                assert reader.count(path) == 5
+            except Exception as exc:  # noqa: BLE001  # the failure is the test's result
+                errors.append(exc)
+                return
+            _Cycle()
+
+    interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    gc.set_threshold(50)  # and collect garbage often: inside a parse too
+    try:
+        threads = [threading.Thread(target=count_often) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+        gc.set_threshold(*thresholds)
+    assert errors == []

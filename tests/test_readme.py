@@ -27,6 +27,18 @@ def test_quick_usage_example_runs(tmp_path):
     assert loader.epoch == 4
 
 
+def test_the_check_resume_example_runs_on_the_quick_usage_classes(tmp_path):
+    for i in range(3):
+        (tmp_path / f"chunk-{i}.tsv").write_text("".join(f"{j % 2}\tsample {i}-{j}\n" for j in range(7)))
+    namespace: dict = {}
+    classes = python_block("## Quick usage").split("train_loader = ")[0]
+    exec(compile(classes, "README.md", "exec"), namespace)
+    code = python_block("**Checking your own loader.**").replace('"small_data/"', repr(str(tmp_path)))
+    code = code.replace("check_resume(", "checked = check_resume(", 1)
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["checked"] == 6  # 21 samples in batches of 4
+
+
 def test_ci_runs_the_readme_test_command():
     ci = (README.parent / ".ci" / "run").read_text()
     assert "test-command" in ci and "<!-- test-command -->" in README.read_text()

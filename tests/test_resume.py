@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import time
 from typing import Any, Dict, List, Tuple
@@ -366,70 +365,3 @@ def test_resume_with_workers_matches_without(data, position):
         resumed = _loader(data, loader_kwargs, reader_kwargs, num_workers=workers)
         resumed.load_state_dict(state)
         assert head + _run(resumed) == full
-
-
-# -- what a resume reads ------------------------------------------------------------------
-class LoggedReader(IdReader):
-    """Appends every file it reads to a log file (works from worker processes too)."""
-
-    def __init__(self, batch_size, log, **kwargs):
-        super().__init__(batch_size, **kwargs)
-        self.log = str(log)
-
-    def read_file(self, path):
-        with open(self.log, "a") as f:
-            f.write(path + "\n")
-        return super().read_file(path)
-
-    def count(self, path):  # a cheap count that reads no rows (as the built-in readers' do)
-        with open(path) as f:
-            return sum(1 for line in f if line.strip())
-
-
-@pytest.mark.parametrize("where", [0.02, 0.5, 0.97])
-@pytest.mark.parametrize("kwargs", [dict(), dict(num_workers=2), dict(rank=1, world_size=2),
-                                    dict(shuffle=True, num_epoch=2), dict(drop_last=True)],
-                         ids=["plain", "workers", "ranks", "shuffled", "drop_last"])
-def test_a_resume_reads_only_the_file_at_its_position_and_the_read_ahead(tmp_path, where, kwargs):
-    write_chunks(tmp_path / "data", [10] * 40)
-    reader_kwargs = {"shuffle": True, "random_seed": 5}
-
-    def make(log):
-        return pl.DataLoader(LoggedReader(BATCH, tmp_path / log, **reader_kwargs), pl.IdentityDataset(),
-                             ListCollator(), str(tmp_path / "data"), prefetch_files=2, **kwargs)
-
-    full = [(e, list(b)) for e, b in _run_pairs(make("full.log"))]
-    k = max(1, int(where * len(full)))
-    loader = make("first.log")
-    it = iter(loader)
-    head = []
-    for _ in range(k):
-        batch = next(it)
-        head.append((loader.epoch, list(batch["id"])))
-    state = json.loads(json.dumps(loader.state_dict()))
-    it.close()
-
-    resumed = make("resumed.log")
-    resumed.load_state_dict(state)
-    it = iter(resumed)
-    first = next(it)
-    read_before_first = set((tmp_path / "resumed.log").read_text().splitlines())
-    tail = [(resumed.epoch, list(first["id"]))]
-    for batch in it:
-        tail.append((resumed.epoch, list(batch["id"])))
-    assert head + tail == full
-    # never a file wholly before the position (up to 39 of 40 here): only the one it falls in,
-    # and the read-ahead after it
-    def files(batches):
-        return {f"part-{i // 10:04d}.txt" for _, ids in batches for i in ids}
-
-    before = files(head) - files(tail)
-    assert not {os.path.basename(p) for p in read_before_first} & before, sorted(before)
-    assert len(read_before_first) <= len(files(tail))
-
-
-def _run_pairs(loader):
-    out = []
-    for batch in loader:
-        out.append((loader.epoch, batch["id"]))
-    return out

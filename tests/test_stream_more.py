@@ -5,7 +5,6 @@ under ranks, and resumed at every position.
 """
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -19,6 +18,7 @@ from test_stream import PieceReader, epoch_order, write_streams
 
 import pyloader as pl
 from pyloader.collators import NumpyCollator, TorchCollator
+from pyloader.testing import check_resume
 
 pytestmark = pytest.mark.timeout(180)
 FIRST, VALID, REPLAY, STREAM_ID, POSITION = "__first__", "__valid__", "__replay__", "__stream_id__", "__position__"
@@ -82,24 +82,6 @@ def run_epochs(loader: pl.DataLoader) -> Dict[int, List[Dict[str, Any]]]:
     return out
 
 
-def as_lists(batch: Dict[str, Any]) -> Dict[str, Any]:
-    return {key: np.asarray(value).tolist() for key, value in batch.items()}
-
-
-def assert_resumes_everywhere(make) -> None:
-    full = [as_lists(b) for b in make()]
-    for k in range(len(full)):
-        first = make()
-        it = iter(first)
-        head = [as_lists(next(it)) for _ in range(k)]
-        state = json.loads(json.dumps(first.state_dict()))
-        first.close()
-        resumed = make()
-        resumed.load_state_dict(state)
-        assert head + [as_lists(b) for b in resumed] == full, f"resumed after {k} of {len(full)}"
-    assert wait_no_threads() == []
-
-
 # -- padding_mode="edge" ---------------------------------------------------------------------------
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("seq_len,arrays", [(None, False), (3, False), (3, True), (4, True)])
@@ -151,7 +133,8 @@ def test_edge_padding_keeps_ranks_equal_and_resumes_exactly(tmp_path, seq_len):
         seen = [i for rank, r in enumerate(runs) for i in check_epoch(r[epoch], file_streams(lengths), [0] * 5, 2,
                                                                       seq_len, order, edge=True)]
         assert sorted(seen) == sorted(i for s in file_streams(lengths) for i in s)
-    assert_resumes_everywhere(lambda: make(1))
+    check_resume(lambda: make(1))
+    assert wait_no_threads() == []
 
 
 # -- time_major ------------------------------------------------------------------------------------------
@@ -314,7 +297,8 @@ def test_a_time_major_run_over_slices_resumes_exactly_and_refuses_other_bounds(t
         return pl.DataLoader(PieceReader(2, 4, arrays=True), pl.IdentityDataset(), NumpyCollator(), listed,
                              stream=True, seq_len=3, shuffle=True, num_epoch=2, padding_mode="edge", time_major=True)
 
-    assert_resumes_everywhere(make)
+    check_resume(make)
+    assert wait_no_threads() == []
     loader = make()
     next(iter(loader))
     state = loader.state_dict()
@@ -390,7 +374,8 @@ def test_in_memory_streams_resume_exactly_and_refuse_other_data():
         return pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), streams, stream=True, seq_len=2,
                              shuffle=True, num_epoch=2, padding_mode="edge")
 
-    assert_resumes_everywhere(make)
+    check_resume(make)
+    assert wait_no_threads() == []
     loader = make()
     next(iter(loader))
     state = loader.state_dict()
@@ -414,3 +399,17 @@ def test_in_memory_streams_and_files_do_not_mix(tmp_path):
     with pytest.raises(ValueError, match="among files"):
         pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), [str(tmp_path / "s000.txt"), np.arange(3)],
                       stream=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("padding_mode", ["zeros", "edge"])
+def test_padding_steps_of_a_short_rank_give_list_samples_the_shape_of_its_other_steps(tmp_path, padding_mode, workers):
+    write_streams(tmp_path, [9, 1])  # rank 1's one sample is one step; it pads two more, with no live row
+    loader = pl.DataLoader(PieceReader(2, 2, arrays=False), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                           stream=True, seq_len=3, padding_mode=padding_mode, pad_value=-5, rank=1, world_size=2,
+                           num_workers=workers)
+    batches = list(loader)
+    assert [b[VALID].any(axis=1).tolist() for b in batches] == [[True, False], [False, False], [False, False]]
+    assert [b["pair"].shape for b in batches] == [(2, 3, 2)] * 3
+    edge = [1000, -1000] if padding_mode == "edge" else [-5, -5]
+    assert batches[1]["pair"].tolist() == [[edge] * 3, [[-5, -5]] * 3]

@@ -160,6 +160,11 @@ def stack_column(key: str, column: Sequence, options: StackOptions) -> Optional[
         return None
     layout = _Layout(key)
     layout.walk(column, 0)
+    return _stack_walked(key, column, layout, options)
+
+
+def _stack_walked(key: str, column: Sequence, layout: "_Layout", options: StackOptions) -> Dict[str, np.ndarray]:
+    """``stack_column`` for a column of numbers, once ``layout`` has walked it: padded where it is ragged."""
     dtype = layout.dtype(options)
     depth = layout.depth if layout.depth is not None else len(layout.lens) - 1
     shape = tuple(layout.lens[: depth + 1])
