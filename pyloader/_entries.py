@@ -103,6 +103,11 @@ def parse_entries(data_dir: Any, stream: bool) -> Optional[Entries]:
     if not any(_is_path(item) or _is_slice(item) for item in listed):
         memory = [_memory(item, k) for k, item in enumerate(listed)]
         return Entries([f"<memory {k}>" for k in range(len(memory))], [None] * len(memory), memory, listed)
+    return _file_entries(listed)
+
+
+def _file_entries(listed: List[Any]) -> Entries:
+    """Files read whole and ``(path, start, end)`` slices of files."""
     paths: List[Any] = []
     bounds: List[Bounds] = []
     for k, item in enumerate(listed):

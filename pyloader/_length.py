@@ -13,8 +13,9 @@ from typing import Dict, List, Optional, Sequence
 from ._abc import DataReader
 from ._errors import PipelineError
 from ._runners import Exclusive
-from ._shard import batches_of, stream_steps
+from ._shard import batches_of
 from ._source import FileSource
+from ._stream_plan import stream_steps
 
 
 def checked_count(reader: DataReader, path: str) -> int:

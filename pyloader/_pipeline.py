@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._batch import Batcher, Group, Stacked
@@ -35,10 +35,11 @@ from ._read import ReadFiles
 from ._rotation import Rotation
 from ._runners import Exclusive, Lane, LocalSteps, PoolRunner, ThreadRunner
 from ._shard import Sharding, batches_of
-from ._source import Elastic, FileSource, FileTask
+from ._source import Elastic, FileSource, FileTask, SourceItem
 from ._sources import Mix
 from ._state import Start
 from ._stream import StreamBatcher
+from ._stream_resume import StreamStart, stream_start
 
 _COLLATING = 2  # groups of rotated batches being collated at once
 
@@ -171,12 +172,13 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optiona
 
 def resumes_past_files(s: Settings, start: Start) -> bool:
     """Whether a resumed epoch can start past the files before its position (or past those before
-    where the buffers' state there is rebuilt from: ``_shuffle``, ``_bucket``), found from the counts:
-    not when the counts cannot place the position (stream rows, mixing, samples filtered or errors
-    skipped), nor with rotation (its batches are not the files' in order): those replay it."""
+    where the buffers' state there is rebuilt from: ``_shuffle``, ``_bucket``; in stream mode, at the
+    rows' places there: ``_stream_resume``), found from the counts: not when the counts cannot place
+    the position (mixing, samples filtered or errors skipped), nor with rotation (its batches are not
+    the files' in order): those replay it."""
     o = s.options
-    return (start.skip > start.base and not o.stream and o.filter_fn is None and s.errors.policy is reraise
-            and s.mix is None and o.rotation == 1)
+    return (start.skip > start.base and o.filter_fn is None and s.errors.policy is reraise and s.mix is None
+            and o.rotation == 1)
 
 
 def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Any:
@@ -184,22 +186,44 @@ def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) ->
     o = s.options
     if s.mix is not None:
         return MixSource(s.mix, counts or [], o.stop, o.shuffle, o.random_seed, start.end, s.sharding, s.stats.sources)
-    elastic = Elastic(start.epoch, start.splits, s.reader.batch_size) if start.splits else None
+    elastic = Elastic(start.epoch, start.splits, s.reader.batch_size, o.seq_len or 1) if start.splits else None
     return FileSource(s.files, start.end, o.shuffle, o.random_seed, s.sharding, counts, whole_files=o.stream,
                       file_order=o.file_order, bounds=bounds_of(s.entries), elastic=elastic)
 
 
-def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], skip_rows: int) -> Any:
+def _fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
+    """Stream mode under ranks: the files a rank with none of its own replays (padding needs the fields)."""
+    if not s.sharding.active:
+        return None
+    o = s.options
+
+    def fallback(epoch: int) -> List[FileTask]:
+        return list(FileSource(s.files, o.num_epoch, o.shuffle, o.random_seed,
+                               file_order=o.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
+    return fallback
+
+
+def _stream_start(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]],
+                  past_files: bool) -> Optional[StreamStart]:
+    """Stream mode: where the first epoch's rows are, when it does not begin at its first step (a
+    resume past files, or an elastic one); the files read again to get there count in the stats."""
+    o = s.options
+    if not o.stream or not (past_files or start.splits):
+        return None
+    at = stream_start(source, start.epoch, start.base, start.skip - start.base if past_files else 0,
+                      s.reader.batch_size, o.seq_len or 1, o.padding_mode == "data",
+                      None if steps is None else steps(start.epoch), _fallback(s))
+    s.stats.replayed(0, at.read_again(edges=o.padding_mode == "edge"))
+    return at
+
+
+def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], skip_rows: int,
+             stream: Optional[StreamStart]) -> Any:
     """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``)."""
     o = s.options
     if o.stream:
-        fallback = None
-        if s.sharding.active:
-            def fallback(epoch: int) -> List[FileTask]:
-                return list(FileSource(s.files, o.num_epoch, o.shuffle, o.random_seed,
-                                       file_order=o.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
         return StreamBatcher(s.files, s.reader.batch_size, o.seq_len, o.padding_mode, o.pad_value,
-                             steps, fallback, o.time_major)
+                             steps, _fallback(s), o.time_major, stream)
     bucket = None if o.bucket_by is None else (Lengths(o.bucket_by), resolved(o.bucket_buffer))
     if o.rotation > 1:  # the steps are the rotated batches': a share short of samples is padded later (EvenSteps)
         steps = None
@@ -250,6 +274,17 @@ def _rotated(s: Settings, start: Start, rotation: Rotation, encoded: AsyncIterat
     return OrderedMap(collate.run, _COLLATING, s.errors, s.stats).iterate(rotated, tasks)
 
 
+def _files(s: Settings, start: Start, source: Any, batcher: Any, skip_rows: int,
+           epochs: range) -> Iterator[SourceItem]:
+    """Stage 1: the files of ``epochs``, the first past its first ``skip_rows`` rows where the counts find
+    them: from the file they end inside of, or from where the buffers' state is rebuilt from."""
+    read_from = 0
+    if skip_rows:  # read again to find the place: the file it falls in, and what the buffers' state needs
+        read_from = batcher.reads_from()
+        s.stats.replayed(0, source.read_again(start.epoch, skip_rows, read_from))
+    return source.iterate(epochs.start, read_from, epochs.stop)
+
+
 async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: Callable, steps: Any,
                       past_files: bool, epochs: range, from_position: bool,
                       tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
@@ -258,14 +293,13 @@ async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: 
     first epoch from the position it resumes at, else whole."""
     resumed = from_position and epochs.start == start.epoch
     past_files = past_files and resumed
-    skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files else 0
     read = _reader_stage(s, runner)
-    batcher = _batcher(s, start, source, steps, skip_rows)
-    read_from = 0
-    if skip_rows:  # read again to find the place: the file it falls in, and what the buffers' state needs
-        read_from = batcher.reads_from()
-        s.stats.replayed(0, source.read_again(start.epoch, skip_rows, read_from))
-    raw = batcher.iterate(read.iterate(source.iterate(epochs.start, read_from, epochs.stop), tasks), read)
+    stream = _stream_start(s, start, source, steps, past_files) if resumed else None
+    skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files and stream is None else 0
+    batcher = _batcher(s, start, source, steps, skip_rows, stream)
+    files = _files(s, start, source, batcher, skip_rows, epochs) if stream is None else stream.source(source,
+                                                                                                     epochs.stop)
+    raw = batcher.iterate(read.iterate(files, tasks), read)
     if resumed and start.skip and not past_files:
         raw = _skip(raw, start, s.stats)
     async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):

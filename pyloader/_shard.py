@@ -16,9 +16,12 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, TypeVar
+
+from ._stream_plan import stream_steps
 
 EVEN_BATCHES = ("pad", "drop")
+T = TypeVar("T")
 Range = Tuple[int, int, int]  # (position in the epoch's order, first row, end row)
 
 
@@ -166,25 +169,13 @@ def rank_ranges(order: Sequence[int], counts: Sequence[int], s: Sharding, splits
     return as_ranges(lo, hi), pad
 
 
-def stream_steps(lengths: Sequence[int], rows: int, width: int) -> int:
-    """How many steps stream mode takes for files of ``lengths`` (in order) over ``rows`` rows:
-    a free row takes the next non-empty file (lowest row first) and holds it for
-    ``ceil(n / width)`` steps — the same schedule ``StreamBatcher`` follows."""
-    free_at = [0] * rows
-    for n in lengths:
-        if n:
-            row = min(range(rows), key=lambda r: (free_at[r], r))
-            free_at[row] += -(-n // width)
-    return max(free_at) if any(lengths) else 0
+def stream_shares(items: Sequence[T], world_size: int) -> List[List[T]]:
+    """Stream mode splits whole files: rank ``r`` takes every ``world_size``-th file of the epoch."""
+    return [list(items[r::world_size]) for r in range(world_size)]
 
 
-def stream_positions(order: Sequence[int], s: Sharding) -> range:
-    """Stream mode splits whole files: rank ``r`` takes every ``world_size``-th file of the epoch
-    (their positions in ``order``)."""
-    return range(s.rank, len(order), s.world_size)
-
-
-def stream_target(order: Sequence[int], counts: Sequence[int], rows: int, width: int, s: Sharding) -> int:
-    """The step count every rank produces in stream mode: the longest rank's (pad) or the shortest's (drop)."""
-    steps = [stream_steps([counts[i] for i in order[r::s.world_size]], rows, width) for r in range(s.world_size)]
-    return max(steps) if s.even_batches == "pad" else min(steps)
+def stream_target(lengths: Sequence[Sequence[int]], rows: int, width: int, even_batches: str) -> int:
+    """The step count every rank gives in stream mode, its files being of ``lengths[rank]``: the
+    longest rank's (pad) or the shortest's (drop)."""
+    steps = [stream_steps(share, rows, width) for share in lengths]
+    return max(steps) if even_batches == "pad" else min(steps)

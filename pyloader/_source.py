@@ -7,7 +7,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 from ._order import FileOrder, OrderFn
 from ._rng import FILE_ORDER, derive_rng
-from ._shard import SINGLE, Sharding, Split, planned_steps, rank_ranges, stream_positions, stream_target
+from ._shard import SINGLE, Sharding, Split, planned_steps, rank_ranges, stream_shares, stream_target
+from ._stream_plan import leftover
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,23 @@ class FileTask:
 @dataclass(frozen=True)
 class Elastic:
     """Epoch ``epoch`` was begun under other world sizes: every rank of split ``(world_size, n)``
-    took ``n`` batches of ``batch_size``; this run shares out what they left."""
+    took ``n`` batches of ``batch_size`` (in stream mode ``n`` steps of ``batch_size`` rows of
+    ``width`` samples); this run shares out what they left."""
 
     epoch: int
     splits: Tuple[Split, ...]
     batch_size: int
+    width: int = 1
+
+
+def seek(task: FileTask, offset: int, length: int) -> FileTask:
+    """``task`` (``length`` samples) from its ``offset``-th sample on. A whole file gets its end
+    made explicit: ``_read.file_pieces`` checks the file against its count there."""
+    if not offset:
+        return task
+    if task.end is None:
+        return dataclasses.replace(task, start=task.start + offset, end=task.start + length, count=length)
+    return dataclasses.replace(task, start=task.start + offset)
 
 
 @dataclass(frozen=True)
@@ -97,12 +110,9 @@ class FileSource:
             return
         assert self.counts is not None, "sharding needs the sample counts"
         if self.whole_files:
-            for pos in stream_positions(order, self.sharding):
-                index = order[pos]
-                if index not in self.left_out:
-                    yield self._whole(epoch, pos, index, count=self.counts[index])
+            yield from (task for task in self._stream_shares(epoch)[self.sharding.rank]
+                        if task.index not in self.left_out)
             return
-        assert self.counts is not None, "sharding needs the sample counts"
         splits, batch_size = self._splits(epoch)
         share, padding = rank_ranges(order, self.counts, self.sharding, splits, batch_size)
         for pad, part in ((False, share), (True, padding)):
@@ -117,14 +127,38 @@ class FileSource:
             return FileTask(epoch, pos, index, self.files[index], count=count)
         return FileTask(epoch, pos, index, self.files[index], *bounds)
 
+    def _stream_shares(self, epoch: int) -> List[List[FileTask]]:
+        """Stream mode: every rank's files (a rank takes every ``world_size``-th one). After an
+        elastic resume, what the ranks of the splits before left undelivered, in plan order and
+        shared the same way: the files they had not started, and those in progress from where
+        their rows were (``_stream_plan.leftover``)."""
+        assert self.counts is not None, "sharding needs the sample counts"
+        tasks = [self._whole(epoch, pos, index, count=self.counts[index])
+                 for pos, index in enumerate(self.order(epoch))]
+        splits, _ = self._splits(epoch)
+        for world_size, steps in splits:
+            assert self.elastic is not None, "splits come from an elastic resume"
+            rows, width = self.elastic.batch_size, self.elastic.width
+            left = [seek(task, offset, length) for share in stream_shares(tasks, world_size)
+                    for task, offset, length in leftover([(t, self.length(t)) for t in share], rows, width, steps)]
+            tasks = sorted(left, key=lambda task: task.pos)
+        return stream_shares(tasks, self.sharding.world_size)
+
+    def length(self, task: FileTask) -> int:
+        """The samples ``task`` reads (from the counts)."""
+        assert self.counts is not None, "a task's length comes from the sample counts"
+        return (self.counts[task.index] if task.end is None else task.end) - task.start
+
     def steps(self, epoch: int, batch_size: int, seq_len: Optional[int], drop_last: bool) -> int:
         """The number of steps every rank gives in ``epoch``, planned from the counts alone
         (under ranks), so that no rank needs to ask the others."""
         order = self.order(epoch)
         assert self.counts is not None, "planning steps needs the sample counts"
-        if self.whole_files:
-            return stream_target(order, self.counts, batch_size, seq_len or 1, self.sharding)
         splits, _ = self._splits(epoch)
+        if self.whole_files:
+            lengths = [[self.length(task) for task in share] for share in self._stream_shares(epoch)]
+            return sum(b for _, b in splits) + stream_target(lengths, batch_size, seq_len or 1,
+                                                              self.sharding.even_batches)
         return sum(b for _, b in splits) + planned_steps(order, self.counts, self.sharding, batch_size, drop_last,
                                                           splits)
 

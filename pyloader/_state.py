@@ -134,12 +134,11 @@ def _elastic(start: Start, saved_world: Any, ours: Mapping[str, Any]) -> Start:
         raise ValueError(f"the state was saved mid-epoch under world_size={saved_world}, not {ours['world_size']}, "
                          f"in an epoch read from the cache of encoded batches (cache_encoded), which holds "
                          f"the saved rank's share only: resume it under world_size={saved_world}")
-    if ours["stream"] or ours["shuffle_buffer"] or ours.get("filter_fn") or ours.get("bucket_by") \
-            or ours.get("rotation"):
+    if ours["shuffle_buffer"] or ours.get("filter_fn") or ours.get("bucket_by") or ours.get("rotation"):
         raise ValueError(f"the state was saved mid-epoch under world_size={saved_world}, not {ours['world_size']}: "
-                         f"resuming under another world size is not supported in stream mode, with a shuffle "
-                         f"or bucket buffer, with filter_fn, or with rotation (the samples a rank delivered "
-                         f"are then not the first ones of its share)")
+                         f"resuming under another world size is not supported with a shuffle or bucket buffer, "
+                         f"with filter_fn, or with rotation (the samples a rank delivered are then not the first "
+                         f"ones of its share)")
     return Start(start.epoch, start.skip, start.end, (*start.splits, (saved_world, taken)))
 
 
