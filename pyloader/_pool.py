@@ -122,6 +122,24 @@ class _Worker:
         error.__cause__ = self.init_error
         return error
 
+    def gone(self) -> bool:
+        """Whether the worker has ended: ``is_alive()`` of a forkserver child learns it only once the
+        server has reaped it, while the process table shows a zombie at once."""
+        return self.dead is not None or not self.process.is_alive() or _exited(self.process.pid)
+
+
+def _exited(pid: Optional[int]) -> bool:
+    """Whether process ``pid`` has ended, not yet reaped (Linux's ``/proc``; elsewhere: unknown, False)."""
+    if pid is None or not os.path.isdir("/proc/self"):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        return False
+
 
 class WorkerPool:
     """``num_workers`` processes serving ``_worker.worker_main`` requests."""
@@ -155,7 +173,7 @@ class WorkerPool:
             if self._loop is not None:  # it still did not: its workers may be busy with it, start anew
                 self._loop = None
                 self._shut_down()
-            if not self._workers or any(w.dead is not None or not w.process.is_alive() for w in self._workers):
+            if not self._workers or any(w.gone() for w in self._workers):
                 self._shut_down()
                 self._launch()
             self._loop = loop

@@ -660,11 +660,14 @@ def test_persistent_workers_end_at_interpreter_exit(tmp_path, mid_iteration):
     assert alive_pids(records) == []
 
 
-def test_persistent_workers_are_started_again_after_one_died(tmp_path):
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_persistent_workers_are_started_again_after_one_died(tmp_path, start_method):
+    # forkserver: the dead worker is the server's child, so is_alive() here learns of its end late
     write_chunks(tmp_path / "data", SIZES)
     (tmp_path / "init").mkdir()
     loader = pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), str(tmp_path / "data"), num_workers=2,
-                           worker_init_fn=InitRecorder(str(tmp_path / "init")), persistent_workers=True)
+                           worker_init_fn=InitRecorder(str(tmp_path / "init")), persistent_workers=True,
+                           start_method=start_method)
     with loader:
         assert ids_of(loader) == list(range(TOTAL))
         first = recorded_workers(str(tmp_path / "init"))
