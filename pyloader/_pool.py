@@ -174,6 +174,8 @@ class WorkerPool:
                 self._loop = None
                 self._shut_down()
             if not self._workers or any(w.gone() for w in self._workers):
+                if not threading.main_thread().is_alive():  # the interpreter exits, killing our workers
+                    raise RuntimeError("pyloader: no worker starts while the interpreter exits")
                 self._shut_down()
                 self._launch()
             self._loop = loop
