@@ -6,11 +6,11 @@ iterate. Importing this package configures nothing and imports neither torch nor
 TensorFlow.
 """
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
-from ._epoch_cache import CacheEncoded
 from ._errors import PipelineError, TooManyErrors, WorkerDied, reraise, warn_and_skip
-from ._files import list_files, open_file
 from ._loader import DataLoader, LoaderIterator
-from ._sources import Source
+from ._stages.sources import Source
+from ._storage.epoch_cache import CacheEncoded
+from ._storage.files import list_files, open_file
 
 __all__ = [
     "DataReader", "Dataset", "DataCollator", "IdentityDataset", "DataLoader", "LoaderIterator",

@@ -31,9 +31,9 @@ import numpy as np
 
 from ._abc import DataReader, IdentityDataset
 from ._errors import PipelineError, describe
-from ._files import _local, is_url, list_files
 from ._length import checked_count
 from ._loader import DataLoader
+from ._storage.files import _local, is_url, list_files
 
 READERS = {
     "jsonl": ("pyloader.readers", "JsonLinesReader"),

@@ -1,8 +1,8 @@
 """The loader's keywords for composing data: the checks between them at construction.
 
-Each feature lives in its own module (``_filter``: ``filter_fn``; ``_order``:
-``file_order``; ``_bucket``: ``bucket_by``; ``_stream`` and ``_entries``: the
-stream-mode additions; ``_rotation``: ``rotation``, ``rotation_dir``, ``rotation_size``); this one only
+Each feature lives in its own module (``_stages.filter``: ``filter_fn``; ``_stages.order``:
+``file_order``; ``_stages.bucket``: ``bucket_by``; ``_stages.stream`` and ``_stages.entries``: the
+stream-mode additions; ``_stages.rotation``: ``rotation``, ``rotation_dir``, ``rotation_size``); this one only
 gathers the checks ``_options`` runs for all of them. Their part of the resume
 fingerprint is declared with each option (``_options.Options``).
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ._bucket import check_bucketing
-from ._filter import check_filter
-from ._order import check_file_order
-from ._rotation import check_rotation
+from ._stages.bucket import check_bucketing
+from ._stages.filter import check_filter
+from ._stages.order import check_file_order
+from ._stages.rotation import check_rotation
 
 
 def check_compose(a: Mapping[str, Any]) -> None:

@@ -87,7 +87,7 @@ class WorkerDied(RuntimeError):
 
 class NeverSkipped(Exception):
     """A base of errors that no ``on_error`` policy skips: a setting that cannot work with this data
-    (e.g. ``_codec.NotCacheable``), not a bad file or batch."""
+    (e.g. ``_storage.codec.NotCacheable``), not a bad file or batch."""
 
 
 class TooManyErrors(PipelineError):

@@ -12,10 +12,10 @@ from typing import Dict, List, Optional, Sequence
 
 from ._abc import DataReader
 from ._errors import PipelineError
-from ._runners import Exclusive
-from ._shard import batches_of
-from ._source import FileSource
-from ._stream_plan import stream_steps
+from ._execution.runners import Exclusive
+from ._stages.shard import batches_of
+from ._stages.source import FileSource
+from ._stages.stream_plan import stream_steps
 
 
 def checked_count(reader: DataReader, path: str) -> int:

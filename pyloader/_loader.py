@@ -9,18 +9,15 @@ import weakref
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from ._abc import DataReader
-from ._auto_workers import Placement, Placer
-from ._batch import Batch, Group, Stacked
-from ._cache import DiskCache
 from ._compose import callable_name
-from ._engine import Engine
-from ._entries import bounds_of, known_counts, stream_data
-from ._epoch_cache import COUNTERS as CACHE_COUNTERS
-from ._epoch_cache import EpochStore, as_cache_encoded, data_stamp
 from ._errors import ErrorHandler, PipelineError, Stats
-from ._frameworks import mover, pinner, unstack
+from ._execution.auto_workers import Placement, Placer
+from ._execution.engine import Engine
+from ._execution.pool import KeptPool
+from ._execution.runners import Exclusive
+from ._frameworks.progress import progress_bar
+from ._frameworks.torch import mover, pinner, unstack
 from ._length import count_files, epoch_batches
-from ._mix import MixSource, mix_fingerprint
 from ._options import (
     GROUPS_IN_FLIGHT,
     GROUPS_PER_WORKER,
@@ -32,21 +29,24 @@ from ._options import (
     taking,
     values_of,
 )
-from ._order import declares_drops_or_repeats
 from ._pipeline import Settings, batches
-from ._pool import KeptPool
-from ._progress import progress_bar
-from ._runners import Exclusive
-from ._shard import Sharding
-from ._shard import resolve as resolve_sharding
-from ._source import FileSource
-from ._sources import build_mix, is_mix
+from ._stages.batch import Batch, Group, Stacked
+from ._stages.entries import bounds_of, known_counts, stream_data
+from ._stages.mix import MixSource, mix_fingerprint
+from ._stages.order import declares_drops_or_repeats
+from ._stages.shard import Sharding
+from ._stages.shard import resolve as resolve_sharding
+from ._stages.source import FileSource
+from ._stages.sources import build_mix, is_mix
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
 from ._stats import profiled
+from ._storage.cache import DiskCache
+from ._storage.epoch_cache import COUNTERS as CACHE_COUNTERS
+from ._storage.epoch_cache import EpochStore, as_cache_encoded, data_stamp
 
 
 def _weighted_sources(data_dir: Any, reader: DataReader, stream: bool, retries: int) -> Any:
-    """The weighted sources (``_mix``) a ``data_dir`` of ``Source``s names, else ``None``."""
+    """The weighted sources (``_stages.mix``) a ``data_dir`` of ``Source``s names, else ``None``."""
     if not is_mix(data_dir):
         return None
     if stream:
@@ -176,13 +176,13 @@ class DataLoader(Options):
         r = self._record
         if r is None:
             return self._upcoming()
-        if r.ended == "exhausted":  # the next epoch's start, with the cache the run left it (``_cached_epochs``)
+        if r.ended == "exhausted":  # the next epoch's start, with the cache the run left it (``_stages.cached_epochs``)
             return dataclasses.replace(self._upcoming(), cached=r.cached)
         return r.position()
 
     @property
     def sharding(self) -> Sharding:
-        """This process's rank and world size: the explicit ones, else resolved now (see ``_shard.resolve``)."""
+        """This process's rank and world size: the explicit ones, else resolved now (see ``_stages.shard.resolve``)."""
         return resolve_sharding(self.rank, self.world_size, self.even_batches)
 
     def set_epoch(self, epoch: int) -> None:
@@ -196,7 +196,7 @@ class DataLoader(Options):
         self._record = None
 
     def _placement(self) -> Placement:
-        """Where this iteration runs user methods (``_auto_workers``)."""
+        """Where this iteration runs user methods (``_execution.auto_workers``)."""
         readers = self._mix.readers.readers if self._mix is not None else [self.datareader]
         python = [] if self.filter_fn is None else [self.filter_fn]
         placement = self._placer([*readers, self.dataset, self.datacollator, *python])
@@ -217,7 +217,7 @@ class DataLoader(Options):
 
     def _epoch_store(self) -> Optional[EpochStore]:
         """This rank's share of the cache of encoded epochs, keyed by the data and every setting that
-        changes its batches (see ``_epoch_cache``)."""
+        changes its batches (see ``_storage.epoch_cache``)."""
         config = as_cache_encoded(self.cache_encoded)  # a CacheEncoded already (the option converts it)
         if config is None:
             return None
@@ -354,14 +354,14 @@ class DataLoader(Options):
 
     # -- frameworks ----------------------------------------------------------------
     def to_tf_dataset(self, output_signature: Any = None, input_context: Any = None) -> Any:
-        """A ``tf.data.Dataset`` over this loader (``from_generator``); see ``pyloader._tf``.
+        """A ``tf.data.Dataset`` over this loader (``from_generator``); see ``pyloader._frameworks.tf``.
 
         Each pass over it is the loader's next iteration (the next epoch). Inside
         ``strategy.distribute_datasets_from_function(fn)``, pass ``fn``'s
         ``tf.distribute.InputContext``: the dataset then holds input pipeline
         ``input_pipeline_id``'s share of ``num_input_pipelines``, split like ranks.
         """
-        from ._tf import to_tf_dataset
+        from ._frameworks.tf import to_tf_dataset
 
         loader = self
         if input_context is not None:

@@ -51,20 +51,20 @@ from dataclasses import KW_ONLY, MISSING, dataclass, fields
 from typing import Annotated, Any, Callable, Concatenate, Dict, Optional, ParamSpec, Sequence, Tuple, Union
 
 from ._abc import DataCollator, DataReader, Dataset
-from ._auto_workers import check as check_workers
-from ._bucket import BucketBy, buffer_size
-from ._bytes import DEFAULT_READAHEAD_BYTES
 from ._compose import callable_name, check_compose
-from ._epoch_cache import CacheEncoded, as_cache_encoded, check_applies, check_cache_encoded, resume_key
 from ._errors import ErrorHandler, ErrorPolicy, Stats
-from ._files import DataDir
-from ._mix import check_stop
-from ._progress import check as check_progress
-from ._rotation import check_folder, held_samples
-from ._shard import EVEN_BATCHES
-from ._shard import resolve as resolve_sharding
-from ._sources import Source
-from ._stream import PADDING_MODES
+from ._execution.auto_workers import check as check_workers
+from ._frameworks.progress import check as check_progress
+from ._stages.bucket import BucketBy, buffer_size
+from ._stages.mix import check_stop
+from ._stages.rotation import check_folder, held_samples
+from ._stages.shard import EVEN_BATCHES
+from ._stages.shard import resolve as resolve_sharding
+from ._stages.sources import Source
+from ._stages.stream import PADDING_MODES
+from ._storage.bytes import DEFAULT_READAHEAD_BYTES
+from ._storage.epoch_cache import CacheEncoded, as_cache_encoded, check_applies, check_cache_encoded, resume_key
+from ._storage.files import DataDir
 
 GROUPS_IN_FLIGHT = 2  # being encoded and collated without workers
 GROUPS_PER_WORKER = 4  # with workers: enough that one worker's file does not hold the other idle

@@ -1,10 +1,10 @@
 """The path of a batch, top to bottom: files → pieces → batches (in groups) → encoded and collated → hand-over.
 
-With ``cache_encoded`` each epoch takes one of three paths (``_cached_epochs``): read from the
+With ``cache_encoded`` each epoch takes one of three paths (``_stages.cached_epochs``): read from the
 cache of encoded batches (then collated), from the files with its encoded batches written to
 the cache before they are collated, or from the files as without the cache. With ``rotation``
 the encoded batches are cut into samples, served several times and batched again
-(``_rotation``) before they are collated.
+(``_stages.rotation``) before they are collated.
 """
 from __future__ import annotations
 
@@ -14,32 +14,32 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
-from ._batch import Batcher, Group, Stacked
-from ._bucket import Lengths
-from ._bytes import ReadAhead
-from ._cache import DiskCache
-from ._cached_epochs import CachedEpochs
-from ._entries import Entries, bounds_of, known_counts, with_memory
-from ._epoch_cache import EpochStore
 from ._errors import ErrorHandler, Stats, reraise
-from ._even import EvenSteps
-from ._filter import with_filter
-from ._frameworks import attach_meta
-from ._held import InMemory, OnDisk
+from ._execution.pool import KeptPool, WorkerPool
+from ._execution.runners import Exclusive, Lane, LocalSteps, PoolRunner, ThreadRunner
+from ._frameworks.torch import attach_meta
 from ._length import checked_count
-from ._map import OrderedMap, Step
-from ._mix import MixSource
 from ._options import Options, resolved
-from ._pool import KeptPool, WorkerPool
-from ._read import ReadFiles
-from ._rotation import Rotation
-from ._runners import Exclusive, Lane, LocalSteps, PoolRunner, ThreadRunner
-from ._shard import Sharding, batches_of
-from ._source import Elastic, FileSource, FileTask, SourceItem
-from ._sources import Mix
+from ._stages.batch import Batcher, Group, Stacked
+from ._stages.bucket import Lengths
+from ._stages.cached_epochs import CachedEpochs
+from ._stages.entries import Entries, bounds_of, known_counts, with_memory
+from ._stages.even import EvenSteps
+from ._stages.filter import with_filter
+from ._stages.map import OrderedMap, Step
+from ._stages.mix import MixSource
+from ._stages.read import ReadFiles
+from ._stages.rotation import Rotation
+from ._stages.shard import Sharding, batches_of
+from ._stages.source import Elastic, FileSource, FileTask, SourceItem
+from ._stages.sources import Mix
+from ._stages.stream import StreamBatcher
+from ._stages.stream_resume import StreamStart, stream_start
 from ._state import Start
-from ._stream import StreamBatcher
-from ._stream_resume import StreamStart, stream_start
+from ._storage.bytes import ReadAhead
+from ._storage.cache import DiskCache
+from ._storage.epoch_cache import EpochStore
+from ._storage.held import InMemory, OnDisk
 
 _COLLATING = 2  # groups of rotated batches being collated at once
 
@@ -51,7 +51,7 @@ class Settings:
     options: Options  # checked and resolved when the loader was built (``_options``)
     files: List[str]  # of ``data_dir``, or of the weighted sources
     reader: DataReader  # the datareader, or the sources' readers (``mix``)
-    num_workers: int  # worker processes of this run (``num_workers``, resolved: ``_auto_workers``)
+    num_workers: int  # worker processes of this run (``num_workers``, resolved: ``_execution.auto_workers``)
     concurrency: int  # groups being encoded and collated at once
     errors: ErrorHandler  # ``on_error`` and ``max_errors``, counted per run
     stats: Stats
@@ -61,9 +61,9 @@ class Settings:
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
     cache: Optional[DiskCache] = None  # ``cache_dir``
-    entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_entries``)
-    mix: Optional[Mix] = None  # weighted sources (``_mix``): ``files`` are theirs, ``reader`` reads each with its own
-    encoded_cache: Optional[EpochStore] = None  # ``cache_encoded``: this rank's share of the cache (``_cached_epochs``)
+    entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_stages.entries``)
+    mix: Optional[Mix] = None  # weighted sources (``_stages.mix``): their files, each read by its own reader
+    encoded_cache: Optional[EpochStore] = None  # ``cache_encoded``: this rank's share (``_stages.cached_epochs``)
 
 
 class CheckedEncode:
@@ -172,8 +172,8 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optiona
 
 def resumes_past_files(s: Settings, start: Start) -> bool:
     """Whether a resumed epoch can start past the files before its position (or past those before
-    where the buffers' state there is rebuilt from: ``_shuffle``, ``_bucket``; in stream mode, at the
-    rows' places there: ``_stream_resume``), found from the counts: not when the counts cannot place
+    where the buffers' state there is rebuilt from: ``_stages.shuffle``, ``_stages.bucket``; in stream mode, at the
+    rows' places there: ``_stages.stream_resume``), found from the counts: not when the counts cannot place
     the position (mixing, samples filtered or errors skipped), nor with rotation (its batches are not
     the files' in order): those replay it."""
     o = s.options
@@ -254,7 +254,7 @@ def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
 
 
 def _rotation(s: Settings, run_blocking: Callable, steps: Optional[Callable[[int], int]]) -> Optional[Rotation]:
-    """With ``rotation`` > 1, the stage serving encoded samples several times, re-batched (``_rotation``)."""
+    """With ``rotation`` > 1, the stage serving encoded samples several times, re-batched (``_stages.rotation``)."""
     o = s.options
     if o.rotation == 1:
         return None

@@ -7,11 +7,11 @@ import numpy as np
 FILE_ORDER = 1
 IN_FILE = 2
 SHUFFLE_BUFFER = 3
-BUCKETS = 4  # length bucketing: tie-breaks and the order of the batches (``_bucket``)
-MIX = 5  # weighted mixing: the source of each sample position (``_mix``)
+BUCKETS = 4  # length bucketing: tie-breaks and the order of the batches (``_stages.bucket``)
+MIX = 5  # weighted mixing: the source of each sample position (``_stages.mix``)
 MIX_FILES = 6  # weighted mixing: each source's file order
-CACHED_EPOCH = 7  # cache_encoded: the order of a cached epoch's batches (``_cached_epochs``)
-ROTATION = 8  # rotation: the order of each window's rounds and of the windows in each cycle (``_rotation``)
+CACHED_EPOCH = 7  # cache_encoded: the order of a cached epoch's batches (``_stages.cached_epochs``)
+ROTATION = 8  # rotation: the order of each window's rounds and of the windows in each cycle (``_stages.rotation``)
 
 
 def derive_rng(seed: int, *keys: int) -> np.random.Generator:

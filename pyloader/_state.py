@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from ._files import is_url
+from ._storage.files import is_url
 
 FORMAT = "pyloader.state/2"
 OLD_FORMAT = "pyloader.state/1"  # before epochs went on across iterations: always from epoch 0
@@ -27,10 +27,10 @@ OLD_FORMAT = "pyloader.state/1"  # before epochs went on across iterations: alwa
 class Start:
     """Where an iteration begins: ``epoch``, after skipping its first ``skip`` batches,
     running to ``end`` (exclusive). ``splits``: the parts of ``epoch`` taken under other
-    world sizes, as ``(world_size, batches)`` (elastic resume; see ``_shard.undelivered``).
+    world sizes, as ``(world_size, batches)`` (elastic resume; see ``_stages.shard.undelivered``).
     ``cached``: the epoch that wrote the cache of encoded batches that ``epoch``'s first
     ``skip`` batches were read from, if they were; at an epoch's start after an iteration
-    that ended, the cache the batches before it belong to (``_cached_epochs``)."""
+    that ended, the cache the batches before it belong to (``_stages.cached_epochs``)."""
 
     epoch: int = 0
     skip: int = 0

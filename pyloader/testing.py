@@ -27,7 +27,7 @@ import numpy as np
 from ._loader import DataLoader
 
 if TYPE_CHECKING:
-    from ._latency import LatencyFileSystem
+    from ._storage.latency import LatencyFileSystem
 
 __all__ = ["LatencyFileSystem", "check_resume"]
 
@@ -37,7 +37,7 @@ _Step = Tuple[Optional[int], Any]
 
 def __getattr__(name: str) -> Any:
     if name == "LatencyFileSystem":  # imported on first use: fsspec is an optional dependency
-        from ._latency import LatencyFileSystem
+        from ._storage.latency import LatencyFileSystem
 
         return LatencyFileSystem
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ import pytest
 from conftest import IdReader, ListCollator, write_chunks
 
 import pyloader as pl
-from pyloader._auto_workers import MAX_WORKERS, Placer, cpu_share, place
+from pyloader._execution.auto_workers import MAX_WORKERS, Placer, cpu_share, place
 from pyloader.collators import TorchCollator
 from pyloader.readers import NumpyReader, TextLinesReader
 

@@ -22,8 +22,8 @@ import pytest
 from conftest import wait_no_threads, write_chunks
 
 import pyloader as pl
-from pyloader._codec import NotCacheable
-from pyloader._epoch_cache import EpochStore
+from pyloader._storage.codec import NotCacheable
+from pyloader._storage.epoch_cache import EpochStore
 
 pytestmark = pytest.mark.timeout(180)
 SIZES = [9, 4, 15, 2, 7, 0, 11]  # 48 samples, ids 0..47, one empty file
@@ -277,7 +277,7 @@ def test_a_column_that_cannot_be_cached_is_an_error_naming_it(tmp_path, on_error
 CRASH = """
 import os, sys
 sys.path[:0] = [{root!r}, {tests!r}]
-import pyloader._epoch_cache as cache
+import pyloader._storage.epoch_cache as cache
 real = os.replace
 def replace(src, dst):
     if str(dst).endswith(".json"):

@@ -100,7 +100,7 @@ def test_a_remote_file_larger_than_the_readahead_budget_is_streamed(num_workers)
 
 
 def test_open_file_serves_prefetched_bytes_only_inside(tmp_path):
-    from pyloader._files import prefetched
+    from pyloader._storage.files import prefetched
 
     with prefetched("memory://nowhere/x.txt", b"hello\n"):
         with pl.open_file("memory://nowhere/x.txt", "rt") as f:

@@ -14,7 +14,7 @@ from conftest import IdReader, ListCollator, wait_no_threads, write_chunks
 
 import pyloader as pl
 from pyloader._rng import derive_rng
-from pyloader._rotation import round_orders
+from pyloader._stages.rotation import round_orders
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -124,7 +124,7 @@ def test_lane_runs_steps_first_then_earlier_files_and_survives_cancelled_waiters
     reads of earlier files first, ties in arrival order; a waiter cancelled does not keep a slot."""
     import asyncio
 
-    from pyloader._runners import Exclusive, Lane
+    from pyloader._execution.runners import Exclusive, Lane
 
     order = []
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import moto_server, wait_no_threads
 
 import pyloader as pl
-from pyloader._remote import is_transient
+from pyloader._storage.remote import is_transient
 from pyloader.collators import NumpyCollator
 from pyloader.readers import JsonLinesReader, NumpyReader
 

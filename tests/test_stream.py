@@ -90,7 +90,7 @@ def check_stream_epoch(batches, lengths, rows, seq_len, order):
 def epoch_order(loader, epoch):
     if not loader.shuffle:
         return list(range(len(loader.files)))
-    from pyloader._source import FileSource  # the plan the loader follows
+    from pyloader._stages.source import FileSource  # the plan the loader follows
 
     return FileSource(loader.files, loader.num_epoch, True, loader.random_seed).order(epoch)
 
@@ -278,8 +278,8 @@ def spy_collate_stacked(monkeypatch):
 def test_stream_groups_are_sized_in_samples(tmp_path, monkeypatch, rows, seq_len):
     """Small stream batches travel in larger groups (up to GROUP_SAMPLES samples, never fewer
     than GroupSize.LIMIT batches nor more than MAX_GROUP); the output is unchanged."""
-    from pyloader._batch import GroupSize
-    from pyloader._stream import StreamBatcher
+    from pyloader._stages.batch import GroupSize
+    from pyloader._stages.stream import StreamBatcher
 
     limit = min(StreamBatcher.MAX_GROUP, max(GroupSize.LIMIT, StreamBatcher.GROUP_SAMPLES // (rows * seq_len)))
     length = seq_len * (2 * limit + 2)  # enough steps for the groups to grow to the limit

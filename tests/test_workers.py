@@ -266,7 +266,7 @@ def test_default_start_method_with_torch_and_tensorflow_imported(tmp_path):
         import torch
         import pyloader as pl
         from pyloader.collators import TFCollator
-        from pyloader._pool import default_start_method
+        from pyloader._execution.pool import default_start_method
         from worker_helpers import EncodeDataset, NumReader
 
         loader = pl.DataLoader(NumReader(5, piece=4), EncodeDataset(), TFCollator(), {str(tmp_path / "data")!r},

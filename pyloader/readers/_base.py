@@ -14,8 +14,8 @@ from typing import IO, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from .._abc import DataReader
 from .._columns import Columns
-from .._compression import DecompressionError
-from .._files import open_file
+from .._storage.compression import DecompressionError
+from .._storage.files import open_file
 
 Row = Tuple
 

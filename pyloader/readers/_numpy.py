@@ -13,8 +13,8 @@ from numpy.lib import format as npformat
 
 from .._abc import DataReader
 from .._columns import Columns
-from .._compression import DecompressionError, codec_for
-from .._files import _local, is_url, open_file
+from .._storage.compression import DecompressionError, codec_for
+from .._storage.files import _local, is_url, open_file
 from ._base import FileFormatError, check_piece_size, file_error
 
 __all__ = ["NumpyReader"]

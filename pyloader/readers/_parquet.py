@@ -6,7 +6,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .._abc import DataReader
 from .._columns import Columns
-from .._files import _local, is_url, open_file
+from .._storage.files import _local, is_url, open_file
 from ._base import FileFormatError, check_fields, file_error
 
 __all__ = ["ParquetReader"]

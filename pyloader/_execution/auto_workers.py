@@ -1,0 +1,124 @@
+"""``num_workers="auto"`` (the default): where user methods run, decided when each iteration starts.
+
+Worker processes pay off when user code holds the GIL (a parse or an encode
+written in Python): threads of this process would take turns with each other
+and with the training loop, which waits for the GIL between its short torch
+operations. They cost when user code releases it (NumPy, pyarrow): arrays are
+then copied between processes while threads would already run side by side.
+So ``"auto"`` runs user methods in this process (``num_workers=0``, threads) when
+
+* every user object's class says ``releases_gil = True`` (``_abc.releases_gil``:
+  the built-in NumPy and Parquet readers, ``IdentityDataset``, the built-in
+  collators);
+* this process's share of the CPUs is below 2: the CPUs it may run on
+  (``os.sched_getaffinity``), divided among the processes of this node
+  (``LOCAL_WORLD_SIZE``, set by torchrun and Lightning);
+* workers would not start by ``fork`` (TensorFlow imported, or a platform
+  without fork) and no ``start_method`` is given: spawn and forkserver import the
+  main script again (a script without an ``if __name__ == "__main__":`` guard
+  fails there), pickle every user object, and take seconds to start with
+  TensorFlow imported;
+
+and otherwise starts one worker per CPU of that share, at most ``MAX_WORKERS``.
+The environment variable ``PYLOADER_NUM_WORKERS`` (an integer, or ``auto``)
+replaces the decision where it is set, for every loader left at ``"auto"``: a
+cluster's or a test suite's choice, made without touching the code.
+The choice and its reason are logged (INFO, logger ``pyloader``) when they
+change, and are in ``loader.stats["placement"]``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from .._abc import releases_gil
+from .pool import default_start_method
+
+AUTO = "auto"
+ENV = "PYLOADER_NUM_WORKERS"
+MAX_WORKERS = 4  # beyond this, the main process's hand-over is the limit for Python user code
+
+_log = logging.getLogger("pyloader")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How many worker processes an iteration runs user methods in, and why."""
+
+    num_workers: int
+    why: str
+    decided: bool = True  # by ``"auto"``'s rules, not given (as an argument or in ``PYLOADER_NUM_WORKERS``)
+
+    def as_dict(self) -> dict:
+        return {"num_workers": self.num_workers, "why": self.why}
+
+
+def check(name: str, value: Any) -> None:
+    """``num_workers`` is ``"auto"`` or an integer >= 0."""
+    if value == AUTO and isinstance(value, str):
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be 'auto' or an integer >= 0, got {value!r}")
+
+
+def from_env() -> Any:
+    """``PYLOADER_NUM_WORKERS``: ``"auto"`` when unset."""
+    raw = os.environ.get(ENV, "").strip()
+    if not raw or raw == AUTO:
+        return AUTO
+    try:
+        value: Any = int(raw)
+    except ValueError:
+        value = raw
+    check(f"the environment variable {ENV}", value)
+    return value
+
+
+def cpu_share() -> int:
+    """The CPUs this process may use, divided among the processes of this node."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(1, cpus // local)
+
+
+def place(num_workers: Any, objects: Iterable[Any], start_method: Optional[str]) -> Placement:
+    """The placement of an iteration: ``num_workers`` as given, or decided for ``"auto"``."""
+    if num_workers != AUTO:
+        return Placement(int(num_workers), "num_workers given", decided=False)
+    num_workers = from_env()
+    if num_workers != AUTO:
+        return Placement(int(num_workers), f"{ENV}={num_workers}", decided=False)
+    objects = list(objects)
+    if all(releases_gil(obj) for obj in objects):
+        return Placement(0, "every user object releases the GIL (releases_gil = True)")
+    share = cpu_share()
+    if share < 2:
+        return Placement(0, f"{share} CPU for this process")
+    if start_method is None and default_start_method() != "fork":
+        return Placement(0, "workers would not start by fork (TensorFlow is imported, or no fork here); "
+                            "pass start_method to use them anyway")
+    python = next(type(obj).__name__ for obj in objects if not releases_gil(obj))
+    return Placement(min(share, MAX_WORKERS), f"{share} CPUs for this process; {python} runs Python code")
+
+
+class Placer:
+    """``place`` for one loader, logging each new decision once."""
+
+    def __init__(self, num_workers: Any, start_method: Optional[str]) -> None:
+        self.num_workers, self.start_method = num_workers, start_method
+        self.last: Optional[Placement] = None
+
+    def __call__(self, objects: Iterable[Any]) -> Placement:
+        placement = place(self.num_workers, objects, self.start_method)
+        if placement.decided and placement != self.last:
+            _log.info("num_workers='auto': %d worker processes (%s)", placement.num_workers, placement.why)
+        self.last = placement
+        return placement

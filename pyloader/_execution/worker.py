@@ -1,0 +1,324 @@
+"""The worker process: runs ``read_file``/``iter_file``, ``batch_encode`` and ``collate_batch``.
+
+It serves requests from the loader one at a time: batches before reading ahead
+(see ``_next_request``), otherwise in the order they arrive:
+
+* ``("open", gid, task, data)``: start reading a file (its pieces, in order;
+  ``data``: its bytes when the loader fetched them ahead);
+* ``("next", rid, gid, pid, fetch)``: the file's next piece: kept here under
+  ``pid`` (only its length is sent) or, with ``fetch``, sent whole; the reply
+  says whether the file is known to end with it, and how many samples
+  ``filter_fn`` dropped from it;
+* ``("close", gid)`` and ``("release", pids)``: forget a file or pieces;
+* ``("run", rid, jobs)``: for each ``(segments, paths)`` of a group, assemble a
+  batch from kept pieces or sent columns and run the steps on it; the reply is
+  one ``(ok, value)`` per batch, so one failed batch does not sink its group;
+* ``("encode", rid, jobs)``: as ``run``, with ``batch_encode`` alone (an epoch whose
+  encoded batches are cached: they are written and collated in the loader's process);
+* ``("fetch", rid, pid, start, end)``: send rows of a kept piece.
+
+Every reply is ``(ok, value)``, tagged with its ``rid`` (see ``_execution.ipc``); a
+failure sends the exception (or, if it cannot be pickled, a ``RuntimeError``
+with its text) and its traceback text. Each result of a ``run`` is ``Sealed``
+here, so a result that cannot be pickled fails its batch (as an error of the
+last step, the pickling error chained) and one that cannot be unpickled in the
+loader fails only its batch there. After ``worker_init_fn`` the worker says
+``READY``, or sends its exception tagged ``INIT_FAILED`` and exits.
+
+Requests carry the generation of the run that sent them; the loader moves the
+shared ``generation`` on when a run of persistent workers ends, and the worker
+then drops that run's requests still queued and forgets its files and pieces.
+The worker exits when the loader's end of the socket closes, and at once when
+the thread that started it dies (Linux ``PR_SET_PDEATHSIG``).
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import gc
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import traceback
+from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Set, Tuple
+
+from .._columns import Columns, n_rows, slice_rows
+from .._stages.batch import assemble
+from .._stages.map import StepFailed, run_steps
+from .._stages.read import pieces_with_end
+from .._stats import BusySink, GroupClock, RowBusy
+from . import ipc as _ipc
+
+Segment = Tuple[Any, int, int]  # (pid or inline columns, start, end)
+RUN_GRACE_S = 0.005
+READY = -1  # the tag of the message saying that the worker is ready (worker_init_fn ran)
+INIT_FAILED = -2  # the tag of worker_init_fn's exception
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the closed socket still ends the worker
+
+
+class RemoteError(Exception):
+    """Stands for a worker exception that could not be pickled."""
+
+
+def _error(exc: BaseException) -> tuple:
+    """``(step, cause, traceback text)``, picklable whatever the exception was."""
+    text = "".join(traceback.format_exception(exc))
+    step = getattr(exc, "step", None)
+    cause = exc.__cause__ if step is not None else exc
+    try:
+        payload = pickle.dumps(cause, protocol=5)
+        pickle.loads(payload)
+    except Exception:
+        cause = RemoteError(f"{type(cause).__name__}: {cause}")
+    return (step, cause, text)
+
+
+def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segments: List[Segment],
+             paths: Tuple[str, ...], spent: List[float]) -> Tuple[bool, Any]:
+    try:
+        parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
+        result = run_steps(steps, assemble(parts, paths), spent)
+    except Exception as exc:
+        return False, _error(exc)
+    try:
+        return True, _ipc.Sealed.seal(result)
+    except Exception as exc:  # a lock, a generator, a lambda, ... in the batch
+        last = steps[-1][0]
+        exc.add_note(f"the result of {last} must be picklable: it is sent from the worker process to the loader")
+        failed = StepFailed(last)
+        failed.__cause__ = exc
+        return False, _error(failed)
+
+
+def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], jobs: List[Tuple[List[Segment], Any]],
+              busy: Optional[BusySink]) -> List[Tuple[bool, Any]]:
+    with GroupClock(busy, steps) as clock:
+        return [_run_job(steps, kept, segments, paths, clock.steps) for segments, paths in jobs]
+
+
+_URGENT = ("open", "close", "release", "run", "encode", "fetch")
+
+
+def _next_request(inbox: Deque[tuple], started: Set[int]) -> tuple:
+    """Bookkeeping and batches first, then the next piece of a file already under way
+    (often just its end), reading a new file ahead (``next`` of a fresh file) last:
+    a batch the consumer waits for never queues behind the parsing of a file that is
+    not needed yet. Requests of one kind keep their order; ``next`` comes after the
+    ``open`` it needs."""
+    for i, msg in enumerate(inbox):
+        if msg[0] in _URGENT:
+            del inbox[i]
+            return msg
+    for i, msg in enumerate(inbox):
+        if msg[2] in started:
+            del inbox[i]
+            return msg
+    return inbox.popleft()
+
+
+def _failing(error: BaseException) -> Generator[Any, None, None]:
+    """Stands for a file whose ``open`` request could not be decoded here."""
+    raise error
+    yield  # a generator
+
+
+class _Server:
+    """What a worker holds (open files, kept pieces, queued requests) and how it answers."""
+
+    def __init__(self, sock: socket.socket, current: Any, generation: Any, reader: Any,
+                 steps: List[Tuple[str, Callable]], busy: Optional[BusySink]) -> None:
+        self.sock = sock
+        self.busy = busy
+        self.current = current
+        self.generation = generation
+        self.reader = reader
+        self.steps = steps
+        self.gen = generation.value  # every queued request is of this generation
+        self.files: Dict[int, Any] = {}  # generators of (piece, last), from pieces_with_end
+        self.started: Set[int] = set()  # files that gave a piece
+        self.kept: Dict[int, Columns] = {}
+        self.inbox: Deque[tuple] = collections.deque()
+        self.grace = 0.0
+
+    def serve(self) -> None:
+        """Answer requests until the loader goes."""
+        while True:
+            try:
+                self._receive()
+            except (EOFError, OSError):
+                return
+            if self.generation.value != self.gen:
+                self._reset()
+            if not self.inbox:
+                continue
+            answer = self._handle(_next_request(self.inbox, self.started))
+            if answer is not None and not self._reply(*answer):
+                return
+
+    def close(self) -> None:
+        for pieces in self.files.values():
+            try:
+                pieces.close()
+            except Exception:
+                pass  # a reader's clean-up failing as its file is dropped: nobody wants that file now
+        self.files.clear()
+
+    def _reset(self) -> None:
+        """The loader's run ended: forget its requests, files and pieces."""
+        self.gen = self.generation.value
+        self.inbox.clear()
+        self.close()
+        self.started.clear()
+        self.kept.clear()
+
+    # -- receiving ---------------------------------------------------------------------
+    def _receive(self) -> None:
+        """Wait for a request if none is queued, then take every request already sent.
+
+        With ``grace``, when no urgent request is queued, wait up to that long for one:
+        right after a piece was kept here, the loader is about to send the batches that
+        run on it, and starting to parse another file first would hold them up for the
+        whole parse.
+        """
+        grace, self.grace = self.grace, 0.0
+        while not self.inbox:
+            self._take_one()
+            if self.generation.value != self.gen:
+                return
+        self._drain()
+        if grace and not any(msg[0] in _URGENT for msg in self.inbox):
+            if select.select([self.sock], [], [], grace)[0]:
+                self._drain()
+
+    def _drain(self) -> None:
+        self.sock.setblocking(False)
+        try:
+            while True:
+                self._take_one()
+        except BlockingIOError:
+            pass
+        finally:
+            self.sock.setblocking(True)
+
+    def _take_one(self) -> None:
+        """Receive one message; queue it if it is of the current generation."""
+        try:
+            _, gen, msg = _ipc.recv(self.sock)
+        except _ipc.MessageLost as lost:
+            if lost.gen == self.generation.value and lost.tag >= 0:
+                self._lost(lost)
+            return
+        if gen != self.generation.value:
+            return  # sent by a run that has ended
+        if self.gen != gen:
+            self._reset()
+        self.inbox.append(msg)
+
+    def _lost(self, lost: _ipc.MessageLost) -> None:
+        """A request that cannot be decoded here: its reply (or its file's next piece) is the error."""
+        error = lost.cause
+        error.add_note("pyloader: a request from the loader could not be decoded in the worker process")
+        self.files[lost.tag] = _failing(error)
+        self._reply(lost.tag, (False, _error(error)))
+
+    # -- answering ---------------------------------------------------------------------
+    def _handle(self, msg: tuple) -> Optional[Tuple[int, tuple]]:
+        """Carry out one request; ``(rid, reply)`` when it expects one."""
+        op = msg[0]
+        if op == "open":
+            _, gid, task, data = msg
+            self.files[gid] = pieces_with_end(self.reader, task, data, self.busy)
+            return None
+        if op == "close":
+            self.started.discard(msg[1])
+            pieces = self.files.pop(msg[1], None)
+            if pieces is not None:
+                pieces.close()
+            return None
+        if op == "release":
+            for pid in msg[1]:
+                self.kept.pop(pid, None)
+            return None
+        rid = msg[1]
+        self.current.value = rid  # read by the loader if this worker dies now
+        try:
+            reply = (True, self._answer(op, msg))
+        except Exception as exc:
+            reply = (False, _error(exc))
+        self.current.value = -1
+        return rid, reply
+
+    def _answer(self, op: str, msg: tuple) -> Any:
+        if op == "next":
+            _, _, gid, pid, fetch = msg
+            item = next(self.files[gid], None)
+            self.started.add(gid)
+            if item is None:
+                return None
+            if fetch:
+                return n_rows(item[0]), item[0], *item[1:]
+            self.kept[pid] = item[0]
+            self.grace = RUN_GRACE_S
+            return n_rows(item[0]), None, *item[1:]
+        if op in ("run", "encode"):
+            return _run_jobs(self.steps if op == "run" else self.steps[:1], self.kept, msg[2], self.busy)
+        if op == "fetch":
+            _, _, pid, start, end = msg
+            return slice_rows(self.kept[pid], start, end)
+        raise ValueError(f"unknown request {op!r}")
+
+    def _reply(self, rid: int, reply: tuple) -> bool:
+        """Send a reply; false when the loader has gone. A reply that cannot be pickled (rows
+        of ``read_file`` holding a lock, ...) is answered with that error instead."""
+        try:
+            _ipc.send(self.sock, reply, tag=rid)
+        except OSError:
+            return False
+        except Exception as exc:
+            exc.add_note("pyloader: the worker's reply must be picklable: it is sent to the loader's process")
+            return self._reply(rid, (False, _error(exc)))
+        return True
+
+
+def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], current: Any, generation: Any,
+                reader: Any, steps: List[Tuple[str, Callable]],
+                worker_init_fn: Optional[Callable[[int], None]], busy_row: Any = None) -> None:
+    for fd in inherited:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    gc.freeze()  # inherited objects: never scanned here, so forked pages stay shared
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)  # N workers with a thread pool each would oversubscribe the cores
+    try:
+        if worker_init_fn is not None:
+            worker_init_fn(worker_id)
+    except Exception as exc:  # reported by the loader with the worker's death
+        try:
+            _ipc.send(sock, (False, _error(exc)), tag=INIT_FAILED)
+        finally:
+            os._exit(1)
+    try:
+        _ipc.send(sock, (True, None), tag=READY)
+    except OSError:
+        os._exit(0)  # the loader has gone already
+    busy = RowBusy(busy_row) if busy_row is not None else None  # read by loader.stats
+    server = _Server(sock, current, generation, reader, steps, busy)
+    server.serve()
+    server.close()
+    os._exit(0)

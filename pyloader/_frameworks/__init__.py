@@ -1,0 +1,1 @@
+"""What the loader hands to frameworks: torch devices and pinning, TensorFlow, progress bars."""

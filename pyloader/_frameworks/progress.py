@@ -1,0 +1,59 @@
+"""``DataLoader(progress=True)``: a tqdm bar per iteration.
+
+The bar counts batches out of ``len(loader)`` (no total when the length is unknown),
+shows tqdm's rate, and as its postfix the samples per second and the data stall (the
+share of the consumer's time spent inside ``next()``), refreshed at most every
+``POSTFIX_EVERY_S`` seconds: a batch costs one ``tqdm.update``. tqdm is optional (the
+``progress`` extra): ``check()`` raises ``ImportError`` saying so when it is missing.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from .._stats import Figures
+
+POSTFIX_EVERY_S = 0.5
+
+
+def check() -> None:
+    """``ImportError`` with what to install, when tqdm is missing."""
+    try:
+        import tqdm  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("progress=True needs tqdm: pip install tqdm (or the 'progress' extra of "
+                          "pyloader-ml)") from exc
+
+
+def describe(f: Figures) -> str:
+    return f"{f.rate():,.0f} samples/s, data stall {f.stall_share():.0%}"
+
+
+class Progress:
+    """One iteration's bar; ``initial``: the batches a resumed iteration already handed out."""
+
+    def __init__(self, total: Optional[int], initial: int = 0) -> None:
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(total=total, initial=initial, unit="batch", desc="pyloader", dynamic_ncols=True)
+        self._next_postfix = time.perf_counter() + POSTFIX_EVERY_S  # the first batches' figures say little
+
+    def update(self, figures: Figures, now: float) -> None:
+        self._bar.update(1)
+        if now >= self._next_postfix:
+            self._next_postfix = now + POSTFIX_EVERY_S
+            self._bar.set_postfix_str(describe(figures), refresh=False)
+
+    def close(self, figures: Optional[Figures] = None) -> None:
+        if figures is not None:
+            self._bar.set_postfix_str(describe(figures), refresh=False)  # the final figures, shown by close()
+        self._bar.close()  # tqdm's close does nothing the second time
+
+
+def progress_bar(loader: Any, initial: int) -> Progress:
+    """A bar for ``loader``'s iteration that starts now (its total from ``len(loader)``)."""
+    try:
+        total: Optional[int] = len(loader)
+    except TypeError:  # a count failed: the length is unknown
+        total = None
+    return Progress(total, initial)

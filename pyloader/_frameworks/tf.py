@@ -1,0 +1,108 @@
+"""``DataLoader.to_tf_dataset``: the loader as a ``tf.data.Dataset``."""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional
+
+import numpy as np
+
+_PADDING_SUFFIXES = ("_mask", "_lengths")
+INFER_FROM = 8  # batches the signature is inferred from
+
+
+def _spec(tf: Any, key: str, value: Any, ragged: bool) -> Any:
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (str, bytes)):
+        return tf.TensorSpec(shape=(None,), dtype=tf.string, name=key)
+    tensor = tf.convert_to_tensor(value)
+    shape = [None] + [None if ragged else d for d in tensor.shape[1:]]
+    return tf.TensorSpec(shape=shape, dtype=tensor.dtype, name=key)
+
+
+def infer_signature(tf: Any, batch: Dict[str, Any]) -> Dict[str, Any]:
+    """Specs from one batch: the batch dimension is ``None``, and so is every
+    dimension of a field that has a padding companion (``<key>_mask`` or
+    ``<key>_lengths``) and of the companion itself, since padding varies per batch."""
+    if not isinstance(batch, dict):
+        raise TypeError(f"to_tf_dataset needs batches that are dicts, got {type(batch).__name__}")
+    padded = {k[: -len(s)] for k in batch for s in _PADDING_SUFFIXES if k.endswith(s)}
+    ragged = padded | {k + s for k in padded for s in _PADDING_SUFFIXES}
+    return {k: _spec(tf, k, v, k in ragged) for k, v in batch.items()}
+
+
+def _merged(tf: Any, specs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One signature for several batches: a dimension that differs between them is ``None``."""
+    out = dict(specs[0])
+    for spec in specs[1:]:
+        for key, one in spec.items():
+            first = out.get(key)
+            if first is None or first.dtype != one.dtype or first.shape.rank != one.shape.rank:
+                raise ValueError(f"to_tf_dataset: field {key!r} changes between batches ({first} then {one}): "
+                                 f"pass output_signature= to say what it is")
+            dims = [a if a == b else None for a, b in zip(first.shape.as_list(), one.shape.as_list())]
+            out[key] = tf.TensorSpec(shape=dims, dtype=first.dtype, name=key)
+    return out
+
+
+def _as_numpy(value: Any) -> Any:
+    return value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value
+
+
+def _check(batch: Dict[str, Any], signature: Dict[str, Any]) -> None:
+    for key, value in batch.items():
+        spec = signature.get(key) if isinstance(signature, dict) else None
+        shape = getattr(value, "shape", None)
+        if spec is None or shape is None or spec.shape.is_compatible_with(shape):
+            continue
+        loose = {k: f"tf.TensorSpec({[None] * len(v.shape) if k == key else v.shape.as_list()}, tf.{v.dtype.name})"
+                 for k, v in signature.items()}
+        raise ValueError(f"to_tf_dataset: field {key!r} has shape {list(shape)} but the signature inferred from the "
+                         f"first batches says {spec.shape.as_list()}: pass output_signature={{"
+                         + ", ".join(f"{k!r}: {v}" for k, v in loose.items()) + "}")
+
+
+def cardinality(loader: Any) -> Optional[int]:
+    """The batches of every pass, when every pass has as many: not with stream mode's shuffled or
+    custom file order (the step count depends on it), nor a ``file_order`` that drops or repeats
+    files, nor when skipped errors can shorten a pass."""
+    from .._stages.order import declares_drops_or_repeats
+
+    custom = loader.file_order is not None
+    if loader.stream and (loader.shuffle or custom) or declares_drops_or_repeats(loader.file_order) \
+            or loader.on_error != "raise":
+        return None
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def to_tf_dataset(loader: Any, output_signature: Any = None) -> Any:
+    """A ``tf.data.Dataset`` built with ``from_generator``; each pass over it is the loader's
+    next iteration (the next epoch). Without ``output_signature`` it is inferred from the
+    first batches (up to ``INFER_FROM``, read in a short extra pass that leaves the loader's
+    position alone): a dimension that differs between them is ``None``; a later batch
+    that does not fit raises ``ValueError`` saying what to pass. The dataset declares its
+    cardinality (``len(loader)``) where every pass has as many batches."""
+    import tensorflow as tf
+
+    checked = output_signature is None
+    if output_signature is None:
+        first = loader._peek(INFER_FROM)
+        if not first:
+            raise ValueError("cannot infer output_signature: the loader yields no batch")
+        output_signature = _merged(tf, [infer_signature(tf, batch) for batch in first])
+
+    def generate() -> Iterator[Any]:
+        it = iter(loader)
+        try:
+            for batch in it:
+                if isinstance(batch, dict):
+                    batch = {k: _as_numpy(v) for k, v in batch.items()}
+                    if checked:
+                        _check(batch, output_signature)
+                yield batch
+        finally:
+            it.close()
+
+    ds = tf.data.Dataset.from_generator(generate, output_signature=output_signature)
+    n = cardinality(loader)
+    return ds if n is None else ds.apply(tf.data.experimental.assert_cardinality(n))

@@ -1,0 +1,123 @@
+"""What the loader does with framework tensors: pinning, moving to a device, adding metadata."""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Callable, List, Mapping, Sequence
+
+import numpy as np
+
+from .._stages.batch import Stacked
+
+logger = logging.getLogger("pyloader")
+
+
+def map_tensors(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    """Apply ``fn`` to every torch tensor inside dicts, lists and tuples."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
+class TensorMap:
+    """``fn`` on every torch tensor of a batch; the same on a stacked group (``run_stacked``):
+    a tensor ``[K, ...]`` handled once, then split, gives what each batch would."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, batch: Any) -> Any:
+        return map_tensors(batch, self.fn)
+
+    on_stacked = __call__
+
+
+def pinner() -> Callable[[Any], Any]:
+    """A function pinning a batch's tensors in page-locked memory, or ``None`` without an accelerator."""
+    import torch
+
+    if not torch.cuda.is_available():
+        logger.warning("pin_memory=True but no CUDA device is available: batches are not pinned")
+        return None  # type: ignore[return-value]
+    return TensorMap(lambda t: t.pin_memory())
+
+
+def mover(device: Any, non_blocking: bool) -> Callable[[Any], Any]:
+    import torch
+
+    device = torch.device(device)
+    backend = getattr(torch, device.type, None)
+    if device.type != "cpu" and not getattr(backend, "is_available", lambda: True)():
+        raise ValueError(f"device={str(device)!r}, but torch.{device.type}.is_available() is False on this machine")
+    return lambda batch: map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
+
+
+def unstack(value: Any) -> Sequence[Any]:
+    """``value`` (a NumPy array, torch or TF tensor ``[K, ...]``) as K values ``[...]`` of its
+    type, sharing its memory where the framework allows; ``TypeError`` for anything else."""
+    if isinstance(value, np.ndarray):
+        return list(value)
+    torch, tf = sys.modules.get("torch"), sys.modules.get("tensorflow")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.unbind(0)
+    if tf is not None and isinstance(value, tf.Tensor):
+        return tf.unstack(value)
+    raise TypeError(f"cannot split a {type(value).__name__} along its first axis")
+
+
+def _converter(batch: Mapping[str, Any]) -> Callable[[np.ndarray], Any]:
+    """Turns a NumPy array into a tensor of the type the collator chose for ``batch``."""
+    torch, tf = sys.modules.get("torch"), sys.modules.get("tensorflow")
+    for value in batch.values():
+        if torch is not None and isinstance(value, torch.Tensor):
+            return torch.from_numpy
+        if tf is not None and isinstance(value, tf.Tensor):
+            return tf.convert_to_tensor
+    return _same
+
+
+def _same(array: np.ndarray) -> np.ndarray:
+    return array
+
+
+def attach_meta(group: List[Any]) -> List[Any]:
+    """Each batch of ``group`` (changed in place) with its metadata (``Batch.meta``: stream flags, padding
+    flags) added to its collated dict, as tensors of the collator's framework.
+
+    The metadata of the whole group is converted at once: one conversion per
+    field rather than one per field and batch (a ``Stacked`` group's arrays as
+    they are, others stacked first).
+    """
+    stacked = group.meta if isinstance(group, Stacked) else None
+    names = (stacked or group[0].meta).keys()
+    if isinstance(group, Stacked) and group.outputs is not None:  # made at once: its batches have no data yet
+        assert stacked is not None
+        _check_names(names, group.outputs)
+        convert = _converter(group.outputs)
+        group.outputs.update((key, convert(stacked[key])) for key in names)
+        group.meta = None
+        return group
+    for batch in group:
+        _check_names(names, batch.data)
+    if stacked is None:
+        stacked = {key: np.stack([batch.meta[key] for batch in group]) for key in names}
+    convert = _converter(group[0].data)
+    fields = [(key, unstack(convert(stacked[key]))) for key in names]
+    for k, batch in enumerate(group):
+        data = batch.data.copy()
+        for key, values in fields:
+            data[key] = values[k]
+        batch.data, batch.meta = data, None
+    return group
+
+
+def _check_names(names: Any, data: Any) -> None:
+    if not isinstance(data, dict):
+        raise TypeError(f"collate_batch must return a dict to carry the batch's metadata, got {type(data).__name__}")
+    if not names.isdisjoint(data):
+        raise ValueError(f"batch fields {sorted(names & data.keys())} collide with stream metadata names; rename them")

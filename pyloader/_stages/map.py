@@ -1,0 +1,222 @@
+"""Stages 4 and 5: ``batch_encode`` then ``collate_batch`` on each batch, several groups at once, in order."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Sequence, Tuple, Union
+
+from .._columns import n_rows
+from .._errors import ErrorHandler, Failure
+from .._stats import BusySink, GroupClock, Stats, profiled, profiling, timed
+from .batch import Group, Segments, Stacked, StackedOutputs, StackedRows
+
+_END = object()
+Step = Tuple[str, Callable[[Any], Any]]
+
+
+class StepFailed(Exception):
+    """``step`` (a user method's name) raised ``__cause__``."""
+
+    def __init__(self, step: str) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+def run_steps(steps: Sequence[Step], data: Any, spent: Optional[List[float]] = None) -> Any:
+    """Apply the steps in turn; one call off the loop for all of them, so a batch
+    crosses threads once rather than once per step. Step ``i``'s seconds are added to
+    ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range."""
+    ranges = profiling()  # checked once per batch: a step costs no more than two clock readings
+    for i, (name, fn) in enumerate(steps):
+        began = time.perf_counter()
+        try:
+            if ranges:
+                with profiled(name):
+                    data = fn(data)
+            else:
+                data = fn(data)
+        except Exception as exc:
+            raise StepFailed(name) from exc
+        finally:
+            if spent is not None:
+                spent[i] += time.perf_counter() - began
+    return data
+
+
+def _same(data: Any) -> Any:
+    return data
+
+
+Outcome = Union[Any, StepFailed]  # a batch's result, or the step that failed on it
+
+
+def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = _same,
+             busy: Optional[BusySink] = None) -> List[Outcome]:
+    """``run_steps`` on every batch of a group; a batch that fails does not stop the others.
+    The group's time goes to ``busy`` (``GroupClock``)."""
+    out: List[Outcome] = []
+    with GroupClock(busy, steps) as clock:
+        for data in datas:
+            try:
+                out.append(run_steps(steps, prepare(data), clock.steps))
+            except StepFailed as failed:
+                out.append(failed)
+    return out
+
+
+def run_stacked(steps: Sequence[Step], datas: Sequence[Any],
+                busy: Optional[BusySink] = None) -> Optional[StackedOutputs]:
+    """The outputs of ``steps`` on ``datas``, computed at once for the whole group when
+    ``datas`` are ``StackedRows``, else (or when that cannot be) ``None``.
+
+    Every step must offer ``on_stacked(columns)``: the step on all the batches at once
+    (a dict whose values have a leading step axis), or ``None`` when it cannot. Only
+    the loader's own steps offer it (``IdentityDataset``, the built-in collators,
+    pinning), never user code, so a failure loses nothing: the caller runs the group
+    per batch, where it is pinned on its batch. Cheap (a few calls per field for the
+    whole group): fine to run on the event loop.
+    """
+    if not isinstance(datas, StackedRows):
+        return None
+    value: Any = datas.columns
+    try:
+        with timed(busy, "encode"):
+            for name, fn in steps:
+                on_stacked = getattr(fn, "on_stacked", None)
+                with timed(busy, name):
+                    value = on_stacked(value) if on_stacked is not None else None
+                if value is None:
+                    return None
+        if any(column.shape[0] != len(datas) for column in value.values()):
+            return None
+    except Exception:
+        return None
+    return StackedOutputs(value)
+
+
+def batch_rows(data: Any) -> int:
+    """The samples of a batch not encoded yet (its rows, as cut), for ``loader.stats``."""
+    if isinstance(data, Segments):
+        parts = data.parts
+        if len(parts) == 1:  # most batches: one piece of one file
+            return parts[0][2] - parts[0][1]
+        return sum(end - start for _, start, end in parts)
+    return n_rows(data) if isinstance(data, dict) else 0
+
+
+def _stacked_rows(columns: Any) -> int:
+    """The rows of each batch of a ``Stacked`` group (its columns are ``[steps, rows, ...]``)."""
+    for column in (columns or {}).values():
+        return int(column.shape[1]) if column.ndim > 1 else 1
+    return 0
+
+
+class OrderedMap:
+    """Runs ``run([batch.data, ...])`` (the user's steps, off the event loop) on up to
+    ``concurrency`` groups at once; ``run`` gives one ``Outcome`` per batch. A ``Stacked``
+    group's batches are given as ``StackedRows``; ``run`` may then give ``StackedOutputs``
+    for the whole group (see ``run_stacked``).
+
+    Results are yielded in input order, never in completion order, so the output
+    does not depend on timing. A failed step goes through the error policy under
+    its own name (that batch is then skipped and counted, the rest of its group
+    goes on); an upstream failure is re-raised here, in order.
+    """
+
+    def __init__(self, run: Callable[[Sequence[Any]], Awaitable[Union[List[Outcome], StackedOutputs]]],
+                 concurrency: int, errors: ErrorHandler, stats: Stats) -> None:
+        self.run = run
+        self.concurrency = concurrency
+        self.errors = errors
+        self.stats = stats
+
+    async def iterate(self, groups: AsyncIterator[Group], tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=self.concurrency)
+
+        async def feed() -> None:
+            try:
+                async for group in groups:
+                    future = asyncio.ensure_future(
+                        self.run(group.rows() if isinstance(group, Stacked) else [batch.data for batch in group]))
+                    try:
+                        await queue.put((group, future))
+                    except asyncio.CancelledError:
+                        _discard(future)
+                        raise
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                await queue.put(Failure(exc))
+                return
+            await queue.put(_END)
+
+        feeder = tasks.create_task(feed(), name="pyloader-map")
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, Failure):
+                    raise item.exc
+                group, future = item
+                item = None
+                outcomes = await future
+                _count_rows(group)
+                if isinstance(outcomes, StackedOutputs):  # a Stacked group run at once
+                    group.columns, group.outputs = None, outcomes
+                    done: Group = group
+                else:
+                    kept: List[int] = []
+                    for k, outcome in enumerate(outcomes):
+                        if isinstance(outcome, StepFailed):
+                            try:
+                                self.errors(outcome.step, group[k].paths, outcome.__cause__ or outcome)
+                            except BaseException:
+                                if kept:
+                                    yield _kept(group, kept)  # the batches before the failed one still arrive, in order
+                                raise
+                            self.stats.skipped_batches += 1
+                        else:
+                            group[k].data = outcome  # the group is this stage's alone: no copy of the Batch
+                            kept.append(k)
+                    done = _kept(group, kept)
+                group = future = outcomes = None  # the raw rows: not kept alive while the consumer holds the loop back
+                if done:
+                    yield done
+        finally:
+            feeder.cancel()
+            while not queue.empty():
+                item = queue.get_nowait()
+                if isinstance(item, tuple):
+                    _discard(item[1])
+
+
+def _count_rows(group: Group) -> None:
+    """Give each batch its ``rows`` while its raw data is still at hand (once: a batch that goes through
+    a second map, or that was read from the cache of encoded batches, has them already)."""
+    if isinstance(group, Stacked):
+        rows = _stacked_rows(group.columns)
+        for batch in group:
+            batch.rows = rows
+    else:
+        for batch in group:
+            if not batch.rows:
+                batch.rows = batch_rows(batch.data)
+
+
+def _kept(group: Group, kept: List[int]) -> Group:
+    """The batches of ``group`` at positions ``kept``, encoded; a whole ``Stacked`` group stays one."""
+    if isinstance(group, Stacked):
+        group.columns = None
+        return group if len(kept) == len(group) else group.pick(kept)
+    return group if len(kept) == len(group) else [group[k] for k in kept]
+
+
+def _discard(future: asyncio.Future) -> None:
+    """Drop a batch's work: cancel it, or consume its outcome so asyncio does not log it."""
+    if future.done():
+        if not future.cancelled():
+            future.exception()
+    else:
+        future.cancel()
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())

@@ -1,0 +1,253 @@
+"""Stage 2: reading files — several at once, handed on strictly in plan order.
+
+Each file is read by its own task that pulls ``DataReader`` pieces from the
+runner (a thread of the executor or a worker process: the event loop never
+blocks on I/O or parsing) into a small bounded queue, so a file's pieces wait
+in memory only ``PIECES_AHEAD`` deep.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from dataclasses import dataclass
+from typing import Any, AsyncGenerator, AsyncIterator, Deque, Generator, Iterator, Optional, Tuple, Union, cast
+
+from .._abc import DataReader
+from .._columns import Columns, n_rows, slice_rows, take
+from .._errors import ErrorHandler, Failure
+from .._rng import IN_FILE, derive_rng
+from .._stats import BusySink, Stats, clocked, timed
+from .._storage.files import Served, prefetched
+from .filter import unbundle
+from .source import EpochEnd, FileTask, SourceItem
+from .sources import picked
+
+PIECES_AHEAD = 2
+_DONE = object()
+
+
+@dataclass
+class Piece:
+    """Rows ``offset .. offset+n`` of one file (after the in-file shuffle; of its kept rows with ``filter_fn``).
+
+    ``columns`` holds them here, or ``ref`` names the worker process that keeps them.
+    """
+
+    task: FileTask
+    offset: int
+    n: int
+    columns: Optional[Columns] = None
+    ref: Any = None
+    dropped: int = 0  # samples of the file that ``filter_fn`` dropped from this piece
+
+
+def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Served] = None,
+                busy: Optional[BusySink] = None) -> Iterator[Columns]:
+    """The validated pieces of one file, in the order the batcher consumes them.
+
+    With in-file shuffling the whole file is needed, so it goes through
+    ``read_file`` and one seeded permutation; otherwise it streams through
+    ``iter_file``. ``data``: the file's bytes, read ahead (``open_file`` serves them).
+    The reader's own time goes to ``busy`` as ``read_file``.
+    """
+    with prefetched(task.path, data):
+        if task.start == 0 and task.end is None:
+            yield from _pieces(reader, task, busy)
+            return
+        offset, end = 0, task.end  # rows start:end only (a rank's share of the file)
+        assert end is not None, "a share of a file names where it ends"
+        pieces = _pieces(reader, task, busy)
+        for piece in pieces:
+            n = n_rows(piece)
+            lo, hi = max(task.start - offset, 0), min(end - offset, n)
+            if lo < hi:
+                yield piece if (lo, hi) == (0, n) else slice_rows(piece, lo, hi)
+            offset += n
+            if offset >= end:
+                # the share that ends where the count says the file ends checks there is no more
+                if end == task.count and (offset > end or any(n_rows(p) for p in pieces)):
+                    raise ValueError(f"file {task.path!r} has more samples than the {task.count} "
+                                     f"DataReader.count said: the rest would be lost")
+                return
+        if task.count is None:  # no count: a stream-mode slice (path, start, end)
+            raise ValueError(f"file {task.path!r} has {offset} samples, fewer than the slice {task.start}:{task.end} "
+                             f"of it asks for")
+        raise ValueError(f"file {task.path!r} has {offset} samples but DataReader.count said at least {task.end}: "
+                         f"ranks would take different numbers of steps")
+
+
+def pieces_with_end(reader: Any, task: FileTask, data: Union[None, bytes, Served] = None,
+                    busy: Optional[BusySink] = None) -> Generator[Tuple[Columns, bool, int], None, None]:
+    """``file_pieces`` as ``(piece, last, dropped)``: ``last`` is true when the file is known to end there,
+    ``dropped`` counts the samples ``filter_fn`` dropped from it (``reader``: a ``DataReader``, or one
+    bundled with the filter, ``_stages.filter.Filtered``).
+
+    A reader that gives a file in one piece (``read_file``) is looked ahead,
+    which costs nothing, so the end of the file travels with its piece instead
+    of taking another request; a failure found by the look-ahead comes after
+    the piece. Streaming readers are not looked ahead (that would parse a piece early).
+    The time spent making each piece goes to ``busy`` as ``read``.
+    """
+    reader, keep = unbundle(reader)
+    reader = picked(reader, task.path)  # a mixed loader's source reader
+    raw = clocked(file_pieces(reader, task, data, busy), busy, "read")
+    gen = _none_dropped(raw) if keep is None else keep.pieces(raw, task.path, task.start)
+    if not (reader.shuffle or type(reader).iter_file is DataReader.iter_file):
+        for piece, dropped in gen:
+            yield piece, False, dropped
+        return
+    with contextlib.closing(cast(Generator[Any, None, None], gen)):
+        ahead = next(gen, None)
+        while ahead is not None:
+            (piece, dropped) = ahead
+            try:
+                ahead = next(gen, None)
+            except Exception:
+                yield piece, False, dropped
+                raise
+            yield piece, ahead is None, dropped
+
+
+def _none_dropped(pieces: Iterator[Columns]) -> Iterator[Tuple[Columns, int]]:
+    with contextlib.closing(pieces):  # type: ignore[type-var]  # closing it closes the reader's generator
+        for piece in pieces:
+            yield piece, 0
+
+
+def _pieces(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
+    if reader.shuffle:
+        with timed(busy, "read_file"):
+            columns, n = reader.read_file(task.path)
+        columns = reader.checked(task.path, columns, n)
+        perm = derive_rng(reader.random_seed, IN_FILE, task.epoch, task.index).permutation(n)
+        yield take(columns, perm)
+        return
+    for piece in clocked(reader.iter_file(task.path), busy, "read_file"):
+        yield reader.checked(task.path, piece)
+
+
+class FileStream:
+    """The pieces of one file, read ahead by a background task.
+
+    A consumer that stops before the end (stream rows cut off at an epoch's end,
+    errors) cancels the read, so no reader is left waiting on a full queue.
+    """
+
+    def __init__(self, task: FileTask, queue: asyncio.Queue, reader: asyncio.Task, demand: asyncio.Event) -> None:
+        self.task = task
+        self._queue = queue
+        self._reader = reader
+        self._demand = demand  # set once the consumer waits for this file: its read-ahead may exceed the budget
+
+    def cancel(self) -> None:
+        """The file is not wanted after all: stop reading it."""
+        self._reader.cancel()
+
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
+        offset = self.task.start
+        self._demand.set()
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, Failure):
+                    raise item.exc
+                n, columns, ref, dropped = item
+                yield Piece(self.task, offset, n, columns, ref, dropped)
+                offset += n
+        finally:
+            self._reader.cancel()
+
+
+ReadItem = Union[FileStream, EpochEnd]
+
+
+class ReadFiles:
+    """Opens up to ``prefetch_files`` files ahead of the consumer, in plan order.
+
+    A failure of ``read_file``/``iter_file`` is delivered in order, where the
+    file's pieces would have been: raised (``on_error="raise"``) or, once the
+    policy chose to skip, the file ends early and counts in ``stats.skipped_files``.
+    """
+
+    def __init__(self, runner: Any, fetch: bool, prefetch_files: int, errors: ErrorHandler, stats: Stats,
+                 start_ahead: Optional[int] = None) -> None:
+        self.runner = runner
+        self.fetch = fetch  # bring every piece's rows here (shuffle buffer, stream mode)
+        self.prefetch_files = prefetch_files
+        self.errors = errors
+        self.stats = stats
+        self._tasks: asyncio.TaskGroup = None  # type: ignore[assignment]  # set by iterate()
+        self._source: Iterator[SourceItem] = iter(())
+        self._ahead: Deque[ReadItem] = collections.deque()
+        self._files_ahead = 0  # the FileStreams in _ahead
+        self._exhausted = False
+        self._limit = prefetch_files if start_ahead is None else min(start_ahead, prefetch_files)
+
+    def open_up(self) -> None:
+        """End the ramp: read ``prefetch_files`` ahead from now on.
+
+        Until this is called (once the first batch is out) only ``start_ahead``
+        files are read ahead of the one being batched (one per extra worker, none
+        without workers), so the first file is not parsed while other files compete
+        with it for the same cores.
+        """
+        if self._limit < self.prefetch_files:
+            self._limit = self.prefetch_files
+            self._fill()
+
+    async def _read_one(self, task: FileTask, queue: asyncio.Queue, demand: asyncio.Event) -> None:
+        try:
+            async with contextlib.aclosing(self.runner.pieces(task, self.fetch, demand)) as pieces:
+                async for piece in pieces:
+                    await queue.put(piece)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # delivered in order, not where it happened
+            await queue.put(Failure(exc))
+            return
+        await queue.put(_DONE)
+
+    def open(self, task: FileTask) -> FileStream:
+        """Start reading ``task``'s file now (outside the plan's read-ahead)."""
+        queue: asyncio.Queue = asyncio.Queue(maxsize=PIECES_AHEAD)
+        demand = asyncio.Event()
+        reader = self._tasks.create_task(self._read_one(task, queue, demand), name=f"pyloader-read:{task.path}")
+        return FileStream(task, queue, reader, demand)
+
+    def _fill(self, need_one: bool = False) -> None:
+        """Open files ahead of the one being batched, up to the limit (at least one when ``need_one``)."""
+        while not self._exhausted and (self._files_ahead < self._limit or (need_one and not self._ahead)):
+            item: Optional[SourceItem] = next(self._source, None)
+            if item is None:
+                self._exhausted = True
+            elif isinstance(item, EpochEnd):
+                self._ahead.append(item)
+            else:
+                self._ahead.append(self.open(item))
+                self._files_ahead += 1
+
+    async def iterate(self, source: Iterator[SourceItem], tasks: asyncio.TaskGroup) -> AsyncIterator[ReadItem]:
+        self._tasks, self._source = tasks, source
+        while True:
+            self._fill(need_one=True)
+            if not self._ahead:
+                return
+            item = self._ahead.popleft()
+            self._files_ahead -= isinstance(item, FileStream)
+            self._fill()
+            yield item
+
+    async def pieces(self, stream: FileStream) -> AsyncGenerator[Piece, None]:
+        """The pieces of ``stream``; a failure goes through the error policy."""
+        try:
+            async for piece in stream.pieces():
+                self.stats.samples_read += piece.n
+                self.stats.filtered_samples += piece.dropped
+                yield piece
+            self.stats.file_read(stream.task.epoch)
+        except Exception as exc:
+            self.errors("read_file", [stream.task.path], exc)
+            self.stats.skipped_files += 1

@@ -1,0 +1,216 @@
+"""Stage 1: which file is read when — the per-epoch plan of files."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
+
+from .._rng import FILE_ORDER, derive_rng
+from .order import FileOrder, OrderFn
+from .shard import SINGLE, Sharding, Split, planned_steps, rank_ranges, stream_shares, stream_target
+from .stream_plan import leftover
+
+
+@dataclass(frozen=True)
+class FileTask:
+    """File ``path`` is the ``pos``-th file of ``epoch``; ``index`` is its place in the sorted list.
+
+    Only rows ``start:end`` are read (``end=None``: to the end); ``pad`` marks
+    rows read again only to even out the ranks' step counts; ``count`` is what
+    ``DataReader.count`` said the file holds (under ranks; the file is checked against it).
+    """
+
+    epoch: int
+    pos: int
+    index: int
+    path: str
+    start: int = 0
+    end: Optional[int] = None
+    pad: bool = False
+    count: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """Epoch ``epoch`` was begun under other world sizes: every rank of split ``(world_size, n)``
+    took ``n`` batches of ``batch_size`` (in stream mode ``n`` steps of ``batch_size`` rows of
+    ``width`` samples); this run shares out what they left."""
+
+    epoch: int
+    splits: Tuple[Split, ...]
+    batch_size: int
+    width: int = 1
+
+
+def seek(task: FileTask, offset: int, length: int) -> FileTask:
+    """``task`` (``length`` samples) from its ``offset``-th sample on. A whole file gets its end
+    made explicit: ``_stages.read.file_pieces`` checks the file against its count there."""
+    if not offset:
+        return task
+    if task.end is None:
+        return dataclasses.replace(task, start=task.start + offset, end=task.start + length, count=length)
+    return dataclasses.replace(task, start=task.start + offset)
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    epoch: int
+
+
+SourceItem = Union[FileTask, EpochEnd]
+Bounds = Optional[Tuple[int, int]]  # a stream that is a slice of its file: rows start:end (``_stages.entries``)
+
+
+class FileSource:
+    """Yields every epoch's files in order, then an ``EpochEnd`` marker.
+
+    The order of epoch ``e`` is the sorted list, or with ``shuffle`` a permutation
+    drawn from ``(seed, e)``, or what ``file_order`` says (``_stages.order``): the same on
+    every run, rank and worker.
+
+    Under ranks ``counts`` gives the samples per file (``DataReader.count``); a file
+    whose count is ``None`` (its ``count`` failed and was skipped) is left out:
+    counted as empty and never read.
+
+    In stream mode a file may be a slice of one (``bounds``): its tasks read rows
+    ``start:end`` and its count is ``end - start``.
+    """
+
+    def __init__(self, files: Sequence[str], num_epoch: int, shuffle: bool, seed: int,
+                 sharding: Sharding = SINGLE, counts: Optional[Sequence[Optional[int]]] = None,
+                 whole_files: bool = False, file_order: Optional[OrderFn] = None,
+                 bounds: Optional[Sequence[Bounds]] = None, elastic: Optional[Elastic] = None) -> None:
+        self.files = list(files)
+        self.file_order = None if file_order is None else FileOrder(file_order, self.files, seed)
+        self.num_epoch = num_epoch
+        self.shuffle = shuffle
+        self.seed = seed
+        self.sharding = sharding
+        # samples per file; needed to split epochs across ranks
+        self.counts = None if counts is None else [n or 0 for n in counts]
+        self.left_out = frozenset(i for i, n in enumerate(counts or ()) if n is None)
+        self.whole_files = whole_files  # stream mode: ranks split files, not sample ranges
+        self.bounds = bounds
+        self.elastic = elastic
+
+    def order(self, epoch: int) -> List[int]:
+        """The files ``epoch`` reads, as positions in ``files``, in order."""
+        if self.file_order is not None:
+            return self.file_order(epoch)
+        if not self.shuffle:
+            return list(range(len(self.files)))
+        return derive_rng(self.seed, FILE_ORDER, epoch).permutation(len(self.files)).tolist()
+
+    def tasks(self, epoch: int) -> Iterator[FileTask]:
+        """The files this rank reads in ``epoch``: all of them, or its share plus padding."""
+        order = self.order(epoch)
+        if not self.sharding.active and not self._splits(epoch)[0]:
+            for pos, index in enumerate(order):
+                yield self._whole(epoch, pos, index)
+            return
+        assert self.counts is not None, "sharding needs the sample counts"
+        if self.whole_files:
+            yield from (task for task in self._stream_shares(epoch)[self.sharding.rank]
+                        if task.index not in self.left_out)
+            return
+        splits, batch_size = self._splits(epoch)
+        share, padding = rank_ranges(order, self.counts, self.sharding, splits, batch_size)
+        for pad, part in ((False, share), (True, padding)):
+            for pos, start, end in part:
+                index = order[pos]
+                yield FileTask(epoch, pos, index, self.files[index], start, end, pad, self.counts[index])
+
+    def _whole(self, epoch: int, pos: int, index: int, count: Optional[int] = None) -> FileTask:
+        """The task reading file ``index`` whole, or its slice (checked by its bounds, not a count)."""
+        bounds = self.bounds[index] if self.bounds is not None else None
+        if bounds is None:
+            return FileTask(epoch, pos, index, self.files[index], count=count)
+        return FileTask(epoch, pos, index, self.files[index], *bounds)
+
+    def _stream_shares(self, epoch: int) -> List[List[FileTask]]:
+        """Stream mode: every rank's files (a rank takes every ``world_size``-th one). After an
+        elastic resume, what the ranks of the splits before left undelivered, in plan order and
+        shared the same way: the files they had not started, and those in progress from where
+        their rows were (``_stages.stream_plan.leftover``)."""
+        assert self.counts is not None, "sharding needs the sample counts"
+        tasks = [self._whole(epoch, pos, index, count=self.counts[index])
+                 for pos, index in enumerate(self.order(epoch))]
+        splits, _ = self._splits(epoch)
+        for world_size, steps in splits:
+            assert self.elastic is not None, "splits come from an elastic resume"
+            rows, width = self.elastic.batch_size, self.elastic.width
+            left = [seek(task, offset, length) for share in stream_shares(tasks, world_size)
+                    for task, offset, length in leftover([(t, self.length(t)) for t in share], rows, width, steps)]
+            tasks = sorted(left, key=lambda task: task.pos)
+        return stream_shares(tasks, self.sharding.world_size)
+
+    def length(self, task: FileTask) -> int:
+        """The samples ``task`` reads (from the counts)."""
+        assert self.counts is not None, "a task's length comes from the sample counts"
+        return (self.counts[task.index] if task.end is None else task.end) - task.start
+
+    def steps(self, epoch: int, batch_size: int, seq_len: Optional[int], drop_last: bool) -> int:
+        """The number of steps every rank gives in ``epoch``, planned from the counts alone
+        (under ranks), so that no rank needs to ask the others."""
+        order = self.order(epoch)
+        assert self.counts is not None, "planning steps needs the sample counts"
+        splits, _ = self._splits(epoch)
+        if self.whole_files:
+            lengths = [[self.length(task) for task in share] for share in self._stream_shares(epoch)]
+            return sum(b for _, b in splits) + stream_target(lengths, batch_size, seq_len or 1,
+                                                              self.sharding.even_batches)
+        return sum(b for _, b in splits) + planned_steps(order, self.counts, self.sharding, batch_size, drop_last,
+                                                          splits)
+
+    def samples(self, epoch: int) -> int:
+        """The samples this rank delivers in ``epoch`` outside stream mode, from the counts alone (as
+        ``MixSource.samples``): under ranks its share and its padding, which its tasks read (``rows``)."""
+        return self.rows(epoch)
+
+    def _splits(self, epoch: int) -> Tuple[Sequence[Split], int]:
+        """The parts of ``epoch`` taken under other world sizes before this run (elastic resume)."""
+        if self.elastic is None or self.elastic.epoch != epoch:
+            return (), 1
+        return self.elastic.splits, self.elastic.batch_size
+
+    def tasks_after(self, epoch: int, rows: int) -> Iterator[FileTask]:
+        """``tasks(epoch)`` less their first ``rows`` rows (a resumed epoch): the files wholly
+        before that point are not read at all, and the one it falls in is read from there on.
+        Needs the counts."""
+        assert self.counts is not None, "resuming past whole files needs the sample counts"
+        for task in self.tasks(epoch):
+            end = self.counts[task.index] if task.end is None else task.end
+            if rows >= end - task.start:
+                rows -= end - task.start
+                continue
+            if rows:
+                task = dataclasses.replace(task, start=task.start + rows, end=end, count=self.counts[task.index])
+                rows = 0
+            yield task
+
+    def rows(self, epoch: int) -> int:
+        """The samples ``tasks(epoch)`` read. Needs the counts."""
+        assert self.counts is not None, "finding a position needs the sample counts"
+        return sum((self.counts[t.index] if t.end is None else t.end) - t.start for t in self.tasks(epoch))
+
+    def read_again(self, epoch: int, rows: int, read_from: int) -> List[str]:
+        """The files a resumed epoch read from row ``read_from`` on (``tasks_after``) holding rows
+        before ``rows``, the rows handed out already: with ``read_from == rows``, the file they end
+        inside of, if they do."""
+        assert self.counts is not None, "finding a position needs the sample counts"
+        out, at = [], 0
+        for task in self.tasks(epoch):
+            if at >= rows:
+                break
+            n = (self.counts[task.index] if task.end is None else task.end) - task.start
+            if n and at + n > read_from:
+                out.append(task.path)
+            at += n
+        return out
+
+    def iterate(self, start_epoch: int = 0, skip_rows: int = 0, until: Optional[int] = None) -> Iterator[SourceItem]:
+        """Every epoch's tasks from ``start_epoch`` on (to ``until``, exclusive; default: ``num_epoch``), each
+        epoch closed by an ``EpochEnd``; the first epoch less its first ``skip_rows`` rows (see ``tasks_after``)."""
+        for epoch in range(start_epoch, self.num_epoch if until is None else until):
+            yield from self.tasks_after(epoch, skip_rows) if skip_rows and epoch == start_epoch else self.tasks(epoch)
+            yield EpochEnd(epoch)

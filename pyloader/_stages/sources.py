@@ -1,0 +1,115 @@
+"""``Source``: one corpus of a weighted mix, and ``Readers``: the loader's reader when sources have their own.
+
+A loader whose ``data_dir`` is a list of ``Source``s lists each source's files
+(``list_files``) and reads them with the source's reader (the loader's
+``datareader`` when it names none). The files of all sources are put end to end
+into one list (a source's files stay together, in their order); a path may
+belong to one source only. How samples are drawn across sources is ``_stages.mix``.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeGuard
+
+from .._abc import DataReader, is_thread_safe
+from .._storage.files import DataDir, list_files
+
+
+class Source:
+    """A corpus in a weighted mix: ``data_dir`` (anything ``DataLoader`` takes, but not a list of
+    ``Source``s), its share ``weight`` (> 0; weights are normalized) and its ``reader`` (``None``:
+    the loader's ``datareader``)."""
+
+    def __init__(self, data_dir: DataDir, weight: float = 1.0, reader: Optional[DataReader] = None) -> None:
+        if isinstance(data_dir, (list, tuple)) and any(isinstance(d, Source) for d in data_dir):
+            raise ValueError("a Source's data_dir cannot hold Sources: list every Source in the loader's data_dir")
+        if not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not 0 < float(weight) < float("inf"):
+            raise ValueError(f"Source weight must be a finite number > 0, got {weight!r}")
+        if reader is not None and not isinstance(reader, DataReader):
+            raise TypeError(f"Source reader must be a pyloader.DataReader, got {type(reader).__name__}")
+        self.data_dir: DataDir = data_dir
+        self.weight: float = float(weight)
+        self.reader: Optional[DataReader] = reader
+
+    def __repr__(self) -> str:
+        return f"Source({self.data_dir!r}, weight={self.weight}, reader={type(self.reader).__name__})"
+
+
+def is_mix(data_dir: Any) -> TypeGuard[Sequence[Source]]:
+    """Whether ``data_dir`` is a list of ``Source``s (a list mixing sources and paths is refused)."""
+    if not isinstance(data_dir, (list, tuple)) or not any(isinstance(d, Source) for d in data_dir):
+        return False
+    if not all(isinstance(d, Source) for d in data_dir):
+        raise TypeError("data_dir mixes Sources with other entries: make every entry a pyloader.Source")
+    return True
+
+
+@dataclass(frozen=True)
+class Mix:
+    """The sources of a loader: all their files end to end, and where each source's files lie."""
+
+    sources: Tuple[Source, ...]
+    files: List[str]
+    spans: Tuple[Tuple[int, int], ...]  # source k's files are files[a:b]
+    readers: "Readers"
+
+    def source_of(self) -> List[int]:
+        """The source of every file."""
+        return [k for k, (a, b) in enumerate(self.spans) for _ in range(a, b)]
+
+    def weights(self) -> List[float]:
+        total = sum(s.weight for s in self.sources)
+        return [s.weight / total for s in self.sources]
+
+
+def build_mix(sources: Sequence[Source], default: DataReader, retries: int) -> Mix:
+    """List every source's files; a path listed by two sources is a ``ValueError`` naming it and them."""
+    files: List[str] = []
+    spans: List[Tuple[int, int]] = []
+    owner: Dict[str, int] = {}
+    for k, source in enumerate(sources):
+        listed = list_files(source.data_dir, retries)
+        for path in listed:
+            if path in owner:
+                raise ValueError(f"file {path!r} belongs to source {owner[path]} ({sources[owner[path]]!r}) and to "
+                                 f"source {k} ({source!r}): a file may be in one source only")
+            owner[path] = k
+        spans.append((len(files), len(files) + len(listed)))
+        files.extend(listed)
+    chosen = [s.reader or default for s in sources]
+    cls = SafeReaders if all(map(is_thread_safe, chosen)) else Readers
+    return Mix(tuple(sources), files, tuple(spans), cls(default.batch_size, chosen, owner))
+
+
+class Readers(DataReader):
+    """Reads each file with its source's reader. The loader reads through ``pick(path)`` (``_stages.read``),
+    so each source's own ``shuffle`` and ``random_seed`` apply; the other methods dispatch too."""
+
+    def __init__(self, batch_size: int, readers: Sequence[DataReader], owner: Mapping[str, int]) -> None:
+        super().__init__(batch_size)
+        self.readers = list(readers)
+        self.owner = dict(owner)
+
+    def pick(self, path: str) -> DataReader:
+        return self.readers[self.owner[path]]
+
+    def read_file(self, path: str) -> Tuple[Mapping[str, Any], int]:
+        return self.pick(path).read_file(path)
+
+    def iter_file(self, path: str) -> Iterator[Mapping[str, Any]]:
+        return self.pick(path).iter_file(path)
+
+    def count(self, path: str) -> int:
+        return self.pick(path).count(path)
+
+
+class SafeReaders(Readers):
+    """``Readers`` whose readers are all thread-safe."""
+
+    thread_safe = True
+
+
+def picked(reader: DataReader, path: str) -> DataReader:
+    """The reader that reads ``path``: a source's own one under ``Readers``, else ``reader``."""
+    return reader.pick(path) if isinstance(reader, Readers) else reader

@@ -1,0 +1,265 @@
+"""Stream mode, cutting: the rows' next windows made a batch, one step at a time or a group of steps at once.
+
+Per row and step the batch holds one sample, or a window of ``seq_len``
+consecutive samples padded at a file's end. Padding (``__valid__`` false) holds
+``pad_value``, or with ``padding_mode="edge"`` the row's last real sample (of the
+window, else the last one the row delivered this epoch; ``pad_value`` before it
+has any). With ``time_major`` the data fields and ``__valid__`` are ``[T, B, ...]``.
+
+While no row reaches the end of its piece, the next steps are cut all at once:
+one array copy per row and field for a whole group of steps (``Cutter.cut_steps``).
+Steps where a row reaches a piece's end, and list columns, are cut one at a time
+(``Cutter.step``). Both give the same batches.
+
+Rows from different files share a batch as files share one outside stream mode:
+array fields take NumPy's common dtype (an int64 file beside a float64 one gives
+float64); samples of different shapes and fields only some files have are a
+``ValueError``, dtypes with no common one a ``TypeError``, each naming two of the files.
+"""
+from __future__ import annotations
+
+from collections import abc  # isinstance against these, not typing's aliases: several times faster
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+
+import numpy as np
+
+from .._columns import Columns, concat, n_rows, slice_rows
+from .batch import SRC, Batch, Stacked
+from .stream_rows import Row
+
+FIRST, VALID, REPLAY, STREAM_ID, POSITION = "__first__", "__valid__", "__replay__", "__stream_id__", "__position__"
+Rows = Sequence[Optional[Row]]
+Window = Optional[Sequence]  # a row's samples of one field in a step (``None``: a row without a file)
+
+
+class Cutter:
+    """Cuts the batches of ``rows`` rows of ``seq_len`` samples (or one) from the rows' files.
+
+    Between steps it keeps, per epoch, the columns last cut (``template``: the fields'
+    layout for a step with no live row) and each row's last real sample (``edge``,
+    ``padding_mode="edge"``); ``reset`` clears both at each epoch, so every epoch pads
+    alike whatever came before it, a resumed one too.
+    """
+
+    def __init__(self, rows: int, seq_len: Optional[int], padding_mode: str, pad_value: Any,
+                 time_major: bool) -> None:
+        self.rows = rows
+        self.seq_len = seq_len
+        self.width = seq_len or 1
+        self.padding_mode = padding_mode
+        self.pad_value = pad_value
+        self.time_major = time_major  # [T, B, ...] rather than [B, T, ...] (with seq_len)
+        self.template: Optional[Columns] = None
+        self.edge: List[Optional[Dict[str, Any]]] = [None] * rows
+
+    def reset(self) -> None:
+        self.template = None
+        self.edge = [None] * self.rows
+
+    def steps_ahead(self, rows: Rows) -> int:
+        """How many steps can be cut at once: no row reaches the end of its piece, and every
+        field is an array (the same fields as the first row's)."""
+        live = [row for row in rows if row is not None]
+        steps = min(((row.ahead() - 1) // self.width for row in live), default=0)
+        if steps < 1:
+            return 0
+        keys = live[0].array_keys
+        if keys is None or any(row.array_keys != keys for row in live):
+            return 0
+        return steps
+
+    # -- a group of steps at once ------------------------------------------------------------------
+    def cut_steps(self, rows: Rows, first: np.ndarray, epoch: int, index: int, steps: int) -> Stacked:
+        """``steps`` consecutive batches, each field filled with one copy per row for all of them."""
+        meta = self._group_meta(rows, first, steps)  # positions before the rows move on
+        end = steps * self.width
+        cuts = [None if row is None else row.cut(end) for row in rows]
+        template = next(piece for piece, _ in filter(None, cuts))
+        self.template = template
+        files = [(row.task.path, cut[0]) for row, cut in zip(rows, cuts) if row is not None and cut is not None]
+        data = {key: self._stacked_field(key, cuts, files, steps) for key in template if key != SRC}
+        if self.padding_mode == "edge":  # each row's last sample of the group
+            self.remember_edges([None if cut is None else slice_rows(cut[0], cut[1] + end - 1, cut[1] + end)
+                                 for cut in cuts])
+        return Stacked([Batch(epoch, index + k, None, _paths(rows)) for k in range(steps)], data, meta)
+
+    def _stacked_field(self, key: str, cuts: Sequence[Optional[Tuple[Columns, int]]],
+                       files: Sequence[Tuple[str, Columns]], steps: int) -> np.ndarray:
+        """Field ``key`` of ``steps`` batches: ``[steps, B, (T,) ...]`` or ``[steps, T, B, ...]``,
+        so that each step's batch is one contiguous block."""
+        window = (steps, self.width) if self.seq_len else (steps,)
+        dtype, sample = _common_layout(key, [(path, piece[key]) for path, piece in files])
+        if self.time_major:
+            shape = (steps, self.width, len(cuts)) + sample
+        else:
+            shape = (steps, len(cuts)) + window[1:] + sample
+        out = np.empty(shape, dtype) if all(cuts) else np.full(shape, self._pad(key), dtype)
+        for r, cut in enumerate(cuts):
+            row_out = out[:, :, r] if self.time_major else out[:, r]
+            if cut is not None:
+                piece, offset = cut
+                row_out[...] = piece[key][offset:offset + steps * self.width].reshape(window + sample)
+            elif self.padding_mode == "edge":
+                fill = self._fill(key, r, None, None)
+                if fill is not None:
+                    row_out[...] = fill
+        return out
+
+    def _group_meta(self, rows: Rows, first: np.ndarray, steps: int) -> Dict[str, np.ndarray]:
+        """The metadata of ``steps`` batches at once (row ``k`` of each array is batch ``k``'s)."""
+        live = np.array([row is not None for row in rows])
+        firsts = np.zeros((steps, len(rows)), dtype=bool)
+        firsts[0] = first
+        if self.time_major:
+            valid = np.broadcast_to(live, (steps, self.width) + live.shape).copy()
+        elif self.seq_len:
+            valid = np.broadcast_to(live[:, None], (steps,) + live.shape + (self.width,)).copy()
+        else:
+            valid = np.broadcast_to(live, (steps,) + live.shape).copy()
+        each = _row_meta(rows)
+        start = each[POSITION]
+        position = np.where(live, start + self.width * np.arange(steps)[:, None], -1)
+        return {FIRST: firsts, VALID: valid, REPLAY: np.broadcast_to(each[REPLAY], firsts.shape).copy(),
+                STREAM_ID: np.broadcast_to(each[STREAM_ID], firsts.shape).copy(), POSITION: position}
+
+    # -- one step ----------------------------------------------------------------------------------
+    async def step(self, rows: Rows, first: np.ndarray, epoch: int, index: int) -> Batch:
+        """One batch, each row's window taken sample by sample (a row may reach its file's end)."""
+        each = _row_meta(rows)  # positions before the rows move on
+        windows, valid = await self._take(rows)
+        files = [None if row is None else row.task.path for row in rows]
+        template = self._template_of(windows, files)
+        data = {key: self._field(key, [None if w is None else w[key] for w in windows], files, like)
+                for key, like in template.items() if key != SRC}
+        if self.padding_mode == "edge":
+            self.remember_edges(windows)
+        if not self.seq_len:
+            valid = valid[:, 0]
+        meta = {FIRST: first, VALID: valid.T.copy() if self.time_major else valid, REPLAY: each[REPLAY],
+                STREAM_ID: each[STREAM_ID], POSITION: each[POSITION]}
+        return Batch(epoch, index, data, _paths(rows), meta)
+
+    async def _take(self, rows: Rows) -> Tuple[List[Optional[Columns]], np.ndarray]:
+        """Each row's next window (``None`` for a row without a file), and which of its samples are real."""
+        valid = np.zeros((self.rows, self.width), dtype=bool)
+        windows: List[Optional[Columns]] = []
+        for r, row in enumerate(rows):
+            if row is None:
+                windows.append(None)
+                continue
+            parts, got = await row.take(self.width)
+            valid[r, :got] = True
+            windows.append(concat(parts, f"file {row.task.path!r}"))
+        return windows, valid
+
+    def _template_of(self, windows: Sequence[Optional[Columns]], files: Sequence[Optional[str]]) -> Columns:
+        """The step's first window (else the last cut's), which every window's fields must match."""
+        template = next((w for w in windows if w is not None), self.template)
+        assert template is not None, "a step has a window, or follows one"
+        self.template = template
+        first_path = next((path for path in files if path is not None), None)
+        for path, window in zip(files, windows):
+            if window is not None and window.keys() != template.keys():
+                raise ValueError(f"files {first_path!r} and {path!r} have different fields ({sorted(template)} and "
+                                 f"{sorted(window)}): stream rows in one batch need the same fields")
+        return template
+
+    def _field(self, key: str, columns: List[Window], files: Sequence[Optional[str]], like: Sequence) -> Any:
+        """Field ``key`` of the batch from each row's window (``<= width`` samples of file
+        ``files[r]``; ``None`` for a row without a file), padded to ``width``. ``like`` is the field in the
+        epoch's template, which gives the layout when no row has a file.
+
+        When every window holds an array: an array ``[B, ...]``, ``[B, T, ...]`` or (time-major)
+        ``[T, B, ...]`` of their common dtype (``_common_layout``). Otherwise a list of samples,
+        of ``T``-sample lists, or (time-major) of ``T`` lists of ``B`` samples.
+        """
+        live = [col for col in columns if col is not None]
+        arrays = all(isinstance(col, np.ndarray) for col in live) if live else isinstance(like, np.ndarray)
+        return self._array_field(key, columns, files, like) if arrays else self._list_field(key, columns,
+                                                                                              live[0] if live else like)
+
+    def _array_field(self, key: str, columns: List[Window], files: Sequence[Optional[str]], like: Any) -> np.ndarray:
+        pad = self._pad(key)
+        live = [(path, col) for path, col in zip(files, columns) if col is not None]
+        dtype, sample = _common_layout(key, cast(Any, live)) if live else (like.dtype, like.shape[1:])
+        out = np.full((len(columns), self.width) + sample, pad, dtype=dtype)
+        for r, col in enumerate(columns):
+            n = 0 if col is None else len(col)
+            if n:
+                out[r, :n] = col
+            fill = self._fill(key, r, col, pad)
+            if n < self.width and fill is not pad:
+                out[r, n:] = fill
+        if not self.seq_len:
+            return out[:, 0]
+        return np.ascontiguousarray(out.swapaxes(0, 1)) if self.time_major else out
+
+    def _list_field(self, key: str, columns: List[Window], like: Sequence) -> List[Any]:
+        """``like``: samples of the field (of a window, else of the template)."""
+        pad = self._pad(key)
+        if np.ndim(like[0]):  # samples are sequences: pad with one of their shape
+            pad = np.full(np.shape(like[0]), pad).tolist()
+        fills = [self._fill(key, r, col, pad) for r, col in enumerate(columns)]
+        if not self.seq_len:
+            return [fill if col is None else col[0] for col, fill in zip(columns, fills)]
+        rows = [[fill] * self.width if col is None else list(col) + [fill] * (self.width - len(col))
+                for col, fill in zip(columns, fills)]
+        return [list(step) for step in zip(*rows)] if self.time_major else rows
+
+    def remember_edges(self, windows: Sequence[Optional[Columns]]) -> None:
+        """``padding_mode="edge"``: keep each row's last real sample (a copy: not the piece it came from)."""
+        for r, window in enumerate(windows):
+            if window is not None and n_rows(window):
+                self.remember_edge(r, window)
+
+    def remember_edge(self, r: int, window: Columns) -> None:
+        self.edge[r] = {key: _copy_sample(col[-1]) for key, col in window.items() if key != SRC}
+
+    def _pad(self, key: str) -> Any:
+        return self.pad_value.get(key, 0) if isinstance(self.pad_value, abc.Mapping) else self.pad_value
+
+    def _fill(self, key: str, r: int, window: Window, pad: Any) -> Any:
+        """What pads row ``r`` of field ``key``: ``pad``, or with ``padding_mode="edge"`` the row's
+        last real sample (of this window, else of an earlier step; ``pad`` before it has any)."""
+        if self.padding_mode != "edge":
+            return pad
+        if window is not None and len(window):
+            return window[-1]
+        edge = self.edge[r]
+        return pad if edge is None or key not in edge else edge[key]
+
+
+def _row_meta(rows: Rows) -> Dict[str, np.ndarray]:
+    """Per row: the file's place in the epoch's order, the row's position in it, whether it is replayed."""
+    return {REPLAY: np.array([row is not None and row.replay for row in rows], dtype=bool),
+            STREAM_ID: np.array([-1 if row is None else row.task.pos for row in rows], dtype=np.int64),
+            POSITION: np.array([-1 if row is None else row.position for row in rows], dtype=np.int64)}
+
+
+def _paths(rows: Rows) -> Tuple[str, ...]:
+    return tuple(sorted({row.task.path for row in rows if row is not None}))
+
+
+def _common_layout(key: str, columns: Sequence[Tuple[str, np.ndarray]]) -> Tuple[np.dtype, Tuple[int, ...]]:
+    """The dtype and sample shape of field ``key`` in a batch whose rows hold these arrays
+    (``(path, array)``, at least one): NumPy's common dtype, as files joined outside stream
+    mode get. Samples of different shapes cannot share a batch (``ValueError``), nor
+    dtypes without a common one (``TypeError``); either error names two of the files."""
+    first_path, first = columns[0]
+    dtype, sample = first.dtype, first.shape[1:]
+    for path, col in columns[1:]:
+        if col.shape[1:] != sample:
+            raise ValueError(f"field {key!r} has samples of shape {sample} in file {first_path!r} but "
+                             f"{col.shape[1:]} in file {path!r}: stream rows in one batch need one shape")
+        if col.dtype != dtype:
+            try:
+                dtype = np.result_type(dtype, col.dtype)
+            except TypeError as exc:
+                raise TypeError(f"field {key!r} holds {first.dtype} in file {first_path!r} and {col.dtype} in "
+                                f"file {path!r}, which have no common dtype: {exc}") from exc
+    return dtype, sample
+
+
+def _copy_sample(sample: Any) -> Any:
+    """A sample kept beyond its batch: an array row is copied, so the piece it views can go."""
+    return sample.copy() if isinstance(sample, np.ndarray) else sample

@@ -1,0 +1,505 @@
+"""Reading files' bytes ahead of their parser: one read-ahead over two byte sources.
+
+The read stage asks ``ReadAhead.fetch(path, demand)`` for each file it reads ahead
+(``prefetch_files`` of them) and hands the result to the reader's ``open_file``:
+
+- local files are read with aiofiles, remote ones (any fsspec URL or chain) with their
+  fsspec filesystem, through the local disk cache when there is one (``_storage.cache``), with
+  transient errors retried (``_storage.remote``); both off the event loop;
+- a file of at most ``readahead_bytes`` is read whole (``ServedBytes``); a larger one is
+  read in blocks by a task that stays ahead of its parser (``BlockStream``), so that
+  parsing a huge file never waits for its whole read, nor holds it in memory.
+
+Contracts:
+
+- The budget: the bytes read ahead and not yet taken by a parser (a whole file until its
+  reader opens it, a block until its parser has read past it) stay within
+  ``readahead_bytes``. A file the consumer is waiting for (``demand``), or a parser
+  waiting for its next block, is never held back by the budget: it goes over by that
+  file or block instead, so nothing can wait on the budget forever.
+- Every byte is read once: a reader that does not open its files through ``open_file``
+  (it would read each file twice) stops the local read-ahead after its first file, and a
+  memory-mapped ``.npy`` (``NumpyReader(mmap=True)``) is never read ahead: it keeps its
+  zero-copy path.
+- A failure (a file deleted after listing, a refused permission, a remote error after its
+  retries) is raised where the file is read, so it reaches the consumer in plan order,
+  naming the file. A remote file is delivered once and whole: its retries happen block
+  by block, before a block is handed on.
+- With worker processes, remote files no larger than the budget are read ahead here and
+  sent to the worker that parses them; local files, and larger remote ones, are read by
+  the worker itself (their bytes would otherwise cross a socket: in ``bench_cold.py``
+  sending 8 MiB ``.npy`` files to 2 workers ran at a third of the speed of the workers
+  reading them).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import functools
+import io
+import logging
+import threading
+from typing import IO, Any, Callable, Deque, Dict, Optional, Tuple
+
+import aiofiles
+import aiofiles.os
+
+from .cache import DiskCache, Entry, EntryWriter
+from .files import Served, ServedBytes, _local, direct_open, is_url
+from .remote import awith_retries, filesystem, version
+
+logger = logging.getLogger("pyloader")
+
+DEFAULT_READAHEAD_BYTES = 256 * 2**20
+MIN_BLOCK, MAX_BLOCK = 4 * 2**10, 8 * 2**20
+_POLL_S = 1.0  # how often a parser waiting for a block checks that the loop is still there
+
+
+class _IoExecutor(concurrent.futures.Executor):
+    """Hands aiofiles' blocking calls to the loader's own threads: ``run_in_executor`` takes any
+    executor, and an asyncio future returned by ``submit`` is used as it is."""
+
+    def __init__(self, run_io: Callable[..., "asyncio.Future[Any]"]) -> None:
+        self._run_io = run_io
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
+        return self._run_io(functools.partial(fn, *args, **kwargs))
+
+
+async def first_of(*events: asyncio.Event) -> None:
+    """Wait until one of ``events`` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+class Budget:
+    """Bytes read ahead, at most ``limit``: a request waits (in the order requests came) until
+    its bytes fit, or until ``demand`` is set; then it goes over, and takes nothing."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiting: Deque[Tuple[int, "asyncio.Future[None]"]] = collections.deque()
+
+    async def take(self, n: int, demand: asyncio.Event) -> int:
+        """Wait for ``n`` bytes; the bytes taken (``n``, or 0 when ``demand`` came first)."""
+        if not self._waiting and (self.used + n <= self.limit or demand.is_set()):
+            return self._grant(n) if self.used + n <= self.limit else 0
+        turn: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
+        waiter = (n, turn)
+        self._waiting.append(waiter)
+        demanded = asyncio.ensure_future(demand.wait())
+        try:
+            await asyncio.wait((turn, demanded), return_when=asyncio.FIRST_COMPLETED)  # not first_of: turn is a future
+        except BaseException:  # cancelled: bytes granted meanwhile go back
+            if turn.done() and not turn.cancelled():
+                self.give(n)
+            raise
+        finally:
+            demanded.cancel()
+            if not turn.done():
+                turn.cancel()
+                self._waiting.remove(waiter)
+                self._wake()  # the next one may fit now
+        return n if not turn.cancelled() else 0
+
+    def _grant(self, n: int) -> int:
+        self.used += n
+        return n
+
+    def give(self, n: int) -> None:
+        if n:
+            self.used -= n
+            self._wake()
+
+    def _wake(self) -> None:
+        while self._waiting and self.used + self._waiting[0][0] <= self.limit:
+            n, turn = self._waiting.popleft()
+            self._grant(n)
+            turn.set_result(None)
+
+
+def _give_back(loop: asyncio.AbstractEventLoop, budget: Budget, n: int) -> None:
+    """``budget.give(n)`` from any thread (nothing, once the run's loop is gone)."""
+    if n:
+        try:
+            loop.call_soon_threadsafe(budget.give, n)
+        except RuntimeError:
+            pass  # the loop is closed: the run, and its budget, are over
+
+
+class _LocalFile:
+    """A local file's bytes, through aiofiles on the loader's threads."""
+
+    def __init__(self, path: str, size: int, executor: _IoExecutor) -> None:
+        self.path, self.size, self._executor = path, size, executor
+        self._file: Any = None
+
+    @classmethod
+    async def open(cls, path: str, executor: _IoExecutor) -> "_LocalFile":
+        stat = await aiofiles.os.stat(path, executor=executor)
+        return cls(path, stat.st_size, executor)
+
+    async def whole(self) -> bytes:
+        f = await aiofiles.open(self.path, "rb", executor=self._executor)
+        try:
+            return await f.read()
+        finally:  # at once, here: a close sent to the executor never runs once a stopping run's threads are gone
+            f._file.close()
+
+    async def read(self, start: int, n: int) -> bytes:
+        if self._file is None:
+            self._file = await aiofiles.open(self.path, "rb", executor=self._executor)
+        if start != await self._file.tell():
+            await self._file.seek(start)
+        return await self._file.read(n)
+
+    async def close(self, complete: bool) -> None:
+        if self._file is not None:
+            self._file, f = None, self._file
+            try:
+                await f.close()
+            except RuntimeError:  # the run's threads are gone (it is stopping): close it here
+                f._file.close()
+
+
+class _RemoteFile:
+    """A remote file's bytes through its fsspec filesystem, each call retried; served from, or
+    written to, the disk cache when there is one."""
+
+    def __init__(self, url: str, run_io: Callable, retries: int, cache: Optional[DiskCache],
+                 on_close: Optional[Callable[[], None]] = None) -> None:
+        self.url, self._run_io, self._retries, self._cache = url, run_io, retries, cache
+        self._on_close = on_close
+        self._fs, self._path = filesystem(url)
+        self.size: Optional[int] = None
+        self._version = ""
+        self.entry: Optional[Entry] = None
+        self._writer: Optional[EntryWriter] = None
+        self._cached = _LocalFile("", 0, _IoExecutor(run_io))
+
+    async def _call(self, fn: Callable, *args: Any) -> Any:
+        return await awith_retries(lambda: self._run_io(fn, *args), repr(self.url), self._retries)
+
+    async def open(self) -> None:
+        info = await self._call(self._fs.info, self._path)
+        self.size = info.get("size")
+        self._version = version(info)
+        if self._cache is not None and self.size is not None:
+            self.entry = await self._run_io(self._cache.lookup, self.url, self.size, self._version)
+            if self.entry is not None:
+                self._cached = _LocalFile(self.entry.data_path, self.size, self._cached._executor)
+
+    def block_size(self, default: int) -> int:
+        return self.entry.block_size if self.entry is not None else default
+
+    async def whole(self) -> bytes:
+        if self.entry is not None:
+            data = await self._cached.whole()
+            if await self._run_io(_all_blocks_check, self.entry, data):
+                return data
+            await self._run_io(self._cache.drop, self.entry, "a block failed its check")  # type: ignore[union-attr]
+            self.entry = None
+        data = await self._call(self._fs.cat_file, self._path)
+        if self._cache is not None and self.size == len(data) and self._cache.fits(len(data)):
+            await self._run_io(_store, self._cache, self.url, data, self._version)
+        return data
+
+    async def read(self, start: int, n: int) -> bytes:
+        if self.entry is not None:
+            block = await self._cached.read(start, n)
+            index = start // self.entry.block_size
+            if start % self.entry.block_size == 0 and await self._run_io(self.entry.check, index, block):
+                return block
+            await self._run_io(self._cache.drop, self.entry, f"block {index} failed its check")  # type: ignore[union-attr]
+            self.entry = None  # the rest comes from the remote file; the blocks before were sound
+            await self._cached.close(False)
+        # by keyword: some filesystems (s3fs) take other arguments before them
+        block = await self._call(functools.partial(self._fs.cat_file, self._path, start=start, end=start + n))
+        if start == 0 and self._cache is not None and self.size is not None and self._cache.fits(self.size):
+            self._writer = await self._run_io(self._cache.writer, self.url, self.size, self._version, n)
+        if self._writer is not None:
+            await self._run_io(self._writer.add, block)
+        return block
+
+    async def close(self, complete: bool) -> None:
+        try:
+            await self._cached.close(complete)
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                await self._run_io(writer.commit if complete else writer.abort)
+        finally:
+            on_close, self._on_close = self._on_close, None
+            if on_close is not None:
+                on_close()
+
+
+def _finished(fetching: Dict[str, asyncio.Event], path: str, done: asyncio.Event) -> None:
+    done.set()
+    if fetching.get(path) is done:
+        del fetching[path]
+
+
+def _all_blocks_check(entry: Entry, data: bytes) -> bool:
+    size = entry.block_size
+    return len(data) == entry.size and all(entry.check(k, data[k * size:(k + 1) * size])
+                                           for k in range(max(1, -(-len(data) // size))))
+
+
+def _store(cache: DiskCache, url: str, data: bytes, version: str) -> None:
+    writer = cache.writer(url, len(data), version, MAX_BLOCK)
+    try:
+        writer.add(data)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.commit()
+
+
+class ReadAhead:
+    """The read-ahead of one run: budget, byte sources, cache and retries (see the module docstring)."""
+
+    def __init__(self, run_io: Callable, reader: Any, limit: int = DEFAULT_READAHEAD_BYTES, retries: int = 0,
+                 cache: Optional[DiskCache] = None) -> None:
+        self._run_io = run_io
+        self._executor = _IoExecutor(run_io)
+        self._reader = reader
+        self.budget = Budget(limit)
+        self.block_size = max(MIN_BLOCK, min(MAX_BLOCK, limit // 4))
+        self.retries = retries
+        self.cache = cache
+        self.local = True  # local files are read ahead (until a reader shows it does not use open_file)
+        self._fetching: Dict[str, asyncio.Event] = {}  # remote files being fetched into the cache
+
+    def _wanted(self, path: str) -> bool:
+        if not self.budget.limit:
+            return False  # readahead_bytes=0: readers open their files themselves
+        if is_url(path):
+            return True
+        return self.local and not _maps_itself(self._reader, path)
+
+    async def fetch(self, path: str, demand: asyncio.Event, streams: bool = True) -> Optional[Served]:
+        """What ``open_file(path)`` will serve, read (or, for a large file, being read) ahead;
+        ``None`` when the reader is to open the file itself. ``streams=False`` (for a worker
+        process): only remote files no larger than the budget are read ahead."""
+        remote = is_url(path)
+        if not self._wanted(path) or not (streams or remote):
+            return None  # a worker process reads a local file itself: its bytes need not cross a socket
+        source: Any = await (self._open_remote(path, demand) if remote
+                             else _LocalFile.open(_local(path), self._executor))
+        if source.size is None or source.size <= self.budget.limit:
+            return await self._whole(path, source, demand, remote)
+        if not streams:
+            await source.close(False)
+            return None
+        block_size = source.block_size(self.block_size) if remote else self.block_size
+        return BlockStream(path, source, self.budget, block_size)
+
+    async def _open_remote(self, path: str, demand: asyncio.Event) -> _RemoteFile:
+        """With a cache, a file already being fetched (the same file of the next epoch, read ahead
+        while this epoch's copy is still on its way) waits for that copy: it then comes from the
+        cache, unless the consumer waits for it first."""
+        on_close = None
+        if self.cache is not None:
+            while path in self._fetching and not demand.is_set():
+                await first_of(self._fetching[path], demand)
+            if path not in self._fetching:
+                done = self._fetching[path] = asyncio.Event()
+                on_close = functools.partial(_finished, self._fetching, path, done)
+        source = _RemoteFile(path, self._run_io, self.retries, self.cache, on_close)
+        try:
+            await source.open()
+        except BaseException:
+            await source.close(False)
+            raise
+        return source
+
+    async def _whole(self, path: str, source: Any, demand: asyncio.Event, remote: bool) -> ServedBytes:
+        taken = await self.budget.take(source.size or 0, demand)
+        try:
+            data = await source.whole()
+        except BaseException:
+            self.budget.give(taken)
+            raise
+        finally:
+            await source.close(False)
+        return ServedBytes(data, functools.partial(_give_back, asyncio.get_running_loop(), self.budget, taken))
+
+    def unused(self, path: str, served: Optional[Served]) -> None:
+        """The reader read ``path`` to its end without opening it through ``open_file``: it opens
+        its files itself, so reading local files ahead would read each twice."""
+        if served is not None and not served.claimed and not is_url(path) and self.local:
+            self.local = False
+            logger.debug("pyloader: the reader does not open its files through open_file: "
+                         "local files are no longer read ahead in this run")
+
+
+def _maps_itself(reader: Any, path: str) -> bool:
+    """``NumpyReader(mmap=True)`` maps a local ``.npy`` itself (zero copy): reading it ahead would read it twice."""
+    from ..readers import NumpyReader
+
+    return isinstance(reader, NumpyReader) and reader.mmap and not path.endswith(".npz")
+
+
+class BlockStream(Served, io.RawIOBase):
+    """A large file served to its parser block by block, as a task on the loop reads them ahead.
+
+    It seeks anywhere: within the blocks still held, by skipping ahead, or past the end
+    (a size query); to an offset before the blocks still held it switches to opening the
+    file itself (``direct_open``) and goes on from there. Served once: a second
+    ``open_file`` of the path opens the file itself.
+    """
+
+    def __init__(self, path: str, source: Any, budget: Budget, block_size: int) -> None:
+        io.RawIOBase.__init__(self)
+        self.path = path
+        self.size: int = source.size
+        self._source, self._budget, self._block_size = source, budget, block_size
+        self._loop = asyncio.get_running_loop()
+        self._cond = threading.Condition()
+        self._blocks: Deque[Tuple[int, bytes, int]] = collections.deque()  # (offset, bytes, budget taken)
+        self._ended = False
+        self._error: Optional[BaseException] = None
+        self.claimed = False
+        self._released = False
+        self._pos = 0
+        self._direct: Optional[IO[bytes]] = None
+        self._hungry = asyncio.Event()  # the parser waits for a block: read it whatever the budget
+        self._task = self._loop.create_task(self._produce(), name=f"pyloader-readahead:{path}")
+
+    # -- the loop's side ---------------------------------------------------------------
+    async def _produce(self) -> None:
+        pos = 0
+        try:
+            while pos < self.size:
+                n = min(self._block_size, self.size - pos)
+                taken = await self._budget.take(n, self._hungry)
+                try:
+                    data = await self._source.read(pos, n)
+                except BaseException:
+                    self._budget.give(taken)
+                    raise
+                if not data:
+                    raise ValueError(f"{self.path!r} ended at byte {pos}, before the {self.size} bytes "
+                                     "it had when its read began")
+                with self._cond:
+                    self._blocks.append((pos, data, taken))
+                    self._cond.notify_all()
+                self._hungry.clear()
+                pos += len(data)
+        except asyncio.CancelledError:
+            self._end(RuntimeError(f"the read-ahead of {self.path!r} was stopped"))
+            raise
+        except BaseException as exc:
+            self._end(exc)
+        else:
+            self._end(None)
+        finally:
+            try:
+                await self._source.close(pos >= self.size)
+            except Exception as exc:  # a cache entry not written: it is fetched again next time
+                logger.debug("pyloader: closing the read of %r: %s", self.path, exc)
+
+    def _end(self, error: Optional[BaseException]) -> None:
+        with self._cond:
+            self._ended = True
+            self._error = error
+            self._cond.notify_all()
+
+    # -- the parser's side -------------------------------------------------------------
+    def open(self) -> Optional[IO[bytes]]:
+        with self._cond:
+            if self.claimed or self._released:
+                return None
+            self.claimed = True
+        return io.BufferedReader(self, buffer_size=64 * 2**10)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        if self._direct is not None:
+            self._direct.seek(self._pos)
+            n = self._direct.readinto(buffer)  # type: ignore[attr-defined]
+            self._pos += n
+            return n
+        with self._cond:
+            block = self._block_at_pos()
+        if block is None:
+            return self.readinto(buffer) if self._direct is not None else 0
+        offset, data = block
+        start = self._pos - offset
+        n = min(len(buffer), len(data) - start)
+        buffer[:n] = data[start:start + n]
+        self._pos += n
+        return n
+
+    def _block_at_pos(self) -> Optional[Tuple[int, bytes]]:
+        """The held block that has the byte at the position, waiting for it if it is yet to come;
+        ``None`` at the end of the file, or once switched to reading the file itself. Blocks
+        wholly before the position are let go."""
+        while True:
+            if self._pos >= self.size:
+                return None
+            while self._blocks and self._blocks[0][0] + len(self._blocks[0][1]) <= self._pos:
+                _, _, taken = self._blocks.popleft()
+                _give_back(self._loop, self._budget, taken)
+            if self._blocks and self._blocks[0][0] <= self._pos:
+                return self._blocks[0][:2]
+            if self._blocks or self._released:  # the position is before the blocks held
+                self._go_direct()
+                return None
+            if self._ended:
+                raise self._error if self._error is not None else ValueError(f"read-ahead of {self.path!r} ended early")
+            self._wait()
+
+    def _wait(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._hungry.set)
+        except RuntimeError:
+            raise RuntimeError(f"the read-ahead of {self.path!r} stopped: the loader's loop is closed") from None
+        self._cond.wait(_POLL_S)
+
+    def _go_direct(self) -> None:
+        self._direct = direct_open(self.path)
+        self._stop()
+
+    def _stop(self) -> None:
+        """Stop reading ahead and give back the budget of the blocks held (``_cond`` held)."""
+        if not self._ended:
+            try:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            except RuntimeError:
+                pass
+        while self._blocks:
+            _give_back(self._loop, self._budget, self._blocks.popleft()[2])
+
+    def close(self) -> None:
+        if not self.closed:
+            self.release()
+            if self._direct is not None:
+                self._direct.close()
+        io.RawIOBase.close(self)
+
+    def release(self) -> None:
+        with self._cond:
+            self._released = True
+            self._stop()

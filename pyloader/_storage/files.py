@@ -1,0 +1,308 @@
+"""Finding chunk files and opening them, on local disk or behind an fsspec URL (or chain of them,
+``simplecache::s3://…``).
+
+``open_file`` serves what the loader read ahead for a path (``prefetched``): bytes, or a
+stream of blocks still being read; otherwise it opens the file itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import glob
+import io
+import logging
+import os
+import re
+import stat
+import threading
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union, cast
+
+from .compression import codec_for, decompressed
+
+DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+
+_URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*(://|::)")  # a protocol, or the first link of an fsspec chain
+_GLOB_CHARS = set("*?[")
+
+logger = logging.getLogger("pyloader")
+
+
+def is_url(path: str) -> bool:
+    return bool(_URL.match(path)) and not path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+class Served:
+    """What the loader read ahead for one path, for ``open_file`` to serve to the reader."""
+
+    claimed = False  # the reader opened it
+
+    def open(self) -> Optional[IO[bytes]]:
+        """A binary file over the bytes, or ``None`` when they cannot be served (again)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """The file's read is over (or abandoned): let go of what is held. Idempotent."""
+
+
+class ServedBytes(Served):
+    """A whole file's bytes, served any number of times; ``on_done`` runs once, at the first
+    ``open`` or at ``release``, whichever comes first (the bytes are the parser's from then on)."""
+
+    def __init__(self, data: bytes, on_done: Optional[Callable[[], None]] = None) -> None:
+        self.data = data
+        self._on_done = on_done
+        self._lock = threading.Lock()
+
+    def _done(self) -> None:
+        with self._lock:
+            on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done()
+
+    def open(self) -> IO[bytes]:
+        self.claimed = True
+        self._done()
+        return io.BytesIO(self.data)
+
+    def release(self) -> None:
+        self._done()
+
+
+_served: Dict[str, List[Served]] = {}  # path -> what the loader read ahead for it
+_served_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def prefetched(path: str, data: Union[None, bytes, Served]) -> Iterator[None]:
+    """While inside, ``open_file(path)`` serves ``data`` (read ahead by the loader) from memory."""
+    if data is None:
+        yield
+        return
+    served = data if isinstance(data, Served) else ServedBytes(data)
+    with _served_lock:
+        _served.setdefault(path, []).append(served)
+    try:
+        yield
+    finally:
+        with _served_lock:
+            entries = _served[path]
+            entries.remove(served)
+            if not entries:
+                del _served[path]
+        served.release()
+
+
+def _open_served(path: str) -> Optional[IO[bytes]]:
+    with _served_lock:
+        entries = list(_served.get(path, ()))
+    for served in entries:
+        f = served.open()
+        if f is not None:
+            return f
+    return None
+
+
+def direct_open(path: str) -> IO[bytes]:
+    """``path`` opened for binary reading, local or through fsspec, without the read-ahead."""
+    if is_url(path):
+        import fsspec  # optional: only remote data needs it
+
+        return fsspec.open(path, "rb").open()
+    return open(_local(path), "rb")
+
+
+def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infer", **kwargs: Any) -> IO:
+    """Open ``path`` for reading, whether it is a local path or an fsspec URL.
+
+    Readers should open their files through this so that the same reader works
+    on local disk, ``file://``, ``s3://``, ``gs://``, ``http(s)://``, ``memory://`` and
+    fsspec chains (``simplecache::s3://…``). Text modes take ``encoding``/``errors``/
+    ``newline`` like ``open``. A file the loader has read ahead is served from memory.
+    A name ending in ``.gz``, ``.bz2``, ``.xz``/``.lzma`` or ``.zst``/``.zstd`` is
+    decompressed as it is read (``compression=None``: never; a codec name: always;
+    see ``_storage.compression``).
+    """
+    codec = codec_for(path, mode, compression)
+    if codec is not None:
+        return decompressed(open_file(path, "rb", compression=None), path, codec, mode, **kwargs)
+    raw = _open_served(path) if "r" in mode else None
+    if raw is not None:
+        return raw if "b" in mode else io.TextIOWrapper(raw, **kwargs)
+    if is_url(path):
+        import fsspec  # optional: only remote data needs it
+
+        return fsspec.open(path, mode, **kwargs).open()
+    return open(_local(path), mode, **kwargs)
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".") or name.startswith("_")
+
+
+_SPECIAL = ("named pipe", "socket", "device", "special file")
+
+
+def _kind(path: str) -> str:
+    """What ``path`` is, following symbolic links: ``"file"`` (regular), ``"folder"``,
+    ``"missing"`` (nothing there, or a link to nothing), ``"unreachable"`` (``os.stat``
+    fails otherwise: a link loop, a folder on the way that may not be searched), or one
+    of ``_SPECIAL``."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except OSError:
+        return "unreachable"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    if stat.S_ISFIFO(mode):
+        return "named pipe"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file"
+
+
+def _refused(described: str, path: str, kind: str) -> FileNotFoundError:
+    """The error for a path named outright that is not a file to load; ``described`` leads
+    the sentence: ``"data_dir 'x'"`` or ``"data_dir lists 'x', which"``."""
+    if kind == "missing":
+        return FileNotFoundError(f"{described} does not exist")
+    if kind == "unreachable":
+        try:
+            os.stat(path)
+        except OSError as e:
+            return FileNotFoundError(f"{described} cannot be examined: {e}")
+    return FileNotFoundError(f"{described} is a {kind}, not a regular file")
+
+
+def _readable_entries(paths: Iterable[str]) -> List[str]:
+    """``paths`` less folders and special files: opening a named pipe or a device could block
+    forever. Special files are named in a warning; a link to nothing, or a path ``os.stat``
+    fails on, is kept, so that the reading reports it rather than it being lost silently."""
+    kept, special = [], []
+    for path in paths:
+        kind = _kind(path)
+        if kind in _SPECIAL:
+            special.append(f"{path!r} ({kind})")
+        elif kind != "folder":
+            kept.append(path)
+    if special:
+        shown = ", ".join(special[:5]) + (f" and {len(special) - 5} more" if len(special) > 5 else "")
+        logger.warning("data_dir: skipping %d entries that are not regular files: %s", len(special), shown)
+    return kept
+
+
+def _walk(root: str) -> List[str]:
+    """Files under ``root``, following symlinked folders once each (a link loop ends there)."""
+    found: List[str] = []
+    visited = {os.path.realpath(root)}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        keep = []
+        for d in sorted(dirnames):
+            real = os.path.realpath(os.path.join(dirpath, d))
+            if not _hidden(d) and real not in visited:
+                visited.add(real)
+                keep.append(d)
+        dirnames[:] = keep
+        found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if not _hidden(f))
+    return _readable_entries(found)
+
+
+def _parts(path: str) -> List[str]:
+    return [part for part in path.split("/") if part]
+
+
+def _glob_aligns(pattern: Sequence[str], names: Sequence[str], strict: bool) -> bool:
+    """Whether the path ``names`` matches the glob ``pattern`` (both split at ``/``) with,
+    when ``strict``, every name starting with ``.`` or ``_`` matched by a pattern part that
+    starts with the same character: wildcards and ``**`` do not match such names."""
+    if not pattern:
+        return not names
+    part, rest = pattern[0], pattern[1:]
+    if part == "**":
+        for k in range(len(names) + 1):
+            if _glob_aligns(rest, names[k:], strict):
+                return True
+            if k < len(names) and strict and _hidden(names[k]):
+                return False
+        return False
+    if not names or not fnmatch.fnmatch(names[0], part):
+        return False
+    if strict and _hidden(names[0]) and part[0] != names[0][0]:
+        return False
+    return _glob_aligns(rest, names[1:], strict)
+
+
+def _glob_keeps(spec: str, path: str) -> bool:
+    """False for a match of the glob ``spec`` that only a wildcard's match of a ``.``/``_``
+    name explains. A match that cannot be aligned with ``spec`` at all (a backend that
+    rewrites its paths) is kept."""
+    pattern, names = _parts(spec), _parts(path)
+    return _glob_aligns(pattern, names, strict=True) or not _glob_aligns(pattern, names, strict=False)
+
+
+def _listed(paths: List[str]) -> List[str]:
+    """An explicit list of paths, taken as given: each must be a regular file (or a URL)."""
+    if not paths:
+        raise FileNotFoundError("data_dir is an empty list: no files to load")
+    for p in paths:
+        kind = "file" if is_url(p) else _kind(_local(p))
+        if kind != "file":
+            raise _refused(f"data_dir lists {p!r}, which", _local(p), kind)
+    return paths
+
+
+def list_files(data_dir: DataDir, retries: int = 0) -> List[str]:
+    """The chunk files named by ``data_dir``, in a fixed (sorted) order.
+
+    ``data_dir`` is one of:
+
+    - a folder, walked recursively: files and folders whose names start with ``.`` or
+      ``_`` (``.git``, Spark's ``_SUCCESS``, Parquet's ``_metadata``) are skipped, and so
+      are entries that are not regular files (named pipes, sockets, devices: opening one
+      could block forever), with a warning; a symbolic link counts as what it points to,
+      and a link to nothing is kept, to fail when it is read;
+    - a glob pattern (``**`` recursive), with the same rules: a name starting with ``.``
+      or ``_`` is matched only by a pattern part starting with the same character
+      (``data/*`` skips ``data/_SUCCESS``, ``data/_*`` lists it);
+    - a list of paths, taken as given (nothing skipped, order kept): each must be a
+      regular file, else ``FileNotFoundError`` saying what it is;
+    - an fsspec URL (or chain, ``simplecache::s3://…``) of a folder, a glob or a file, with
+      the same rules; transient remote errors are retried ``retries`` times.
+
+    Nothing found: ``FileNotFoundError`` saying what was searched.
+    """
+    if isinstance(data_dir, (list, tuple)):
+        return _listed([os.fspath(p) for p in data_dir])
+    spec = os.fspath(cast(Union[str, os.PathLike], data_dir))
+    globbed = any(c in spec for c in _GLOB_CHARS)
+    if is_url(spec):
+        from .remote import list_remote
+
+        files = list_remote(spec, retries)
+        files = [f for f in files if _glob_keeps(spec, f)] if globbed else files
+    elif globbed:
+        matches = sorted(glob.glob(_local(spec), recursive=True))
+        files = _readable_entries(p for p in matches if _glob_keeps(_local(spec), p))
+    else:
+        files = _one(spec)
+    if not files:
+        raise FileNotFoundError(f"no files found under data_dir {spec!r} (names starting with "
+                                "'.' or '_' and special files are skipped)")
+    return files
+
+
+def _one(spec: str) -> List[str]:
+    """The files of a local path that is not a glob: a folder's walk, or the file itself."""
+    kind = _kind(_local(spec))
+    if kind == "folder":
+        return _walk(_local(spec))
+    if kind == "file":
+        return [spec]
+    raise _refused(f"data_dir {spec!r}", _local(spec), kind)

@@ -1,0 +1,179 @@
+"""Where rotation holds the samples it serves again (``_stages.rotation``): in memory, or on disk (``rotation_dir``).
+
+Samples arrive a chunk at a time (those of one encoded batch, or of a part of one) and are held by
+window: a ``Window`` is chunks put end to end, and ``take(rows)`` gives its rows, in any order, as
+columns. A window fills, is sealed once full (``seal``) and is dropped after its last round (``drop``).
+
+* ``InMemory``: a chunk is what ``batch_encode`` gave; sealing changes nothing.
+* ``OnDisk(rotation_dir)``: a window fills in memory; sealing turns it into NumPy arrays
+  (``_storage.codec``, as ``cache_encoded`` stores batches: a field that cannot be stored without pickle
+  is a ``NotCacheable`` naming it), writes them to a folder of its own,
+  ``<rotation_dir>/pyloader-rotation-<random>/<epoch>-<window>/``, one ``.npy`` file per array
+  (the layout among them), and reads them back memory-mapped (never unpickled), the rows served
+  read as they are needed (``_storage.codec.take``); dropping the window removes its folder. The run's
+  folder is made by the first seal and removed by ``close()`` (at the run's end, however it
+  ends: a break, ``close()``, an error), at the latest when the process exits; a write still
+  running in a thread when the run ends removes what it wrote. Nothing is left behind.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from typing import Any, Dict, List, Optional, Protocol
+
+import numpy as np
+
+from .._columns import Columns, concat, interleave, n_rows, slice_rows, take
+from . import codec as _codec
+
+
+class Held(Protocol):
+    """How chunks are held; ``seal`` runs off the event loop (it may write files)."""
+
+    def chunk(self, columns: Columns) -> Any: ...
+
+    def rows(self, chunk: Any) -> int: ...
+
+    def cut(self, chunk: Any, start: int, end: int) -> Any: ...
+
+    def take(self, chunk: Any, positions: np.ndarray) -> Columns: ...
+
+    def seal(self, name: str, window: "Window") -> Any: ...
+
+    def drop(self, window: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Window:
+    """Rows of chunks put end to end."""
+
+    def __init__(self, held: Held) -> None:
+        self.held = held
+        self.chunks: List[Any] = []
+        self.ends: List[int] = []  # the rows up to the end of each chunk
+
+    @property
+    def n(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def add(self, chunk: Any) -> None:
+        self.chunks.append(chunk)
+        self.ends.append(self.n + self.held.rows(chunk))
+
+    def take(self, rows: np.ndarray) -> Columns:
+        if len(self.chunks) == 1:
+            return self.held.take(self.chunks[0], rows)
+        starts = [0, *self.ends[:-1]]
+        return interleave(np.searchsorted(self.ends, rows, side="right"),
+                          lambda i, at: self.held.take(self.chunks[i], rows[at] - starts[i]), "rotation")
+
+
+class InMemory:
+    """Chunks kept as ``batch_encode`` gave them."""
+
+    def chunk(self, columns: Columns) -> Columns:
+        return columns
+
+    def rows(self, chunk: Columns) -> int:
+        return n_rows(chunk)
+
+    def cut(self, chunk: Columns, start: int, end: int) -> Columns:
+        return slice_rows(chunk, start, end)
+
+    def take(self, chunk: Columns, positions: np.ndarray) -> Columns:
+        return take(chunk, positions)
+
+    def seal(self, name: str, window: Window) -> Any:
+        return window
+
+    def drop(self, window: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _OnDiskWindow:
+    """A sealed window: its arrays memory-mapped from its folder."""
+
+    def __init__(self, folder: str, n: int, arrays: Dict[str, np.ndarray]) -> None:
+        self.folder = folder
+        self.n = n
+        self.arrays = arrays
+
+    def take(self, rows: np.ndarray) -> Columns:
+        return _codec.take(self.arrays, rows)
+
+
+def _remove(root: str, pid: int) -> None:
+    if os.getpid() == pid:  # never from a forked child: the folder is its parent's
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _save(arrays: Dict[str, np.ndarray], folder: str) -> Dict[str, str]:
+    """Each array to ``folder/<name>.npy`` (names of ``_storage.codec``'s: plain words), whole or not at all."""
+    paths = {}
+    for name, array in arrays.items():
+        path = os.path.join(folder, f"{name}.npy")
+        with open(path + ".tmp", "wb") as f:
+            np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+        os.replace(path + ".tmp", path)
+        paths[name] = path
+    return paths
+
+
+class OnDisk(InMemory):
+    """The window being filled in memory; sealed windows as ``.npy`` files under a folder of the run's."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.root: Optional[str] = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _folder_for(self, name: str) -> Optional[str]:
+        """A new folder for window ``name``, or ``None`` once closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            if self.root is None:
+                os.makedirs(self.folder, exist_ok=True)
+                self.root = tempfile.mkdtemp(prefix="pyloader-rotation-", dir=self.folder)
+                weakref.finalize(self, _remove, self.root, os.getpid())
+            folder = os.path.join(self.root, name)
+            os.mkdir(folder)
+            return folder
+
+    def seal(self, name: str, window: Window) -> Any:
+        """The window written to its folder and read back memory-mapped; ``NotCacheable`` names a field
+        that cannot be stored without pickle."""
+        arrays = _codec.pack(concat(window.chunks, "rotation"), "rotation_dir")
+        folder = self._folder_for(name)
+        if folder is None:
+            return window  # the run has ended: nobody will read it
+        try:
+            paths = _save(arrays, folder)
+        finally:
+            with self._lock:
+                closed = self._closed
+                if closed:  # the run ended while this was written: what close() found is gone already
+                    shutil.rmtree(str(self.root), ignore_errors=True)
+        if closed:
+            return window
+        return _OnDiskWindow(folder, window.n, {k: np.load(p, mmap_mode="r", allow_pickle=False)
+                                                for k, p in paths.items()})
+
+    def drop(self, window: Any) -> None:
+        if isinstance(window, _OnDiskWindow):
+            window.arrays = {}
+            shutil.rmtree(window.folder, ignore_errors=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self.root is not None:
+                shutil.rmtree(self.root, ignore_errors=True)
