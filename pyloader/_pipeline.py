@@ -28,7 +28,7 @@ from ._stages.even import EvenSteps
 from ._stages.filter import with_filter
 from ._stages.map import OrderedMap, Step
 from ._stages.mix import MixSource
-from ._stages.read import ReadFiles
+from ._stages.read import Ramp, ReadFiles
 from ._stages.rotation import Rotation
 from ._stages.shard import Sharding, batches_of
 from ._stages.source import Elastic, FileSource, FileTask, SourceItem
@@ -218,29 +218,32 @@ def _stream_start(s: Settings, start: Start, source: Any, steps: Optional[Callab
 
 
 def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], skip_rows: int,
-             stream: Optional[StreamStart]) -> Any:
-    """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``)."""
+             stream: Optional[StreamStart], read: ReadFiles) -> Any:
+    """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``); they take the
+    pieces of each file (and stream rows files read again) through callables, not the read stage."""
     o = s.options
     if o.stream:
-        return StreamBatcher(s.files, s.reader.batch_size, o.seq_len, o.padding_mode, o.pad_value,
-                             steps, _fallback(s), o.time_major, stream)
+        return StreamBatcher(s.files, read.pieces, read.open, s.reader.batch_size, o.seq_len, o.padding_mode,
+                             o.pad_value, steps, _fallback(s), o.time_major, stream)
     bucket = None if o.bucket_by is None else (Lengths(o.bucket_by), resolved(o.bucket_buffer))
     if o.rotation > 1:  # the steps are the rotated batches': a share short of samples is padded later (EvenSteps)
         steps = None
-    return Batcher(s.files, s.reader.batch_size, o.drop_last, o.shuffle_buffer, o.random_seed,
+    return Batcher(s.files, read.pieces, s.errors, s.stats, s.reader.batch_size, o.drop_last, o.shuffle_buffer,
+                   o.random_seed,
                    flag_padding=s.sharding.active, steps=steps, bucket=bucket,
                    resumed=(start.epoch, start.skip if skip_rows else start.base),
                    mix=None if s.mix is None else source.buffer,
                    resumed_rows=(skip_rows, source.rows(start.epoch) if skip_rows else 0))
 
 
-def _reader_stage(s: Settings, runner: Any) -> ReadFiles:
-    """Stage 2. Stream rows need several files before their first batch (no ramp there), and rows
-    whose files end at the same step all need a new one at once: a file per row is read ahead."""
+def _reader_stage(s: Settings, runner: Any, ramp: Ramp) -> ReadFiles:
+    """Stage 2, reading few files ahead until ``ramp`` is set. Stream rows need several files before their
+    first batch (no ramp there), and rows whose files end at the same step all need a new one at once:
+    a file per row is read ahead."""
     ahead = max(s.options.prefetch_files, s.reader.batch_size) if s.options.stream else s.options.prefetch_files
     buffered = s.options.shuffle_buffer > 0 or s.options.bucket_by is not None or s.mix is not None  # rows meet here
     return ReadFiles(runner, s.options.stream or buffered, ahead, s.errors, s.stats,
-                     start_ahead=None if s.options.stream else max(0, s.num_workers - 1))
+                     start_ahead=None if s.options.stream else max(0, s.num_workers - 1), ramp=ramp)
 
 
 def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
@@ -290,20 +293,22 @@ async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: 
                       tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
     """Stages 2 to 4 over ``epochs``: their files read, cut into batches, and ``run`` on each group
     (``batch_encode`` and ``collate_batch``, or ``batch_encode`` alone); with ``from_position``, the run's
-    first epoch from the position it resumes at, else whole."""
+    first epoch from the position it resumes at, else whole. The start-up ramp ends once the first group is
+    out (``ramp``: a signal the read stage observes; nothing downstream calls into an earlier stage)."""
     resumed = from_position and epochs.start == start.epoch
     past_files = past_files and resumed
-    read = _reader_stage(s, runner)
+    ramp = Ramp()
+    read = _reader_stage(s, runner, ramp)
     stream = _stream_start(s, start, source, steps, past_files) if resumed else None
     skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files and stream is None else 0
-    batcher = _batcher(s, start, source, steps, skip_rows, stream)
+    batcher = _batcher(s, start, source, steps, skip_rows, stream, read)
     files = _files(s, start, source, batcher, skip_rows, epochs) if stream is None else stream.source(source,
                                                                                                      epochs.stop)
-    raw = batcher.iterate(read.iterate(files, tasks), read)
+    raw = batcher.iterate(read.iterate(files, tasks))
     if resumed and start.skip and not past_files:
         raw = _skip(raw, start, s.stats)
     async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
-        read.open_up()
+        ramp.set()
         yield group
 
 

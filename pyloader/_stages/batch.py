@@ -18,9 +18,10 @@ from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Op
 import numpy as np
 
 from .._columns import Columns, concat, n_rows, slice_rows
-from .._errors import PipelineError
+from .._errors import ErrorHandler, PipelineError
+from .._stats import Stats
 from .bucket import LEN, BucketWindows, Lengths
-from .read import Piece, ReadFiles, ReadItem
+from .read import Piece, PiecesOf, ReadItem
 from .shuffle import Slots
 from .source import EpochEnd, FileTask
 
@@ -178,18 +179,22 @@ class Batcher:
     the samples it feeds: with buffers its stream is read from ``reads_from()``,
     where their state at the position can be rebuilt (``_stages.shuffle``, ``_stages.bucket``).
 
+    ``pieces``: a file's pieces, as the read stage delivers them; ``errors`` and ``stats``: the run's
+    (lengths that fail count as a skipped file).
+
     Under ranks ``steps(e)`` is the number of batches every rank gives in epoch
     ``e``. A share that lost samples to a skipped error gives fewer; it is topped
     up with copies of its epoch's last batch, flagged as padding (the rows of
     that batch stay referenced until the epoch ends).
     """
 
-    def __init__(self, files: Sequence[str], batch_size: int, drop_last: bool,
-                 shuffle_buffer: int, seed: int, flag_padding: bool = False,
+    def __init__(self, files: Sequence[str], pieces: PiecesOf, errors: ErrorHandler, stats: Stats,
+                 batch_size: int, drop_last: bool, shuffle_buffer: int, seed: int, flag_padding: bool = False,
                  steps: Optional[Callable[[int], int]] = None,
                  bucket: Optional[Tuple[Lengths, int]] = None, resumed: Tuple[int, int] = (-1, 0),
                  mix: Optional[Callable[[int], Any]] = None, resumed_rows: Tuple[int, int] = (0, 0)) -> None:
         self.files = files
+        self.pieces, self.errors, self.stats = pieces, errors, stats
         self.mix = mix  # epoch -> the buffer interleaving weighted sources (``_stages.mix``), first of the buffers
         self.bucket = bucket
         self.resumed = resumed  # (epoch, first batch)
@@ -299,7 +304,7 @@ class Batcher:
             return out + [stage.buffer((at, self.resumed_rows[1])) for stage, at in zip(stages, outs)]
         return out + [stage.buffer() for stage in stages]
 
-    def _take_piece(self, piece: Piece, task: FileTask, buffers: List[Any], read: ReadFiles) -> bool:
+    def _take_piece(self, piece: Piece, task: FileTask, buffers: List[Any]) -> bool:
         """Move a piece's rows towards the batches (through the buffers, tagged with their file, padding
         flag and length); False when the rest of its file is to be left: its lengths failed, and the
         error policy skipped the file."""
@@ -315,8 +320,8 @@ class Batcher:
             try:
                 columns[LEN] = self.bucket[0](held, task.path, piece.offset)
             except PipelineError as exc:
-                read.errors("bucket_by", [task.path], exc)  # raises unless the policy skips
-                read.stats.skipped_files += 1
+                self.errors("bucket_by", [task.path], exc)  # raises unless the policy skips
+                self.stats.skipped_files += 1
                 return False
         for part in _through(buffers, columns):
             self._push(_mixed(part))
@@ -324,7 +329,7 @@ class Batcher:
     def _first_index(self, epoch: int) -> int:
         return self.resumed[1] if epoch == self.resumed[0] else 0
 
-    async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Group]:
+    async def iterate(self, items: AsyncIterator[ReadItem]) -> AsyncIterator[Group]:
         epoch, index = None, 0
         buffers: List[Any] = []
         sizes = GroupSize()
@@ -350,9 +355,9 @@ class Batcher:
                 epoch = item.task.epoch
                 index = self._first_index(epoch)
                 buffers = self._buffers(epoch)
-            async with contextlib.aclosing(read.pieces(item)) as pieces:
+            async with contextlib.aclosing(self.pieces(item)) as pieces:
                 async for piece in pieces:
-                    if not self._take_piece(piece, item.task, buffers, read):
+                    if not self._take_piece(piece, item.task, buffers):
                         break
                     for group in self._full(epoch, index, sizes):
                         yield group

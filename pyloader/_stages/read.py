@@ -11,7 +11,20 @@ import asyncio
 import collections
 import contextlib
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, AsyncIterator, Deque, Generator, Iterator, Optional, Tuple, Union, cast
+from typing import (
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Deque,
+    Generator,
+    Iterator,
+    List,
+    Optional,
+    Tuple,
+    Union,
+    cast,
+)
 
 from .._abc import DataReader
 from .._columns import Columns, n_rows, slice_rows, take
@@ -162,10 +175,44 @@ class FileStream:
 
 
 ReadItem = Union[FileStream, EpochEnd]
+PiecesOf = Callable[[FileStream], AsyncGenerator[Piece, None]]  # a file's pieces, for batchers (``ReadFiles.pieces``)
+OpenFile = Callable[[FileTask], FileStream]  # a file read now, outside the plan (``ReadFiles.open``: a replay)
+
+
+class Ramp:
+    """The end of the start-up ramp, signalled from downstream once the first batch is out.
+
+    Whoever consumes the batches sets it; the read stage observes it (``ReadFiles``) and from
+    then on reads ``prefetch_files`` ahead. Like an ``asyncio.Event``, but ``set`` tells its
+    observers at once (no turn of the loop), so the read-ahead widens before the next batch is cut.
+    """
+
+    def __init__(self) -> None:
+        self._set = False
+        self._observers: List[Callable[[], None]] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            for observer in self._observers:
+                observer()
+
+    def observe(self, observer: Callable[[], None]) -> None:
+        """Call ``observer`` once the ramp ends (now, if it has)."""
+        self._observers.append(observer)
+        if self._set:
+            observer()
 
 
 class ReadFiles:
     """Opens up to ``prefetch_files`` files ahead of the consumer, in plan order.
+
+    Until ``ramp`` is set (once the first batch is out) only ``start_ahead`` files are
+    read ahead of the one being batched (one per extra worker, none without workers),
+    so the first file is not parsed while other files compete with it for the same cores.
 
     A failure of ``read_file``/``iter_file`` is delivered in order, where the
     file's pieces would have been: raised (``on_error="raise"``) or, once the
@@ -173,7 +220,7 @@ class ReadFiles:
     """
 
     def __init__(self, runner: Any, fetch: bool, prefetch_files: int, errors: ErrorHandler, stats: Stats,
-                 start_ahead: Optional[int] = None) -> None:
+                 start_ahead: Optional[int] = None, ramp: Optional[Ramp] = None) -> None:
         self.runner = runner
         self.fetch = fetch  # bring every piece's rows here (shuffle buffer, stream mode)
         self.prefetch_files = prefetch_files
@@ -184,19 +231,16 @@ class ReadFiles:
         self._ahead: Deque[ReadItem] = collections.deque()
         self._files_ahead = 0  # the FileStreams in _ahead
         self._exhausted = False
-        self._limit = prefetch_files if start_ahead is None else min(start_ahead, prefetch_files)
+        self._limit = prefetch_files if start_ahead is None or ramp is None else min(start_ahead, prefetch_files)
+        if ramp is not None:
+            ramp.observe(self._ramp_ended)
 
-    def open_up(self) -> None:
-        """End the ramp: read ``prefetch_files`` ahead from now on.
-
-        Until this is called (once the first batch is out) only ``start_ahead``
-        files are read ahead of the one being batched (one per extra worker, none
-        without workers), so the first file is not parsed while other files compete
-        with it for the same cores.
-        """
+    def _ramp_ended(self) -> None:
+        """Read ``prefetch_files`` ahead from now on."""
         if self._limit < self.prefetch_files:
             self._limit = self.prefetch_files
-            self._fill()
+            if self._tasks is not None:  # iterating: open them now, not when the next file is taken
+                self._fill()
 
     async def _read_one(self, task: FileTask, queue: asyncio.Queue, demand: asyncio.Event) -> None:
         try:

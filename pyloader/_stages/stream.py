@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Callable, List, Optional, Sequence
 
 from .batch import Group, GroupSize
-from .read import FileStream, ReadFiles, ReadItem
+from .read import FileStream, OpenFile, PiecesOf, ReadItem
 from .source import EpochEnd, FileTask
 from .stream_cut import FIRST, POSITION, REPLAY, STREAM_ID, VALID, Cutter
 from .stream_resume import StreamStart
@@ -39,11 +39,14 @@ class StreamBatcher:
     GROUP_SAMPLES = 32768
     MAX_GROUP = 1024
 
-    def __init__(self, files: Sequence[str], rows: int, seq_len: Optional[int], padding_mode: str,
+    def __init__(self, files: Sequence[str], pieces: PiecesOf, open_file: OpenFile, rows: int,
+                 seq_len: Optional[int], padding_mode: str,
                  pad_value: Any, target: Optional[Callable[[int], int]] = None,
                  fallback: Optional[Callable[[int], List[FileTask]]] = None, time_major: bool = False,
                  start: Optional[StreamStart] = None) -> None:
         self.files = files
+        self.pieces = pieces  # a file's pieces, as the read stage delivers them
+        self.open_file = open_file  # a file read again now (a row's replay, a resumed row), outside the plan
         self.rows = rows
         self.seq_len = seq_len
         self.padding_mode = padding_mode
@@ -56,7 +59,7 @@ class StreamBatcher:
         step = rows * (seq_len or 1)
         self.group_limit = min(self.MAX_GROUP, max(GroupSize.LIMIT, self.GROUP_SAMPLES // step))
 
-    async def iterate(self, items: AsyncIterator[ReadItem], read: ReadFiles) -> AsyncIterator[Group]:
+    async def iterate(self, items: AsyncIterator[ReadItem]) -> AsyncIterator[Group]:
         items = aiter(items)
         while True:
             head = await anext(items, None)
@@ -64,7 +67,7 @@ class StreamBatcher:
                 return
             if isinstance(head, EpochEnd):
                 if self.target is not None:  # this rank has no file this epoch: padding steps only
-                    async for batch in self._epoch(_nothing(), read, head.epoch):
+                    async for batch in self._epoch(_nothing(), head.epoch):
                         yield batch
                 continue
             epoch = head.task.epoch
@@ -77,17 +80,16 @@ class StreamBatcher:
                     yield item
 
             files = unread()
-            async for batch in self._epoch(files, read, epoch):
+            async for batch in self._epoch(files, epoch):
                 yield batch
             async for stream in files:  # cut short (even_batches="drop"): the rest is not read
                 stream.cancel()
 
-    async def _epoch(self, unread: AsyncIterator[FileStream], read: ReadFiles,
-                     epoch: int) -> AsyncIterator[Group]:
+    async def _epoch(self, unread: AsyncIterator[FileStream], epoch: int) -> AsyncIterator[Group]:
         start = self.start if self.start is not None and self.start.epoch == epoch else None
         if start is not None and start.at.ended:
             return  # resumed at the epoch's end
-        rows = Rows(self.rows, unread, read, replay=self.padding_mode == "data")
+        rows = Rows(self.rows, unread, self.pieces, self.open_file, replay=self.padding_mode == "data")
         self.cutter.reset()
         sizes = GroupSize(self.group_limit)
         target = self.target(epoch) if self.target is not None else None

@@ -20,7 +20,7 @@ from typing import AsyncGenerator, AsyncIterator, Callable, List, Optional, Sequ
 import numpy as np
 
 from .._columns import Columns, concat, n_rows, slice_rows
-from .read import FileStream, Piece, ReadFiles
+from .read import FileStream, OpenFile, Piece, PiecesOf
 from .source import FileTask, seek
 from .stream_plan import Held, RowsAt
 
@@ -53,10 +53,10 @@ class Counted:
                              f"ranks would take different numbers of steps")
 
 
-def row_pieces(read: ReadFiles, stream: FileStream) -> AsyncGenerator[Piece, None]:
+def row_pieces(pieces: PiecesOf, stream: FileStream) -> AsyncGenerator[Piece, None]:
     """The pieces a row takes from ``stream``: a whole file with a count is checked against it."""
     whole = stream.task.count is not None and stream.task.end is None
-    return read.pieces(Counted(stream) if whole else stream)  # type: ignore[arg-type]
+    return pieces(Counted(stream) if whole else stream)  # type: ignore[arg-type]
 
 
 class Row:
@@ -120,10 +120,12 @@ class Row:
 class Rows:
     """The ``B`` rows of one epoch, and the files they take (see the module docstring)."""
 
-    def __init__(self, count: int, unread: AsyncIterator[FileStream], read: ReadFiles, replay: bool) -> None:
+    def __init__(self, count: int, unread: AsyncIterator[FileStream], pieces: PiecesOf, open_file: OpenFile,
+                 replay: bool) -> None:
         self.rows: List[Optional[Row]] = [None] * count
         self.unread = unread
-        self.read = read
+        self.pieces = pieces  # a file's pieces, as the read stage delivers them
+        self.open_file = open_file  # a file read again now, outside the plan
         self.replay = replay  # padding_mode="data": replay delivered files once no unread one is left
         self.delivered: List[FileTask] = []
         self.replays = 0
@@ -133,16 +135,16 @@ class Rows:
         """The rows where they are in a resumed epoch (``_stages.stream_plan.RowsAt``): the files in progress
         come first among the unread ones (``_stages.stream_resume.StreamStart.tasks``), from where their rows are."""
         for r, _ in sorted(at.in_progress(replay=False), key=lambda row: row[1].place):
-            self.rows[r] = await open_row(self.read, await anext(self.unread), replay=False)
+            self.rows[r] = await open_row(self.pieces, await anext(self.unread), replay=False)
         for r, held in at.in_progress(replay=True):
-            self.rows[r] = await open_row(self.read, self.read.open(last_part(held)), replay=True)
+            self.rows[r] = await open_row(self.pieces, self.open_file(last_part(held)), replay=True)
         self.delivered = [task for task, _ in at.delivered]
         self.replays, self.fresh_left = at.replays, at.fresh_left
 
     async def last_sample(self, held: Held) -> Columns:
         """The last sample of the file ``held`` (the file is read up to it)."""
         task = seek(held.item, held.length - 1, held.length)
-        row = await open_row(self.read, self.read.open(task), replay=True)
+        row = await open_row(self.pieces, self.open_file(task), replay=True)
         try:
             parts, _ = await row.take(1)
         finally:
@@ -192,7 +194,7 @@ class Rows:
     async def _next_unread(self) -> Optional[Row]:
         """The next unread file that has samples, as a row (empty files are skipped)."""
         async for stream in self.unread:
-            row = await open_row(self.read, stream, replay=False)
+            row = await open_row(self.pieces, stream, replay=False)
             if not row.exhausted:
                 return row
         return None
@@ -203,7 +205,7 @@ class Rows:
         self.replays += 1
         for attempt in range(len(tasks)):
             task = tasks[(count + attempt) % len(tasks)]
-            row = await open_row(self.read, self.read.open(task), replay=True)
+            row = await open_row(self.pieces, self.open_file(task), replay=True)
             if not row.exhausted:
                 return row
         return None
@@ -214,9 +216,9 @@ class Rows:
                 await row.close()
 
 
-async def open_row(read: ReadFiles, stream: FileStream, replay: bool) -> Row:
+async def open_row(pieces: PiecesOf, stream: FileStream, replay: bool) -> Row:
     """A row over ``stream``'s file, with its first sample at hand (or marked as ended)."""
-    row = Row(row_pieces(read, stream), stream.task, replay)
+    row = Row(row_pieces(pieces, stream), stream.task, replay)
     await row.prime()
     return row
 
