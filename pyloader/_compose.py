@@ -1,19 +1,21 @@
 """The loader's keywords for composing data: the checks between them at construction.
 
-Each feature lives in its own module (``_stages.filter``: ``filter_fn``; ``_stages.order``:
+Each feature lives in its own module (``_execution.filter``: ``filter_fn``; ``_stages.order``:
 ``file_order``; ``_stages.bucket``: ``bucket_by``; ``_stages.stream`` and ``_stages.entries``: the
 stream-mode additions; ``_stages.rotation``: ``rotation``, ``rotation_dir``, ``rotation_size``); this one only
-gathers the checks ``_options`` runs for all of them. Their part of the resume
+gathers the checks ``_options`` runs for all of them, and refuses the options ``cache_encoded`` cannot
+cache under (``_storage.epoch_cache`` stores the batches, knowing nothing of the stages). Their part of the resume
 fingerprint is declared with each option (``_options.Options``).
 """
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from ._execution.filter import check_filter
 from ._stages.bucket import check_bucketing
-from ._stages.filter import check_filter
-from ._stages.order import check_file_order
+from ._stages.order import check_file_order, declares_drops_or_repeats
 from ._stages.rotation import check_rotation
+from ._stages.sources import is_mix
 
 
 def check_compose(a: Mapping[str, Any]) -> None:
@@ -24,6 +26,22 @@ def check_compose(a: Mapping[str, Any]) -> None:
         raise ValueError("time_major=True lays stream windows out as [T, B, ...]: it needs stream=True and seq_len")
     check_bucketing(a)
     check_rotation(a)
+    check_cache_encoded_applies(a)
+
+
+def check_cache_encoded_applies(a: Mapping[str, Any]) -> None:
+    """With ``cache_encoded``, refuse the options under which a cached epoch could not stand for its own."""
+    if a["cache_encoded"] is None:
+        return
+    if a["stream"]:
+        raise ValueError("cache_encoded is not supported in stream mode (a stream epoch's batches are rows of "
+                         "consecutive windows: they cannot be reordered)")
+    if is_mix(a["data_dir"]):
+        raise ValueError("cache_encoded is not supported with weighted sources (a data_dir of Sources): their "
+                         "epochs differ in length")
+    if declares_drops_or_repeats(a["file_order"]):
+        raise ValueError("cache_encoded is not supported with a file_order that declares drops_or_repeats: "
+                         "its epochs differ in length")
 
 
 def callable_name(fn: Any) -> Optional[str]:

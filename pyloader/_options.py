@@ -63,7 +63,7 @@ from ._stages.shard import resolve as resolve_sharding
 from ._stages.sources import Source
 from ._stages.stream import PADDING_MODES
 from ._storage.bytes import DEFAULT_READAHEAD_BYTES
-from ._storage.epoch_cache import CacheEncoded, as_cache_encoded, check_applies, check_cache_encoded, resume_key
+from ._storage.epoch_cache import CacheEncoded, as_cache_encoded, check_cache_encoded, resume_key
 from ._storage.files import DataDir
 
 GROUPS_IN_FLIGHT = 2  # being encoded and collated without workers
@@ -264,7 +264,6 @@ def _check_together(a: Dict[str, Any]) -> None:
     if not a["stream"] and a["seq_len"] is not None:
         raise ValueError("seq_len applies to stream mode only (stream=True)")
     check_compose(a)
-    check_applies(a)
     resolve_sharding(a["rank"], a["world_size"], a["even_batches"])  # explicit values are checked now
     ErrorHandler(a["on_error"], a["max_errors"], Stats())  # checks them; each iteration gets its own
     if a["persistent_workers"] and a["num_workers"] == 0:

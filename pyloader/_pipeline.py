@@ -15,8 +15,10 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, Iterator,
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._errors import ErrorHandler, Stats, reraise
+from ._execution.filter import with_filter
 from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Exclusive, Lane, LocalSteps, PoolRunner, ThreadRunner
+from ._execution.steps import Step
 from ._frameworks.torch import attach_meta
 from ._length import checked_count
 from ._options import Options, resolved
@@ -25,8 +27,7 @@ from ._stages.bucket import Lengths
 from ._stages.cached_epochs import CachedEpochs
 from ._stages.entries import Entries, bounds_of, known_counts, with_memory
 from ._stages.even import EvenSteps
-from ._stages.filter import with_filter
-from ._stages.map import OrderedMap, Step
+from ._stages.map import OrderedMap
 from ._stages.mix import MixSource
 from ._stages.read import Ramp, ReadFiles
 from ._stages.rotation import Rotation

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from ._storage.files import is_url
+from ._paths import is_url
 
 FORMAT = "pyloader.state/2"
 OLD_FORMAT = "pyloader.state/1"  # before epochs went on across iterations: always from epoch 0

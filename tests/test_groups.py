@@ -14,8 +14,7 @@ from worker_helpers import ListCollator as WorkerListCollator
 from worker_helpers import NumReader, PassThrough, PidReader
 
 import pyloader as pl
-from pyloader._stages.read import pieces_with_end
-from pyloader._stages.source import FileTask
+from pyloader._execution.reading import FileTask, pieces_with_end
 from pyloader.collators import NumpyCollator
 from pyloader.readers import NumpyReader
 
@@ -201,7 +200,7 @@ class _Broken(_Double):
 
 
 def test_stacked_rows_are_made_on_demand():
-    from pyloader._stages.batch import StackedRows
+    from pyloader._execution.steps import StackedRows
 
     rows = StackedRows({"x": np.arange(6).reshape(3, 2)}, 3)
     assert len(rows) == 3 and rows[1]["x"].tolist() == [2, 3] and rows[-1]["x"].tolist() == [4, 5]
@@ -211,8 +210,7 @@ def test_stacked_rows_are_made_on_demand():
 
 
 def test_run_stacked_runs_only_when_every_step_can():
-    from pyloader._stages.batch import StackedRows
-    from pyloader._stages.map import run_each, run_stacked
+    from pyloader._execution.steps import StackedRows, run_each, run_stacked
 
     columns = {"x": np.arange(12).reshape(3, 4)}
     rows = StackedRows(columns, 3)
@@ -229,8 +227,8 @@ def test_run_stacked_runs_only_when_every_step_can():
 def test_a_stacked_group_weighs_its_batches_in_the_hand_over():
     import asyncio
 
+    from pyloader._execution.handover import HandOver
     from pyloader._stages.batch import Batch, Stacked
-    from pyloader._stages.handover import HandOver
 
     async def main():
         queue = HandOver(4, asyncio.get_running_loop())

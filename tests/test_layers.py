@@ -7,7 +7,7 @@ Every import of every module under ``pyloader/`` counts, those inside functions 
 - ``_stages``: the pipeline's stages;
 - ``_execution``: where user code runs (threads, the worker pool, the event loop);
 - ``_storage``: bytes, caches, remote files, codecs;
-- the shared basics (``_abc``, ``_columns``, ``_errors``, ``_stats``, ``_rng``, ``_state``).
+- the shared basics (``_abc``, ``_columns``, ``_errors``, ``_stats``, ``_rng``, ``_state``, ``_paths``).
 
 A module may import its own layer and any layer below it. ``_frameworks`` (what torch, TF and
 the progress bar get) is imported by the top level only. ``readers`` and ``collators`` are
@@ -25,7 +25,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pyloader"
 TOP = {"__init__", "__main__", "_loader", "_pipeline", "_options", "_compose", "_length", "_cli", "testing"}
-BASICS = {"_abc", "_columns", "_errors", "_stats", "_rng", "_state"}
+BASICS = {"_abc", "_columns", "_errors", "_stats", "_rng", "_state", "_paths"}
 RANK = {"top": 4, "_stages": 3, "_execution": 2, "_storage": 1, "basics": 0}
 FILE_OPENING = {"_storage.files", "_storage.compression"}
 

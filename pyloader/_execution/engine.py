@@ -19,7 +19,7 @@ import weakref
 from typing import Any, AsyncGenerator, Callable, List
 
 from .._errors import Failure
-from .._stages.handover import EMPTY, HandOver
+from .handover import EMPTY, HandOver
 from .threads import DaemonExecutor
 
 _END = object()

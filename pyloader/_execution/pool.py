@@ -42,6 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from .._errors import WorkerDied
 from .._stats import BUSY_SLOTS, Busy
 from . import ipc as _ipc
+from .steps import StepFailed
 from .threads import DaemonExecutor
 from .worker import INIT_FAILED, READY, worker_main
 
@@ -501,8 +502,6 @@ class KeptPool:
 
 def rebuild_error(value: Tuple[Optional[str], BaseException, str]) -> BaseException:
     """The worker's exception, with the worker's traceback (if any) attached as a note."""
-    from .._stages.map import StepFailed
-
     step, cause, text = value
     if text:
         cause.add_note(f"--- in the worker process:\n{text.rstrip()}")

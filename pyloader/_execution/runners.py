@@ -41,15 +41,13 @@ from typing import (
 
 from .._abc import is_thread_safe
 from .._columns import Columns, n_rows, slice_rows
-from .._stages.batch import Segments, StackedOutputs
-from .._stages.filter import unbundle
-from .._stages.map import Outcome, Step, StepFailed, run_each, run_stacked
-from .._stages.read import pieces_with_end
-from .._stages.source import FileTask
 from .._stats import Busy
 from .._storage.bytes import ReadAhead
 from .._storage.files import Served
+from .filter import unbundle
 from .pool import RemoteRef, WorkerPool, rebuild_error
+from .reading import FileTask, pieces_with_end
+from .steps import Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
 
 _DONE = object()
 
@@ -224,7 +222,7 @@ class ThreadRunner:
 
     def __init__(self, reader: Any, steps: List[Step], lane: Lane, readahead: ReadAhead,
                  uses: Sequence[Any], busy: Optional[Busy] = None) -> None:
-        self.reader = reader  # a DataReader, or one bundled with filter_fn (``_stages.filter.Filtered``)
+        self.reader = reader  # a DataReader, or one bundled with filter_fn (``_execution.filter.Filtered``)
         self._reader_uses = (unbundle(reader)[0],)
         self.lane = lane
         self.readahead = readahead

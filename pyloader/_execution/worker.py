@@ -46,11 +46,10 @@ import traceback
 from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Set, Tuple
 
 from .._columns import Columns, n_rows, slice_rows
-from .._stages.batch import assemble
-from .._stages.map import StepFailed, run_steps
-from .._stages.read import pieces_with_end
 from .._stats import BusySink, GroupClock, RowBusy
 from . import ipc as _ipc
+from .reading import pieces_with_end
+from .steps import StepFailed, assemble, run_steps
 
 Segment = Tuple[Any, int, int]  # (pid or inline columns, start, end)
 RUN_GRACE_S = 0.005

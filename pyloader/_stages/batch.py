@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections import abc
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, cast
+from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._columns import Columns, concat, n_rows, slice_rows
+from .._columns import Columns, n_rows
 from .._errors import ErrorHandler, PipelineError
+from .._execution.steps import Segments, StackedOutputs, StackedRows, assemble
 from .._stats import Stats
 from .bucket import LEN, BucketWindows, Lengths
 from .read import Piece, PiecesOf, ReadItem
@@ -99,29 +99,6 @@ class Stacked(list):
         return picked
 
 
-class StackedOutputs(dict):
-    """What the steps made of a whole ``Stacked`` group at once: each output with a leading step axis."""
-
-
-class StackedRows(abc.Sequence):
-    """Item ``k`` is ``{key: columns[key][k]}``, made when asked for; ``columns`` is there for
-    stages that can work on the whole group at once (``run_stacked``)."""
-
-    def __init__(self, columns: Dict[str, np.ndarray], count: int) -> None:
-        self.columns = columns
-        self._count = count
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __getitem__(self, k: Any) -> Any:
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(self._count))]
-        if not -self._count <= k < self._count:
-            raise IndexError(k)
-        return {key: column[k] for key, column in self.columns.items()}
-
-
 class GroupSize:
     """How many batches the next group may hold: 1 at first, doubling up to ``limit``.
 
@@ -139,32 +116,6 @@ class GroupSize:
     def take(self) -> int:
         n, self._next = self._next, min(self.limit, self._next * 2)
         return n
-
-
-def assemble(parts: Sequence[Tuple[Columns, int, int]], paths: Sequence[str]) -> Columns:
-    """Rows ``start:end`` of each part, joined; a key mismatch names the files."""
-    try:
-        return concat([slice_rows(columns, start, end) for columns, start, end in parts], "batch")
-    except ValueError as exc:
-        raise ValueError(f"files {', '.join(map(repr, paths))} cannot share a batch: {exc}") from None
-
-
-@dataclass(frozen=True)
-class Segments:
-    """A batch not assembled yet: rows ``start:end`` of each piece, in order.
-
-    The pieces may be kept in worker processes; the runner decides where the
-    rows are joined, so they move between processes only when they must.
-    """
-
-    parts: Tuple[Tuple[Piece, int, int], ...]
-
-    @property
-    def paths(self) -> Tuple[str, ...]:
-        return tuple(dict.fromkeys(piece.task.path for piece, _, _ in self.parts))
-
-    def local(self) -> Columns:
-        return assemble([(cast(Columns, p.columns), start, end) for p, start, end in self.parts], self.paths)
 
 
 class Batcher:

@@ -36,20 +36,31 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Dict, List, Optional, Sequence
+from typing import Any, AsyncGenerator, Callable, Dict, List, Optional, Protocol, Sequence
 
 import numpy as np
 
+from .._errors import ErrorHandler
 from .._execution.runners import Lane, LocalSteps
+from .._execution.steps import Step
 from .._rng import CACHED_EPOCH, derive_rng
 from .._state import Start
 from .._stats import Stats
 from .._storage.epoch_cache import BatchEntry, CachedRef, EpochStore, EpochWriter, Manifest, ToWrite, load
 from .batch import PADDING, Batch, Group, GroupSize
-from .map import OrderedMap, Step
+from .map import OrderedMap
+from .shard import Sharding
 
-if TYPE_CHECKING:
-    from .._pipeline import Settings
+
+class Settings(Protocol):
+    """What this stage takes of the run's settings (``_pipeline.Settings``, made by the layer above)."""
+
+    options: Any  # ``_options.Options``: random_seed, shuffle, file_order, datareader, datacollator
+    encoded_cache: Optional[EpochStore]
+    stats: Stats
+    errors: ErrorHandler
+    concurrency: int
+    sharding: Sharding
 
 logger = logging.getLogger("pyloader")
 # (epochs, run, from_position) -> the encoded groups of those epochs (``_pipeline._from_files``)

@@ -2,96 +2,15 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, List, Sequence, Union
 
 from .._columns import n_rows
 from .._errors import ErrorHandler, Failure
-from .._stats import BusySink, GroupClock, Stats, profiled, profiling, timed
-from .batch import Group, Segments, Stacked, StackedOutputs, StackedRows
+from .._execution.steps import Outcome, Segments, StackedOutputs, StepFailed
+from .._stats import Stats
+from .batch import Group, Stacked
 
 _END = object()
-Step = Tuple[str, Callable[[Any], Any]]
-
-
-class StepFailed(Exception):
-    """``step`` (a user method's name) raised ``__cause__``."""
-
-    def __init__(self, step: str) -> None:
-        super().__init__(step)
-        self.step = step
-
-
-def run_steps(steps: Sequence[Step], data: Any, spent: Optional[List[float]] = None) -> Any:
-    """Apply the steps in turn; one call off the loop for all of them, so a batch
-    crosses threads once rather than once per step. Step ``i``'s seconds are added to
-    ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range."""
-    ranges = profiling()  # checked once per batch: a step costs no more than two clock readings
-    for i, (name, fn) in enumerate(steps):
-        began = time.perf_counter()
-        try:
-            if ranges:
-                with profiled(name):
-                    data = fn(data)
-            else:
-                data = fn(data)
-        except Exception as exc:
-            raise StepFailed(name) from exc
-        finally:
-            if spent is not None:
-                spent[i] += time.perf_counter() - began
-    return data
-
-
-def _same(data: Any) -> Any:
-    return data
-
-
-Outcome = Union[Any, StepFailed]  # a batch's result, or the step that failed on it
-
-
-def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = _same,
-             busy: Optional[BusySink] = None) -> List[Outcome]:
-    """``run_steps`` on every batch of a group; a batch that fails does not stop the others.
-    The group's time goes to ``busy`` (``GroupClock``)."""
-    out: List[Outcome] = []
-    with GroupClock(busy, steps) as clock:
-        for data in datas:
-            try:
-                out.append(run_steps(steps, prepare(data), clock.steps))
-            except StepFailed as failed:
-                out.append(failed)
-    return out
-
-
-def run_stacked(steps: Sequence[Step], datas: Sequence[Any],
-                busy: Optional[BusySink] = None) -> Optional[StackedOutputs]:
-    """The outputs of ``steps`` on ``datas``, computed at once for the whole group when
-    ``datas`` are ``StackedRows``, else (or when that cannot be) ``None``.
-
-    Every step must offer ``on_stacked(columns)``: the step on all the batches at once
-    (a dict whose values have a leading step axis), or ``None`` when it cannot. Only
-    the loader's own steps offer it (``IdentityDataset``, the built-in collators,
-    pinning), never user code, so a failure loses nothing: the caller runs the group
-    per batch, where it is pinned on its batch. Cheap (a few calls per field for the
-    whole group): fine to run on the event loop.
-    """
-    if not isinstance(datas, StackedRows):
-        return None
-    value: Any = datas.columns
-    try:
-        with timed(busy, "encode"):
-            for name, fn in steps:
-                on_stacked = getattr(fn, "on_stacked", None)
-                with timed(busy, name):
-                    value = on_stacked(value) if on_stacked is not None else None
-                if value is None:
-                    return None
-        if any(column.shape[0] != len(datas) for column in value.values()):
-            return None
-    except Exception:
-        return None
-    return StackedOutputs(value)
 
 
 def batch_rows(data: Any) -> int:

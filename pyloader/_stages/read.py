@@ -11,30 +11,12 @@ import asyncio
 import collections
 import contextlib
 from dataclasses import dataclass
-from typing import (
-    Any,
-    AsyncGenerator,
-    AsyncIterator,
-    Callable,
-    Deque,
-    Generator,
-    Iterator,
-    List,
-    Optional,
-    Tuple,
-    Union,
-    cast,
-)
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Deque, Iterator, List, Optional, Union
 
-from .._abc import DataReader
-from .._columns import Columns, n_rows, slice_rows, take
+from .._columns import Columns
 from .._errors import ErrorHandler, Failure
-from .._rng import IN_FILE, derive_rng
-from .._stats import BusySink, Stats, clocked, timed
-from .._storage.files import Served, prefetched
-from .filter import unbundle
+from .._stats import Stats
 from .source import EpochEnd, FileTask, SourceItem
-from .sources import picked
 
 PIECES_AHEAD = 2
 _DONE = object()
@@ -53,91 +35,6 @@ class Piece:
     columns: Optional[Columns] = None
     ref: Any = None
     dropped: int = 0  # samples of the file that ``filter_fn`` dropped from this piece
-
-
-def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Served] = None,
-                busy: Optional[BusySink] = None) -> Iterator[Columns]:
-    """The validated pieces of one file, in the order the batcher consumes them.
-
-    With in-file shuffling the whole file is needed, so it goes through
-    ``read_file`` and one seeded permutation; otherwise it streams through
-    ``iter_file``. ``data``: the file's bytes, read ahead (``open_file`` serves them).
-    The reader's own time goes to ``busy`` as ``read_file``.
-    """
-    with prefetched(task.path, data):
-        if task.start == 0 and task.end is None:
-            yield from _pieces(reader, task, busy)
-            return
-        offset, end = 0, task.end  # rows start:end only (a rank's share of the file)
-        assert end is not None, "a share of a file names where it ends"
-        pieces = _pieces(reader, task, busy)
-        for piece in pieces:
-            n = n_rows(piece)
-            lo, hi = max(task.start - offset, 0), min(end - offset, n)
-            if lo < hi:
-                yield piece if (lo, hi) == (0, n) else slice_rows(piece, lo, hi)
-            offset += n
-            if offset >= end:
-                # the share that ends where the count says the file ends checks there is no more
-                if end == task.count and (offset > end or any(n_rows(p) for p in pieces)):
-                    raise ValueError(f"file {task.path!r} has more samples than the {task.count} "
-                                     f"DataReader.count said: the rest would be lost")
-                return
-        if task.count is None:  # no count: a stream-mode slice (path, start, end)
-            raise ValueError(f"file {task.path!r} has {offset} samples, fewer than the slice {task.start}:{task.end} "
-                             f"of it asks for")
-        raise ValueError(f"file {task.path!r} has {offset} samples but DataReader.count said at least {task.end}: "
-                         f"ranks would take different numbers of steps")
-
-
-def pieces_with_end(reader: Any, task: FileTask, data: Union[None, bytes, Served] = None,
-                    busy: Optional[BusySink] = None) -> Generator[Tuple[Columns, bool, int], None, None]:
-    """``file_pieces`` as ``(piece, last, dropped)``: ``last`` is true when the file is known to end there,
-    ``dropped`` counts the samples ``filter_fn`` dropped from it (``reader``: a ``DataReader``, or one
-    bundled with the filter, ``_stages.filter.Filtered``).
-
-    A reader that gives a file in one piece (``read_file``) is looked ahead,
-    which costs nothing, so the end of the file travels with its piece instead
-    of taking another request; a failure found by the look-ahead comes after
-    the piece. Streaming readers are not looked ahead (that would parse a piece early).
-    The time spent making each piece goes to ``busy`` as ``read``.
-    """
-    reader, keep = unbundle(reader)
-    reader = picked(reader, task.path)  # a mixed loader's source reader
-    raw = clocked(file_pieces(reader, task, data, busy), busy, "read")
-    gen = _none_dropped(raw) if keep is None else keep.pieces(raw, task.path, task.start)
-    if not (reader.shuffle or type(reader).iter_file is DataReader.iter_file):
-        for piece, dropped in gen:
-            yield piece, False, dropped
-        return
-    with contextlib.closing(cast(Generator[Any, None, None], gen)):
-        ahead = next(gen, None)
-        while ahead is not None:
-            (piece, dropped) = ahead
-            try:
-                ahead = next(gen, None)
-            except Exception:
-                yield piece, False, dropped
-                raise
-            yield piece, ahead is None, dropped
-
-
-def _none_dropped(pieces: Iterator[Columns]) -> Iterator[Tuple[Columns, int]]:
-    with contextlib.closing(pieces):  # type: ignore[type-var]  # closing it closes the reader's generator
-        for piece in pieces:
-            yield piece, 0
-
-
-def _pieces(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
-    if reader.shuffle:
-        with timed(busy, "read_file"):
-            columns, n = reader.read_file(task.path)
-        columns = reader.checked(task.path, columns, n)
-        perm = derive_rng(reader.random_seed, IN_FILE, task.epoch, task.index).permutation(n)
-        yield take(columns, perm)
-        return
-    for piece in clocked(reader.iter_file(task.path), busy, "read_file"):
-        yield reader.checked(task.path, piece)
 
 
 class FileStream:

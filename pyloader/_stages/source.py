@@ -5,29 +5,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
+from .._execution.reading import FileTask
 from .._rng import FILE_ORDER, derive_rng
 from .order import FileOrder, OrderFn
 from .shard import SINGLE, Sharding, Split, planned_steps, rank_ranges, stream_shares, stream_target
 from .stream_plan import leftover
-
-
-@dataclass(frozen=True)
-class FileTask:
-    """File ``path`` is the ``pos``-th file of ``epoch``; ``index`` is its place in the sorted list.
-
-    Only rows ``start:end`` are read (``end=None``: to the end); ``pad`` marks
-    rows read again only to even out the ranks' step counts; ``count`` is what
-    ``DataReader.count`` said the file holds (under ranks; the file is checked against it).
-    """
-
-    epoch: int
-    pos: int
-    index: int
-    path: str
-    start: int = 0
-    end: Optional[int] = None
-    pad: bool = False
-    count: Optional[int] = None
 
 
 @dataclass(frozen=True)

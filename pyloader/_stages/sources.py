@@ -1,4 +1,5 @@
-"""``Source``: one corpus of a weighted mix, and ``Readers``: the loader's reader when sources have their own.
+"""``Source``: one corpus of a weighted mix, and ``Mix``: the sources of a loader, with the reader that reads
+each file with its source's reader (``_execution.reading.Readers``, where files are read).
 
 A loader whose ``data_dir`` is a list of ``Source``s lists each source's files
 (``list_files``) and reads them with the source's reader (the loader's
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeGuard
+from typing import Any, Dict, List, Optional, Sequence, Tuple, TypeGuard
 
 from .._abc import DataReader, is_thread_safe
+from .._execution.reading import Readers, SafeReaders
 from .._storage.files import DataDir, list_files
 
 
@@ -80,36 +82,3 @@ def build_mix(sources: Sequence[Source], default: DataReader, retries: int) -> M
     chosen = [s.reader or default for s in sources]
     cls = SafeReaders if all(map(is_thread_safe, chosen)) else Readers
     return Mix(tuple(sources), files, tuple(spans), cls(default.batch_size, chosen, owner))
-
-
-class Readers(DataReader):
-    """Reads each file with its source's reader. The loader reads through ``pick(path)`` (``_stages.read``),
-    so each source's own ``shuffle`` and ``random_seed`` apply; the other methods dispatch too."""
-
-    def __init__(self, batch_size: int, readers: Sequence[DataReader], owner: Mapping[str, int]) -> None:
-        super().__init__(batch_size)
-        self.readers = list(readers)
-        self.owner = dict(owner)
-
-    def pick(self, path: str) -> DataReader:
-        return self.readers[self.owner[path]]
-
-    def read_file(self, path: str) -> Tuple[Mapping[str, Any], int]:
-        return self.pick(path).read_file(path)
-
-    def iter_file(self, path: str) -> Iterator[Mapping[str, Any]]:
-        return self.pick(path).iter_file(path)
-
-    def count(self, path: str) -> int:
-        return self.pick(path).count(path)
-
-
-class SafeReaders(Readers):
-    """``Readers`` whose readers are all thread-safe."""
-
-    thread_safe = True
-
-
-def picked(reader: DataReader, path: str) -> DataReader:
-    """The reader that reads ``path``: a source's own one under ``Readers``, else ``reader``."""
-    return reader.pick(path) if isinstance(reader, Readers) else reader

@@ -340,10 +340,10 @@ class ReadAhead:
 
 
 def _maps_itself(reader: Any, path: str) -> bool:
-    """``NumpyReader(mmap=True)`` maps a local ``.npy`` itself (zero copy): reading it ahead would read it twice."""
-    from ..readers import NumpyReader
-
-    return isinstance(reader, NumpyReader) and reader.mmap and not path.endswith(".npz")
+    """A reader that maps a local file itself (zero copy: ``NumpyReader(mmap=True)`` and a ``.npy``, its
+    ``_maps_itself``) would read it twice if it were read ahead. Asked, not looked up: storage imports no reader."""
+    maps = getattr(reader, "_maps_itself", None)
+    return bool(maps is not None and maps(path))
 
 
 class BlockStream(Served, io.RawIOBase):

@@ -46,8 +46,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 
 import numpy as np
 
-from .._stages.order import declares_drops_or_repeats
-from .._stages.sources import is_mix
 from .codec import pack, unpack
 from .files import is_url
 
@@ -112,21 +110,6 @@ def _check_values(c: CacheEncoded) -> None:
                          f"1 would rewrite it every epoch and never read it) or None (written once), got {k!r}")
     if c.limit is not None and (not isinstance(c.limit, int) or isinstance(c.limit, bool) or c.limit < 1):
         raise ValueError(f"cache_encoded's limit must be an integer >= 1 (bytes) or None, got {c.limit!r}")
-
-
-def check_applies(a: Mapping[str, Any]) -> None:
-    """With ``cache_encoded``, refuse the options under which a cached epoch could not stand for its own."""
-    if a["cache_encoded"] is None:
-        return
-    if a["stream"]:
-        raise ValueError("cache_encoded is not supported in stream mode (a stream epoch's batches are rows of "
-                         "consecutive windows: they cannot be reordered)")
-    if is_mix(a["data_dir"]):
-        raise ValueError("cache_encoded is not supported with weighted sources (a data_dir of Sources): their "
-                         "epochs differ in length")
-    if declares_drops_or_repeats(a["file_order"]):
-        raise ValueError("cache_encoded is not supported with a file_order that declares drops_or_repeats: "
-                         "its epochs differ in length")
 
 
 def data_stamp(files: Sequence[str]) -> str:

@@ -12,23 +12,18 @@ import glob
 import io
 import logging
 import os
-import re
 import stat
 import threading
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union, cast
 
+from .._paths import is_url
 from .compression import codec_for, decompressed
 
 DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
-_URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*(://|::)")  # a protocol, or the first link of an fsspec chain
 _GLOB_CHARS = set("*?[")
 
 logger = logging.getLogger("pyloader")
-
-
-def is_url(path: str) -> bool:
-    return bool(_URL.match(path)) and not path.startswith("file://")
 
 
 def _local(path: str) -> str:

@@ -57,6 +57,11 @@ class NumpyReader(DataReader):
         self.mmap = bool(mmap)
         self.piece_size = check_piece_size(piece_size)
 
+    def _maps_itself(self, path: str) -> bool:
+        """Whether ``path`` is mapped rather than read (a local ``.npy`` with ``mmap``): the loader does
+        not read it ahead (``_storage.bytes``)."""
+        return self.mmap and not path.endswith(".npz")
+
     def read_file(self, path: str) -> Tuple[Dict[str, np.ndarray], int]:
         with _readable(path), contextlib.ExitStack() as stack:
             arrays = self._open(path, stack)

@@ -1,0 +1,179 @@
+"""Running the user's steps on a batch, and the forms a batch takes to get there.
+
+A step is ``(name, fn)``: ``batch_encode``, ``collate_batch`` or the loader's own
+(pinning). Contracts:
+
+- ``run_steps`` applies the steps in turn; a step that raises becomes ``StepFailed(name)``
+  with the original exception as ``__cause__``, so the error policy can name the step.
+- ``run_each`` runs a group batch by batch: one ``Outcome`` per batch, a failed
+  batch does not stop the others.
+- ``run_stacked`` runs a whole ``StackedRows`` group at once when every step can
+  (``on_stacked``), else gives ``None`` and the caller runs it batch by batch.
+
+A batch reaches a runner as ``Columns``, as ``Segments`` (rows of pieces not joined yet:
+the runner joins them where the pieces are, ``assemble``) or, for a ``Stacked`` group, as
+``StackedRows``; a group run at once comes back as ``StackedOutputs``. These live here, at
+the execution layer, because the runners and the worker processes exchange them; the
+stages (``_stages.batch``, ``_stages.map``) make and take them.
+"""
+from __future__ import annotations
+
+import time
+from collections import abc
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union, cast
+
+import numpy as np
+
+from .._columns import Columns, concat, slice_rows
+from .._stats import BusySink, GroupClock, profiled, profiling, timed
+
+Step = Tuple[str, Callable[[Any], Any]]
+
+
+class StepFailed(Exception):
+    """``step`` (a user method's name) raised ``__cause__``."""
+
+    def __init__(self, step: str) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+def run_steps(steps: Sequence[Step], data: Any, spent: Optional[List[float]] = None) -> Any:
+    """Apply the steps in turn; one call off the loop for all of them, so a batch
+    crosses threads once rather than once per step. Step ``i``'s seconds are added to
+    ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range."""
+    ranges = profiling()  # checked once per batch: a step costs no more than two clock readings
+    for i, (name, fn) in enumerate(steps):
+        began = time.perf_counter()
+        try:
+            if ranges:
+                with profiled(name):
+                    data = fn(data)
+            else:
+                data = fn(data)
+        except Exception as exc:
+            raise StepFailed(name) from exc
+        finally:
+            if spent is not None:
+                spent[i] += time.perf_counter() - began
+    return data
+
+
+def _same(data: Any) -> Any:
+    return data
+
+
+Outcome = Union[Any, StepFailed]  # a batch's result, or the step that failed on it
+
+
+def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = _same,
+             busy: Optional[BusySink] = None) -> List[Outcome]:
+    """``run_steps`` on every batch of a group; a batch that fails does not stop the others.
+    The group's time goes to ``busy`` (``GroupClock``)."""
+    out: List[Outcome] = []
+    with GroupClock(busy, steps) as clock:
+        for data in datas:
+            try:
+                out.append(run_steps(steps, prepare(data), clock.steps))
+            except StepFailed as failed:
+                out.append(failed)
+    return out
+
+
+def run_stacked(steps: Sequence[Step], datas: Sequence[Any],
+                busy: Optional[BusySink] = None) -> Optional[StackedOutputs]:
+    """The outputs of ``steps`` on ``datas``, computed at once for the whole group when
+    ``datas`` are ``StackedRows``, else (or when that cannot be) ``None``.
+
+    Every step must offer ``on_stacked(columns)``: the step on all the batches at once
+    (a dict whose values have a leading step axis), or ``None`` when it cannot. Only
+    the loader's own steps offer it (``IdentityDataset``, the built-in collators,
+    pinning), never user code, so a failure loses nothing: the caller runs the group
+    per batch, where it is pinned on its batch. Cheap (a few calls per field for the
+    whole group): fine to run on the event loop.
+    """
+    if not isinstance(datas, StackedRows):
+        return None
+    value: Any = datas.columns
+    try:
+        with timed(busy, "encode"):
+            for name, fn in steps:
+                on_stacked = getattr(fn, "on_stacked", None)
+                with timed(busy, name):
+                    value = on_stacked(value) if on_stacked is not None else None
+                if value is None:
+                    return None
+        if any(column.shape[0] != len(datas) for column in value.values()):
+            return None
+    except Exception:
+        return None
+    return StackedOutputs(value)
+
+
+class StackedOutputs(dict):
+    """What the steps made of a whole ``Stacked`` group at once: each output with a leading step axis."""
+
+
+class StackedRows(abc.Sequence):
+    """Item ``k`` is ``{key: columns[key][k]}``, made when asked for; ``columns`` is there for
+    stages that can work on the whole group at once (``run_stacked``)."""
+
+    def __init__(self, columns: Dict[str, np.ndarray], count: int) -> None:
+        self.columns = columns
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self._count))]
+        if not -self._count <= k < self._count:
+            raise IndexError(k)
+        return {key: column[k] for key, column in self.columns.items()}
+
+
+def assemble(parts: Sequence[Tuple[Columns, int, int]], paths: Sequence[str]) -> Columns:
+    """Rows ``start:end`` of each part, joined; a key mismatch names the files."""
+    try:
+        return concat([slice_rows(columns, start, end) for columns, start, end in parts], "batch")
+    except ValueError as exc:
+        raise ValueError(f"files {', '.join(map(repr, paths))} cannot share a batch: {exc}") from None
+
+
+class _Path(Protocol):
+    @property
+    def path(self) -> str: ...
+
+
+class PieceRows(Protocol):
+    """What a runner needs of a piece of a file (``_stages.read.Piece``): its file, and its rows
+    held here (``columns``) or kept in a worker process (``ref``)."""
+
+    @property
+    def task(self) -> _Path: ...
+
+    @property
+    def columns(self) -> Optional[Columns]: ...
+
+    @property
+    def ref(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Segments:
+    """A batch not assembled yet: rows ``start:end`` of each piece, in order.
+
+    The pieces may be kept in worker processes; the runner decides where the
+    rows are joined, so they move between processes only when they must.
+    """
+
+    parts: Tuple[Tuple[PieceRows, int, int], ...]
+
+    @property
+    def paths(self) -> Tuple[str, ...]:
+        return tuple(dict.fromkeys(piece.task.path for piece, _, _ in self.parts))
+
+    def local(self) -> Columns:
+        return assemble([(cast(Columns, p.columns), start, end) for p, start, end in self.parts], self.paths)
