@@ -13,7 +13,9 @@ sample's position in it, with the original exception's type; ``on_error`` then
 handles it like a read error (skipping drops the rest of the file).
 
 The reader and the filter travel together (``Filtered``) to where files are
-read, so worker processes get the filter as they get the reader.
+read, so worker processes get the filter as they get the reader. That is why this
+module sits with execution: the filter runs where files are cut into pieces
+(``_execution.reading``), and execution imports nothing from the stages.
 """
 from __future__ import annotations
 

@@ -4,6 +4,11 @@ Contract: ``put`` is awaited on the producer's loop; ``get`` blocks a consumer
 thread, ``aget`` is awaited on the consumer's own event loop. Neither consumer
 call goes through the producer's loop, and neither takes an item unless it
 returns it: an ``aget`` cancelled while it waits leaves every item in the queue.
+
+It is the chain's last stage, but it lives here, with the engine that owns it
+(``_execution.engine``): it is where batches cross from the loop's thread to the
+consumer's, thread plumbing that knows nothing of batches (a group weighs its
+length), so the engine imports it without reaching up into the stages.
 """
 from __future__ import annotations
 

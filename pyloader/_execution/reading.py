@@ -47,7 +47,7 @@ class FileTask:
 
 
 class Readers(DataReader):
-    """Reads each file with its source's reader. The loader reads through ``pick(path)`` (``_stages.read``),
+    """Reads each file with its source's reader. The loader reads through ``pick(path)`` (``pieces_with_end``),
     so each source's own ``shuffle`` and ``random_seed`` apply; the other methods dispatch too."""
 
     def __init__(self, batch_size: int, readers: Sequence[DataReader], owner: Mapping[str, int]) -> None:
@@ -118,7 +118,7 @@ def pieces_with_end(reader: Any, task: FileTask, data: Union[None, bytes, Served
                     busy: Optional[BusySink] = None) -> Generator[Tuple[Columns, bool, int], None, None]:
     """``file_pieces`` as ``(piece, last, dropped)``: ``last`` is true when the file is known to end there,
     ``dropped`` counts the samples ``filter_fn`` dropped from it (``reader``: a ``DataReader``, or one
-    bundled with the filter, ``_stages.filter.Filtered``).
+    bundled with the filter, ``_execution.filter.Filtered``).
 
     A reader that gives a file in one piece (``read_file``) is looked ahead,
     which costs nothing, so the end of the file travels with its piece instead

@@ -1,4 +1,5 @@
-"""Stages 4 and 5: ``batch_encode`` then ``collate_batch`` on each batch, several groups at once, in order."""
+"""Stages 4 and 5: ``batch_encode`` then ``collate_batch`` on each batch, several groups at once, in order
+(the steps themselves run through ``_execution.steps``, where the runners run them)."""
 from __future__ import annotations
 
 import asyncio

@@ -26,7 +26,7 @@ class Elastic:
 
 def seek(task: FileTask, offset: int, length: int) -> FileTask:
     """``task`` (``length`` samples) from its ``offset``-th sample on. A whole file gets its end
-    made explicit: ``_stages.read.file_pieces`` checks the file against its count there."""
+    made explicit: ``_execution.reading.file_pieces`` checks the file against its count there."""
     if not offset:
         return task
     if task.end is None:

@@ -10,7 +10,7 @@ the same rules from the counts alone, without reading a sample.
 
 Under ranks every rank plans its steps from ``DataReader.count``, so a file read
 whole is checked against its count (``Counted``); a file read from a row on
-(``FileTask.end`` set) is checked by ``_stages.read.file_pieces`` where it ends.
+(``FileTask.end`` set) is checked by ``_execution.reading.file_pieces`` where it ends.
 """
 from __future__ import annotations
 
