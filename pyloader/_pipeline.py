@@ -17,7 +17,7 @@ from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._errors import ErrorHandler, Stats, reraise
 from ._execution.filter import with_filter
 from ._execution.pool import KeptPool, WorkerPool
-from ._execution.runners import Exclusive, Lane, LocalSteps, PoolRunner, ThreadRunner
+from ._execution.runners import Exclusive, Lane, LocalSteps, PoolRunner, Runner, ThreadRunner
 from ._execution.steps import Step
 from ._frameworks.torch import attach_meta
 from ._length import checked_count
@@ -151,7 +151,7 @@ async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats) -> Asy
             yield group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
 
 
-def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Any, Optional[WorkerPool]]:
+def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Runner, Optional[WorkerPool]]:
     """Where user methods run: worker processes (a pool, kept across runs with
     ``persistent_workers``) or threads of this process."""
     there, here, local = split_steps(s)
@@ -237,7 +237,7 @@ def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[i
                    resumed_rows=(skip_rows, source.rows(start.epoch) if skip_rows else 0))
 
 
-def _reader_stage(s: Settings, runner: Any, ramp: Ramp) -> ReadFiles:
+def _reader_stage(s: Settings, runner: Runner, ramp: Ramp) -> ReadFiles:
     """Stage 2, reading few files ahead until ``ramp`` is set. Stream rows need several files before their
     first batch (no ramp there), and rows whose files end at the same step all need a new one at once:
     a file per row is read ahead."""

@@ -25,13 +25,14 @@ import time
 import weakref
 from typing import (
     Any,
-    AsyncIterator,
+    AsyncGenerator,
     Awaitable,
     Callable,
     Deque,
     Generator,
     List,
     Optional,
+    Protocol,
     Sequence,
     Set,
     Tuple,
@@ -217,6 +218,24 @@ class LocalSteps:
         return result
 
 
+Pieces = AsyncGenerator[Tuple[int, Optional[Columns], Any, int], None]  # (n, columns, ref, dropped) of each piece
+Run = Callable[[Sequence[BatchData]], Awaitable[Union[List[Outcome], StackedOutputs]]]
+
+
+class Runner(Protocol):
+    """The one interface the stages see of where user code runs: ``ThreadRunner`` (threads of this
+    process), ``PoolRunner`` (worker processes), or a runner wrapped for in-memory streams
+    (``_stages.entries.with_memory``)."""
+
+    run: Run  # ``batch_encode`` then ``collate_batch`` (and pinning) on each batch of a group
+
+    def pieces(self, task: FileTask, fetch: bool, demand: asyncio.Event) -> Pieces:
+        """The pieces of ``task``'s file, in order (``fetch``: their rows brought to this process)."""
+
+    def encoding_only(self, uses: Sequence[Any]) -> Callable[[Sequence[BatchData]], Awaitable[Any]]:
+        """``run`` with ``batch_encode`` alone."""
+
+
 class ThreadRunner:
     """``num_workers=0``: everything in this process, off the event loop (see ``LocalSteps``)."""
 
@@ -236,7 +255,7 @@ class ThreadRunner:
         return LocalSteps(self._steps[:1], self.lane, uses, self.busy).run
 
     async def pieces(self, task: FileTask, fetch: bool,
-                     demand: asyncio.Event) -> AsyncIterator[Tuple[int, Columns, None, int]]:
+                     demand: asyncio.Event) -> AsyncGenerator[Tuple[int, Columns, None, int], None]:
         """The file's pieces, its bytes read ahead (``demand``: the consumer waits for this file)."""
         served = await self.readahead.fetch(task.path, demand)
         gen = _Stepped(pieces_with_end(self.reader, task, served, self.busy))
@@ -320,7 +339,7 @@ class PoolRunner:
                           op="encode").run
 
     async def pieces(self, task: FileTask, fetch: bool,
-                     demand: asyncio.Event) -> AsyncIterator[Tuple[int, Optional[Columns], Any, int]]:
+                     demand: asyncio.Event) -> Pieces:
         """The file's pieces, read in a worker from the bytes read ahead here (a file larger than
         the read-ahead budget: read by the worker itself)."""
         served = await self.readahead.fetch(task.path, demand, streams=False)

@@ -15,6 +15,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Deque, Iterator
 
 from .._columns import Columns
 from .._errors import ErrorHandler, Failure
+from .._execution.runners import Runner
 from .._stats import Stats
 from .source import EpochEnd, FileTask, SourceItem
 
@@ -116,7 +117,7 @@ class ReadFiles:
     policy chose to skip, the file ends early and counts in ``stats.skipped_files``.
     """
 
-    def __init__(self, runner: Any, fetch: bool, prefetch_files: int, errors: ErrorHandler, stats: Stats,
+    def __init__(self, runner: Runner, fetch: bool, prefetch_files: int, errors: ErrorHandler, stats: Stats,
                  start_ahead: Optional[int] = None, ramp: Optional[Ramp] = None) -> None:
         self.runner = runner
         self.fetch = fetch  # bring every piece's rows here (shuffle buffer, stream mode)
