@@ -35,7 +35,8 @@ def even(steps: Callable[[int], int], groups: Sequence[Sequence[Step]], epoch: i
         return [g async for g in EvenSteps(steps, epoch, skip, num_epoch).iterate(made(made_groups))]
 
     out = asyncio.run(asyncio.wait_for(run(), 10))
-    return [(b.epoch, b.index, b.data["x"], bool((b.meta or {}).get(PADDING, np.zeros(1)).all())) for g in out for b in g]
+    return [(b.epoch, b.index, b.data["x"], bool((b.meta or {}).get(PADDING, np.zeros(1)).all()))
+            for g in out for b in g]
 
 
 def test_batches_that_all_came_pass_through_unchanged():

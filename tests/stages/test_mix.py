@@ -28,7 +28,10 @@ MIX_FILES = (2, 3)
 MIX_COUNTS = [30, 20, 40, 25, 35]  # source 0: 50 samples, source 1: 100
 
 
-def mix_source(stop: str = "first_exhausted", shuffle: bool = False, sharding: Sharding = Sharding(),
+ONE = Sharding()
+
+
+def mix_source(stop: str = "first_exhausted", shuffle: bool = False, sharding: Sharding = ONE,
                weights: Sequence[float] = (1.0, 3.0)) -> MixSource:
     return MixSource(made_mix(MIX_FILES, weights), MIX_COUNTS, stop, shuffle, 5, 2, sharding)
 

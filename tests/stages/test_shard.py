@@ -6,8 +6,17 @@ from typing import List, Tuple
 import pytest
 
 from pyloader._stages.shard import (
-    Sharding, batches_of, bounds, planned_steps, rank_ranges, ranges, resolve, stream_shares, stream_target,
-    undelivered)
+    Sharding,
+    batches_of,
+    bounds,
+    planned_steps,
+    ranges,
+    rank_ranges,
+    resolve,
+    stream_shares,
+    stream_target,
+    undelivered,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
