@@ -64,7 +64,7 @@ def test_pieces_count_sample_positions_across_a_files_pieces():
         yield piece(3, 4)
 
     with pytest.raises(PipelineError, match=r"sample 105\)"):
-        list(SampleFilter(lambda s: bool(s["id"] != 5) or None).pieces(pieces(), "f", 100))  # type: ignore[arg-type]
+        list(SampleFilter(lambda s: bool(s["id"] != 5) or None).pieces(pieces(), "f", 100))
     out = list(SampleFilter(lambda s: s["id"] % 2 == 0).pieces(pieces(), "f", 0))
     assert [(k["id"].tolist(), d) for k, d in out] == [([0, 2], 1), ([4, 6], 2)]
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, List, Optional, Sequence, Tuple
+from typing import Any, AsyncGenerator, AsyncIterator, List, Optional, Sequence, Tuple, cast
 
 import pytest
 
@@ -46,7 +46,7 @@ def mapped(run: Any, groups: AsyncIterator[Group], concurrency: int = 3, on_erro
 
 
 def test_results_come_in_input_order_whatever_order_the_groups_finish_in():
-    async def run(datas: Sequence[int]) -> List[int]:
+    async def run(datas: Sequence[Any]) -> List[Any]:
         await asyncio.sleep(0.002 * (20 - datas[0]))  # later groups finish first
         return [d * 10 for d in datas]
 
@@ -57,7 +57,7 @@ def test_results_come_in_input_order_whatever_order_the_groups_finish_in():
 def test_at_most_concurrency_groups_run_at_once():
     running, most = [0], [0]
 
-    async def run(datas: Sequence[int]) -> List[int]:
+    async def run(datas: Sequence[Any]) -> List[Any]:
         running[0] += 1
         most[0] = max(most[0], running[0])
         await asyncio.sleep(0.005)
@@ -74,7 +74,7 @@ def test_at_most_concurrency_groups_run_at_once():
 def test_groups_run_at_the_same_time_rather_than_one_after_the_other():
     started = []
 
-    async def run(datas: Sequence[int]) -> List[int]:
+    async def run(datas: Sequence[Any]) -> List[Any]:
         started.append(datas[0])
         await asyncio.sleep(0.05)
         return list(datas)
@@ -83,7 +83,7 @@ def test_groups_run_at_the_same_time_rather_than_one_after_the_other():
         stats = Stats()
         stage = OrderedMap(run, 3, ErrorHandler("raise", None, stats), stats)
         async with asyncio.TaskGroup() as tasks:
-            it = stage.iterate(made([group(2 * k) for k in range(6)]), tasks)
+            it = cast(AsyncGenerator[Group, None], stage.iterate(made([group(2 * k) for k in range(6)]), tasks))
             await anext(it)
             assert len(started) >= 2, "the next groups started while the first ran"
             await it.aclose()
@@ -92,7 +92,7 @@ def test_groups_run_at_the_same_time_rather_than_one_after_the_other():
 
 
 def failing_on(bad: int) -> Any:
-    async def run(datas: Sequence[int]) -> List[Any]:
+    async def run(datas: Sequence[Any]) -> List[Any]:
         await asyncio.sleep(0.001 * (10 - datas[0] % 10))
         out: List[Any] = []
         for d in datas:
@@ -121,7 +121,7 @@ def test_a_skipped_batch_leaves_the_rest_of_its_group_and_is_counted():
 
 
 def test_an_upstream_failure_is_raised_in_order_after_the_groups_before_it():
-    async def run(datas: Sequence[int]) -> List[int]:
+    async def run(datas: Sequence[Any]) -> List[Any]:
         await asyncio.sleep(0.01)
         return list(datas)
 
@@ -133,7 +133,7 @@ def test_an_upstream_failure_is_raised_in_order_after_the_groups_before_it():
 def test_closing_the_output_early_cancels_the_groups_still_running():
     cancelled = []
 
-    async def run(datas: Sequence[int]) -> List[int]:
+    async def run(datas: Sequence[Any]) -> List[Any]:
         try:
             await asyncio.sleep(0 if datas[0] == 0 else 30)
         except asyncio.CancelledError:
@@ -145,7 +145,7 @@ def test_closing_the_output_early_cancels_the_groups_still_running():
         stats = Stats()
         stage = OrderedMap(run, 3, ErrorHandler("raise", None, stats), stats)
         async with asyncio.TaskGroup() as tasks:
-            it = stage.iterate(made([group(2 * k) for k in range(8)]), tasks)
+            it = cast(AsyncGenerator[Group, None], stage.iterate(made([group(2 * k) for k in range(8)]), tasks))
             assert [b.data for b in await anext(it)] == [0, 1]
             await asyncio.sleep(0.02)
             await it.aclose()
@@ -156,7 +156,7 @@ def test_closing_the_output_early_cancels_the_groups_still_running():
 
 
 def test_each_batch_is_given_its_rows_before_it_leaves():
-    async def run(datas: Sequence[Any]) -> List[str]:
+    async def run(datas: Sequence[Any]) -> List[Any]:
         return ["encoded"] * len(datas)
 
     async def go() -> List[Batch]:

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.timeout(30)
 
 def made_mix(files_per_source: Sequence[int], weights: Sequence[float]) -> Mix:
     """A mix of made-up sources (nothing is listed or read), source ``k``'s files named ``s{k}-{i}``."""
-    files, spans = [], []
+    files: List[str] = []
+    spans: List[Tuple[int, int]] = []
     for k, n in enumerate(files_per_source):
         spans.append((len(files), len(files) + n))
         files.extend(f"s{k}-{i}" for i in range(n))

@@ -16,7 +16,8 @@ SIZE, ROWS = 8, 300
 def shuffled(slots: Slots, pieces: Sequence[int], rows: int = ROWS, resume: Optional[Tuple[int, int]] = None,
              first: int = 0) -> List[int]:
     """The ids ``first .. rows-1`` fed through ``slots``' buffer in pieces of the given sizes (cycled), as let out."""
-    buffer, out, at, k = slots.buffer(resume), [], first, 0
+    buffer, at, k = slots.buffer(resume), first, 0
+    out: List[int] = []
     while at < rows:
         n = min(pieces[k % len(pieces)], rows - at)
         out.extend(int(i) for part in buffer.feed({"id": np.arange(at, at + n)}) for i in part["id"])

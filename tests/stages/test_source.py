@@ -17,7 +17,7 @@ COUNTS = [5, 3, 7, 2, 4, 6, 1, 8, 3, 5, 2, 4]
 def rows_of(source: FileSource, tasks: Sequence[FileTask]) -> List[Tuple[int, int]]:
     """Every (file index, row) the tasks read, in order."""
     assert source.counts is not None
-    out = []
+    out: List[Tuple[int, int]] = []
     for task in tasks:
         end = source.counts[task.index] if task.end is None else task.end
         out.extend((task.index, row) for row in range(task.start, end))

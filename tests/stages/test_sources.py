@@ -45,7 +45,7 @@ def test_a_source_cannot_hold_sources_nor_take_a_reader_that_is_not_a_datareader
     with pytest.raises(ValueError, match="cannot hold Sources"):
         Source([Source("a")])
     with pytest.raises(TypeError, match="pyloader.DataReader"):
-        Source("a", reader=object())  # type: ignore[arg-type]
+        Source("a", reader=object())
 
 
 def test_a_list_of_sources_is_a_mix_and_a_list_mixing_sources_and_paths_is_refused():
