@@ -35,7 +35,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .._columns import Columns, concat, n_rows, slice_rows, take
+from .._columns import Traced, concat, n_rows, slice_rows, take
 from .._rng import SHUFFLE_BUFFER, derive_rng
 
 ROUND = 2  # a round of draws is this many times the buffer's size
@@ -112,8 +112,8 @@ class ShuffleBuffer:
     def __init__(self, slots: Slots, resume: Resume = None) -> None:
         self.slots = slots
         size = slots.size
-        self._pool: Optional[Columns] = None  # row s: slot s's sample, once the slots are filled
-        self._filling: List[Tuple[Columns, np.ndarray]] = []  # samples kept before the first step, with their slots
+        self._pool: Optional[Traced] = None  # row s: slot s's sample, once the slots are filled
+        self._filling: List[Tuple[Traced, np.ndarray]] = []  # samples kept before the first step, with their slots
         self._skip = 0  # samples of the final order handed out already
         if resume is None:
             self._keep: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the fill: position s goes to slot s
@@ -128,7 +128,7 @@ class ShuffleBuffer:
         if out + size > rows:
             self._skip = out - (rows - len(held))
 
-    def feed(self, columns: Columns) -> Iterator[Columns]:
+    def feed(self, columns: Traced) -> Iterator[Traced]:
         n, at = n_rows(columns), 0
         while at < n:
             if self.position < self._steps_from:
@@ -140,7 +140,7 @@ class ShuffleBuffer:
             at += k
             self.position += k
 
-    def drain(self) -> Iterator[Columns]:
+    def drain(self) -> Iterator[Traced]:
         """The samples still held, in the epoch's final order."""
         pool = self._filled()
         self._pool = None
@@ -149,7 +149,7 @@ class ShuffleBuffer:
             if len(order):
                 yield take(pool, order)
 
-    def _fill(self, part: Columns) -> None:
+    def _fill(self, part: Traced) -> None:
         positions = np.arange(self.position, self.position + n_rows(part))
         if self._keep is None:
             self._filling.append((part, positions))
@@ -160,7 +160,7 @@ class ShuffleBuffer:
         if hit.any():
             self._filling.append((take(part, np.flatnonzero(hit)), slots[at[hit]]))
 
-    def _filled(self) -> Optional[Columns]:
+    def _filled(self) -> Optional[Traced]:
         """The slots' samples, slot by slot, once the fill is over."""
         if self._filling:
             parts, slots = zip(*self._filling)
@@ -169,7 +169,7 @@ class ShuffleBuffer:
             self._pool = take(rows, np.argsort(np.concatenate(slots)))
         return self._pool
 
-    def _step(self, part: Columns) -> Columns:
+    def _step(self, part: Traced) -> Traced:
         """Each sample of ``part`` takes a slot's place; the samples it displaces, in order."""
         pool = self._filled()
         assert pool is not None, "the steps come after the fill"
