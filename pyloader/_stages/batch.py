@@ -380,4 +380,3 @@ def _drained(buffers: List[Any]) -> Iterator[Traced]:
 def _copy(data: Any) -> Any:
     """A batch's raw data for another batch: a ``Segments`` is never changed, columns may be (by ``batch_encode``)."""
     return dict(data) if isinstance(data, dict) else data
-

@@ -3,14 +3,16 @@
 Samples arrive a chunk at a time (those of one encoded batch, or of a part of one) and are held by
 window: a ``Window`` is chunks put end to end, and ``take(rows)`` gives its rows, in any order, as
 a ``_columns.Traced``: the samples' fields, and beside them their provenance (their batch's files,
-their padding flag), which rotation keeps out of the fields. A window fills, is sealed once full (``seal``) and is dropped after its last round (``drop``).
+their padding flag), which rotation keeps out of the fields. A window fills, is sealed once full
+(``seal``) and is dropped after its last round (``drop``).
 
-* ``InMemory``: a chunk is what ``batch_encode`` gave; sealing changes nothing.
+* ``InMemory``: a chunk is what ``batch_encode`` gave (with its provenance); sealing changes nothing.
 * ``OnDisk(rotation_dir)``: a window fills in memory; sealing turns it into NumPy arrays
   (``_storage.codec``, as ``cache_encoded`` stores batches: a field that cannot be stored without pickle
   is a ``NotCacheable`` naming it), writes them to a folder of its own,
   ``<rotation_dir>/pyloader-rotation-<random>/<epoch>-<window>/``, one ``.npy`` file per array
-  (the layout among them; the samples' provenance too), and reads them back memory-mapped (never unpickled), the rows served
+  (the layout among them; the provenance's arrays too, as ``provenance-<field>.npy``), and reads
+  them back memory-mapped (never unpickled), the rows served
   read as they are needed (``_storage.codec.take``); dropping the window removes its folder. The run's
   folder is made by the first seal and removed by ``close()`` (at the run's end, however it
   ends: a break, ``close()``, an error), at the latest when the process exits; a write still
@@ -177,7 +179,7 @@ class OnDisk(InMemory):
 
     def drop(self, window: Any) -> None:
         if isinstance(window, _OnDiskWindow):
-            window.arrays = {}
+            window.arrays, window.provenance = {}, Provenance()
             shutil.rmtree(window.folder, ignore_errors=True)
 
     def close(self) -> None:
