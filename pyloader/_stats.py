@@ -8,7 +8,7 @@ Contracts:
   piece or per call; never anything per sample.
 * ``Busy`` sums seconds per slot (``BUSY_SLOTS``) over the threads of the loader's
   process and over its worker processes: each worker adds to a shared row of its own
-  (``worker_rows``), which is folded into the process's sums when the pool closes, so
+  (made with the pool: ``_execution.shared``), which is folded into the process's sums when the pool closes, so
   nothing outlives the run.
 * ``Stats.as_dict()`` is plain data (ints, floats, strings, lists, dicts): it can be
   handed to any logger as it is.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import multiprocessing
 import sys
 import threading
 import time
@@ -152,13 +151,6 @@ class Busy:
                 i = _SLOT.get(slot)
                 if i is not None:  # a step the stats do not list counts only in its stage
                     self._sums[i] += seconds
-
-    def worker_rows(self, n: int) -> List[Any]:
-        """A shared row for each of ``n`` workers about to start (see ``RowBusy``)."""
-        rows = [multiprocessing.RawArray("d", len(BUSY_SLOTS)) for _ in range(n)]
-        with self._lock:
-            self._rows.extend(rows)
-        return rows
 
     def track(self, rows: List[Any]) -> None:
         """Count the seconds of workers already running in ``rows`` from now on (until ``fold``)."""

@@ -630,6 +630,32 @@ def test_persistent_workers_end_when_the_loader_is_collected(tmp_path):
     assert wait_no_threads() == []
 
 
+def test_a_run_with_forked_workers_leaves_no_descriptor_open_once_closed(tmp_path):
+    # a fresh interpreter: the first run with workers is the one that could leave something behind
+    write_chunks(tmp_path / "data", SIZES)
+    code = textwrap.dedent(f"""
+        import gc, os
+        import pyloader as pl
+        from worker_helpers import EncodeDataset, ListCollator, NumReader
+
+        def fds():
+            return sorted(os.listdir("/proc/self/fd"))
+
+        before = fds()
+        loader = pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), {str(tmp_path / "data")!r},
+                               num_workers=2, start_method="fork")
+        print("IDS", sum(len(b["id"]) for b in loader))
+        loader.close()
+        del loader
+        gc.collect()
+        print("NEW", [os.readlink("/proc/self/fd/" + fd) for fd in fds() if fd not in before])
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert out.stdout.splitlines() == [f"IDS {TOTAL}", "NEW []"]
+
+
 @pytest.mark.parametrize("mid_iteration", [False, True])
 def test_persistent_workers_end_at_interpreter_exit(tmp_path, mid_iteration):
     write_chunks(tmp_path / "data", SIZES)

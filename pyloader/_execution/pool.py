@@ -42,6 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from .._errors import WorkerDied
 from .._stats import BUSY_SLOTS, Busy
 from . import ipc as _ipc
+from .shared import shared_row, shared_value
 from .threads import DaemonExecutor
 from .worker import INIT_FAILED, READY, worker_main
 
@@ -263,14 +264,14 @@ class WorkerPool:
 
     def _start_processes(self) -> None:
         ctx = multiprocessing.get_context(self._method)
-        self._generation = ctx.RawValue("q", 0)
-        self._rows = [ctx.RawArray("d", len(BUSY_SLOTS)) for _ in range(self.num_workers)]
+        self._generation = shared_value(ctx, "q", 0)
+        self._rows = [shared_row(ctx, "d", len(BUSY_SLOTS)) for _ in range(self.num_workers)]
         for index in range(self.num_workers):
             ours, theirs = _ipc.channel_pair()
             # a forked worker inherits the loader's ends of its siblings' sockets: it closes them,
             # or a sibling would never see the end of file that tells it the loader has gone
             siblings = [w.fd for w in self._workers] + [ours.fileno()] if self._method == "fork" else []
-            current = ctx.RawValue("q", -1)  # the request the worker is running
+            current = shared_value(ctx, "q", -1)  # the request the worker is running
             process = ctx.Process(target=worker_main,  # type: ignore[attr-defined]
                                   args=(index, theirs, siblings, current, self._generation, *self._args,
                                         self._rows[index]),

@@ -1,0 +1,31 @@
+"""Numbers shared with worker processes: a value (``.value``) or a row (indexable) of C numbers.
+
+Under ``fork`` they live on an anonymous shared mapping, which the workers inherit and
+which is gone with its last reference: no descriptor stays open in the loader's process.
+Other start methods pickle them into the worker, which needs a descriptor to pass:
+there they come from multiprocessing's shared heap (whose arena file stays open, reused).
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+from typing import Any, Dict, Type
+
+_TYPES: Dict[str, Type[Any]] = {"q": ctypes.c_longlong, "d": ctypes.c_double}
+
+
+def shared_value(ctx: Any, typecode: str, value: float) -> Any:
+    """One number with a ``.value``, shared with workers started by ``ctx`` (a multiprocessing context)."""
+    if ctx.get_start_method() != "fork":
+        return ctx.RawValue(typecode, value)
+    shared = _TYPES[typecode].from_buffer(mmap.mmap(-1, ctypes.sizeof(_TYPES[typecode])))
+    shared.value = value
+    return shared
+
+
+def shared_row(ctx: Any, typecode: str, n: int) -> Any:
+    """``n`` numbers, zero at first, shared with workers started by ``ctx``."""
+    if ctx.get_start_method() != "fork":
+        return ctx.RawArray(typecode, n)
+    row = _TYPES[typecode] * n
+    return row.from_buffer(mmap.mmap(-1, ctypes.sizeof(row)))
