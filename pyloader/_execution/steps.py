@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 
 import numpy as np
 
-from .._columns import Columns, concat, slice_rows
+from .._columns import Columns, Rows, concat, slice_rows
 from .._stats import BusySink, GroupClock, profiled, profiling, timed
 
 Step = Tuple[str, Callable[[Any], Any]]
@@ -134,7 +134,7 @@ class StackedRows(abc.Sequence):
         return {key: column[k] for key, column in self.columns.items()}
 
 
-def assemble(parts: Sequence[Tuple[Columns, int, int]], paths: Sequence[str]) -> Columns:
+def assemble(parts: Sequence[Tuple[Rows, int, int]], paths: Sequence[str]) -> Rows:
     """Rows ``start:end`` of each part, joined; a key mismatch names the files."""
     try:
         return concat([slice_rows(columns, start, end) for columns, start, end in parts], "batch")
