@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import socket
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import psutil
 import pytest
@@ -60,6 +61,37 @@ class ListCollator(pl.DataCollator):
 
 def ids_of(batches) -> List[int]:
     return [i for b in batches for i in b["id"]]
+
+
+def take(loader: pl.DataLoader, it: Iterator[Dict[str, list]], k: int) -> List[Tuple[Optional[int], List[int]]]:
+    """The next ``k`` batches of ``it`` (an iteration of ``loader``): each as the epoch the loader
+    reports after it, and its ids."""
+    got = []
+    for _ in range(k):
+        ids = list(next(it)["id"])
+        got.append((loader.epoch, ids))
+    return got
+
+
+def take_steps(make: Callable[[int, int], pl.DataLoader], world_size: int, steps: int,
+               real: Callable[[Dict[str, Any]], List[int]],
+               state: Optional[Dict[str, Any]] = None) -> Tuple[List[int], Optional[Dict[str, Any]]]:
+    """Every rank of ``world_size`` (``make(rank, world_size)``, resumed from ``state``) takes ``steps``
+    steps of epoch 0: the samples they delivered (``real(batch)`` of each batch), and rank 0's state
+    after them (through JSON)."""
+    delivered: List[int] = []
+    saved = None
+    for rank in range(world_size):
+        loader = make(rank, world_size)
+        if state is not None:
+            loader.load_state_dict(state)
+        it = iter(loader)
+        for _ in range(steps):
+            delivered += real(next(it))
+        assert loader.epoch == 0
+        saved = saved or json.loads(json.dumps(loader.state_dict()))
+        it.close()
+    return delivered, saved
 
 
 def our_threads() -> List[str]:

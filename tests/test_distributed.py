@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import numpy as np
 import pytest
-from conftest import IdReader, ListCollator, write_chunks
+from conftest import IdReader, ListCollator, take_steps, write_chunks
 
 import pyloader as pl
 from pyloader.collators import NumpyCollator
@@ -505,15 +505,7 @@ def test_a_state_resumes_exactly_under_another_world_size(tmp_path, old, new, wh
 
     per_epoch = len(make(0, old)) // 2
     k = max(1, int(where * per_epoch))
-    delivered, state = [], None
-    for rank in range(old):  # every old rank took k batches of epoch 0
-        loader = make(rank, old)
-        it = iter(loader)
-        for _ in range(k):
-            delivered.extend(_real(next(it)))
-        assert loader.epoch == 0
-        state = json.loads(json.dumps(loader.state_dict())) if state is None else state
-        it.close()
+    delivered, state = take_steps(make, old, k, _real)  # every old rank took k batches of epoch 0
 
     rest, steps = [], []
     for rank in range(new):  # one rank's state resumes every new rank
@@ -553,19 +545,9 @@ def test_an_elastic_resume_can_be_resumed_again_under_a_third_world_size(tmp_pat
         return pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path / "data"),
                              shuffle=True, rank=rank, world_size=world_size, num_workers=num_workers)
 
-    delivered, state = [], None
-    for world_size, k in ((2, 3), (3, 2)):  # 2 ranks take 3 batches each, then 3 ranks take 2 each
-        saved = None
-        for rank in range(world_size):
-            loader = make(rank, world_size)
-            if state is not None:
-                loader.load_state_dict(state)
-            it = iter(loader)
-            for _ in range(k):
-                delivered.extend(_real(next(it)))
-            saved = saved or json.loads(json.dumps(loader.state_dict()))
-            it.close()
-        state = saved
+    delivered, state = take_steps(make, 2, 3, _real)  # 2 ranks take 3 batches each, then 3 ranks take 2 each
+    more, state = take_steps(make, 3, 2, _real, state)
+    delivered += more
     last = make(0, 1)
     last.load_state_dict(state)
     rest = [i for b in last for i in _real(b)]

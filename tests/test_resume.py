@@ -8,7 +8,7 @@ import time
 from typing import Any, Dict, List, Tuple
 
 import pytest
-from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
+from conftest import IdReader, ListCollator, ids_of, take, wait_no_threads, write_chunks
 
 import pyloader as pl
 
@@ -60,18 +60,9 @@ def _position(name: str, per_epoch: List[int]) -> int:
             "before_end": total - 1, "end": total}[name]
 
 
-def _take(loader, it, k: int) -> List[Tuple[int, List[int]]]:
-    """The next ``k`` batches of ``it`` (an iteration of ``loader``), with the epoch the loader reports."""
-    got = []
-    for _ in range(k):
-        ids = list(next(it)["id"])
-        got.append((loader.epoch, ids))
-    return got
-
-
 def _consume(loader, k: int) -> Tuple[List[Tuple[int, List[int]]], Dict[str, Any]]:
     """Take ``k`` batches from a fresh iteration, then the state (through JSON), then close."""
-    got = _take(loader, iter(loader), k)
+    got = take(loader, iter(loader), k)
     state = json.loads(json.dumps(loader.state_dict()))
     loader.close()
     return got, state
@@ -147,7 +138,7 @@ def test_resume_twice_in_a_row(data):
     head, state = _consume(_loader(data, loader_kwargs, reader_kwargs), 3)
     second = _loader(data, loader_kwargs, reader_kwargs)
     second.load_state_dict(state)
-    middle = _take(second, iter(second), len(full) // 2)
+    middle = take(second, iter(second), len(full) // 2)
     state2 = json.loads(json.dumps(second.state_dict()))
     second.close()
     third = _loader(data, loader_kwargs, reader_kwargs)
@@ -179,7 +170,7 @@ def test_state_counts_consumed_batches_not_read_ahead(tmp_path, shuffled):
     k = 5
     loader = _loader(tmp_path / "data", loader_kwargs, reader_kwargs, batch_size=3)
     it = iter(loader)
-    head = _take(loader, it, k)
+    head = take(loader, it, k)
     deadline = time.monotonic() + 10
     while loader.stats["samples_read"] < 600 and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 import numpy as np
 import pytest
-from conftest import wait_no_children
+from conftest import take_steps, wait_no_children
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_stream import PieceReader, write_streams
@@ -220,25 +220,6 @@ def elastic_make(folder: Path, **kwargs: Any) -> Callable[[int, int], pl.DataLoa
     return make
 
 
-def take_steps(make: Callable[[int, int], pl.DataLoader], world_size: int, steps: int,
-               state: Optional[Dict[str, Any]] = None) -> tuple:
-    """Every rank of ``world_size`` (resumed from ``state``) takes ``steps`` steps of epoch 0: the samples
-    they delivered, and rank 0's state after them."""
-    delivered: List[int] = []
-    saved = None
-    for rank in range(world_size):
-        loader = make(rank, world_size)
-        if state is not None:
-            loader.load_state_dict(state)
-        it = iter(loader)
-        for _ in range(steps):
-            delivered += real_ids(next(it))
-        assert loader.epoch == 0
-        saved = saved or json.loads(json.dumps(loader.state_dict()))
-        it.close()
-    return delivered, saved
-
-
 def the_rest(make: Callable[[int, int], pl.DataLoader], world_size: int, state: Dict[str, Any]) -> tuple:
     """Every rank of ``world_size`` resumed from ``state`` to the end: the samples of epoch 0 they
     delivered, each rank's steps in epoch 0, and each rank's epoch 1."""
@@ -266,7 +247,7 @@ def test_a_stream_state_resumes_under_another_world_size_delivering_every_sample
     write_streams(tmp_path, LENGTHS_ELASTIC)
     make = elastic_make(tmp_path)
     k = max(1, int(where * len(make(0, old)) / 2))
-    delivered, state = take_steps(make, old, k)
+    delivered, state = take_steps(make, old, k, real_ids)
     rest, steps, later = the_rest(make, new, state)
     assert len(set(steps)) == 1, f"unequal steps {steps}"
     assert sorted(delivered + rest) == ALL_IDS, "lost or repeated samples"
@@ -279,7 +260,7 @@ def test_a_stream_state_resumes_under_another_world_size_delivering_every_sample
 def test_a_file_in_progress_goes_on_from_its_rows_position_as_a_new_stream(tmp_path):
     write_streams(tmp_path, [10, 10, 10])
     make = elastic_make(tmp_path, num_epoch=1, shuffle=False)  # 2 ranks of 2 rows: rank 0 has files 0 and 2
-    delivered, state = take_steps(make, 2, 2)  # 2 steps of 3 samples: 6 of each file
+    delivered, state = take_steps(make, 2, 2, real_ids)  # 2 steps of 3 samples: 6 of each file
     assert len(delivered) == 18
     loader = make(0, 1)
     loader.load_state_dict(state)
@@ -294,7 +275,7 @@ def test_a_file_in_progress_goes_on_from_its_rows_position_as_a_new_stream(tmp_p
 def test_an_elastic_stream_resume_resumes_again_under_the_same_and_a_third_world_size(tmp_path, workers):
     write_streams(tmp_path, LENGTHS_ELASTIC)
     make = elastic_make(tmp_path, num_workers=workers, padding_mode="data")
-    delivered, state = take_steps(make, 2, 3)
+    delivered, state = take_steps(make, 2, 3, real_ids)
     # under the new world size, a resume mid-way gives the batches of the run it interrupts
     for rank in range(3):
         full = make(rank, 3)
@@ -308,7 +289,7 @@ def test_an_elastic_stream_resume_resumes_again_under_the_same_and_a_third_world
 
         head, resumed = resume_after(resumed_from_elastic, 2, lambda rank=rank: make(rank, 3))
         assert head + [as_lists(b) for b in resumed] == uninterrupted
-    more, state = take_steps(make, 3, 2, state)  # 3 ranks take 2 steps each, then 1 rank takes the rest
+    more, state = take_steps(make, 3, 2, real_ids, state)  # 3 ranks take 2 steps each, then 1 rank takes the rest
     rest, _, _ = the_rest(make, 1, state)
     assert sorted(delivered + more + rest) == ALL_IDS
     assert wait_no_children() == []
