@@ -97,13 +97,12 @@ def take_steps(make: Callable[[int, int], pl.DataLoader], world_size: int, steps
 def spread_positions(epochs: Sequence[Optional[int]]) -> List[int]:
     """The positions of a run of ``n = len(epochs)`` batches (``epochs``: ``loader.epoch`` after each)
     that a resume check keeps where checking all of them would repeat itself: the first two, the
-    last two, every epoch boundary and the batch after it, and inside each epoch its middle (its
-    thirds, from 9 batches). For ``check_resume(make, positions=spread_positions)``."""
+    last two, every epoch boundary and the batch after it, and the middle of each epoch. For
+    ``check_resume(make, positions=spread_positions)``."""
     n = len(epochs)
     starts = [0] + [k for k in range(1, n) if epochs[k] != epochs[k - 1]]
-    inside = [a + (b - a) * i // parts for a, b in zip(starts, starts[1:] + [n])
-              for parts in [2 if b - a < 9 else 3] for i in range(1, parts)]
-    return sorted({p for p in [0, 1, n - 1, n, *starts, *(k + 1 for k in starts), *inside] if 0 <= p <= n})
+    middles = [(a + b) // 2 for a, b in zip(starts, starts[1:] + [n])]
+    return sorted({p for p in [0, 1, n - 1, n, *starts, *(k + 1 for k in starts), *middles] if 0 <= p <= n})
 
 
 def our_threads() -> List[str]:
