@@ -131,11 +131,18 @@ class OrderedMap:
         self.stats = stats
 
     async def iterate(self, groups: AsyncIterator[Group], tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
-        queue: asyncio.Queue = asyncio.Queue(maxsize=self.concurrency)
+        queue: asyncio.Queue = asyncio.Queue()  # bounded by ``running``: at most its groups, and the end
+        running = asyncio.Semaphore(self.concurrency)  # groups started and not yet taken by this stage's consumer
 
         async def feed() -> None:
             try:
-                async for group in groups:
+                upstream = aiter(groups)
+                while True:
+                    await running.acquire()  # before the next group is asked for: no raw group waits here either
+                    try:
+                        group = await anext(upstream)
+                    except StopAsyncIteration:
+                        break
                     future = asyncio.ensure_future(
                         self.run(group.rows() if isinstance(group, Stacked) else [batch.data for batch in group]))
                     try:
@@ -160,7 +167,10 @@ class OrderedMap:
                     raise item.exc
                 group, future = item
                 item = None
-                outcomes = await future
+                try:
+                    outcomes = await future
+                finally:
+                    running.release()
                 _count_rows(group)
                 if isinstance(outcomes, StackedOutputs):  # a Stacked group run at once
                     group.columns, group.outputs = None, outcomes

@@ -1,0 +1,1 @@
+"""Unit tests of the pipeline stages, one module per stage (pyloader/_stages/), each stage built alone."""
