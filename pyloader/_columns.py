@@ -2,17 +2,59 @@
 
 Every stage moves samples as columns, never as per-sample dicts: slicing a
 list or an array is one C call, building a dict per sample is not.
+
+Rows that pass through the loader's buffers (shuffle, mix, bucketing) or are held
+by rotation carry per-row facts of the loader's own (``Provenance``: each row's
+file, its padding flag, its length) *beside* the user's columns, never among them:
+a ``Traced`` is both, and ``n_rows``, ``slice_rows``, ``take``, ``concat`` and
+``interleave`` move the two together. The user's columns go through untouched,
+whatever their names.
 """
 from __future__ import annotations
 
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
+from dataclasses import dataclass, fields
 from operator import itemgetter
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TypeVar, final
 
 import numpy as np
 
 Column = Any  # a list or a NumPy array (or another sequence), one item per sample
 Columns = Dict[str, Column]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Per-row facts the loader keeps about rows, one array item per row (``None``: not kept in this run)."""
+
+    file: Optional[np.ndarray] = None  # the row's file, as an index in the loader's files (the batcher's buffers)
+    padding: Optional[np.ndarray] = None  # the row only evens out the ranks' step counts (``__padding__``)
+    length: Optional[np.ndarray] = None  # the row's length (``bucket_by``)
+    batch_files: Optional[np.ndarray] = None  # rotation: the files of the row's batch, as an index in a table
+
+    def arrays(self) -> Dict[str, np.ndarray]:
+        """The facts kept, by field name."""
+        return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
+
+
+@final
+@dataclass(frozen=True)
+class Traced:
+    """The user's ``columns`` (only theirs) and the rows' ``provenance``, of one length."""
+
+    columns: Columns
+    provenance: Provenance
+
+    @property
+    def n(self) -> int:
+        return n_rows(self.columns) if self.columns else n_rows(self.provenance.arrays())
+
+    def map(self, op: Callable[[Columns], Columns]) -> "Traced":
+        """``op`` applied to the columns and to the provenance's arrays alike."""
+        return Traced(op(self.columns), Provenance(**op(self.provenance.arrays())))
+
+
+Rows = TypeVar("Rows", Columns, Traced)  # what the row helpers below take: plain columns, or traced ones
 
 
 def check_columns(columns: Mapping[str, Sequence], n_sample: Optional[int], where: str) -> Columns:
@@ -41,14 +83,19 @@ def check_columns(columns: Mapping[str, Sequence], n_sample: Optional[int], wher
     return out
 
 
-def n_rows(columns: Columns) -> int:
+def n_rows(columns: Any) -> int:
+    """The rows of ``columns`` (a dict of columns or a ``Traced``)."""
+    if isinstance(columns, Traced):
+        return columns.n
     for col in columns.values():
         return len(col)
     return 0
 
 
-def take(columns: Columns, indices: Any) -> Columns:
+def take(columns: Rows, indices: Any) -> Rows:
     """Rows ``indices`` of every column, in that order."""
+    if isinstance(columns, Traced):
+        return columns.map(lambda part: take(part, indices))
     if len(indices) == 0:
         return slice_rows(columns, 0, 0)
     idx = np.asarray(indices, dtype=np.int64)
@@ -63,14 +110,19 @@ def take(columns: Columns, indices: Any) -> Columns:
     return out
 
 
-def slice_rows(columns: Columns, start: int, stop: int) -> Columns:
+def slice_rows(columns: Rows, start: int, stop: int) -> Rows:
+    if isinstance(columns, Traced):
+        return columns.map(lambda part: slice_rows(part, start, stop))
     return {key: col[start:stop] for key, col in columns.items()}
 
 
-def concat(pieces: Sequence[Columns], where: str = "batch") -> Columns:
+def concat(pieces: Sequence[Rows], where: str = "batch") -> Rows:
     """Join pieces row-wise. Arrays stay arrays when every piece holds one."""
     if len(pieces) == 1:
         return pieces[0]
+    if isinstance(pieces[0], Traced):
+        return Traced(concat([p.columns for p in pieces], where),
+                      Provenance(**concat([p.provenance.arrays() for p in pieces], where)))
     keys = list(pieces[0])
     out: Columns = {}
     for piece in pieces[1:]:
@@ -88,7 +140,7 @@ def concat(pieces: Sequence[Columns], where: str = "batch") -> Columns:
     return out
 
 
-def interleave(labels: np.ndarray, part: Callable[[int, np.ndarray], Columns], where: str) -> Columns:
+def interleave(labels: np.ndarray, part: Callable[[int, np.ndarray], Rows], where: str) -> Rows:
     """Rows from several places, in the order of ``labels`` (one per row): ``part(label, positions)``
     gives the rows of one label (those at ``positions``, in order); they are joined once and put back
     in order."""

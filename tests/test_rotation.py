@@ -272,7 +272,7 @@ def same(a: Any, b: Any) -> bool:
 
 
 def test_rows_taken_from_memory_mapped_arrays_are_the_stored_batch_at_those_rows(tmp_path):
-    from pyloader import _codec
+    from pyloader._storage import codec as _codec
 
     n = 5
     objects = np.empty(n, dtype=object)

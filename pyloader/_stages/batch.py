@@ -6,6 +6,11 @@ length bucketing (``_stages.bucket``) then makes batches of samples of similar l
 batches travel the rest of the pipeline as a ``Group`` (one thread hop, one
 worker request, one hand-over for all of them), so fixed per-hop costs are
 paid once per group rather than once per batch.
+
+Rows that go through the buffers carry their file, their padding flag and
+(bucketing) their length beside the user's columns, as a ``_columns.Traced``;
+a batch made of them holds the user's columns alone, its files and ``__padding__``
+flags taken from that provenance.
 """
 from __future__ import annotations
 
@@ -13,19 +18,17 @@ import collections
 import contextlib
 from collections import abc
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, cast
+from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
-from .._columns import Columns, concat, n_rows, slice_rows
+from .._columns import Columns, Provenance, Rows, Traced, concat, slice_rows
 from .._errors import PipelineError
-from .bucket import LEN, BucketWindows, Lengths
+from .bucket import BucketWindows, Lengths
 from .read import Piece, ReadFiles, ReadItem
 from .shuffle import Slots
 from .source import EpochEnd, FileTask
 
-SRC = "\x00src"  # private column: each row's file index, so a batch knows its files
-PAD = "\x00pad"  # private column: the row only evens out the ranks' step counts
 PADDING = "__padding__"  # the flag handed to the user when ranks are padded
 
 
@@ -140,7 +143,7 @@ class GroupSize:
         return n
 
 
-def assemble(parts: Sequence[Tuple[Columns, int, int]], paths: Sequence[str]) -> Columns:
+def assemble(parts: Sequence[Tuple[Rows, int, int]], paths: Sequence[str]) -> Rows:
     """Rows ``start:end`` of each part, joined; a key mismatch names the files."""
     try:
         return concat([slice_rows(columns, start, end) for columns, start, end in parts], "batch")
@@ -201,15 +204,16 @@ class Batcher:
         self.drop_last = drop_last
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
-        self._pending: Deque[List] = collections.deque()  # [piece, start]
+        # [rows, start]: pieces of files, or (with buffers) what the buffers let out, traced
+        self._pending: Deque[List] = collections.deque()
         self._count = 0
 
-    def _push(self, piece: Piece) -> None:
+    def _push(self, piece: Union[Piece, Traced]) -> None:
         if piece.n:
             self._pending.append([piece, 0])
             self._count += piece.n
 
-    def _take(self, size: int) -> List[Tuple[Piece, int, int]]:
+    def _take(self, size: int) -> List[Tuple[Any, int, int]]:
         parts = []
         while size:
             entry = self._pending[0]
@@ -226,18 +230,15 @@ class Batcher:
 
     def _batch(self, epoch: int, index: int, size: int) -> Batch:
         parts = self._take(size)
-        if parts[0][0].task is not None:
+        if isinstance(parts[0][0], Piece):
             segments = Segments(tuple(parts))
             meta = self._meta(lambda: np.concatenate([np.full(end - start, p.task.pad) for p, start, end in parts]))
             batch = Batch(epoch, index, segments, segments.paths, meta)
         else:
-            src = np.concatenate([p.columns[SRC][start:end] for p, start, end in parts])
-            paths = tuple(self.files[i] for i in np.unique(src))
-            columns = assemble([(p.columns, start, end) for p, start, end in parts], paths)
-            columns.pop(SRC)
-            columns.pop(LEN, None)
-            pad = columns.pop(PAD)
-            batch = Batch(epoch, index, columns, paths, self._meta(lambda: pad))
+            files = np.concatenate([p.provenance.file[start:end] for p, start, end in parts])
+            paths = tuple(self.files[i] for i in np.unique(files))
+            rows = assemble(parts, paths)
+            batch = Batch(epoch, index, rows.columns, paths, self._meta(lambda: rows.provenance.padding))
         if self.steps is not None:
             self._last = (_copy(batch.data), size, batch.paths)
         return batch
@@ -300,7 +301,7 @@ class Batcher:
         return out + [stage.buffer() for stage in stages]
 
     def _take_piece(self, piece: Piece, task: FileTask, buffers: List[Any], read: ReadFiles) -> bool:
-        """Move a piece's rows towards the batches (through the buffers, tagged with their file, padding
+        """Move a piece's rows towards the batches (through the buffers, traced with their file, padding
         flag and length); False when the rest of its file is to be left: its lengths failed, and the
         error policy skipped the file."""
         if not buffers:
@@ -308,19 +309,20 @@ class Batcher:
             return True
         held = piece.columns
         assert held is not None, "a piece that goes through a buffer is held here"
-        columns = dict(held)
-        columns[SRC] = np.full(piece.n, task.index, dtype=np.int64)
-        columns[PAD] = np.full(piece.n, task.pad)
+        length = None
         if self.bucket is not None:
             try:
-                columns[LEN] = self.bucket[0](held, task.path, piece.offset)
+                length = self.bucket[0](held, task.path, piece.offset)
             except PipelineError as exc:
                 read.errors("bucket_by", [task.path], exc)  # raises unless the policy skips
                 read.stats.skipped_files += 1
                 return False
-        for part in _through(buffers, columns):
-            self._push(_mixed(part))
+        provenance = Provenance(file=np.full(piece.n, task.index, dtype=np.int64),
+                                padding=np.full(piece.n, task.pad), length=length)
+        for part in _through(buffers, Traced(held, provenance)):
+            self._push(part)
         return True
+
     def _first_index(self, epoch: int) -> int:
         return self.resumed[1] if epoch == self.resumed[0] else 0
 
@@ -332,8 +334,8 @@ class Batcher:
             if isinstance(item, EpochEnd):
                 if epoch is None:
                     index = self._first_index(item.epoch)
-                for columns in _drained(buffers):
-                    self._push(_mixed(columns))
+                for rows in _drained(buffers):
+                    self._push(rows)
                 for group in self._full(item.epoch, index, sizes):
                     yield group
                     index += len(group)
@@ -359,16 +361,16 @@ class Batcher:
                         index += len(group)
 
 
-def _through(buffers: List[Any], columns: Columns) -> Iterator[Columns]:
-    """``columns`` fed to the first buffer, what leaves it to the next, and so on."""
+def _through(buffers: List[Any], rows: Traced) -> Iterator[Traced]:
+    """``rows`` fed to the first buffer, what leaves it to the next, and so on."""
     if not buffers:
-        yield columns
+        yield rows
         return
-    for part in buffers[0].feed(columns):
+    for part in buffers[0].feed(rows):
         yield from _through(buffers[1:], part)
 
 
-def _drained(buffers: List[Any]) -> Iterator[Columns]:
+def _drained(buffers: List[Any]) -> Iterator[Traced]:
     """What the buffers hold at the end of an epoch: each one's rest, through the buffers after it."""
     for k, buffer in enumerate(buffers):
         for part in buffer.drain():
@@ -378,8 +380,3 @@ def _drained(buffers: List[Any]) -> Iterator[Columns]:
 def _copy(data: Any) -> Any:
     """A batch's raw data for another batch: a ``Segments`` is never changed, columns may be (by ``batch_encode``)."""
     return dict(data) if isinstance(data, dict) else data
-
-
-def _mixed(columns: Columns) -> Piece:
-    """Rows out of the shuffle buffer, from several files (their ``SRC`` column says which)."""
-    return Piece(None, 0, n_rows(columns), columns)  # type: ignore[arg-type]

@@ -38,11 +38,10 @@ from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple, Unio
 
 import numpy as np
 
-from .._columns import Columns, concat, n_rows, slice_rows, take
+from .._columns import Columns, Traced, concat, n_rows, slice_rows, take
 from .._errors import PipelineError
 from .._rng import BUCKETS, derive_rng
 
-LEN = "\x00len"  # private column: each row's length, worked out when it arrived
 BUFFER_BATCHES = 32  # the default bucket_buffer, in batches
 CHAIN = 4  # windows in a chain: the longest samples of one wait for the next within a chain
 BucketBy = Union[str, Callable[[dict], float]]
@@ -158,8 +157,8 @@ class BucketWindows:
 
 
 class BucketBuffer:
-    """Takes in windows, lets each out as batches of samples of similar length (their ``LEN``
-    column) in a random order (see the module docstring), from stream position ``first`` (a
+    """Takes in windows, lets each out as batches of samples of similar length (their
+    ``provenance.length``) in a random order (see the module docstring), from stream position ``first`` (a
     chain's start) on; drops the first ``skip`` samples it lets out (handed out before a resume)."""
 
     def __init__(self, windows: BucketWindows, first: int = 0, skip: int = 0) -> None:
@@ -168,14 +167,14 @@ class BucketBuffer:
         self._chain, self._window = first, 0  # the chain being taken in, and its window
         self._position = first
         self._end = self._window_end()
-        self._parts: List[Columns] = []  # the window's samples: the carried ones, then its own
+        self._parts: List[Traced] = []  # the window's samples: the carried ones, then its own
 
     def _window_end(self) -> int:
         w = self.windows
         own = sum(w.own(j) for j in range(self._window + 1))
         return min(self._chain + own, w.end(self._chain))
 
-    def feed(self, columns: Columns) -> Iterator[Columns]:
+    def feed(self, columns: Traced) -> Iterator[Traced]:
         n, at = n_rows(columns), 0
         while at < n:
             part = min(n - at, self._end - self._position)
@@ -185,17 +184,19 @@ class BucketBuffer:
             if self._position == self._end:
                 yield from self._flush(final=self._end == self.windows.end(self._chain))
 
-    def drain(self) -> Iterator[Columns]:
+    def drain(self) -> Iterator[Traced]:
         """The rest at the epoch's end: its last window and what it carries, however short."""
         if self._parts:
             yield from self._flush(final=True)
 
-    def _flush(self, final: bool) -> Iterator[Columns]:
+    def _flush(self, final: bool) -> Iterator[Traced]:
         w = self.windows
         window = self._parts[0] if len(self._parts) == 1 else concat(self._parts, "bucket buffer")
         n, size = n_rows(window), w.batch_size
         rng = derive_rng(w.seed, BUCKETS, w.epoch, self._chain, self._window)
-        by_length = np.lexsort((rng.random(n), window[LEN]))
+        lengths = window.provenance.length
+        assert lengths is not None, "rows bucketed carry their lengths"
+        by_length = np.lexsort((rng.random(n), lengths))
         wait = 0 if final else n % size  # the longest wait for the next window of the chain
         k = (n - wait) // size
         cut = by_length[:k * size].reshape(k, size)[rng.permutation(k)].ravel()

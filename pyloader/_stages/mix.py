@@ -34,10 +34,9 @@ from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._columns import Columns, concat, interleave, n_rows, slice_rows
+from .._columns import Traced, concat, interleave, n_rows, slice_rows
 from .._rng import MIX, MIX_FILES, derive_rng
 from .._state import files_digest
-from .batch import SRC
 from .shard import Sharding, batches_of, bounds
 from .source import EpochEnd, FileTask, SourceItem
 from .sources import Mix
@@ -184,7 +183,7 @@ class MixSource:
 class MixBuffer:
     """Interleaves the sources' rows in the order of the plan's share (a buffer of ``Batcher``).
 
-    Rows arrive tagged with their file (``SRC``), source by source in the order the plan
+    Rows arrive traced with their file (``Traced.provenance``), source by source in the order the plan
     first needs them; what the plan can take at once leaves as soon as it has arrived.
     """
 
@@ -197,12 +196,14 @@ class MixBuffer:
         n = len(mix.sources)
         self.positions = [np.flatnonzero(share == k) for k in range(n)]
         self.used = [0] * n  # rows of each source that left
-        self.queues: List[Deque[Columns]] = [collections.deque() for _ in range(n)]
+        self.queues: List[Deque[Traced]] = [collections.deque() for _ in range(n)]
         self.held = [0] * n  # rows of each source at hand
         self.cursor = 0
 
-    def feed(self, columns: Columns) -> Iterator[Columns]:
-        k = self.source_of[int(columns[SRC][0])]
+    def feed(self, columns: Traced) -> Iterator[Traced]:
+        files = columns.provenance.file
+        assert files is not None, "rows mixed carry their files"
+        k = self.source_of[int(files[0])]
         self.queues[k].append(columns)
         self.held[k] += n_rows(columns)
         end = len(self.share)
@@ -213,7 +214,7 @@ class MixBuffer:
             yield self._emit(self.share[self.cursor:end])
             self.cursor = end
 
-    def drain(self) -> Iterator[Columns]:
+    def drain(self) -> Iterator[Traced]:
         """The rest of the plan that rows are at hand for: all of it, unless an error was skipped."""
         part = self.share[self.cursor:]
         keep = np.zeros(len(part), dtype=bool)
@@ -223,19 +224,19 @@ class MixBuffer:
         if keep.any():
             yield self._emit(part[keep])
 
-    def _emit(self, part: np.ndarray) -> Columns:
+    def _emit(self, part: np.ndarray) -> Traced:
         """The next rows for positions of sources ``part``, in that order."""
         try:
             return interleave(part, lambda k, positions: self._pop(k, len(positions)), "mix")
         except ValueError as exc:
             raise ValueError(f"sources {', '.join(map(repr, self.mix.sources))} cannot be mixed: {exc}") from None
 
-    def _pop(self, k: int, n: int) -> Columns:
+    def _pop(self, k: int, n: int) -> Traced:
         if self.counted:
             self.counted[k]["samples"] += n
         self.used[k] += n
         self.held[k] -= n
-        parts: List[Columns] = []
+        parts: List[Traced] = []
         queue = self.queues[k]
         while n:
             head = queue[0]

@@ -51,15 +51,13 @@ from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Mapping, Opt
 
 import numpy as np
 
-from .._columns import Columns, check_columns, concat, interleave, n_rows, slice_rows
+from .._columns import Columns, Provenance, Traced, check_columns, concat, interleave, n_rows, slice_rows
 from .._errors import ErrorHandler, PipelineError
 from .._rng import ROTATION, derive_rng
 from .._stats import Stats
 from .._storage.held import Held, Window
-from .batch import Batch, Group, GroupSize
+from .batch import PADDING, Batch, Group, GroupSize
 
-PATHS = "\x00paths"  # private field: the files a sample came from, as an index in its epoch's table
-META = "\x00meta:"  # private fields: a sample's metadata (``__padding__`` under ranks)
 WINDOW_BATCHES = GroupSize.LIMIT  # the default rotation_size: R windows of this many batches
 _ROUNDS, _CYCLES = 0, 1  # the keys of the draws
 Entries = Tuple[np.ndarray, np.ndarray, np.ndarray]  # samples served: their window, their row there, their round
@@ -317,17 +315,23 @@ class _Epoch:
                 n = n_rows(columns)
                 if not n:
                     continue
-                columns[PATHS] = np.full(n, self._path_id(batch.paths), dtype=np.int32)
-                for name, flags in (batch.meta or {}).items():
-                    if len(flags) != n:
-                        raise ValueError(f"batch_encode gave {n} samples for {len(flags)} rows: under ranks each "
-                                         f"sample keeps its row's {name} flag, so rotation needs one per row")
-                    columns[META + name] = np.asarray(flags)
-                chunks.append((self.stage.held.chunk(columns), batch.paths))
+                chunks.append((self.stage.held.chunk(Traced(columns, self._provenance(batch, n))), batch.paths))
             except (ValueError, TypeError) as exc:
                 self.stage.errors("rotation", batch.paths, exc)
                 self.stage.stats.skipped_batches += 1
         return chunks
+
+    def _provenance(self, batch: Batch, n: int) -> Provenance:
+        """What each of the ``n`` samples of ``batch`` keeps beside its fields: its batch's files, and
+        under ranks its row's padding flag (the only metadata a batch has before rotation)."""
+        meta = batch.meta or {}
+        assert set(meta) <= {PADDING}, "batches come to rotation with their padding flags alone"
+        flags = meta.get(PADDING)
+        if flags is not None and len(flags) != n:
+            raise ValueError(f"batch_encode gave {n} samples for {len(flags)} rows: under ranks each "
+                             f"sample keeps its row's {PADDING} flag, so rotation needs one per row")
+        return Provenance(padding=None if flags is None else np.asarray(flags),
+                          batch_files=np.full(n, self._path_id(batch.paths), dtype=np.int32))
 
     def _path_id(self, paths: Tuple[str, ...]) -> int:
         if paths not in self.paths:
@@ -351,16 +355,17 @@ class _Epoch:
                 rows[at] = self.orders[j][k - j][cycle[at]]
         return window, rows, k - window
 
-    def take(self, window: np.ndarray, rows: np.ndarray) -> Columns:
+    def take(self, window: np.ndarray, rows: np.ndarray) -> Traced:
         """The samples at ``rows`` of ``window`` (one of each per sample), in that order."""
         return interleave(window, lambda j, at: self.windows[j].take(rows[at]), "rotation")
 
-    def batch(self, index: int, columns: Columns) -> Batch:
-        """Batch ``index`` of the rotated epoch, made of ``columns`` (its private fields taken out)."""
-        ids = columns.pop(PATHS)
+    def batch(self, index: int, rows: Traced) -> Batch:
+        """Batch ``index`` of the rotated epoch, made of ``rows``: their columns, their files and
+        padding flags from their provenance."""
+        ids, flags = rows.provenance.batch_files, rows.provenance.padding
+        assert ids is not None, "rotated rows carry their batches' files"
         paths = tuple(dict.fromkeys(p for i in np.unique(ids).tolist() for p in self.path_list[i]))
-        meta = {key[len(META):]: np.asarray(columns.pop(key)) for key in list(columns) if key.startswith(META)}
-        return Batch(self.epoch, index, columns, paths, meta or None)
+        return Batch(self.epoch, index, rows.columns, paths, None if flags is None else {PADDING: np.asarray(flags)})
 
 
 class _Cutter:
@@ -371,7 +376,7 @@ class _Cutter:
         self.stage = epoch.stage
         self.entries: List[Entries] = []
         self.count = 0  # samples in ``entries``
-        self.carry: Optional[Columns] = None  # fewer than a batch of samples, taken already
+        self.carry: Optional[Traced] = None  # fewer than a batch of samples, taken already
         self.index = 0
         self.sizes = GroupSize()
         self.limit = None if self.stage.steps is None else self.stage.steps(epoch.epoch)
@@ -384,7 +389,7 @@ class _Cutter:
     def _carried(self) -> int:
         return 0 if self.carry is None else n_rows(self.carry)
 
-    async def _take(self, n: int) -> Columns:
+    async def _take(self, n: int) -> Traced:
         """The next ``n`` samples served, after those carried."""
         window, rows, rounds = (np.concatenate(parts) for parts in zip(*self.entries))
         rest = (window[n:], rows[n:], rounds[n:])
@@ -415,7 +420,7 @@ class _Cutter:
         group = [] if self.carry is None or self.stage.drop_last else self._cut(self.carry, 1)
         return ([group] if group else []) + self._padding()
 
-    def _cut(self, columns: Columns, n: int) -> Group:
+    def _cut(self, columns: Traced, n: int) -> Group:
         """``n`` batches of ``columns`` (the last may be short), none past the planned steps."""
         size, group = self.stage.batch_size, []
         for k in range(n):

@@ -31,11 +31,11 @@ Contracts:
 """
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Generic, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .._columns import Columns, concat, n_rows, slice_rows, take
+from .._columns import Rows, concat, n_rows, slice_rows, take
 from .._rng import SHUFFLE_BUFFER, derive_rng
 
 ROUND = 2  # a round of draws is this many times the buffer's size
@@ -102,18 +102,19 @@ class Slots:
         return derive_rng(self.seed, SHUFFLE_BUFFER, self.epoch).permutation(n)
 
     def buffer(self, resume: Resume = None) -> "ShuffleBuffer":
+        """The epoch's buffer (of the batcher's traced rows, or of any columns)."""
         return ShuffleBuffer(self, resume)
 
 
-class ShuffleBuffer:
+class ShuffleBuffer(Generic[Rows]):
     """Lets samples out as the module docstring says, fed from the epoch's start or, resumed
     (``resume``), from ``Slots.reads_from``: then only the samples held at the position are kept."""
 
     def __init__(self, slots: Slots, resume: Resume = None) -> None:
         self.slots = slots
         size = slots.size
-        self._pool: Optional[Columns] = None  # row s: slot s's sample, once the slots are filled
-        self._filling: List[Tuple[Columns, np.ndarray]] = []  # samples kept before the first step, with their slots
+        self._pool: Optional[Rows] = None  # row s: slot s's sample, once the slots are filled
+        self._filling: List[Tuple[Rows, np.ndarray]] = []  # samples kept before the first step, with their slots
         self._skip = 0  # samples of the final order handed out already
         if resume is None:
             self._keep: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the fill: position s goes to slot s
@@ -128,7 +129,7 @@ class ShuffleBuffer:
         if out + size > rows:
             self._skip = out - (rows - len(held))
 
-    def feed(self, columns: Columns) -> Iterator[Columns]:
+    def feed(self, columns: Rows) -> Iterator[Rows]:
         n, at = n_rows(columns), 0
         while at < n:
             if self.position < self._steps_from:
@@ -140,7 +141,7 @@ class ShuffleBuffer:
             at += k
             self.position += k
 
-    def drain(self) -> Iterator[Columns]:
+    def drain(self) -> Iterator[Rows]:
         """The samples still held, in the epoch's final order."""
         pool = self._filled()
         self._pool = None
@@ -149,7 +150,7 @@ class ShuffleBuffer:
             if len(order):
                 yield take(pool, order)
 
-    def _fill(self, part: Columns) -> None:
+    def _fill(self, part: Rows) -> None:
         positions = np.arange(self.position, self.position + n_rows(part))
         if self._keep is None:
             self._filling.append((part, positions))
@@ -160,7 +161,7 @@ class ShuffleBuffer:
         if hit.any():
             self._filling.append((take(part, np.flatnonzero(hit)), slots[at[hit]]))
 
-    def _filled(self) -> Optional[Columns]:
+    def _filled(self) -> Optional[Rows]:
         """The slots' samples, slot by slot, once the fill is over."""
         if self._filling:
             parts, slots = zip(*self._filling)
@@ -169,7 +170,7 @@ class ShuffleBuffer:
             self._pool = take(rows, np.argsort(np.concatenate(slots)))
         return self._pool
 
-    def _step(self, part: Columns) -> Columns:
+    def _step(self, part: Rows) -> Rows:
         """Each sample of ``part`` takes a slot's place; the samples it displaces, in order."""
         pool = self._filled()
         assert pool is not None, "the steps come after the fill"

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 import numpy as np
 
 from .._columns import Columns, concat, n_rows, slice_rows
-from .batch import SRC, Batch, Stacked
+from .batch import Batch, Stacked
 from .stream_rows import Row
 
 FIRST, VALID, REPLAY, STREAM_ID, POSITION = "__first__", "__valid__", "__replay__", "__stream_id__", "__position__"
@@ -77,7 +77,7 @@ class Cutter:
         template = next(piece for piece, _ in filter(None, cuts))
         self.template = template
         files = [(row.task.path, cut[0]) for row, cut in zip(rows, cuts) if row is not None and cut is not None]
-        data = {key: self._stacked_field(key, cuts, files, steps) for key in template if key != SRC}
+        data = {key: self._stacked_field(key, cuts, files, steps) for key in template}
         if self.padding_mode == "edge":  # each row's last sample of the group
             self.remember_edges([None if cut is None else slice_rows(cut[0], cut[1] + end - 1, cut[1] + end)
                                  for cut in cuts])
@@ -130,7 +130,7 @@ class Cutter:
         files = [None if row is None else row.task.path for row in rows]
         template = self._template_of(windows, files)
         data = {key: self._field(key, [None if w is None else w[key] for w in windows], files, like)
-                for key, like in template.items() if key != SRC}
+                for key, like in template.items()}
         if self.padding_mode == "edge":
             self.remember_edges(windows)
         if not self.seq_len:
@@ -213,7 +213,7 @@ class Cutter:
                 self.remember_edge(r, window)
 
     def remember_edge(self, r: int, window: Columns) -> None:
-        self.edge[r] = {key: _copy_sample(col[-1]) for key, col in window.items() if key != SRC}
+        self.edge[r] = {key: _copy_sample(col[-1]) for key, col in window.items()}
 
     def _pad(self, key: str) -> Any:
         return self.pad_value.get(key, 0) if isinstance(self.pad_value, abc.Mapping) else self.pad_value

@@ -2,14 +2,17 @@
 
 Samples arrive a chunk at a time (those of one encoded batch, or of a part of one) and are held by
 window: a ``Window`` is chunks put end to end, and ``take(rows)`` gives its rows, in any order, as
-columns. A window fills, is sealed once full (``seal``) and is dropped after its last round (``drop``).
+a ``_columns.Traced``: the samples' fields, and beside them their provenance (their batch's files,
+their padding flag), which rotation keeps out of the fields. A window fills, is sealed once full
+(``seal``) and is dropped after its last round (``drop``).
 
-* ``InMemory``: a chunk is what ``batch_encode`` gave; sealing changes nothing.
+* ``InMemory``: a chunk is what ``batch_encode`` gave (with its provenance); sealing changes nothing.
 * ``OnDisk(rotation_dir)``: a window fills in memory; sealing turns it into NumPy arrays
   (``_storage.codec``, as ``cache_encoded`` stores batches: a field that cannot be stored without pickle
   is a ``NotCacheable`` naming it), writes them to a folder of its own,
   ``<rotation_dir>/pyloader-rotation-<random>/<epoch>-<window>/``, one ``.npy`` file per array
-  (the layout among them), and reads them back memory-mapped (never unpickled), the rows served
+  (the layout among them; the provenance's arrays too, as ``provenance-<field>.npy``), and reads
+  them back memory-mapped (never unpickled), the rows served
   read as they are needed (``_storage.codec.take``); dropping the window removes its folder. The run's
   folder is made by the first seal and removed by ``close()`` (at the run's end, however it
   ends: a break, ``close()``, an error), at the latest when the process exits; a write still
@@ -26,20 +29,22 @@ from typing import Any, Dict, List, Optional, Protocol
 
 import numpy as np
 
-from .._columns import Columns, concat, interleave, n_rows, slice_rows, take
+from .._columns import Provenance, Traced, concat, interleave, n_rows, slice_rows, take
 from . import codec as _codec
+
+PROVENANCE = "provenance-"  # the files of the samples' provenance, beside the codec's (whose names are plain words)
 
 
 class Held(Protocol):
     """How chunks are held; ``seal`` runs off the event loop (it may write files)."""
 
-    def chunk(self, columns: Columns) -> Any: ...
+    def chunk(self, rows: Traced) -> Any: ...
 
     def rows(self, chunk: Any) -> int: ...
 
     def cut(self, chunk: Any, start: int, end: int) -> Any: ...
 
-    def take(self, chunk: Any, positions: np.ndarray) -> Columns: ...
+    def take(self, chunk: Any, positions: np.ndarray) -> Traced: ...
 
     def seal(self, name: str, window: "Window") -> Any: ...
 
@@ -64,7 +69,7 @@ class Window:
         self.chunks.append(chunk)
         self.ends.append(self.n + self.held.rows(chunk))
 
-    def take(self, rows: np.ndarray) -> Columns:
+    def take(self, rows: np.ndarray) -> Traced:
         if len(self.chunks) == 1:
             return self.held.take(self.chunks[0], rows)
         starts = [0, *self.ends[:-1]]
@@ -75,16 +80,16 @@ class Window:
 class InMemory:
     """Chunks kept as ``batch_encode`` gave them."""
 
-    def chunk(self, columns: Columns) -> Columns:
-        return columns
+    def chunk(self, rows: Traced) -> Traced:
+        return rows
 
-    def rows(self, chunk: Columns) -> int:
+    def rows(self, chunk: Traced) -> int:
         return n_rows(chunk)
 
-    def cut(self, chunk: Columns, start: int, end: int) -> Columns:
+    def cut(self, chunk: Traced, start: int, end: int) -> Traced:
         return slice_rows(chunk, start, end)
 
-    def take(self, chunk: Columns, positions: np.ndarray) -> Columns:
+    def take(self, chunk: Traced, positions: np.ndarray) -> Traced:
         return take(chunk, positions)
 
     def seal(self, name: str, window: Window) -> Any:
@@ -98,15 +103,17 @@ class InMemory:
 
 
 class _OnDiskWindow:
-    """A sealed window: its arrays memory-mapped from its folder."""
+    """A sealed window: its arrays memory-mapped from its folder (the samples' ``arrays`` as
+    ``_storage.codec`` packed them, and their provenance)."""
 
-    def __init__(self, folder: str, n: int, arrays: Dict[str, np.ndarray]) -> None:
+    def __init__(self, folder: str, n: int, arrays: Dict[str, np.ndarray], provenance: Provenance) -> None:
         self.folder = folder
         self.n = n
         self.arrays = arrays
+        self.provenance = provenance
 
-    def take(self, rows: np.ndarray) -> Columns:
-        return _codec.take(self.arrays, rows)
+    def take(self, rows: np.ndarray) -> Traced:
+        return Traced(_codec.take(self.arrays, rows), Provenance(**take(self.provenance.arrays(), rows)))
 
 
 def _remove(root: str, pid: int) -> None:
@@ -151,7 +158,9 @@ class OnDisk(InMemory):
     def seal(self, name: str, window: Window) -> Any:
         """The window written to its folder and read back memory-mapped; ``NotCacheable`` names a field
         that cannot be stored without pickle."""
-        arrays = _codec.pack(concat(window.chunks, "rotation"), "rotation_dir")
+        rows: Traced = concat(window.chunks, "rotation")
+        arrays = _codec.pack(rows.columns, "rotation_dir")
+        arrays.update({PROVENANCE + name: array for name, array in rows.provenance.arrays().items()})
         folder = self._folder_for(name)
         if folder is None:
             return window  # the run has ended: nobody will read it
@@ -164,12 +173,13 @@ class OnDisk(InMemory):
                     shutil.rmtree(str(self.root), ignore_errors=True)
         if closed:
             return window
-        return _OnDiskWindow(folder, window.n, {k: np.load(p, mmap_mode="r", allow_pickle=False)
-                                                for k, p in paths.items()})
+        loaded = {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in paths.items()}
+        provenance = {k[len(PROVENANCE):]: loaded.pop(k) for k in list(loaded) if k.startswith(PROVENANCE)}
+        return _OnDiskWindow(folder, window.n, loaded, Provenance(**provenance))
 
     def drop(self, window: Any) -> None:
         if isinstance(window, _OnDiskWindow):
-            window.arrays = {}
+            window.arrays, window.provenance = {}, Provenance()
             shutil.rmtree(window.folder, ignore_errors=True)
 
     def close(self) -> None:
