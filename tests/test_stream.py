@@ -376,7 +376,8 @@ def test_letters_example_prints_continuing_rows():
 
 def test_gru_example_learns():
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "examples" / "stream_gru.py"), "--epochs", "1", "--rows", "8"],
+    out = subprocess.run([sys.executable, str(root / "examples" / "stream_gru.py"), "--epochs", "1", "--rows", "8",
+                          "--max-steps", "120"],
                          capture_output=True, text=True, timeout=110, env={**os.environ, "PYTHONPATH": str(root)})
     assert out.returncode == 0, out.stderr
     first, last = map(float, out.stdout.strip().splitlines()[-1].split()[1:4:2])
