@@ -16,6 +16,10 @@ starts, e.g. loader workers) from a background thread:
 
 The child prints one line ``@@RESULT {json}`` with what it measured itself
 (samples, seconds, time to first batch, checks); the parent adds the peaks.
+
+Importing this module puts the repository first on ``sys.path`` (the scripts run as
+``python benchmarks/<script>.py``, whose folder Python puts there itself), so every
+script measures this checkout's ``pyloader``.
 """
 from __future__ import annotations
 
@@ -28,6 +32,11 @@ import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+if REPO not in sys.path:  # the scripts measure this checkout's pyloader, not an installed one
+    sys.path.insert(0, REPO)
 
 RSS_EVERY_S = 0.02
 PSS_EVERY_S = 0.5
@@ -295,21 +304,34 @@ def fmt_mb(x: Optional[float]) -> str:
 def common_args(ap: Any, write_help: str, default_repeats: str, results_json: str) -> None:
     """The options both benchmark scripts take (and the hidden ones of their child runs)."""
     ap.add_argument("--quick", action="store_true", help="small data: a smoke run")
-    ap.add_argument("--write", action="store_true", help=write_help)
     ap.add_argument("--repeats", type=int, default=None, help=f"runs per entry (default {default_repeats})")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per child run")
     ap.add_argument("--replot", action="store_true",
                     help=f"only redraw the plot from the results saved by the last --write ({results_json})")
+    child_args(ap, 600, write_help)
+
+
+def child_args(ap: Any, timeout: float, write_help: str = "write the results into benchmarks/README.md") -> None:
+    """``--write``, ``--timeout`` (seconds per child run) and the hidden options of a child run: see
+    ``run_child_if_asked``."""
+    ap.add_argument("--write", action="store_true", help=write_help)
+    ap.add_argument("--timeout", type=float, default=timeout, help="seconds per child run")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--cfg", help=argparse.SUPPRESS)
 
 
+def run_child_if_asked(args: Any, child: Callable[[str, str, dict], None]) -> bool:
+    """In a child run (``--child``), run its entry: True when that was the whole job."""
+    if args.child:
+        child(args.child, args.data, json.loads(args.cfg))
+        return True
+    return False
+
+
 def child_or_replot(args: Any, child: Callable[[str, str, dict], None], results_json: str,
                     plot: Optional[Callable[[dict, dict, str], None]], image: Optional[str]) -> bool:
     """Run the child entry or redraw the plot when asked to; True when that was the whole job."""
-    if args.child:
-        child(args.child, args.data, json.loads(args.cfg))
+    if run_child_if_asked(args, child):
         return True
     if args.replot and plot is not None and image is not None:
         with open(results_json) as f:

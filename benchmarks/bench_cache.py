@@ -35,21 +35,18 @@ import time
 from typing import Any, Dict, List
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-for path in (HERE, REPO):
-    if path not in sys.path:
-        sys.path.insert(0, path)
-
-from _harness import (  # noqa: E402
+from _harness import (
+    HERE,
     MB,
+    REPO,
+    child_args,
     effective_cores,
     machine_line,
     markdown_table,
     replace_section,
     report,
     run_child,
+    run_child_if_asked,
     source_digest,
 )
 
@@ -134,14 +131,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=4, help="epochs per entry (update_every for the cached ones)")
     ap.add_argument("--rounds", type=int, default=2, help="BLAKE2b rounds per word in batch_encode (its cost)")
-    ap.add_argument("--write", action="store_true", help="write the results into benchmarks/README.md")
-    ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--cfg", help=argparse.SUPPRESS)
+    child_args(ap, timeout=900)
     args = ap.parse_args()
-    if args.child:
-        child(args.child, args.data, json.loads(args.cfg))
+    if run_child_if_asked(args, child):
         return
     files = args.files or (8 if args.quick else 20)
     rows = args.rows or (500 if args.quick else 1000)

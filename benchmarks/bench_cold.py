@@ -21,19 +21,24 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from typing import Any, Dict, Iterator, List
 
 import numpy as np
+from _harness import (
+    HERE,
+    MB,
+    child_args,
+    machine_line,
+    markdown_table,
+    own_memory,
+    replace_section,
+    report,
+    run_child,
+    run_child_if_asked,
+)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from _harness import MB, machine_line, markdown_table, own_memory, replace_section, report, run_child  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "bench_cold.json")
 LATENCY_S = 0.005
 LOADERS = ["plain", "torch2", "pyloader0", "pyloader0-off", "pyloader2", "pyloader2-off"]
@@ -211,14 +216,9 @@ def run_entry(workload: str, loader: str, folder: str, cold: bool, latency: bool
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--write", action="store_true", help="write the results into benchmarks/README.md")
-    ap.add_argument("--timeout", type=float, default=300)
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--cfg", help=argparse.SUPPRESS)
+    child_args(ap, timeout=300)
     args = ap.parse_args()
-    if args.child:
-        child(args.child, args.data, json.loads(args.cfg))
+    if run_child_if_asked(args, child):
         return
     root = tempfile.mkdtemp(prefix="pyloader-bench-cold-", dir=os.environ.get("BENCH_DIR"))
     try:

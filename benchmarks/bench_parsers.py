@@ -35,18 +35,12 @@ import gzip
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-for p in (HERE, REPO):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-import _harness as H  # noqa: E402
+import _harness as H
+from _harness import HERE, REPO
 
 RESULTS_JSON = os.path.join(HERE, "results", "bench_parsers.json")
 SIZES = {"full": dict(files=4, lines=100_000), "quick": dict(files=4, lines=5_000)}

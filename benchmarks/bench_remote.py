@@ -15,18 +15,13 @@ import os
 import select
 import shutil
 import socket
-import sys
 import tempfile
 import threading
 import time
 from typing import Any, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _harness import HERE, MB, machine_line, markdown_table, replace_section
 
-from _harness import MB, machine_line, markdown_table, replace_section  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "bench_remote.json")
 
 

@@ -53,13 +53,8 @@ import textwrap
 import time
 from typing import Any, Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-for p in (HERE, REPO):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-import _harness as H  # noqa: E402
+import _harness as H
+from _harness import HERE, REPO
 
 RESULTS_JSON = os.path.join(HERE, "results", "bench_stream.json")  # every figure of the last --write run
 

@@ -30,19 +30,13 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-for p in (HERE, REPO):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-import _harness as H  # noqa: E402
-import bench_loaders as BL  # noqa: E402
+import _harness as H
+import bench_loaders as BL
+from _harness import HERE, REPO
 
 RESULTS_JSON = os.path.join(HERE, "results", "bench_training.json")
 ENTRIES = ["load-only", "train-only", "serial", "torch-w0", "torch-w2", "pyloader-default", "pyloader-w0",

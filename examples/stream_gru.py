@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from typing import Optional
 
 import numpy as np
 import torch
@@ -66,7 +67,7 @@ def make_texts(folder: str, files: int = 12, seed: int = 0) -> None:
             f.write(text)
 
 
-def train(folder: str, rows: int, seq_len: int, epochs: int, hidden: int = 64) -> list:
+def train(folder: str, rows: int, seq_len: int, epochs: int, hidden: int = 64, max_steps: Optional[int] = None) -> list:
     torch.manual_seed(0)
     model = GRULanguageModel(hidden)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -88,6 +89,8 @@ def train(folder: str, rows: int, seq_len: int, epochs: int, hidden: int = 64) -
             losses.append(loss.item())
             if step % 50 == 0:
                 print(f"epoch {loader.epoch} step {step:4d}  loss {loss.item():.3f}")
+            if max_steps is not None and step + 1 >= max_steps:
+                break
     return losses
 
 
@@ -96,10 +99,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pyloader-gru-") as folder:
         make_texts(folder)
-        losses = train(folder, args.rows, args.seq_len, args.epochs)
+        losses = train(folder, args.rows, args.seq_len, args.epochs, max_steps=args.max_steps)
     print(f"loss {np.mean(losses[:10]):.3f} -> {np.mean(losses[-10:]):.3f} over {len(losses)} steps")
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections import abc
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -43,7 +43,8 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def check_resume(make_loader: Callable[[], DataLoader], positions: Optional[Iterable[int]] = None) -> int:
+def check_resume(make_loader: Callable[[], DataLoader],
+                 positions: Union[None, Iterable[int], Callable[[List[Optional[int]]], Iterable[int]]] = None) -> int:
     """Check that the loaders ``make_loader()`` builds resume exactly at every position.
 
     ``make_loader`` must build a new loader, with the same data and settings, on each
@@ -67,6 +68,11 @@ def check_resume(make_loader: Callable[[], DataLoader], positions: Optional[Iter
     values by ``==``; so is ``loader.epoch`` after each batch. Every loader built
     is closed. Keep the data small: the check runs about ``2 * (n + 1)`` resumed runs.
 
+    ``positions`` may also be a function: it gets ``loader.epoch`` after each batch of
+    the uninterrupted first iteration (a list of ``n``) and returns the positions, for
+    a long run to be checked at some of them (its epoch boundaries, say) without
+    running it first to count its batches.
+
     Returns ``n``, the batches of the uninterrupted first iteration. Raises
     ``AssertionError`` naming the position, how the state was loaded, and the first
     batch and key that differ.
@@ -78,6 +84,8 @@ def check_resume(make_loader: Callable[[], DataLoader], positions: Optional[Iter
         loader.close()
     _expect(bool(first), "the uninterrupted iteration yielded no batch: there is no position to resume at")
     n = len(first)
+    if callable(positions):
+        positions = positions([epoch for epoch, _ in first])
     chosen = list(range(n + 1) if positions is None else positions)
     outside = [k for k in chosen if not 0 <= k <= n]
     if outside:

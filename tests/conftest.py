@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import socket
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import psutil
 import pytest
@@ -60,6 +61,48 @@ class ListCollator(pl.DataCollator):
 
 def ids_of(batches) -> List[int]:
     return [i for b in batches for i in b["id"]]
+
+
+def take(loader: pl.DataLoader, it: Iterator[Dict[str, list]], k: int) -> List[Tuple[Optional[int], List[int]]]:
+    """The next ``k`` batches of ``it`` (an iteration of ``loader``): each as the epoch the loader
+    reports after it, and its ids."""
+    got = []
+    for _ in range(k):
+        ids = list(next(it)["id"])
+        got.append((loader.epoch, ids))
+    return got
+
+
+def take_steps(make: Callable[[int, int], pl.DataLoader], world_size: int, steps: int,
+               real: Callable[[Dict[str, Any]], List[int]],
+               state: Optional[Dict[str, Any]] = None) -> Tuple[List[int], Optional[Dict[str, Any]]]:
+    """Every rank of ``world_size`` (``make(rank, world_size)``, resumed from ``state``) takes ``steps``
+    steps of epoch 0: the samples they delivered (``real(batch)`` of each batch), and rank 0's state
+    after them (through JSON)."""
+    delivered: List[int] = []
+    saved = None
+    for rank in range(world_size):
+        loader = make(rank, world_size)
+        if state is not None:
+            loader.load_state_dict(state)
+        it = iter(loader)
+        for _ in range(steps):
+            delivered += real(next(it))
+        assert loader.epoch == 0
+        saved = saved or json.loads(json.dumps(loader.state_dict()))
+        it.close()
+    return delivered, saved
+
+
+def spread_positions(epochs: Sequence[Optional[int]]) -> List[int]:
+    """The positions of a run of ``n = len(epochs)`` batches (``epochs``: ``loader.epoch`` after each)
+    that a resume check keeps where checking all of them would repeat itself: the first two, the
+    last two, every epoch boundary and the batch after it, and the middle of each epoch. For
+    ``check_resume(make, positions=spread_positions)``."""
+    n = len(epochs)
+    starts = [0] + [k for k in range(1, n) if epochs[k] != epochs[k - 1]]
+    middles = [(a + b) // 2 for a, b in zip(starts, starts[1:] + [n])]
+    return sorted({p for p in [0, 1, n - 1, n, *starts, *(k + 1 for k in starts), *middles] if 0 <= p <= n})
 
 
 def our_threads() -> List[str]:

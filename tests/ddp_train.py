@@ -26,22 +26,12 @@ class IdLines(pl.DataReader):
             return sum(1 for line in f if line.strip())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--stream", action="store_true")
-    parser.add_argument("--even", default="pad")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--on-error", default="raise")
-    args = parser.parse_args()
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    loader = pl.DataLoader(IdLines(batch_size=3), pl.IdentityDataset(), TorchCollator(), args.data,
-                           num_epoch=args.epochs, shuffle=True, num_workers=args.workers, even_batches=args.even,
-                           stream=args.stream, seq_len=2 if args.stream else None, on_error=args.on_error)
+def train(data: str, out: str, workers: int = 0, stream: bool = False, even: str = "pad", epochs: int = 2,
+          on_error: str = "raise") -> None:
+    """One loader and one DDP model: writes this rank's steps and the sample ids it trained on to ``out``."""
+    loader = pl.DataLoader(IdLines(batch_size=3), pl.IdentityDataset(), TorchCollator(), data,
+                           num_epoch=epochs, shuffle=True, num_workers=workers, even_batches=even,
+                           stream=stream, seq_len=2 if stream else None, on_error=on_error)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     steps, seen = 0, []
@@ -52,16 +42,38 @@ def main() -> None:
         loss.backward()  # gradients are all-reduced: unequal step counts would hang here
         optimizer.step()
         steps += 1
-        if args.stream:
+        if stream:
             real = batch["__valid__"] & ~batch["__replay__"][:, None]
             seen.extend(batch["id"][real].tolist())
         else:
             seen.extend(batch["id"][~batch["__padding__"]].tolist() if "__padding__" in batch else batch["id"].tolist())
     dist.barrier()
-    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+    with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump({"rank": loader.sharding.rank, "world_size": loader.sharding.world_size, "steps": steps,
                    "seen": seen}, f)
     loader.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data")
+    parser.add_argument("--out")
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--even", default="pad")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--on-error", default="raise")
+    parser.add_argument("--runs", help="a JSON file: a list of train() keyword arguments, run one after the other "
+                                       "(one launch, as a program may train several models)")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    if args.runs:
+        with open(args.runs) as f:
+            for run in json.load(f):
+                train(**run)
+    else:
+        train(args.data, args.out, args.workers, args.stream, args.even, args.epochs, args.on_error)
     dist.destroy_process_group()
 
 

@@ -56,22 +56,25 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--ckpt-dir", default=None)
     parser.add_argument("--ckpt-every", type=int, default=0)
-    parser.add_argument("--resume", default=None)
+    parser.add_argument("--resume", nargs="+", default=[None],
+                        help="checkpoints: one fit from each, one after the other, writing <out>.<i>.rank<r>.json "
+                             "when there are several")
     args = parser.parse_args()
 
-    loader = pl.DataLoader(IdLines(batch_size=4), pl.IdentityDataset(), TorchCollator(), args.data,
-                           shuffle=True, num_workers=args.workers)
-    callbacks = []
-    if args.ckpt_every:
-        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
-            dirpath=args.ckpt_dir, filename="{step}", every_n_train_steps=args.ckpt_every, save_top_k=-1))
-    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=args.devices, strategy=args.strategy,
-                        logger=False, enable_checkpointing=bool(callbacks), callbacks=callbacks,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
-    model = Recorder()
-    model.out = args.out
-    trainer.fit(model, train_dataloaders=loader, ckpt_path=args.resume)
-    loader.close()
+    for i, resume in enumerate(args.resume):
+        loader = pl.DataLoader(IdLines(batch_size=4), pl.IdentityDataset(), TorchCollator(), args.data,
+                               shuffle=True, num_workers=args.workers)
+        callbacks = []
+        if args.ckpt_every:
+            callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
+                dirpath=args.ckpt_dir, filename="{step}", every_n_train_steps=args.ckpt_every, save_top_k=-1))
+        trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=args.devices, strategy=args.strategy,
+                            logger=False, enable_checkpointing=bool(callbacks), callbacks=callbacks,
+                            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+        model = Recorder()
+        model.out = args.out if len(args.resume) == 1 else f"{args.out}.{i}"
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=resume)
+        loader.close()
 
 
 if __name__ == "__main__":

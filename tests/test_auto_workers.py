@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 import pytest
@@ -132,35 +132,46 @@ class Keep(pl.DataCollator):
         return dict(features)
 
 if __name__ == "__main__":
-    loader = pl.DataLoader(PidReader(4), pl.IdentityDataset(), Keep(), sys.argv[1], shuffle=True{options})
-    out = []
-    for epoch in range(2):
-        batches = list(loader)
-        out.append({{"ids": sorted(i for b in batches for i in b["id"]),
-                     "pids": sorted({{p for b in batches for p in b["pid"]}})}})
-    state = loader.state_dict()
-    print(json.dumps({{"epochs": out, "main": os.getpid(), "placement": loader.stats["placement"]}}))
-    loader.close()
+    runs = []
+    for options in json.loads(sys.argv[2]):  # one loader after the other, as a program may make several
+        loader = pl.DataLoader(PidReader(4), pl.IdentityDataset(), Keep(), sys.argv[1], shuffle=True, **options)
+        out = []
+        for epoch in range(2):
+            batches = list(loader)
+            out.append({{"ids": sorted(i for b in batches for i in b["id"]),
+                         "pids": sorted({{p for b in batches for p in b["pid"]}})}})
+        runs.append({{"epochs": out, "main": os.getpid(), "placement": loader.stats["placement"]}})
+        loader.close()
+    print(json.dumps(runs))
 """
 
 
-def run_script(tmp_path: Path, imports: str = "", options: str = "", env: Dict[str, str] | None = None) -> dict:
-    data = tmp_path / "data"
+def run_script(folder: Path, imports: str = "", options: Sequence[Dict[str, Any]] = ({},),
+               env: Dict[str, str] | None = None) -> List[Dict[str, Any]]:
+    """A user's program in a fresh interpreter: a loader for each of ``options`` in turn, each iterated
+    twice; what each one saw."""
+    data = folder / "data"
     write_chunks(data, [7, 5, 9, 4, 6])
-    script = tmp_path / "user_script.py"
-    script.write_text(textwrap.dedent(SCRIPT.format(imports=imports, options=options)))
+    script = folder / "user_script.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(imports=imports)))
     environ = {k: v for k, v in os.environ.items() if k not in ("PYLOADER_NUM_WORKERS", "LOCAL_WORLD_SIZE")}
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     environ.update(env or {})
-    done = subprocess.run([sys.executable, str(script), str(data)], capture_output=True, text=True, timeout=180,
-                          env=environ)
+    done = subprocess.run([sys.executable, str(script), str(data), json.dumps(list(options))], capture_output=True,
+                          text=True, timeout=180, env=environ)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def default_script(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
+    """One program under the defaults: a loader, then one with persistent workers (one interpreter for both)."""
+    return run_script(tmp_path_factory.mktemp("default"), options=[{}, {"persistent_workers": True}])
+
+
 @pytest.mark.timeout(240)
-def test_a_user_script_with_python_code_runs_it_in_worker_processes(tmp_path: Path) -> None:
-    got = run_script(tmp_path)
+def test_a_user_script_with_python_code_runs_it_in_worker_processes(default_script: List[Dict[str, Any]]) -> None:
+    got = default_script[0]
     expected = 0 if cpu_share() < 2 else min(cpu_share(), MAX_WORKERS)
     assert got["placement"]["num_workers"] == expected
     for epoch in got["epochs"]:
@@ -172,8 +183,9 @@ def test_a_user_script_with_python_code_runs_it_in_worker_processes(tmp_path: Pa
 
 
 @pytest.mark.timeout(240)
-def test_persistent_workers_follow_the_default(tmp_path: Path) -> None:
-    got = run_script(tmp_path, options=", persistent_workers=True")
+def test_persistent_workers_follow_the_default(default_script: List[Dict[str, Any]]) -> None:
+    got = default_script[1]
+    assert got["placement"] == default_script[0]["placement"]
     assert all(epoch["ids"] == list(range(31)) for epoch in got["epochs"])
     if got["placement"]["num_workers"]:  # the same processes serve both epochs
         assert got["epochs"][0]["pids"] == got["epochs"][1]["pids"]
@@ -181,14 +193,14 @@ def test_persistent_workers_follow_the_default(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_a_user_script_that_imported_tensorflow_keeps_its_code_in_this_process(tmp_path: Path) -> None:
-    got = run_script(tmp_path, imports="import tensorflow")
+    [got] = run_script(tmp_path, imports="import tensorflow")
     assert got["placement"]["num_workers"] == 0 and "fork" in got["placement"]["why"]
     assert all(epoch["pids"] == [got["main"]] and epoch["ids"] == list(range(31)) for epoch in got["epochs"])
 
 
 @pytest.mark.timeout(240)
 def test_the_environment_variable_keeps_a_script_in_its_process(tmp_path: Path) -> None:
-    got = run_script(tmp_path, env={"PYLOADER_NUM_WORKERS": "0"})
+    [got] = run_script(tmp_path, env={"PYLOADER_NUM_WORKERS": "0"})
     assert got["placement"] == {"num_workers": 0, "why": "PYLOADER_NUM_WORKERS=0"}
     assert all(epoch["pids"] == [got["main"]] for epoch in got["epochs"])
 

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
-from conftest import wait_no_threads, write_chunks
+from conftest import spread_positions, wait_no_threads, write_chunks
 
 import pyloader as pl
 from pyloader._storage.codec import NotCacheable
@@ -445,7 +445,10 @@ def test_resume_in_a_cached_epoch_is_exact(tmp_path, workers):
 
     full = run_from(fresh())
     assert len(full) == 60
-    positions = range(len(full)) if not workers else [3, 12, 17, 30, 55]
+    # without workers: every position of epoch 1 (the first read from the cache), and the spread of the
+    # rest (epoch boundaries, writing and reading epochs); with workers (a pool per run), a few across it
+    epochs = [epoch for epoch, _ in full]
+    positions = sorted({*range(12, 25), *spread_positions(epochs)} - {60}) if not workers else [3, 12, 17, 30, 55]
     for k in positions:
         first = fresh()
         it = iter(first)

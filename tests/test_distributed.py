@@ -7,11 +7,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import numpy as np
 import pytest
-from conftest import IdReader, ListCollator, write_chunks
+from conftest import IdReader, ListCollator, take_steps, write_chunks
 
 import pyloader as pl
 from pyloader.collators import NumpyCollator
@@ -151,57 +151,78 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(data: Path, out: Path, *extra: str) -> list:
-    out.mkdir()
+def torchrun(folder: Path, runs: List[Dict[str, Any]]) -> None:
+    """One torchrun launch of 2 ranks running ``tests/ddp_train.py``'s ``train(**run)`` for each of ``runs``."""
+    spec = folder / "runs.json"
+    spec.write_text(json.dumps(runs))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(ROOT / "tests" / "ddp_train.py"),
-           "--data", str(data), "--out", str(out), *extra]
-    scratch = out.parent / "scratch"  # torchrun's own temporary folders (torchelastic_*) go here, not /tmp
+           "--runs", str(spec)]
+    scratch = folder / "scratch"  # torchrun's own temporary folders (torchelastic_*) go here, not /tmp
     scratch.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
-@pytest.mark.parametrize("sizes,extra", [
-    ([5, 11, 2], ()),                          # 3 files over 2 ranks
-    ([17], ()),                                # a single file
-    ([1, 40, 3, 0, 2], ("--workers", "2")),    # very different sizes, 2 workers per rank
-    ([13, 4, 9, 1], ("--stream",)),            # stream mode
-])
-def test_torchrun_ddp_equal_steps(tmp_path, sizes, extra):
-    if "--stream" in extra:
+EQUAL_STEPS = {  # name: file sizes, train() arguments
+    "three_files": ([5, 11, 2], {}),
+    "a_single_file": ([17], {}),
+    "very_different_sizes_two_workers": ([1, 40, 3, 0, 2], {"workers": 2}),
+    "stream_mode": ([13, 4, 9, 1], {"stream": True}),
+}
+BAD_FILE = {"files": {}, "stream_mode": {"stream": True}}  # name: train() arguments
+BAD_SIZES = [5, 11, 2, 8]
+
+
+def write_ids(folder: Path, sizes: List[int], stream: bool) -> List[int]:
+    """Files of ``sizes`` samples: the ids of each sample, twice (two epochs)."""
+    if stream:
         from test_stream import write_streams
 
-        write_streams(tmp_path / "data", sizes)
-        expected = sorted(f * 1000 + p for f, n in enumerate(sizes) for p in range(n)) * 2
-    else:
-        write_chunks(tmp_path / "data", sizes)
-        expected = list(range(sum(sizes))) * 2
-    ranks = torchrun(tmp_path / "data", tmp_path / "out", *extra)
+        write_streams(folder, sizes)
+        return sorted(f * 1000 + p for f, n in enumerate(sizes) for p in range(n)) * 2
+    write_chunks(folder, sizes)
+    return list(range(sum(sizes))) * 2
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, tuple]:
+    """Every torchrun case of this file in one launch (each a loader and a model of its own, one after the
+    other): name -> (the ids expected, each rank's result). Each launch spends most of its time starting."""
+    folder = tmp_path_factory.mktemp("ddp")
+    runs, expected = [], {}
+    for name, (sizes, kwargs) in EQUAL_STEPS.items():
+        expected[name] = write_ids(folder / name, sizes, kwargs.get("stream", False))
+        runs.append({"data": str(folder / name), "out": str(folder / f"{name}.out"), **kwargs})
+    for name, kwargs in BAD_FILE.items():
+        stream = kwargs.get("stream", False)
+        data = folder / f"bad_{name}"
+        ids = write_ids(data, BAD_SIZES, stream)
+        expected[f"bad_{name}"] = [i for i in ids if not (i // 1000 == 1 if stream else 5 <= i < 16)]
+        bad = data / ("s001.txt" if stream else "part-0001.txt")
+        bad.write_text(bad.read_text().replace("\n", "\nnot a number\n", 1))  # counted as a sample; fails to parse
+        runs.append({"data": str(data), "out": str(folder / f"bad_{name}.out"), "on_error": "skip", **kwargs})
+    for run in runs:
+        os.mkdir(run["out"])
+    torchrun(folder, runs)
+    return {name: (expected[name], [json.loads((Path(run["out"]) / f"rank{r}.json").read_text()) for r in range(2)])
+            for name, run in zip(expected, runs)}
+
+
+@pytest.mark.parametrize("case", list(EQUAL_STEPS))
+def test_torchrun_ddp_equal_steps(ddp_runs, case):
+    expected, ranks = ddp_runs[case]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 for r in ranks)
     assert ranks[0]["steps"] == ranks[1]["steps"] > 0
     assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == sorted(expected)
 
 
-@pytest.mark.parametrize("extra", [(), ("--stream",)])
-def test_torchrun_ddp_keeps_equal_steps_after_a_skipped_bad_file(tmp_path, extra):
+@pytest.mark.parametrize("case", list(BAD_FILE))
+def test_torchrun_ddp_keeps_equal_steps_after_a_skipped_bad_file(ddp_runs, case):
     """A file that fails to parse is skipped on the rank that reads it; that rank pads, so the
     all-reduce of every step finds the other rank there (unequal steps would hang it)."""
-    sizes = [5, 11, 2, 8]
-    if "--stream" in extra:
-        from test_stream import write_streams
-
-        write_streams(tmp_path / "data", sizes)
-        expected = [f * 1000 + p for f, n in enumerate(sizes) for p in range(n) if f != 1] * 2
-        bad = tmp_path / "data" / "s001.txt"
-    else:
-        write_chunks(tmp_path / "data", sizes)
-        expected = [i for i in range(sum(sizes)) if not 5 <= i < 16] * 2
-        bad = tmp_path / "data" / "part-0001.txt"
-    bad.write_text(bad.read_text().replace("\n", "\nnot a number\n", 1))  # counted as a sample; fails to parse
-    ranks = torchrun(tmp_path / "data", tmp_path / "out", "--on-error", "skip", *extra)
+    expected, ranks = ddp_runs[f"bad_{case}"]
     assert ranks[0]["steps"] == ranks[1]["steps"] > 0
     assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == sorted(expected)
 
@@ -505,15 +526,7 @@ def test_a_state_resumes_exactly_under_another_world_size(tmp_path, old, new, wh
 
     per_epoch = len(make(0, old)) // 2
     k = max(1, int(where * per_epoch))
-    delivered, state = [], None
-    for rank in range(old):  # every old rank took k batches of epoch 0
-        loader = make(rank, old)
-        it = iter(loader)
-        for _ in range(k):
-            delivered.extend(_real(next(it)))
-        assert loader.epoch == 0
-        state = json.loads(json.dumps(loader.state_dict())) if state is None else state
-        it.close()
+    delivered, state = take_steps(make, old, k, _real)  # every old rank took k batches of epoch 0
 
     rest, steps = [], []
     for rank in range(new):  # one rank's state resumes every new rank
@@ -553,19 +566,9 @@ def test_an_elastic_resume_can_be_resumed_again_under_a_third_world_size(tmp_pat
         return pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path / "data"),
                              shuffle=True, rank=rank, world_size=world_size, num_workers=num_workers)
 
-    delivered, state = [], None
-    for world_size, k in ((2, 3), (3, 2)):  # 2 ranks take 3 batches each, then 3 ranks take 2 each
-        saved = None
-        for rank in range(world_size):
-            loader = make(rank, world_size)
-            if state is not None:
-                loader.load_state_dict(state)
-            it = iter(loader)
-            for _ in range(k):
-                delivered.extend(_real(next(it)))
-            saved = saved or json.loads(json.dumps(loader.state_dict()))
-            it.close()
-        state = saved
+    delivered, state = take_steps(make, 2, 3, _real)  # 2 ranks take 3 batches each, then 3 ranks take 2 each
+    more, state = take_steps(make, 3, 2, _real, state)
+    delivered += more
     last = make(0, 1)
     last.load_state_dict(state)
     rest = [i for b in last for i in _real(b)]

@@ -103,14 +103,17 @@ def test_an_exit_request_from_batch_encode_arrives_as_itself_and_leaves_no_pendi
     write_chunks(tmp_path, [4] * 6)
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, logger="asyncio"):
         warnings.simplefilter("always")
-        for _ in range(20):
+        for run in range(20):
             loader = pl.DataLoader(IdReader(4), ExitingDataset(exc_type), ListCollator(), str(tmp_path))
             with pytest.raises(exc_type) as info:
                 list(loader)
             if exc_type is SystemExit:
                 assert info.value.code == 3
             del loader, info
-            assert pending_tasks_of_ours() == []
+            # a scan of every object costs about a second in a full test session: after the first run, and
+            # after the last (a task left pending by any run is still there; one destroyed pending, logged)
+            if run in (0, 19):
+                assert pending_tasks_of_ours() == []
     assert [r.getMessage() for r in caplog.records] == []  # e.g. "Task was destroyed but it is pending!"
     # only warnings about this test's runs count: scanning every object can make other libraries warn,
     # and collect what earlier tests left to the garbage collector

@@ -3,8 +3,11 @@
 Each case builds a loader over a few small files; ``check_resume`` records the
 uninterrupted run (two iterations), then stops at every batch, saves the state
 through JSON, and checks that a new loader and the same loader continue with
-exactly the batches that followed. The last tests check that the check itself
-finds what it is for.
+exactly the batches that followed. A mode of each kind is checked at every
+position; the others, whose every position would repeat those, at the first and
+last two, each epoch boundary and the batch after it, and a spread inside each
+epoch (``spread_positions``). The last tests check that the check itself finds
+what it is for.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import IdReader, ListCollator, wait_no_children, wait_no_threads, write_chunks
+from conftest import IdReader, ListCollator, spread_positions, wait_no_children, wait_no_threads, write_chunks
 from test_stream import PieceReader, write_streams
 
 import pyloader as pl
@@ -279,10 +282,22 @@ CASES: Dict[str, Callable[[Path], Make]] = {
 }
 
 
+# modes checked at every position: one of each kind (files, shuffling, epochs, ranks, workers, stream
+# windows and padding, filters, buckets, sources, skipped errors); the others at ``spread_positions``
+EVERY_POSITION = {
+    "a_plain_run", "a_shuffle_buffer_mixing_files", "two_epochs_per_iteration", "two_worker_processes",
+    "rank_2_of_3_dropping_to_equal_steps", "stream_mode_windows_padded_with_the_edge",
+    "stream_mode_replaying_data_as_padding", "a_filter_dropping_odd_ids", "bucketing_by_length",
+    "a_curriculum_that_drops_and_repeats_files", "weighted_sources_until_the_first_is_exhausted",
+    "a_bad_file_skipped", "a_batch_that_fails_to_encode_skipped", "a_bad_file_skipped_in_stream_mode",
+    "the_last_partial_batch_dropped_under_ranks",
+}
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_run_resumes_exactly_at_every_position(tmp_path, case):
     make = CASES[case](tmp_path / "data")
-    n = check_resume(make)
+    n = check_resume(make, None if case in EVERY_POSITION else spread_positions)
     assert n >= 3, "too few batches for the positions to mean anything"
     assert wait_no_threads() == []
     assert wait_no_children() == []
@@ -408,3 +423,20 @@ def test_positions_outside_the_run_are_refused(tmp_path):
     make = ids_loader(tmp_path / "data")
     with pytest.raises(ValueError, match=r"positions \[7, -1\] are outside the uninterrupted iteration's 0..6"):
         check_resume(make, positions=[0, 7, -1])
+
+
+def test_positions_may_be_a_function_of_the_epochs_of_the_run(tmp_path):
+    make = ids_loader(tmp_path / "data", num_epoch=2)
+    seen: List[List[Any]] = []
+
+    def pick(epochs: List[Any]) -> List[int]:
+        seen.append(list(epochs))
+        return [0, len(epochs)]
+
+    assert check_resume(make, pick) == 12
+    assert seen == [[0] * 6 + [1] * 6]  # loader.epoch after each batch of the uninterrupted first iteration
+    assert spread_positions(seen[0]) == [0, 1, 3, 6, 7, 9, 11, 12]
+    write_chunks(tmp_path / "late", SIZES)
+    with pytest.raises(AssertionError, match="position 3 of 6"):  # a spread position fails as any other
+        check_resume(lambda: OffByOne(IdReader(4), pl.IdentityDataset(), NumpyCollator(), str(tmp_path / "late")),
+                     spread_positions)

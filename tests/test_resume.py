@@ -8,7 +8,7 @@ import time
 from typing import Any, Dict, List, Tuple
 
 import pytest
-from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
+from conftest import IdReader, ListCollator, ids_of, take, wait_no_threads, write_chunks
 
 import pyloader as pl
 
@@ -60,21 +60,21 @@ def _position(name: str, per_epoch: List[int]) -> int:
             "before_end": total - 1, "end": total}[name]
 
 
-def _take(loader, it, k: int) -> List[Tuple[int, List[int]]]:
-    """The next ``k`` batches of ``it`` (an iteration of ``loader``), with the epoch the loader reports."""
-    got = []
-    for _ in range(k):
-        ids = list(next(it)["id"])
-        got.append((loader.epoch, ids))
-    return got
-
-
 def _consume(loader, k: int) -> Tuple[List[Tuple[int, List[int]]], Dict[str, Any]]:
     """Take ``k`` batches from a fresh iteration, then the state (through JSON), then close."""
-    got = _take(loader, iter(loader), k)
+    got = take(loader, iter(loader), k)
     state = json.loads(json.dumps(loader.state_dict()))
     loader.close()
     return got, state
+
+
+def _resumed(data, setting: str, k: int) -> Tuple[List[Tuple[int, List[int]]], Dict[str, Any], pl.DataLoader]:
+    """A loader of ``setting`` stopped after ``k`` batches: those, its state, and a new loader it was loaded into."""
+    loader_kwargs, reader_kwargs = SETTINGS[setting]
+    head, state = _consume(_loader(data, loader_kwargs, reader_kwargs), k)
+    resumed = _loader(data, loader_kwargs, reader_kwargs)
+    resumed.load_state_dict(state)
+    return head, state, resumed
 
 
 @pytest.fixture
@@ -144,10 +144,8 @@ def test_resume_twice_in_a_row(data):
     """Resume, consume some more, checkpoint again, resume again: still the uninterrupted run."""
     loader_kwargs, reader_kwargs = SETTINGS["three_epochs"]
     full = _run(_loader(data, loader_kwargs, reader_kwargs))
-    head, state = _consume(_loader(data, loader_kwargs, reader_kwargs), 3)
-    second = _loader(data, loader_kwargs, reader_kwargs)
-    second.load_state_dict(state)
-    middle = _take(second, iter(second), len(full) // 2)
+    head, _, second = _resumed(data, "three_epochs", 3)
+    middle = take(second, iter(second), len(full) // 2)
     state2 = json.loads(json.dumps(second.state_dict()))
     second.close()
     third = _loader(data, loader_kwargs, reader_kwargs)
@@ -156,10 +154,7 @@ def test_resume_twice_in_a_row(data):
 
 
 def test_state_after_load_and_before_iterating_is_the_loaded_one(data):
-    loader_kwargs, reader_kwargs = SETTINGS["shuffle"]
-    _, state = _consume(_loader(data, loader_kwargs, reader_kwargs), 10)
-    other = _loader(data, loader_kwargs, reader_kwargs)
-    other.load_state_dict(state)
+    _, state, other = _resumed(data, "shuffle", 10)
     assert json.loads(json.dumps(other.state_dict())) == state
 
 
@@ -179,7 +174,7 @@ def test_state_counts_consumed_batches_not_read_ahead(tmp_path, shuffled):
     k = 5
     loader = _loader(tmp_path / "data", loader_kwargs, reader_kwargs, batch_size=3)
     it = iter(loader)
-    head = _take(loader, it, k)
+    head = take(loader, it, k)
     deadline = time.monotonic() + 10
     while loader.stats["samples_read"] < 600 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -200,11 +195,8 @@ def _iterations(data, setting: str, n: int) -> List[List[Tuple[int, List[int]]]]
 
 
 def test_after_a_resumed_iteration_the_next_ones_go_on_with_the_next_epochs(data):
-    loader_kwargs, reader_kwargs = SETTINGS["all_three"]
     full, second, third = _iterations(data, "all_three", 3)
-    _, state = _consume(_loader(data, loader_kwargs, reader_kwargs), 11)
-    loader = _loader(data, loader_kwargs, reader_kwargs)
-    loader.load_state_dict(state)
+    _, _, loader = _resumed(data, "all_three", 11)
     assert _run(loader) == full[11:]
     assert _run(loader) == second
     assert _run(loader) == third
@@ -213,9 +205,7 @@ def test_after_a_resumed_iteration_the_next_ones_go_on_with_the_next_epochs(data
 def test_break_in_a_resumed_iteration_then_iterate_again_starts_the_next_epoch(data):
     loader_kwargs, reader_kwargs = SETTINGS["shuffle_buffer"]
     full = _run(_loader(data, loader_kwargs, reader_kwargs))
-    _, state = _consume(_loader(data, loader_kwargs, reader_kwargs), 4)
-    loader = _loader(data, loader_kwargs, reader_kwargs)
-    loader.load_state_dict(state)
+    _, _, loader = _resumed(data, "shuffle_buffer", 4)
     for batch in loader:
         assert list(batch["id"]) == full[4][1]
         break
@@ -337,9 +327,7 @@ def test_garbage_state_is_a_value_error(data, name):
 def test_a_garbage_state_does_not_undo_a_good_one(data):
     loader_kwargs, reader_kwargs = SETTINGS["shuffle"]
     full = _run(_loader(data, loader_kwargs, reader_kwargs))
-    _, state = _consume(_loader(data, loader_kwargs, reader_kwargs), 5)
-    loader = _loader(data, loader_kwargs, reader_kwargs)
-    loader.load_state_dict(state)
+    _, _, loader = _resumed(data, "shuffle", 5)
     with pytest.raises(ValueError):
         loader.load_state_dict({"format": "nope"})
     assert _run(loader) == full[5:]

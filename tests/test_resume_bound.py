@@ -8,7 +8,7 @@ import os
 from typing import Any, Dict, List, Set, Tuple
 
 import pytest
-from conftest import IdReader, ListCollator, wait_no_threads, write_chunks
+from conftest import IdReader, ListCollator, take, wait_no_threads, write_chunks
 
 import pyloader as pl
 
@@ -102,30 +102,22 @@ def _make(folder, log, **kwargs) -> pl.DataLoader:
                          LoggedCollator(log), str(folder), prefetch_files=PREFETCH, **kwargs)
 
 
-def _take(loader, it, k: int) -> List[Tuple[int, List[int]]]:
-    got = []
-    for _ in range(k):
-        ids = list(next(it)["id"])
-        got.append((loader.epoch, ids))
-    return got
-
-
 def _resume(tmp_path, kwargs: Dict[str, Any], where: float) -> Tuple[List, List, List, Set[str], pl.DataLoader]:
     """The uninterrupted run, the batches before and after a state taken at ``where`` of it, the
     files the resumed iteration read before its first batch, and the resumed loader."""
     full_loader = _make(tmp_path / "data", tmp_path / "full.log", **kwargs)
-    full = _take(full_loader, iter(full_loader), len(full_loader))
+    full = take(full_loader, iter(full_loader), len(full_loader))
     k = max(1, int(where * len(full)))
     loader = _make(tmp_path / "data", tmp_path / "first.log", **kwargs)
     it = iter(loader)
-    head = _take(loader, it, k)
+    head = take(loader, it, k)
     state = json.loads(json.dumps(loader.state_dict()))
     it.close()
 
     resumed = _make(tmp_path / "data", tmp_path / "resumed.log", **kwargs)
     resumed.load_state_dict(state)
     it = iter(resumed)
-    tail = _take(resumed, it, 1)
+    tail = take(resumed, it, 1)
     tail += [(resumed.epoch, list(batch["id"])) for batch in it]
     before_first = set(_read_before_first_batch(tmp_path / "resumed.log"))
     return full, head, tail, before_first, resumed
@@ -173,10 +165,10 @@ def test_a_run_with_buffers_resumes_exactly_at_every_position_without_replaying_
                              str(tmp_path / "data"), **kwargs)
 
     full_loader = make()
-    full = _take(full_loader, iter(full_loader), len(full_loader))
+    full = take(full_loader, iter(full_loader), len(full_loader))
     for k in range(1, len(full)):
         loader = make()
-        head = _take(loader, iter(loader), k)
+        head = take(loader, iter(loader), k)
         state = json.loads(json.dumps(loader.state_dict()))
         loader.close()
         resumed = make()

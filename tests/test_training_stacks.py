@@ -65,9 +65,11 @@ def test_a_lightning_checkpoint_taken_mid_epoch_resumes_with_exactly_the_next_ba
     [full] = lightning_run(tmp_path, "full", "--epochs", "2", "--ckpt-every", "3", "--ckpt-dir", str(tmp_path / "ckpt"))
     steps = [s["ids"] for s in full["seen"]]
     assert len(steps) == 20
-    for k in (3, 12):  # inside the first epoch, and inside the second
-        [resumed] = lightning_run(tmp_path, f"resumed{k}", "--epochs", "2", "--resume",
-                                  str(tmp_path / "ckpt" / f"step={k}.ckpt"))
+    at = (3, 12)  # inside the first epoch, and inside the second: both fits in one process, one after the other
+    lightning_run(tmp_path, "resumed", "--epochs", "2", "--resume", *(str(tmp_path / "ckpt" / f"step={k}.ckpt")
+                                                                      for k in at), ranks=0)
+    for i, k in enumerate(at):
+        resumed = json.loads((tmp_path / f"resumed.{i}.rank0.json").read_text())
         assert [s["ids"] for s in resumed["seen"]] == steps[k:], f"resumed at step {k}"
 
 
