@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 
 import numpy as np
 
+from .._npy import HEADER_PARSE
 from .codec import pack, unpack
 from .files import is_url
 
@@ -309,5 +310,6 @@ def load(ref: CachedRef) -> Dict[str, Any]:
     if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
         raise ValueError(f"the cached batch {ref.path!r} was changed or damaged since it was written "
                          f"(size or SHA-256 differs)")
-    with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-        return unpack({name: arrays[name] for name in arrays.files})
+    with HEADER_PARSE, np.load(io.BytesIO(data), allow_pickle=False) as arrays:  # each member's header
+        columns = {name: arrays[name] for name in arrays.files}
+    return unpack(columns)

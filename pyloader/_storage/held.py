@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Protocol
 import numpy as np
 
 from .._columns import Provenance, Traced, concat, interleave, n_rows, slice_rows, take
+from .._npy import HEADER_PARSE
 from . import codec as _codec
 
 PROVENANCE = "provenance-"  # the files of the samples' provenance, beside the codec's (whose names are plain words)
@@ -173,7 +174,8 @@ class OnDisk(InMemory):
                     shutil.rmtree(str(self.root), ignore_errors=True)
         if closed:
             return window
-        loaded = {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in paths.items()}
+        with HEADER_PARSE:
+            loaded = {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in paths.items()}
         provenance = {k[len(PROVENANCE):]: loaded.pop(k) for k in list(loaded) if k.startswith(PROVENANCE)}
         return _OnDiskWindow(folder, window.n, loaded, Provenance(**provenance))
 

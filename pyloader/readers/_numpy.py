@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 import zipfile
 import zlib
 from typing import IO, Any, Dict, Iterator, Optional, Tuple, cast
@@ -13,6 +12,7 @@ from numpy.lib import format as npformat
 
 from .._abc import DataReader
 from .._columns import Columns
+from .._npy import HEADER_PARSE
 from .._storage.compression import DecompressionError, codec_for
 from .._storage.files import _local, is_url, open_file
 from ._base import FileFormatError, check_piece_size, file_error
@@ -20,11 +20,6 @@ from ._base import FileFormatError, check_piece_size, file_error
 __all__ = ["NumpyReader"]
 
 _UNREADABLE = (ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError)
-# NumPy parses a .npy header with ast.literal_eval, and CPython 3.11 builds AST objects in
-# state all threads share: a parse in one thread can make one running in another fail with
-# "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905). The
-# reader's threads parse headers one at a time.
-_HEADER_PARSE = threading.Lock()
 
 
 class NumpyReader(DataReader):
@@ -107,7 +102,7 @@ class NumpyReader(DataReader):
         if self.mmap and not is_url(path):
             _header(f, size)  # the streamed path's checks and messages; NumPy's differ
             f.close()
-            with _HEADER_PARSE:
+            with HEADER_PARSE:
                 mapped = npformat.open_memmap(_local(path), mode="c")
             return {self.key: _Rows(mapped)}
         return {self.key: _Rows.from_stream(f, size)}
@@ -140,7 +135,7 @@ class _Rows:
             raise ValueError("a .npy format version NumPy alone reads (3.0) cannot be read from a "
                              "compressed file")
         fp.seek(start)  # a newer format: let NumPy read it whole
-        with _HEADER_PARSE:
+        with HEADER_PARSE:
             return cls(whole=npformat.read_array(fp, allow_pickle=False))
 
     def read(self, k: int) -> np.ndarray:
@@ -168,7 +163,7 @@ def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...
     if version not in ((1, 0), (2, 0)):
         return None
     read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
-    with _HEADER_PARSE:  # reads the header's few bytes, then parses them
+    with HEADER_PARSE:  # reads the header's few bytes, then parses them
         shape, fortran_order, dtype = read_header(fp)
     if not all(type(d) is int and d >= 0 for d in shape):
         raise ValueError(f"invalid header: shape {shape!r} is not a tuple of integers >= 0")
