@@ -23,7 +23,7 @@ class IdLines(pl.DataReader):
     def read_file(self, path):
         with pl.open_file(path, "rt") as f:
             self.rows = [int(line) for line in f if line.strip()]
-        return {"id": list(self.rows)}, len(self.rows)
+        return {"id": list(self.rows), "pid": [os.getpid()] * len(self.rows)}, len(self.rows)
 
 
 class Recorder(L.LightningModule):
@@ -35,7 +35,8 @@ class Recorder(L.LightningModule):
     def training_step(self, batch, batch_idx):
         ids = batch["id"].tolist()
         padding = batch["__padding__"].tolist() if "__padding__" in batch else [False] * len(ids)
-        self.seen.append({"epoch": self.current_epoch, "step": self.global_step, "ids": ids, "padding": padding})
+        self.seen.append({"epoch": self.current_epoch, "step": self.global_step, "ids": ids, "padding": padding,
+                          "read_by": sorted(set(batch["pid"].tolist()))})
         return self.layer(batch["id"].float().unsqueeze(1)).sum()
 
     def configure_optimizers(self):
@@ -43,7 +44,8 @@ class Recorder(L.LightningModule):
 
     def on_train_end(self) -> None:
         with open(f"{self.out}.rank{self.global_rank}.json", "w") as f:
-            json.dump({"seen": self.seen, "num_training_batches": self.trainer.num_training_batches}, f)
+            json.dump({"seen": self.seen, "num_training_batches": self.trainer.num_training_batches,
+                       "pid": os.getpid()}, f)
 
 
 def main() -> None:
@@ -53,7 +55,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--workers", default="0", help='a number, or "auto" (the default of DataLoader)')
     parser.add_argument("--ckpt-dir", default=None)
     parser.add_argument("--ckpt-every", type=int, default=0)
     parser.add_argument("--resume", nargs="+", default=[None],
@@ -63,7 +65,7 @@ def main() -> None:
 
     for i, resume in enumerate(args.resume):
         loader = pl.DataLoader(IdLines(batch_size=4), pl.IdentityDataset(), TorchCollator(), args.data,
-                               shuffle=True, num_workers=args.workers)
+                               shuffle=True, num_workers=args.workers if args.workers == "auto" else int(args.workers))
         callbacks = []
         if args.ckpt_every:
             callbacks.append(L.pytorch.callbacks.ModelCheckpoint(

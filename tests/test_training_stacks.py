@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 from conftest import write_chunks
@@ -20,11 +20,12 @@ SCRIPT = ROOT / "tests" / "lightning_train.py"
 SIZES = [7, 5, 9, 4, 6, 8]  # 39 samples
 
 
-def lightning_run(tmp_path: Path, name: str, *args: str, ranks: int = 1) -> List[Dict[str, Any]]:
+def lightning_run(tmp_path: Path, name: str, *args: str, ranks: int = 1,
+                  dropped: Tuple[str, ...] = ()) -> List[Dict[str, Any]]:
     pytest.importorskip("lightning")
     out = tmp_path / name
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", *dropped):
         env.pop(key, None)
     env["MASTER_ADDR"] = "127.0.0.1"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--data", str(tmp_path / "data"), "--out", str(out), *args],
@@ -48,6 +49,20 @@ def test_lightning_fit_trains_every_epoch_in_full_and_reshuffled(tmp_path):
     assert all(sorted(ids) == list(range(39)) for ids in epochs.values())
     assert len({tuple(ids) for ids in epochs.values()}) == 3
     assert run["num_training_batches"] == 10  # len(loader), not inf
+
+
+def test_lightning_fit_with_default_settings_reads_in_worker_processes_every_epoch_in_full(tmp_path):
+    # the suite's PYLOADER_NUM_WORKERS=0 is dropped: the user's default, num_workers="auto", decides
+    write_chunks(tmp_path / "data", SIZES)
+    [run] = lightning_run(tmp_path, "auto", "--epochs", "2", "--workers", "auto", dropped=("PYLOADER_NUM_WORKERS",))
+    epochs = by_epoch(run["seen"])
+    assert all(sorted(ids) == list(range(39)) for ids in epochs.values()) and sorted(epochs) == [0, 1]
+    assert epochs[0] != epochs[1]
+    readers = {pid for step in run["seen"] for pid in step["read_by"]}
+    if len(os.sched_getaffinity(0)) >= 2:  # one worker per CPU (at most 4)
+        assert run["pid"] not in readers and len(readers) >= 2, (run["pid"], readers)
+    else:  # below 2 CPUs the default keeps user code in threads
+        assert readers == {run["pid"]}
 
 
 def test_lightning_ddp_with_the_loader_built_before_fit_splits_each_epoch_evenly(tmp_path):
