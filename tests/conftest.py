@@ -16,9 +16,6 @@ import pytest
 
 import pyloader as pl
 
-# The suite was written for user code run in this process (its tests observe state kept on self and
-# in closures); where the default puts user code is tested in test_auto_workers.py, which clears this.
-os.environ.setdefault("PYLOADER_NUM_WORKERS", "0")
 
 
 def write_chunks(folder: Path, sizes: Sequence[int], prefix: str = "part") -> List[str]:

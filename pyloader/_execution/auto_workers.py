@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from .._abc import releases_gil
-from .pool import default_start_method
+from . import forking
 
 AUTO = "auto"
 ENV = "PYLOADER_NUM_WORKERS"
@@ -102,7 +102,7 @@ def place(num_workers: Any, objects: Iterable[Any], start_method: Optional[str])
     share = cpu_share()
     if share < 2:
         return Placement(0, f"{share} CPU for this process")
-    if start_method is None and default_start_method() != "fork":
+    if start_method is None and forking.start_method() != "fork":
         return Placement(0, "workers would not start by fork (TensorFlow is imported, or no fork here); "
                             "pass start_method to use them anyway")
     python = next(type(obj).__name__ for obj in objects if not releases_gil(obj))

@@ -342,6 +342,7 @@ class PoolRunner:
                      demand: asyncio.Event) -> Pieces:
         """The file's pieces, read in a worker from the bytes read ahead here (a file larger than
         the read-ahead budget: read by the worker itself)."""
+        self.pool.check(f"reading {task.path!r}")
         served = await self.readahead.fetch(task.path, demand, streams=False)
         worker = self._reader_for_next_file()
         gid = self.pool.new_id()
@@ -418,6 +419,7 @@ class PoolRunner:
     async def run(self, datas: Sequence[BatchData]) -> Union[List[Outcome], StackedOutputs]:
         """Consecutive batches kept in one worker go in one request, sent at once; a batch
         whose rows must be gathered first (a file boundary) does not hold them up."""
+        self.pool.check(_doing([(None, d.paths) for d in datas if isinstance(d, Segments)]))
         done = run_stacked(self.here.steps, datas, self.busy)
         if done is not None:
             return done
