@@ -17,7 +17,6 @@ import pytest
 import pyloader as pl
 
 
-
 def write_chunks(folder: Path, sizes: Sequence[int], prefix: str = "part") -> List[str]:
     """One text file per size; sample ids run 0..sum(sizes)-1 across files in order."""
     folder.mkdir(parents=True, exist_ok=True)

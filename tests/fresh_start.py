@@ -80,8 +80,8 @@ def main() -> None:
         threading.Thread(target=lambda: __import__("slow_module"), name="user-importer").start()
     dataset = Encode(tokenizer() if VARIANT == "tokenizer" else None)
     collator = TorchCollator() if VARIANT == "torch" else Collate()
-    loader = pl.DataLoader(Reader(batch_size=16, shuffle=True), dataset, collator, data_dir=os.path.join(DATA, "data"), shuffle=True,
-                           num_epoch=2, persistent_workers=VARIANT == "forked")
+    loader = pl.DataLoader(Reader(batch_size=16, shuffle=True), dataset, collator, data_dir=os.path.join(DATA, "data"),
+                           shuffle=True, num_epoch=2, persistent_workers=VARIANT == "forked")
     ids = forked_mid_run(loader) if VARIANT.startswith("forked") else [int(i) for batch in loader for i in batch["id"]]
     assert sorted(ids) == sorted(list(range(N_FILES * PER_FILE)) * 2), f"{len(ids)} samples"
     print("OK", json.dumps(loader.stats["placement"]), flush=True)
