@@ -13,8 +13,9 @@ So ``"auto"`` runs user methods in this process (``num_workers=0``, threads) whe
 * this process's share of the CPUs is below 2: the CPUs it may run on
   (``os.sched_getaffinity``), divided among the processes of this node
   (``LOCAL_WORLD_SIZE``, set by torchrun and Lightning);
-* workers would not start by ``fork`` (TensorFlow imported, or a platform
-  without fork) and no ``start_method`` is given: spawn and forkserver import the
+* workers would not start by ``fork`` (TensorFlow imported, another loader's
+  threads running: ``_execution.forking``, or a platform without fork) and no
+  ``start_method`` is given: spawn and forkserver import the
   main script again (a script without an ``if __name__ == "__main__":`` guard
   fails there), pickle every user object, and take seconds to start with
   TensorFlow imported;

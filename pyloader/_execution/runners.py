@@ -419,7 +419,7 @@ class PoolRunner:
     async def run(self, datas: Sequence[BatchData]) -> Union[List[Outcome], StackedOutputs]:
         """Consecutive batches kept in one worker go in one request, sent at once; a batch
         whose rows must be gathered first (a file boundary) does not hold them up."""
-        self.pool.check(_doing([(None, d.paths) for d in datas if isinstance(d, Segments)]))
+        self.pool.check(_doing(_jobs_of(datas)))
         done = run_stacked(self.here.steps, datas, self.busy)
         if done is not None:
             return done
@@ -451,6 +451,11 @@ class PoolRunner:
 
 def _bytes_of(served: Optional[Served]) -> Optional[bytes]:
     return getattr(served, "data", None)
+
+
+def _jobs_of(datas: Sequence[BatchData]) -> list:
+    """``datas`` as jobs for ``_doing``: only their paths."""
+    return [(None, d.paths if isinstance(d, Segments) else ()) for d in datas]
 
 
 def _rows_here(data: BatchData) -> bool:
