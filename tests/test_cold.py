@@ -133,7 +133,9 @@ def test_the_byte_budget_holds_with_a_file_larger_than_the_budget(tmp_path):
             seen[os.path.basename(path)] = ahead
             return {"data": [b"".join(got)]}, 1
 
-    loader = pl.DataLoader(BlockReader(1), pl.IdentityDataset(), ListCollator(), str(data), readahead_bytes=budget)
+    # the reader reports into this process's ``seen``: it runs here
+    loader = pl.DataLoader(BlockReader(1), pl.IdentityDataset(), ListCollator(), str(data), readahead_bytes=budget,
+                           num_workers=0)
     assert [b["data"][0] for b in loader] == [big, b"s" * 1000]
     # read ahead: at least half the budget before the parser took any, and never more than the
     # budget plus one 16 KiB block over it and the 64 KiB buffer of the file object
@@ -166,6 +168,7 @@ _PERMISSION_CHECK = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_cold import served_loader, write_jsonl
     from pathlib import Path
+    import multiprocessing.popen_fork, multiprocessing.popen_forkserver  # root's Python may be unreadable to nobody
     if os.geteuid() == 0:  # root reads anything: go on as nobody, everything imported
         os.setgroups([])
         os.setgid(65534)

@@ -108,6 +108,9 @@ def test_a_worker_killed_while_idle_is_reported_as_worker_died(tmp_path):
     with loader:
         it = iter(loader)
         next(it)
+        deadline = time.monotonic() + 30
+        while len(recorded_workers(str(tmp_path / "init"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         idle = dict(recorded_workers(str(tmp_path / "init")))[1]
         os.kill(idle, signal.SIGKILL)
         with pytest.raises(pl.WorkerDied, match=rf"worker 1 \(pid {idle}\) was killed by SIGKILL while waiting"):

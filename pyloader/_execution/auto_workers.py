@@ -103,9 +103,9 @@ def place(num_workers: Any, objects: Iterable[Any], start_method: Optional[str])
     share = cpu_share()
     if share < 2:
         return Placement(0, f"{share} CPU for this process")
-    if start_method is None and forking.start_method() != "fork":
-        return Placement(0, "workers would not start by fork (TensorFlow is imported, or no fork here); "
-                            "pass start_method to use them anyway")
+    unsafe = forking.why_not_fork() if start_method is None else ""
+    if unsafe:
+        return Placement(0, f"workers would not start by fork ({unsafe}); pass start_method to use them anyway")
     python = next(type(obj).__name__ for obj in objects if not releases_gil(obj))
     return Placement(min(share, MAX_WORKERS), f"{share} CPUs for this process; {python} runs Python code")
 

@@ -48,14 +48,22 @@ def busy_threads_of_ours() -> List[str]:
             if t is not me and _ours(t) and not t.name.startswith(LAUNCHER) and t.is_alive()]
 
 
+def why_not_fork() -> str:
+    """Why forking is not safe now, or ``""`` when it is."""
+    if "fork" not in multiprocessing.get_all_start_methods() or not sys.platform.startswith("linux"):
+        return "no fork on this platform"
+    if "tensorflow" in sys.modules:
+        return "TensorFlow is imported"
+    busy = busy_threads_of_ours()
+    return f"threads of another pyloader iteration run ({', '.join(busy)})" if busy else ""
+
+
 def start_method() -> str:
-    """``fork`` starts fastest and needs nothing picklable; ``forkserver`` when forking is unsafe:
-    TensorFlow is imported, or a thread of pyloader's runs (another loader's iteration)."""
-    methods = multiprocessing.get_all_start_methods()
-    if "fork" in methods and sys.platform.startswith("linux") and "tensorflow" not in sys.modules \
-            and not busy_threads_of_ours():
+    """``fork`` starts fastest and needs nothing picklable; ``forkserver`` when forking is unsafe
+    (``why_not_fork``)."""
+    if not why_not_fork():
         return "fork"
-    return "forkserver" if "forkserver" in methods else "spawn"
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 def imports_in_progress() -> List[str]:

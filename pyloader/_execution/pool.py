@@ -179,6 +179,7 @@ class WorkerPool:
         self._method = start_method or "fork"  # the method of the latest launch
         self._workers: List[_Worker] = []
         self._dead: Optional[_Worker] = None  # the first worker that died since the pool was launched
+        self._restart = False  # a death was reported to a run: the next launch starts new workers
         self._generation: Any = None  # shared with the workers, made with them
         self._ids = itertools.count()
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the run's loop, while attached
@@ -202,8 +203,8 @@ class WorkerPool:
         if self._loop is not None:
             self._detach_elsewhere()  # an earlier run that did not finish in time
         with self._lock:
-            if self._loop is not None:  # it still did not: its workers may be busy with it, start anew
-                self._loop = None
+            if self._loop is not None or self._restart:  # busy with an earlier run, or one died: start anew
+                self._loop, self._restart = None, False
                 self._shut_down()
             if self._dead is None:
                 self._dead = next((w for w in self._workers if w.gone()), None)
@@ -253,8 +254,7 @@ class WorkerPool:
                 worker.outbox = []
                 self._fail(worker, died=False)
             self._fold()
-            if self._dead is not None:  # reported to this run: the next starts with new workers
-                self._shut_down()
+            self._restart = self._dead is not None  # reported to this run: the next starts new workers
 
     def _fold(self) -> None:
         """The run is over: its seconds in the workers go to its ``busy``, and the rows start again."""
