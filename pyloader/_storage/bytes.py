@@ -30,6 +30,11 @@ Contracts:
   the worker itself (their bytes would otherwise cross a socket: in ``bench_cold.py``
   sending 8 MiB ``.npy`` files to 2 workers ran at a third of the speed of the workers
   reading them).
+- Every remote file read goes into the cache (when there is one and it fits): a larger one
+  that a worker parses, or that its reader reads by byte ranges (``_reads_ranges``), is
+  fetched into the cache here first, whole, a block at a time, and then read from its entry
+  (``_storage.cached_file``). Without a cache, such a reader reads a larger remote file by
+  its ranges itself: a stream in order would fetch it whole, then its ranges again.
 """
 from __future__ import annotations
 
