@@ -298,7 +298,7 @@ class ReadAhead:
     async def fetch(self, path: str, demand: asyncio.Event, streams: bool = True) -> Optional[Served]:
         """What ``open_file(path)`` will serve, read (or, for a large file, being read) ahead;
         ``None`` when the reader is to open the file itself. ``streams=False`` (for a worker
-        process): only remote files no larger than the budget are read ahead."""
+        process): only remote files are read ahead, those larger than the budget into the cache."""
         remote = is_url(path)
         if not self._wanted(path) or not (streams or remote):
             return None  # a worker process reads a local file itself: its bytes need not cross a socket
@@ -306,10 +306,9 @@ class ReadAhead:
                              else _LocalFile.open(_local(path), self._executor))
         if source.size is None or source.size <= self.budget.limit:
             return await self._whole(path, source, demand, remote)
-        ranges = remote and _reads_ranges(self._reader, path)
-        if remote and (ranges or not streams) and self.cache is not None and self.cache.fits(source.size):
-            return await self._cached(source, demand)
-        if ranges or not streams:
+        if remote and (not streams or _reads_ranges(self._reader, path)):
+            if self.cache is not None and self.cache.fits(source.size):
+                return await self._cached(source, demand)
             await source.close(False)
             return None
         block_size = source.block_size(self.block_size) if remote else self.block_size
