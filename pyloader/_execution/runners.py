@@ -343,6 +343,7 @@ class PoolRunner:
                      demand: asyncio.Event) -> Pieces:
         """The file's pieces, read in a worker from the bytes read ahead here (a file larger than
         the read-ahead budget: from its cache entry, written here, else read by the worker itself)."""
+        self.pool.check(f"reading {task.path!r}")
         served = await self.readahead.fetch(task.path, demand, streams=False)
         worker = self._reader_for_next_file()
         gid = self.pool.new_id()
@@ -419,6 +420,7 @@ class PoolRunner:
     async def run(self, datas: Sequence[BatchData]) -> Union[List[Outcome], StackedOutputs]:
         """Consecutive batches kept in one worker go in one request, sent at once; a batch
         whose rows must be gathered first (a file boundary) does not hold them up."""
+        self.pool.check(_doing(_jobs_of(datas)))
         done = run_stacked(self.here.steps, datas, self.busy)
         if done is not None:
             return done
@@ -451,6 +453,11 @@ class PoolRunner:
 def _sendable(served: Optional[Served]) -> Union[None, bytes, ServedEntry]:
     """What of ``served`` goes to a worker: bytes, or a cache entry it reads from the disk itself."""
     return served if isinstance(served, ServedEntry) else getattr(served, "data", None)
+
+
+def _jobs_of(datas: Sequence[BatchData]) -> list:
+    """``datas`` as jobs for ``_doing``: only their paths."""
+    return [(None, d.paths if isinstance(d, Segments) else ()) for d in datas]
 
 
 def _rows_here(data: BatchData) -> bool:
