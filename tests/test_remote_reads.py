@@ -14,7 +14,9 @@ import pyloader as pl
 from pyloader.collators import NumpyCollator
 from pyloader.readers import JsonLinesReader, ParquetReader
 
-pytestmark = pytest.mark.timeout(120)
+# workers are forked (they must see the proxy set up in this process) beside moto's and the proxy's threads
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.filterwarnings("ignore:pyloader. worker processes are forked while other threads")]
 
 
 def fetched(s3) -> tuple:  # noqa: F811
@@ -28,7 +30,6 @@ def since(s3, before: tuple) -> tuple:  # noqa: F811
 
 
 def workers(num_workers: int) -> dict:
-    # forked, so that the workers see the proxy's endpoint set up in this process
     return {"num_workers": num_workers, "start_method": "fork" if num_workers else None}
 
 
@@ -129,3 +130,18 @@ def test_a_corrupt_cache_entry_of_a_large_file_is_fetched_again_where_it_is_read
     assert not data.exists()  # and the entry was dropped
     assert run() == list(range(4000))
     assert json.loads(data.with_suffix(".json").read_text())["size"] == len(body)  # written again
+
+
+def test_a_cache_entry_gone_before_it_is_served_leaves_the_reader_the_remote_file(tmp_path):
+    import fsspec
+
+    from pyloader._storage.cache import Entry
+    from pyloader._storage.cached_file import ServedEntry
+    from pyloader._storage.files import prefetched
+
+    url = "memory://gone-entry/part-0.bin"
+    fsspec.filesystem("memory").pipe(url, b"remote bytes")
+    entry = Entry(url, str(tmp_path / "let-go.data"), str(tmp_path / "let-go.json"), 12, 4096, ["0" * 64])
+    with prefetched(url, ServedEntry(entry)):  # another loader sharing the cache let the entry go
+        with pl.open_file(url, "rb") as f:
+            assert f.read() == b"remote bytes"
