@@ -66,8 +66,9 @@ def start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def imports_in_progress() -> List[str]:
-    """The modules other threads are importing now (their import locks are held)."""
+def imports_in_progress(caller: int = 0) -> List[str]:
+    """The modules threads other than this one and ``caller`` (the thread waiting for this one, whose
+    imports cannot end meanwhile) are importing now (their import locks are held)."""
     from importlib import _bootstrap
 
     me = threading.get_ident()
@@ -76,29 +77,30 @@ def imports_in_progress() -> List[str]:
     for name, ref in list(locks.items()):
         lock = ref() if callable(ref) else None
         owner = getattr(lock, "owner", None)
-        if lock is not None and getattr(lock, "count", None) and owner not in (None, me):
+        if lock is not None and getattr(lock, "count", None) and owner not in (None, me, caller):
             held.append(name)
     return held
 
 
-def wait_for_imports(timeout: float = IMPORT_WAIT_S) -> None:
+def wait_for_imports(caller: int, timeout: float = IMPORT_WAIT_S) -> None:
     """Wait until no other thread is importing; warn, naming the modules, if one still is."""
     deadline = time.monotonic() + timeout
-    held = imports_in_progress()
+    held = imports_in_progress(caller)
     while held and time.monotonic() < deadline:
         time.sleep(0.005)
-        held = imports_in_progress()
+        held = imports_in_progress(caller)
     if held:
         warnings.warn(f"pyloader: forking worker processes while other threads still import {held} after "
                       f"{timeout:g} s: a worker that imports one of them will wait forever. Pass "
                       f"start_method='forkserver' to the DataLoader", RuntimeWarning, stacklevel=2)
 
 
-def warn_about_user_threads() -> None:
-    """Warn once per set of thread names that other threads run while workers are forked."""
+def warn_about_user_threads(caller: int) -> None:
+    """Warn once per set of thread names that other threads run while workers are forked (other than
+    ``caller``, which waits for the fork)."""
     me = threading.current_thread()
     others = sorted(t.name for t in threading.enumerate()
-                    if t is not me and t is not threading.main_thread() and not _ours(t)
+                    if t is not me and t.ident != caller and not _ours(t)
                     and not t.name.startswith(_SAFE_THREADS) and t.is_alive())
     key = ",".join(others)
     if not others or key in _warned:

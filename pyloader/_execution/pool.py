@@ -316,17 +316,17 @@ class WorkerPool:
         """Start the workers from the pool's launcher thread, while this one waits."""
         if self._launcher is None:
             self._launcher = DaemonExecutor(1, forking.LAUNCHER)
-        self._launcher.submit(self._start_safely).result()
+        self._launcher.submit(self._start_safely, threading.get_ident()).result()
 
-    def _start_safely(self) -> None:
+    def _start_safely(self, caller: int) -> None:
         """Fork only with no other thread of ours running and no import in progress (``_execution.forking``)."""
         global _launching
         with forking.LAUNCH:
             self._method = self._requested or forking.start_method()
             if self._method == "fork":
                 forking.preload(self._imports)
-                forking.wait_for_imports()
-                forking.warn_about_user_threads()
+                forking.wait_for_imports(caller)
+                forking.warn_about_user_threads(caller)
             _launching = True
             try:
                 self._start_processes()
