@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +17,27 @@ import psutil
 import pytest
 
 import pyloader as pl
+
+_TENSORFLOW = ("tensorflow", "TFCollator", "to_tf_dataset")
+
+
+def _uses_tensorflow(item: pytest.Item) -> bool:
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    return "tf" in getattr(item, "fixturenames", ()) or any(word in source for word in _TENSORFLOW)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: List[pytest.Item]) -> None:
+    """Tests that may import TensorFlow run last: once it is imported, ``num_workers="auto"`` keeps user
+    code in threads (forking TensorFlow is unsafe), and every test after it would no longer run the
+    default placement that a user's process without TensorFlow gets."""
+    for item in items:
+        if _uses_tensorflow(item):
+            item.add_marker("tensorflow")
+    items.sort(key=lambda item: item.get_closest_marker("tensorflow") is not None)  # stable: order kept within
 
 
 def write_chunks(folder: Path, sizes: Sequence[int], prefix: str = "part") -> List[str]:
@@ -173,7 +196,13 @@ def _end_leftovers() -> Tuple[List[str], List[Tuple[int, str]]]:
 def _isolated(request) -> Iterator[None]:
     """After each test: what it left running is named (a warning) and ended, or, if it cannot be
     (a thread stuck in user code), set aside so that it fails no later test."""
+    had_tensorflow = "tensorflow" in sys.modules
     yield
+    if not had_tensorflow and "tensorflow" in sys.modules and request.node.get_closest_marker("tensorflow") is None:
+        import warnings
+
+        warnings.warn(f"{request.node.nodeid} imported TensorFlow but is not among the tests run last "
+                      f"(tests/conftest.py _TENSORFLOW)", UserWarning, stacklevel=2)
     threads, children = _end_leftovers()
     if threads or children:
         import warnings
