@@ -79,6 +79,8 @@ class Counter:
                  places: Optional[IndexPlaces], counting: Optional[Counting] = None) -> None:
         self.reader = reader
         self.counting = counting or Counting()  # the loader's stats of counting
+        self._lock = threading.Lock()  # len() and a run's start may count at once: the second waits, then reuses
+        self._done: Optional[List[Optional[int]]] = None  # every count, once all succeeded
         self.files = list(files)
         self.exclusive = exclusive
         self.places = places
@@ -86,6 +88,16 @@ class Counter:
     def count(self, known: Optional[Sequence[Optional[int]]] = None, *, first_failure_stops: bool = True,
               stop: Optional[threading.Event] = None, progress: bool = False) -> Counted:
         """The count of every file (``known[i]``, where not ``None``, is file ``i``'s without asking)."""
+        with self._lock:
+            if self._done is not None:
+                return Counted(list(self._done))
+            out = self._count_all(known, first_failure_stops, stop, progress)
+            if not out.failures:
+                self._done = list(out.counts)
+            return out
+
+    def _count_all(self, known: Optional[Sequence[Optional[int]]], first_failure_stops: bool,
+                   stop: Optional[threading.Event], progress: bool) -> Counted:
         began = time.perf_counter()
         counts: List[Optional[int]] = list(known) if known is not None else [None] * len(self.files)
         need = [i for i, n in enumerate(counts) if n is None]
