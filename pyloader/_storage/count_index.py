@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .._paths import is_url
 from .files import _GLOB_CHARS, _local
+from .remote import _with_path as with_path
 from .remote import filesystem, version
 
 logger = logging.getLogger("pyloader")
@@ -83,8 +84,8 @@ def index_folder(data_dir: Any, files: Sequence[str]) -> str:
         if any(c in spec for c in _GLOB_CHARS):
             parts = spec.split("/")
             static = next(k for k, part in enumerate(parts) if any(c in part for c in _GLOB_CHARS))
-            return "/".join(parts[:static]) or "."
-        return _parent(spec) if list(files) == [spec] else spec.rstrip("/") or "/"
+            return _as_listed("/".join(parts[:static]) or ".")
+        return _parent(spec) if list(files) == [spec] else _as_listed(spec.rstrip("/") or "/")
     parents = {_parent(f) for f in files}
     if len(parents) == 1:
         return parents.pop()
@@ -92,6 +93,11 @@ def index_folder(data_dir: Any, files: Sequence[str]) -> str:
         common = os.path.commonprefix(sorted(parents))
         return common[:common.rfind("/")] if "/" in common else common
     return os.path.commonpath([os.path.abspath(_local(p)) for p in parents])
+
+
+def _as_listed(folder: str) -> str:
+    """A URL spelled as the listing spells its files (``memory://d`` lists ``memory:///d/x``)."""
+    return with_path(folder, filesystem(folder)[1]).rstrip("/") if is_url(folder) else folder
 
 
 def name_in(folder: str, path: str) -> str:
@@ -126,8 +132,9 @@ def _remote_stamps(paths: Sequence[str], folder: str) -> List[Optional[Stamp]]:
     with contextlib.suppress(Exception):  # a folder that cannot be listed: each file is asked for itself
         listed = {fs._strip_protocol(name): info for name, info in fs.find(root, detail=True).items()}
     out: List[Optional[Stamp]] = []
-    for path in paths:
-        one = filesystem(path)[1]
+    below = folder.rstrip("/") + "/"
+    for path in paths:  # a file below the folder is named from the folder's path on fs: no fsspec look-up per file
+        one = root.rstrip("/") + "/" + path[len(below):] if path.startswith(below) else filesystem(path)[1]
         info = listed.get(fs._strip_protocol(one))
         if info is None:
             try:
