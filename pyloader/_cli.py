@@ -299,16 +299,20 @@ def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     entries = {name: ix.entry(stamp, n) for name, stamp, n in zip(names, now, counted.counts)
                if stamp is not None and n is not None}
     ix.write_index(places.data_index, places.key, entries, keep_found=False)
-    gone = sorted(set(found or {}) - set(names))
     out(f"{places.data_index}: {len(entries)} files, {sum(e['count'] for e in entries.values())} samples "
         f"({len(files) - counted.counted} from the index there, {counted.counted} counted, in {counted.seconds:.2f} s)")
-    for path in kept.stale:
+    return _report_index(kept.stale, sorted(set(found or {}) - set(names)), counted.failures, out)
+
+
+def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[Any],
+                  out: Callable[[str], None]) -> int:
+    for path in stale:
         out(f"changed since the index was written, counted again: {path}")
     for name in gone:
         out(f"in the old index, no longer in the data: {name}")
-    for _, exc in counted.failures:
+    for _, exc in failures:
         out(f"error: {exc}")
-    return 1 if counted.failures else 0
+    return 1 if failures else 0
 
 
 # -- the command line ------------------------------------------------------------------

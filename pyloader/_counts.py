@@ -72,6 +72,18 @@ class IndexPlaces:
         return [found] if found is not None else [], [kept] if kept is not None else []
 
 
+    def lookup(self, paths: List[str], now: Sequence[Optional[ix.Stamp]], data: List[ix.Entries],
+               kept: List[ix.Entries]) -> ix.Lookup:
+        """The counts the index next to the data gives, else the one in ``cache_dir`` (whose names are
+        the paths as listed): it may hold a file the index next to the data no longer matches."""
+        names = [ix.name_in(self.folder, p) for p in paths]
+        result = ix.lookup(paths, names, now, data) if data else ix.Lookup([None] * len(paths))
+        if kept:
+            again = ix.lookup(paths, paths, now, kept)
+            result.counts = [a if a is not None else b for a, b in zip(result.counts, again.counts)]
+        return result
+
+
 class Counter:
     """Counts a loader's files, using and keeping its indexes (``None``: no index, as for mixed sources)."""
 
@@ -123,21 +135,13 @@ class Counter:
         paths = [self.files[i] for i in need]
         now = ix.stamps(paths, self.places.folder)
         found = {i: s for i, s in zip(need, now) if s is not None}
-        names = [ix.name_in(self.places.folder, p) for p in paths]
-        result = ix.lookup(paths, names, now, data) if data else ix.Lookup([None] * len(paths))
-        if kept:  # the cache's names are the paths as listed; a file the data's index no longer matches too
-            again = ix.lookup(paths, paths, now, kept)
-            result.counts = [a if a is not None else b for a, b in zip(result.counts, again.counts)]
+        result = self.places.lookup(paths, now, data, kept)
         for i, n in zip(need, result.counts):
             out.counts[i] = n
         out.indexed = sum(n is not None for n in result.counts)
         out.stale = result.stale
         if result.stale:
-            named = ", ".join(repr(p) for p in result.stale[:_STALE_NAMED])
-            more = f" and {len(result.stale) - _STALE_NAMED} more" if len(result.stale) > _STALE_NAMED else ""
-            logger.warning("pyloader: the count index %r no longer matches %d files (changed since it was written: "
-                           "%s%s): counted again; `python -m pyloader index` brings it up to date",
-                           self.places.data_index, len(result.stale), named, more)
+            _warn_stale(self.places.data_index, result.stale)
         return found
 
     def _count(self, left: List[int], out: Counted, first_failure_stops: bool, stop: threading.Event,
@@ -183,6 +187,14 @@ class Counter:
         except OSError as exc:
             logger.warning("pyloader: the count index in cache_dir %r cannot be written: %s",
                            self.places.cache_index, exc)
+
+
+def _warn_stale(index: str, stale: List[str]) -> None:
+    named = ", ".join(repr(p) for p in stale[:_STALE_NAMED])
+    more = f" and {len(stale) - _STALE_NAMED} more" if len(stale) > _STALE_NAMED else ""
+    logger.warning("pyloader: the count index %r no longer matches %d files (changed since it was written: "
+                   "%s%s): counted again; `python -m pyloader index` brings it up to date",
+                   index, len(stale), named, more)
 
 
 def _bar(total: int) -> Any:

@@ -86,6 +86,10 @@ def index_folder(data_dir: Any, files: Sequence[str]) -> str:
             static = next(k for k, part in enumerate(parts) if any(c in part for c in _GLOB_CHARS))
             return _as_listed("/".join(parts[:static]) or ".")
         return _parent(spec) if list(files) == [spec] else _as_listed(spec.rstrip("/") or "/")
+    return _common_folder(files)
+
+
+def _common_folder(files: Sequence[str]) -> str:
     parents = {_parent(f) for f in files}
     if len(parents) == 1:
         return parents.pop()
