@@ -104,7 +104,7 @@ class Counter:
             if self._done is not None:
                 return Counted(list(self._done))
             out = self._count_all(known, first_failure_stops, stop, progress)
-            if not out.failures:
+            if None not in out.counts:  # not when a count failed, nor when stopped before every count began
                 self._done = list(out.counts)
             return out
 

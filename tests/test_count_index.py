@@ -270,3 +270,25 @@ def test_counting_without_an_index_runs_many_files_at_once_and_says_how_long_it_
     assert loader.stats["counting"]["counted"] == len(SIZES) and loader.stats["counting"]["seconds"] > 0
     assert "counting files" in next(r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch 0"))
     assert "pyloader: counting" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_run_closed_while_counting_leaves_no_count_behind_for_the_next(tmp_path, num_workers):
+    write_jsonl(tmp_path)
+
+    class SlowCount(JsonLinesReader):
+        def count(self, path: str) -> int:
+            time.sleep(0.1)
+            return super().count(path)
+
+    def make() -> pl.DataLoader:
+        return loader_of(str(tmp_path), reader=SlowCount(3), rank=0, world_size=2, num_workers=num_workers,
+                         prefetch_files=1)
+
+    with make() as fresh:
+        expected = ids(list(fresh))
+    with make() as loader:
+        it = iter(loader)  # its run starts counting (SlowCount is not thread-safe: one file at a time)
+        time.sleep(0.25)
+        it.close()
+        assert ids(list(loader)) == expected
