@@ -63,7 +63,7 @@ def count_key(reader: Any) -> Dict[str, Any]:
     """What an index is made for: the reader's class and its public settings, less those that
     never change a count (``batch_size``, ``shuffle``, ``random_seed``, ``piece_size``)."""
     cls = type(reader)
-    settings = {name: _plain(value) for name, value in sorted(vars(reader).items())
+    settings = {name: _plain(value) for name, value in sorted(getattr(reader, "__dict__", {}).items())
                 if not name.startswith("_") and name not in _NOT_COUNTING}
     return {"reader": f"{cls.__module__}.{cls.__qualname__}", "settings": settings}
 
