@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from ._abc import DataReader
 from ._compose import callable_name
+from ._counts import Counter, IndexPlaces
 from ._errors import ErrorHandler, PipelineError, Stats
 from ._execution.auto_workers import Placement, Placer
 from ._execution.engine import Engine
@@ -127,6 +128,7 @@ class DataLoader(Options):
             self._arguments["data_dir"] = self._entries.listed
         self._cache = None if self.cache_dir is None else DiskCache(self.cache_dir, self.cache_limit)
         self._stats = Stats()
+        self._counter = self._make_counter()
         if self.cache_encoded is not None:
             self._stats.cache = dict.fromkeys(CACHE_COUNTERS, 0)
         self._oversized: Set[Tuple[str, int]] = set()  # blocks of cache_encoded whose write went past its limit
@@ -141,6 +143,14 @@ class DataLoader(Options):
         self._next = fresh(0, self.num_epoch)
         self._files_digest: Optional[str] = None
         self.epoch: Optional[int] = None
+
+    def _make_counter(self) -> Counter:
+        """Counts the files' samples, from and into the count indexes (none for mixed sources and stream entries)."""
+        places = None
+        if self._mix is None and self._entries is None:
+            places = IndexPlaces.of(self.datareader, self.data_dir, self.files,
+                                    None if self._cache is None else self._cache.folder)
+        return Counter(self._reader, self.files, self._exclusive, places, self._stats.counting)
 
     def _keep_workers(self, persistent: bool) -> Optional[KeptPool]:
         """The pool kept across iterations with ``persistent_workers``: ended by ``close()``, or
@@ -216,7 +226,7 @@ class DataLoader(Options):
             errors=ErrorHandler(self.on_error, self.max_errors, self._stats), stats=self._stats,
             finish=self._finish, sharding=self.sharding,
             count_cache=self._count_cache, exclusive=self._exclusive, cache=self._cache, entries=self._entries,
-            mix=self._mix, encoded_cache=self._epoch_store())
+            mix=self._mix, encoded_cache=self._epoch_store(), counter=self._counter)
         settings.pool = launch_workers(settings, self._kept_workers)
         if settings.pool is not None:
             self._stats.placement = {**self._stats.placement, "start_method": settings.pool.method}
@@ -291,9 +301,8 @@ class DataLoader(Options):
         r = self._record
         start = r.start if r is not None and r.ended is None else self._upcoming()
         try:
-            counts = count_files(self._reader, self.files, self._count_cache, self.prefetch_files,
-                                 self._exclusive, skip_failed=self.on_error != "raise",
-                                 known=known_counts(self._entries))
+            counts = count_files(self._counter, self._count_cache, skip_failed=self.on_error != "raise",
+                                 known=known_counts(self._entries), progress=self.progress)
         except PipelineError as exc:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
         if self._mix is not None:

@@ -9,11 +9,14 @@ the encoded batches are cut into samples, served several times and batched again
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
+from ._counts import Counter
 from ._errors import ErrorHandler, Stats, reraise
 from ._execution.filter import with_filter
 from ._execution.forking import needed_modules
@@ -21,7 +24,6 @@ from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Exclusive, Lane, LocalSteps, PoolRunner, Runner, ThreadRunner
 from ._execution.steps import Step
 from ._frameworks.torch import attach_meta
-from ._length import checked_count
 from ._options import Options, resolved
 from ._stages.batch import Batcher, Group, Stacked
 from ._stages.bucket import Lengths
@@ -66,6 +68,7 @@ class Settings:
     entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_stages.entries``)
     mix: Optional[Mix] = None  # weighted sources (``_stages.mix``): their files, each read by its own reader
     encoded_cache: Optional[EpochStore] = None  # ``cache_encoded``: this rank's share (``_stages.cached_epochs``)
+    counter: Optional[Counter] = None  # counts the files, from and into the count indexes (``_counts``)
 
 
 class CheckedEncode:
@@ -118,25 +121,22 @@ def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
     return there, here, [encode, collate, *finish]
 
 
-async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
-    """Samples per file (``DataReader.count``), several files at once; computed once per loader.
-    A failure goes through the error policy: skipped, the file's count is ``None`` (it is left out)."""
+async def count_samples(s: Settings, run_blocking: Callable) -> List[Optional[int]]:
+    """Samples per file (``_counts``: from the indexes, the rest counted concurrently); computed once per
+    loader. A failure goes through the error policy: skipped, the file's count is ``None`` (it is left out)."""
     if s.count_cache.get("files") != s.files:
-        limit = asyncio.Semaphore(s.options.prefetch_files)
-
-        async def one(path: str, known: Optional[int]) -> Optional[int]:
-            if known is not None:  # a slice, an in-memory stream
-                return known
-            async with limit:
-                try:
-                    return await lane.run(checked_count, s.reader, path, uses=(s.reader,))
-                except Exception as exc:
-                    s.errors("count", [path], exc)
-                    s.stats.skipped_files += 1
-                    return None
-
-        known = known_counts(s.entries) or [None] * len(s.files)
-        s.count_cache.update(files=list(s.files), counts=await asyncio.gather(*map(one, s.files, known)))
+        assert s.counter is not None
+        stop = threading.Event()  # set when the run ends while counting: no count begins after it
+        count = functools.partial(s.counter.count, known_counts(s.entries), stop=stop,
+                                  first_failure_stops=s.errors.policy is reraise, progress=s.options.progress)
+        try:
+            counted = await run_blocking(count)
+        finally:
+            stop.set()
+        for i, exc in counted.failures:
+            s.errors("count", [s.files[i]], exc)
+            s.stats.skipped_files += 1
+        s.count_cache.update(files=list(s.files), counts=counted.counts)
     return s.count_cache["counts"]
 
 
@@ -343,7 +343,7 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
         runner = _runner(s, lane, ReadAhead(run_blocking, s.reader, o.readahead_bytes, o.retries, s.cache))
         past_files = resumes_past_files(s, start)
         needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
-        source = _source(s, start, await count_samples(s, lane) if needs_counts else None)
+        source = _source(s, start, await count_samples(s, run_blocking) if needs_counts else None)
         steps = _planned_steps(s, source)
 
         def from_files(epochs: range, run: Callable, from_position: bool = True) -> AsyncGenerator[Group, None]:
