@@ -20,7 +20,7 @@ import json
 import os
 import reprlib
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._paths import is_url
 
@@ -144,9 +144,8 @@ def read_state(state: Any, ours: Mapping[str, Any], old_files: str, num_epoch: i
         raise ValueError("the state has no settings fingerprint")
     if state["format"] == OLD_FORMAT:
         ours = {**ours, "files": old_files}
-    differ = [f"{k} (saved {shown(theirs.get(k))}, now {shown(ours[k])})" for k in ours
-              if k not in _PER_RANK and (k in theirs or state["format"] == FORMAT)
-              if json.dumps(ours[k]) != json.dumps(theirs.get(k))]
+    differ = [line for k in ours if k not in _PER_RANK and (k in theirs or state["format"] == FORMAT)
+              for line in _differences(k, ours[k], theirs.get(k))]
     if differ:
         raise ValueError(f"the state was saved with other data or settings: {'; '.join(differ)}")
     epoch, skip = _integer(state, "epoch"), _integer(state, "batches_in_epoch")
@@ -161,6 +160,16 @@ def read_state(state: Any, ours: Mapping[str, Any], old_files: str, num_epoch: i
     if start.cached is not None and start.cached > epoch:
         raise ValueError(f"the state's cached_from {start.cached} is after its epoch {epoch}")
     return _elastic(start, theirs, ours)
+
+
+def _differences(name: str, ours: Any, theirs: Any) -> List[str]:
+    """Each setting under ``name`` that differs, with both values; in a dict, each key that does."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        keys = [*ours, *(k for k in theirs if k not in ours)]
+        return [line for k in keys for line in _differences(f"{name}.{k}", ours.get(k), theirs.get(k))]
+    if json.dumps(ours) == json.dumps(theirs):
+        return []
+    return [f"{name} (saved {shown(theirs)}, now {shown(ours)})"]
 
 
 def _iteration_end(state: Mapping[str, Any], epoch: int, num_epoch: int) -> int:
