@@ -38,7 +38,7 @@ from ._stages.shard import Sharding
 from ._stages.shard import resolve as resolve_sharding
 from ._stages.source import Elastic, FileSource
 from ._stages.sources import build_mix, is_mix
-from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state, shown
+from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
 from ._stats import profiled
 from ._storage.cache import DiskCache
 from ._storage.epoch_cache import COUNTERS as CACHE_COUNTERS
@@ -356,22 +356,26 @@ class DataLoader(Options):
                                  skip_failed=self.on_error != "raise", known=known_counts(self._entries))
         except PipelineError:
             return  # the run counts again, and raises this error before planning anything
-        elastic = None
-        if start.splits:
-            plain = self._plan(start, counts)
-            order = plain.order(start.epoch)
-            size = len(order) if self.stream else sum(counts[i] or 0 for i in order)
-            wider = [w for w, _ in start.splits if w > max(size, 1)]
-            if wider:
-                raise ValueError(f"the state's epoch {start.epoch} was begun under world_size={shown(wider[0])}, "
-                                 f"more ranks than its {size} {'files' if self.stream else 'samples'}: it was not "
-                                 f"saved from this data, or resume it under world_size={shown(wider[0])}")
-            elastic = Elastic(start.epoch, start.splits, self.datareader.batch_size, self.seq_len or 1)
-        total = epoch_steps(self._plan(start, counts, elastic), start.epoch, self.datareader.batch_size,
-                            self.drop_last, self.seq_len, self.rotation)
+        total = epoch_steps(self._plan(start, counts, self._elastic(start, counts)), start.epoch,
+                            self.datareader.batch_size, self.drop_last, self.seq_len, self.rotation)
         if start.skip > total:
             raise ValueError(f"the state's batches_in_epoch {start.skip} is past the end of epoch {start.epoch}, "
                              f"which has {total} batches on this rank: it was not saved from this data and settings")
+
+    def _elastic(self, start: Start, counts: List[Optional[int]]) -> Optional[Elastic]:
+        """The parts of ``start``'s epoch taken under other world sizes, each no wider than the epoch."""
+        if not start.splits:
+            return None
+        plain = self._plan(start, counts)
+        assert isinstance(plain, FileSource), "a mixed loader's state has no splits (load_state_dict)"
+        order = plain.order(start.epoch)
+        size = len(order) if self.stream else sum(counts[i] or 0 for i in order)
+        wider = [w for w, _ in start.splits if w > max(size, 1)]
+        if wider:
+            raise ValueError(f"the state's epoch {start.epoch} was begun under world_size={wider[0]}, more ranks "
+                             f"than its {size} {'files' if self.stream else 'samples'}: it was not saved from this "
+                             f"data, or resume it under world_size={wider[0]}")
+        return Elastic(start.epoch, start.splits, self.datareader.batch_size, self.seq_len or 1)
 
     def shard(self, rank: int, world_size: int) -> "DataLoader":
         """A loader with the same settings that reads only the share of ``rank`` among ``world_size``."""

@@ -144,11 +144,10 @@ async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats,
     """``groups`` less the batches of the resumed epoch before its position; ``whole``: that epoch gives all its
     batches here (no ranks pad it later), so one that ends before the position is a state from elsewhere
     (where the counts cannot tell its length, ``DataLoader._check_position`` could not refuse it)."""
-    reached = start.base  # the batches of the resumed epoch so far
+    reach = _Reach(start) if whole else None
     async for group in groups:
-        reached = max([reached] + [b.index + 1 for b in group if b.epoch == start.epoch])
-        if whole and reached < start.skip and group[-1].epoch != start.epoch:
-            _past_the_end(start, reached)
+        if reach is not None:
+            reach.see(group)
         # batches replayed to rebuild the state are not encoded again
         kept = [k for k, b in enumerate(group) if b.epoch != start.epoch or b.index >= start.skip]
         if len(kept) < len(group):
@@ -157,13 +156,27 @@ async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats,
             yield group
         elif kept:
             yield group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
-    if whole and reached < start.skip:
-        _past_the_end(start, reached)
+    if reach is not None:
+        reach.check()
 
 
-def _past_the_end(start: Start, batches: int) -> None:
-    raise ValueError(f"the state's batches_in_epoch {start.skip} is past the end of epoch {start.epoch}, which "
-                     f"gave {batches} batches: it was not saved from this data and settings")
+class _Reach:
+    """How far the resumed epoch went: a ``ValueError`` once it is known to end before the position."""
+
+    def __init__(self, start: Start) -> None:
+        self.start = start
+        self.reached = start.base  # its batches so far
+
+    def see(self, group: Group) -> None:
+        self.reached = max([self.reached] + [b.index + 1 for b in group if b.epoch == self.start.epoch])
+        if group[-1].epoch != self.start.epoch:
+            self.check()
+
+    def check(self) -> None:
+        if self.reached < self.start.skip:
+            raise ValueError(f"the state's batches_in_epoch {self.start.skip} is past the end of epoch "
+                             f"{self.start.epoch}, which gave {self.reached} batches: it was not saved from "
+                             f"this data and settings")
 
 
 def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Runner, Optional[WorkerPool]]:

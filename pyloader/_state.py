@@ -153,13 +153,17 @@ def read_state(state: Any, ours: Mapping[str, Any], old_files: str, num_epoch: i
         if epoch > num_epoch:
             raise ValueError(f"the state's epoch {epoch} is beyond num_epoch={num_epoch}")
         return Start(epoch, skip, num_epoch)
-    end = _iteration_end(state, epoch, num_epoch)
+    return _elastic(_position(state, epoch, skip, _iteration_end(state, epoch, num_epoch)), theirs, ours)
+
+
+def _position(state: Mapping[str, Any], epoch: int, skip: int, end: int) -> Start:
+    """The state's position, its splits and cache checked against it."""
     start = Start(epoch, skip, end, _splits(state.get("splits", [])), _optional(state, "cached_from"))
     if skip < start.base:
         raise ValueError(f"the state's batches_in_epoch {skip} is before its splits end ({start.base})")
     if start.cached is not None and start.cached > epoch:
         raise ValueError(f"the state's cached_from {start.cached} is after its epoch {epoch}")
-    return _elastic(start, theirs, ours)
+    return start
 
 
 def _differences(name: str, ours: Any, theirs: Any) -> List[str]:
