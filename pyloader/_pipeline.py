@@ -16,6 +16,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, Iterator,
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._errors import ErrorHandler, Stats, reraise
 from ._execution.filter import with_filter
+from ._execution.forking import needed_modules
 from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Exclusive, Lane, LocalSteps, PoolRunner, Runner, ThreadRunner
 from ._execution.steps import Step
@@ -57,7 +58,7 @@ class Settings:
     errors: ErrorHandler  # ``on_error`` and ``max_errors``, counted per run
     stats: Stats
     finish: Optional[Callable[[Any], Any]] = None  # e.g. pin_memory, run after collate_batch
-    kept_workers: Optional[KeptPool] = None  # persistent_workers: the pool outlives the run
+    pool: Optional[WorkerPool] = None  # the worker processes, launched before the run (``launch_workers``)
     sharding: Sharding = Sharding()  # ``rank``, ``world_size``, ``even_batches``, resolved for this run
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
@@ -179,24 +180,40 @@ class _Reach:
                              f"this data and settings")
 
 
-def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Runner, Optional[WorkerPool]]:
-    """Where user methods run: worker processes (a pool, kept across runs with
-    ``persistent_workers``) or threads of this process."""
-    there, here, local = split_steps(s)
-    reader = with_filter(s.reader, s.options.filter_fn)
-    uses = (s.options.dataset, s.options.datacollator)
+def launch_workers(s: Settings, kept: Optional[KeptPool]) -> Optional[WorkerPool]:
+    """The run's worker processes, started now if they do not run (a pool ``kept`` across runs with
+    ``persistent_workers``, else one for this run); called before the run's threads start."""
     if not s.num_workers:
-        return with_memory(ThreadRunner(reader, local, lane, readahead, uses=uses, busy=s.stats.busy), s.entries), None
+        return None
+    there, _, _ = split_steps(s)
+    readers = s.mix.readers.readers if s.mix is not None else [s.options.datareader]
+    objects = [*readers, s.options.dataset, s.options.datacollator]
 
     def make_pool() -> WorkerPool:
-        return WorkerPool(s.num_workers, reader, there, s.options.worker_init_fn, s.options.start_method,
-                          persistent=s.kept_workers is not None)
+        return WorkerPool(s.num_workers, with_filter(s.reader, s.options.filter_fn), there, s.options.worker_init_fn,
+                          s.options.start_method, persistent=kept is not None,
+                          imports=tuple(needed_modules(objects)))
 
-    pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
+    pool = make_pool() if kept is None else kept.get(make_pool)
     pool.busy = s.stats.busy
-    pool.start()
-    runner = PoolRunner(pool, here, lane, readahead, all_steps=local, uses=uses, busy=s.stats.busy)
-    return with_memory(runner, s.entries), pool
+    try:
+        pool.launch()
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Runner:
+    """Where user methods run: the launched worker processes, or threads of this process."""
+    _, here, local = split_steps(s)
+    uses = (s.options.dataset, s.options.datacollator)
+    if s.pool is None:
+        reader = with_filter(s.reader, s.options.filter_fn)
+        return with_memory(ThreadRunner(reader, local, lane, readahead, uses=uses, busy=s.stats.busy), s.entries)
+    s.pool.attach()
+    runner = PoolRunner(s.pool, here, lane, readahead, all_steps=local, uses=uses, busy=s.stats.busy)
+    return with_memory(runner, s.entries)
 
 
 def resumes_past_files(s: Settings, start: Start) -> bool:
@@ -347,9 +364,9 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
     """
     o = s.options
     lane = Lane(run_blocking, resolved(o.num_threads), s.exclusive)
-    runner, pool = _runner(s, lane, ReadAhead(run_blocking, s.reader, o.readahead_bytes, o.retries, s.cache))
     rotation: Optional[Rotation] = None
     try:
+        runner = _runner(s, lane, ReadAhead(run_blocking, s.reader, o.readahead_bytes, o.retries, s.cache))
         past_files = resumes_past_files(s, start)
         needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
         source = _source(s, start, await count_samples(s, lane) if needs_counts else None)
@@ -375,5 +392,5 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
     finally:
         if rotation is not None:
             rotation.close()
-        if pool is not None:
-            pool.finish()
+        if s.pool is not None:
+            s.pool.finish()

@@ -9,16 +9,12 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import psutil
 import pytest
 
 import pyloader as pl
-
-# The suite was written for user code run in this process (its tests observe state kept on self and
-# in closures); where the default puts user code is tested in test_auto_workers.py, which clears this.
-os.environ.setdefault("PYLOADER_NUM_WORKERS", "0")
 
 
 def write_chunks(folder: Path, sizes: Sequence[int], prefix: str = "part") -> List[str]:
@@ -105,8 +101,15 @@ def spread_positions(epochs: Sequence[Optional[int]]) -> List[int]:
     return sorted({p for p in [0, 1, n - 1, n, *starts, *(k + 1 for k in starts), *middles] if 0 <= p <= n})
 
 
+# What an earlier test left behind (and ``_isolated`` reported and tried to end): a leak is the
+# test's that made it, so the leak checks of the tests after it do not see it.
+_carried_threads: Set[int] = set()
+_carried_pids: Set[int] = set()
+
+
 def our_threads() -> List[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("pyloader")]
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith("pyloader") and t.ident not in _carried_threads]
 
 
 def wait_no_threads(timeout: float = 1.5) -> List[str]:
@@ -131,7 +134,7 @@ def leftover_children() -> List[Tuple[int, str]]:
     """Descendants of this process, zombies included, except multiprocessing's own helpers."""
     out = []
     for proc in psutil.Process().children(recursive=True):
-        if _is_mp_infrastructure(proc):
+        if _is_mp_infrastructure(proc) or proc.pid in _carried_pids:
             continue
         try:
             out.append((proc.pid, proc.status()))
@@ -145,6 +148,41 @@ def wait_no_children(timeout: float = 2.0) -> List[Tuple[int, str]]:
     while leftover_children() and time.monotonic() < deadline:
         time.sleep(0.02)
     return leftover_children()
+
+
+def _end_leftovers() -> Tuple[List[str], List[Tuple[int, str]]]:
+    """Stop every run and worker pool of pyloader's still alive, kill our leftover processes, and
+    return what was still there before (threads by name, processes by pid and status)."""
+    from pyloader._execution import engine, pool
+
+    threads, children = wait_no_threads(3.0), wait_no_children(3.0)
+    if threads or children:
+        for run in list(engine._live):
+            run.stop(0.5)
+        for workers in list(pool._pools):
+            workers.close(0.5)
+        for pid, _ in leftover_children():
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        wait_no_threads(2.0)
+        wait_no_children(2.0)
+    return threads, children
+
+
+@pytest.fixture(autouse=True)
+def _isolated(request) -> Iterator[None]:
+    """After each test: what it left running is named (a warning) and ended, or, if it cannot be
+    (a thread stuck in user code), set aside so that it fails no later test."""
+    yield
+    threads, children = _end_leftovers()
+    if threads or children:
+        import warnings
+
+        warnings.warn(f"{request.node.nodeid} left threads {threads} and processes {children} behind",
+                      UserWarning, stacklevel=2)
+    _carried_threads.update(t.ident for t in threading.enumerate()
+                            if t.name.startswith("pyloader") and t.ident is not None)
+    _carried_pids.update(pid for pid, _ in leftover_children())
 
 
 @contextlib.contextmanager
