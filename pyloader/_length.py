@@ -7,10 +7,11 @@ count cheaply (a newline count, ``.npy`` headers); the default ``count`` parses 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
 
 from ._abc import DataReader
 from ._errors import PipelineError
+from ._stages.mix import MixSource
 from ._stages.shard import batches_of
 from ._stages.source import FileSource
 from ._stages.stream_plan import stream_steps
@@ -62,3 +63,12 @@ def epoch_batches(source: FileSource, epoch: int, batch_size: int, drop_last: bo
         return source.steps(epoch, batch_size, seq_len, drop_last)
     counts = source.counts or []
     return stream_steps([counts[i] for i in source.order(epoch)], batch_size, seq_len or 1)
+
+
+def epoch_steps(source: Union[FileSource, MixSource], epoch: int, batch_size: int, drop_last: bool,
+                seq_len: Optional[int], rotation: int = 1) -> int:
+    """Every batch (step) of ``epoch`` on this rank as planned from the counts, those of the parts
+    taken under other world sizes included (elastic resume): under ranks, the steps every rank gives."""
+    if rotation > 1:
+        return batches_of(source.samples(epoch), batch_size, drop_last, rotation)
+    return source.steps(epoch, batch_size, seq_len, drop_last)

@@ -7,7 +7,7 @@ import json
 import threading
 import time
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 from ._abc import DataReader
 from ._compose import callable_name
@@ -19,7 +19,7 @@ from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Exclusive
 from ._frameworks.progress import progress_bar
 from ._frameworks.torch import mover, pinner, unstack
-from ._length import count_files, epoch_batches
+from ._length import count_files, epoch_batches, epoch_steps
 from ._options import (
     GROUPS_IN_FLIGHT,
     GROUPS_PER_WORKER,
@@ -38,7 +38,7 @@ from ._stages.mix import MixSource, mix_fingerprint
 from ._stages.order import declares_drops_or_repeats
 from ._stages.shard import Sharding
 from ._stages.shard import resolve as resolve_sharding
-from ._stages.source import FileSource
+from ._stages.source import Elastic, FileSource
 from ._stages.sources import build_mix, is_mix
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
 from ._stats import profiled
@@ -305,12 +305,10 @@ class DataLoader(Options):
                                  known=known_counts(self._entries), progress=self.progress)
         except PipelineError as exc:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
-        if self._mix is not None:
-            mixed = MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, start.end, self.sharding)
-            return sum(mixed.batches(e, self.datareader.batch_size, self.drop_last, self.rotation)
+        source = self._plan(start, counts)
+        if isinstance(source, MixSource):
+            return sum(source.batches(e, self.datareader.batch_size, self.drop_last, self.rotation)
                        for e in range(start.epoch, start.end))
-        source = FileSource(self.files, start.end, self.shuffle, self.random_seed, self.sharding, counts,
-                            whole_files=self.stream, file_order=self.file_order, bounds=bounds_of(self._entries))
         # epochs differ in batches when the order changes the steps (stream mode) or the files read
         varies = self.stream or declares_drops_or_repeats(self.file_order)
         epochs = range(start.epoch, start.end if varies else start.epoch + 1)
@@ -345,7 +343,7 @@ class DataLoader(Options):
         last one handed out (also when that iteration was left early), or, after
         an iteration that ran to its end, the next iteration.
         """
-        return make_state(self._where(), self._fingerprint())
+        return make_state(self._where(), self._fingerprint(), self.num_epoch)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Make the next iteration resume from ``state`` (from ``state_dict``).
@@ -357,8 +355,50 @@ class DataLoader(Options):
         start = read_state(state, self._fingerprint(), old_files_digest(self.files), self.num_epoch)
         if start.splits and self._mix is not None:
             raise ValueError("a mixed loader (a data_dir of Sources) resumes under the world size it was saved with")
+        self._check_position(start)
         self._stop_run()
         self._next, self._record = start, None
+
+    def _plan(self, start: Start, counts: List[Optional[int]],
+              elastic: Optional[Elastic] = None) -> Union[FileSource, MixSource]:
+        """The plan of the epochs ``start`` begins, from the counts (as the run makes it: ``_pipeline._source``)."""
+        if self._mix is not None:
+            return MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, start.end, self.sharding)
+        return FileSource(self.files, start.end, self.shuffle, self.random_seed, self.sharding, counts,
+                          whole_files=self.stream, file_order=self.file_order, bounds=bounds_of(self._entries),
+                          elastic=elastic)
+
+    def _check_position(self, start: Start) -> None:
+        """Refuse a position that the data cannot have, before any run plans from it: a part of the epoch
+        taken under a world size wider than the epoch (stream mode: than its files), or a batch past the
+        epoch's end. Where a count fails, or ``filter_fn`` hides the length, the run checks (``_pipeline``)."""
+        if not start.skip or (self.filter_fn is not None and not self.sharding.active and not start.splits):
+            return
+        try:
+            counts = count_files(self._counter, self._count_cache, skip_failed=self.on_error != "raise",
+                                 known=known_counts(self._entries))
+        except PipelineError:
+            return  # the run counts again, and raises this error before planning anything
+        total = epoch_steps(self._plan(start, counts, self._elastic(start, counts)), start.epoch,
+                            self.datareader.batch_size, self.drop_last, self.seq_len, self.rotation)
+        if start.skip > total:
+            raise ValueError(f"the state's batches_in_epoch {start.skip} is past the end of epoch {start.epoch}, "
+                             f"which has {total} batches on this rank: it was not saved from this data and settings")
+
+    def _elastic(self, start: Start, counts: List[Optional[int]]) -> Optional[Elastic]:
+        """The parts of ``start``'s epoch taken under other world sizes, each no wider than the epoch."""
+        if not start.splits:
+            return None
+        plain = self._plan(start, counts)
+        assert isinstance(plain, FileSource), "a mixed loader's state has no splits (load_state_dict)"
+        order = plain.order(start.epoch)
+        size = len(order) if self.stream else sum(counts[i] or 0 for i in order)
+        wider = [w for w, _ in start.splits if w > max(size, 1)]
+        if wider:
+            raise ValueError(f"the state's epoch {start.epoch} was begun under world_size={wider[0]}, more ranks "
+                             f"than its {size} {'files' if self.stream else 'samples'}: it was not saved from this "
+                             f"data, or resume it under world_size={wider[0]}")
+        return Elastic(start.epoch, start.splits, self.datareader.batch_size, self.seq_len or 1)
 
     def shard(self, rank: int, world_size: int) -> "DataLoader":
         """A loader with the same settings that reads only the share of ``rank`` among ``world_size``."""

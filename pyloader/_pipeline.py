@@ -24,6 +24,7 @@ from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Exclusive, Lane, LocalSteps, PoolRunner, Runner, ThreadRunner
 from ._execution.steps import Step
 from ._frameworks.torch import attach_meta
+from ._length import epoch_steps
 from ._options import Options, resolved
 from ._stages.batch import Batcher, Group, Stacked
 from ._stages.bucket import Lengths
@@ -34,7 +35,7 @@ from ._stages.map import OrderedMap
 from ._stages.mix import MixSource
 from ._stages.read import Ramp, ReadFiles
 from ._stages.rotation import Rotation
-from ._stages.shard import Sharding, batches_of
+from ._stages.shard import Sharding
 from ._stages.source import Elastic, FileSource, FileTask, SourceItem
 from ._stages.sources import Mix
 from ._stages.stream import StreamBatcher
@@ -140,8 +141,15 @@ async def count_samples(s: Settings, run_blocking: Callable) -> List[Optional[in
     return s.count_cache["counts"]
 
 
-async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats) -> AsyncIterator[Group]:
+async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats,
+                whole: bool = False) -> AsyncIterator[Group]:
+    """``groups`` less the batches of the resumed epoch before its position; ``whole``: that epoch gives all its
+    batches here (no ranks pad it later), so one that ends before the position is a state from elsewhere
+    (where the counts cannot tell its length, ``DataLoader._check_position`` could not refuse it)."""
+    reach = _Reach(start) if whole else None
     async for group in groups:
+        if reach is not None:
+            reach.see(group)
         # batches replayed to rebuild the state are not encoded again
         kept = [k for k, b in enumerate(group) if b.epoch != start.epoch or b.index >= start.skip]
         if len(kept) < len(group):
@@ -150,6 +158,27 @@ async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats) -> Asy
             yield group
         elif kept:
             yield group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
+    if reach is not None:
+        reach.check()
+
+
+class _Reach:
+    """How far the resumed epoch went: a ``ValueError`` once it is known to end before the position."""
+
+    def __init__(self, start: Start) -> None:
+        self.start = start
+        self.reached = start.base  # its batches so far
+
+    def see(self, group: Group) -> None:
+        self.reached = max([self.reached] + [b.index + 1 for b in group if b.epoch == self.start.epoch])
+        if group[-1].epoch != self.start.epoch:
+            self.check()
+
+    def check(self) -> None:
+        if self.reached < self.start.skip:
+            raise ValueError(f"the state's batches_in_epoch {self.start.skip} is past the end of epoch "
+                             f"{self.start.epoch}, which gave {self.reached} batches: it was not saved from "
+                             f"this data and settings")
 
 
 def launch_workers(s: Settings, kept: Optional[KeptPool]) -> Optional[WorkerPool]:
@@ -269,9 +298,7 @@ def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
     if not s.sharding.active:
         return None
     o = s.options
-    if o.rotation > 1:
-        return lambda epoch: batches_of(source.samples(epoch), s.reader.batch_size, o.drop_last, o.rotation)
-    return lambda epoch: source.steps(epoch, s.reader.batch_size, o.seq_len, o.drop_last)
+    return lambda epoch: epoch_steps(source, epoch, s.reader.batch_size, o.drop_last, o.seq_len, o.rotation)
 
 
 def _rotation(s: Settings, run_blocking: Callable, steps: Optional[Callable[[int], int]]) -> Optional[Rotation]:
@@ -290,7 +317,7 @@ def _rotated(s: Settings, start: Start, rotation: Rotation, encoded: AsyncIterat
     dropped), then collated and pinned in this process."""
     rotated = rotation.iterate(encoded)
     if start.skip:
-        rotated = _skip(rotated, start, s.stats)
+        rotated = _skip(rotated, start, s.stats, whole=not s.sharding.active)
     collate = LocalSteps(split_steps(s)[2][1:], lane, (s.options.datacollator,), s.stats.busy)
     return OrderedMap(collate.run, _COLLATING, s.errors, s.stats).iterate(rotated, tasks)
 
@@ -324,7 +351,7 @@ async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: 
                                                                                                      epochs.stop)
     raw = batcher.iterate(read.iterate(files, tasks))
     if resumed and start.skip and not past_files:
-        raw = _skip(raw, start, s.stats)
+        raw = _skip(raw, start, s.stats, whole=not s.sharding.active)
     async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
         ramp.set()
         yield group

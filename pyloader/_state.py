@@ -7,20 +7,43 @@ the cache and which epoch wrote it (``cached_from``), and a fingerprint of the
 data and of every setting that changes the batch sequence. The files are fingerprinted by their names relative to the
 folder they were listed from, and (local files) their sizes, so the same data
 moved or mounted elsewhere still resumes. Every check happens before anything
-changes; a refusal names each setting that differs with both values.
+changes; a refusal names each setting that differs with both values, each value cut to
+``SHOWN`` characters (``shown``). A state nested deeper than ``MAX_DEPTH`` is refused
+before anything walks it. ``num_epoch`` records the epochs of the iteration the state
+belongs to, so that a loader with another ``num_epoch`` resumes that iteration up to its
+own number of epochs (``read_state``).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import reprlib
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._paths import is_url
 
 FORMAT = "pyloader.state/2"
 OLD_FORMAT = "pyloader.state/1"  # before epochs went on across iterations: always from epoch 0
+MAX_DEPTH = 32  # a state is a few levels deep; deeper ones are refused before anything recurses into them
+SHOWN = 200  # characters of a saved value that an error message repeats
+LIMIT = 2**63  # epochs, batches and world sizes are below this (what NumPy's seeds and sizes take)
+
+
+class _Repr(reprlib.Repr):
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxstring = self.maxother = SHOWN
+        self.maxlevel = 4
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 600:  # repr() refuses ints of over 4,300 digits
+            return f"<an integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_REPR = _Repr()
 
 
 @dataclass(frozen=True)
@@ -65,34 +88,64 @@ def old_files_digest(files: Sequence[str]) -> str:
     return hashlib.sha1("\n".join(files).encode()).hexdigest()
 
 
-def make_state(start: Start, settings: Mapping[str, Any]) -> Dict[str, Any]:
+def make_state(start: Start, settings: Mapping[str, Any], num_epoch: int) -> Dict[str, Any]:
+    """The state of ``start``, in an iteration of ``num_epoch`` epochs (it began at ``end - num_epoch``;
+    not recorded where it cannot have: a state that recorded none was loaded, see ``_iteration_end``)."""
+    recorded = num_epoch if 0 <= start.end - num_epoch <= start.epoch else None
     return {"format": FORMAT, "epoch": start.epoch, "batches_in_epoch": start.skip, "end_epoch": start.end,
-            "splits": [list(split) for split in start.splits], "cached_from": start.cached,
+            "num_epoch": recorded, "splits": [list(split) for split in start.splits], "cached_from": start.cached,
             "settings": dict(settings)}
+
+
+def shown(value: Any) -> str:
+    """``value`` for an error message: its repr, cut to about ``SHOWN`` characters with a note of
+    its full length (a saved value may be any size)."""
+    text = _REPR.repr(value)
+    size = len(value) if isinstance(value, (str, bytes, list, tuple, dict)) else None
+    if len(text) > SHOWN:
+        text = text[:SHOWN] + "..."
+    if size is not None and size > SHOWN:
+        text += f" (cut: {size:,} {'characters' if isinstance(value, (str, bytes)) else 'items'} in all)"
+    return text
+
+
+def _check_depth(state: Any) -> None:
+    """Refuse a state nested deeper than ``MAX_DEPTH`` (walked without recursion)."""
+    stack = [(state, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(f"not a pyloader state: nested more than {MAX_DEPTH} levels deep")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
 
 
 _PER_RANK = ("rank", "world_size")  # any rank's state resumes every rank, under any world size
 
 
-def _integer(state: Mapping[str, Any], name: str) -> int:
+def _integer(state: Mapping[str, Any], name: str, least: int = 0) -> int:
     value = state.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"the state's {name} must be an integer >= 0, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value < LIMIT:
+        raise ValueError(f"the state's {name} must be an integer >= {least} and < 2**63, got {shown(value)}")
     return value
 
 
 def read_state(state: Any, ours: Mapping[str, Any], old_files: str, num_epoch: int) -> Start:
-    """The ``Start`` that ``state`` resumes, checked against ``ours`` (the loader's fingerprint)."""
+    """The ``Start`` that ``state`` resumes, checked against ``ours`` (the loader's fingerprint), in an
+    iteration of ``num_epoch`` epochs: the one the state was saved in, which began at its ``end_epoch``
+    less the ``num_epoch`` it recorded (states that record none end where they were saved to end)."""
     if not isinstance(state, dict) or state.get("format") not in (FORMAT, OLD_FORMAT):
         raise ValueError(f"not a pyloader state (expected format {FORMAT!r})")
+    _check_depth(state)
     theirs = state.get("settings")
     if not isinstance(theirs, dict):
         raise ValueError("the state has no settings fingerprint")
     if state["format"] == OLD_FORMAT:
         ours = {**ours, "files": old_files}
-    differ = [f"{k} (saved {theirs.get(k)!r}, now {ours[k]!r})" for k in ours
-              if k not in _PER_RANK and (k in theirs or state["format"] == FORMAT)
-              if json.dumps(ours[k]) != json.dumps(theirs.get(k))]
+    differ = [line for k in ours if k not in _PER_RANK and (k in theirs or state["format"] == FORMAT)
+              for line in _differences(k, ours[k], theirs.get(k))]
     if differ:
         raise ValueError(f"the state was saved with other data or settings: {'; '.join(differ)}")
     epoch, skip = _integer(state, "epoch"), _integer(state, "batches_in_epoch")
@@ -100,13 +153,46 @@ def read_state(state: Any, ours: Mapping[str, Any], old_files: str, num_epoch: i
         if epoch > num_epoch:
             raise ValueError(f"the state's epoch {epoch} is beyond num_epoch={num_epoch}")
         return Start(epoch, skip, num_epoch)
-    end = _integer(state, "end_epoch")
-    if end <= epoch:
-        raise ValueError(f"the state's end_epoch {end} must be after its epoch {epoch}")
+    return _elastic(_position(state, epoch, skip, _iteration_end(state, epoch, num_epoch)), theirs, ours)
+
+
+def _position(state: Mapping[str, Any], epoch: int, skip: int, end: int) -> Start:
+    """The state's position, its splits and cache checked against it."""
     start = Start(epoch, skip, end, _splits(state.get("splits", [])), _optional(state, "cached_from"))
     if skip < start.base:
         raise ValueError(f"the state's batches_in_epoch {skip} is before its splits end ({start.base})")
-    return _elastic(start, theirs.get("world_size"), ours)
+    if start.cached is not None and start.cached > epoch:
+        raise ValueError(f"the state's cached_from {start.cached} is after its epoch {epoch}")
+    return start
+
+
+def _differences(name: str, ours: Any, theirs: Any) -> List[str]:
+    """Each setting under ``name`` that differs, with both values; in a dict, each key that does."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        keys = [*ours, *(k for k in theirs if k not in ours)]
+        return [line for k in keys for line in _differences(f"{name}.{k}", ours.get(k), theirs.get(k))]
+    if json.dumps(ours) == json.dumps(theirs):
+        return []
+    return [f"{name} (saved {shown(theirs)}, now {shown(ours)})"]
+
+
+def _iteration_end(state: Mapping[str, Any], epoch: int, num_epoch: int) -> int:
+    """Where the resumed iteration ends: ``num_epoch`` epochs after the saved iteration began."""
+    end = _integer(state, "end_epoch", least=1)
+    if state.get("num_epoch") is None:  # saved before states recorded it: it ends where it was saved to end
+        if end <= epoch:
+            raise ValueError(f"the state's end_epoch {end} must be after its epoch {epoch}")
+        return end
+    saved = _integer(state, "num_epoch", least=1)
+    first = end - saved
+    if first < 0 or not first <= epoch < end:
+        raise ValueError(f"the state's epoch {epoch}, end_epoch {end} and num_epoch {saved} disagree "
+                         f"(its iteration would be epochs {first} to {end - 1})")
+    if epoch >= first + num_epoch:
+        raise ValueError(f"the state is in epoch {epoch} of an iteration that began with epoch {first}, "
+                         f"past the end of one of num_epoch={num_epoch} (it was saved under num_epoch={saved}): "
+                         f"resume it with num_epoch >= {epoch - first + 1}")
+    return first + num_epoch
 
 
 def _optional(state: Mapping[str, Any], name: str) -> Optional[int]:
@@ -114,19 +200,24 @@ def _optional(state: Mapping[str, Any], name: str) -> Optional[int]:
 
 
 def _splits(value: Any) -> Tuple[Tuple[int, int], ...]:
+    """Each split: a world size and the batches every rank of it took (at least one: a split is
+    made only where its ranks took some). Their sizes are checked against the data by the loader."""
     ok = isinstance(value, list) and all(
         isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
-        and s[0] >= 1 and s[1] >= 0 for s in value)
+        and 1 <= s[0] < LIMIT and 1 <= s[1] < LIMIT for s in value)
     if not ok:
-        raise ValueError(f"the state's splits must be a list of [world_size, batches], got {value!r}")
+        raise ValueError(f"the state's splits must be a list of [world_size, batches] (integers >= 1), "
+                         f"got {shown(value)}")
     return tuple((w, b) for w, b in value)
 
 
-def _elastic(start: Start, saved_world: Any, ours: Mapping[str, Any]) -> Start:
+def _elastic(start: Start, theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> Start:
     """``start`` for this world size: under another one than the state's, the rest of the epoch
     is shared out anew (what the saved ranks took becomes a split)."""
-    if not isinstance(saved_world, int) or saved_world < 1:
-        raise ValueError(f"the state's world_size must be an integer >= 1, got {saved_world!r}")
+    saved_world, saved_rank = _integer(theirs, "world_size", least=1), theirs.get("rank", 0)
+    if not isinstance(saved_rank, int) or isinstance(saved_rank, bool) or not 0 <= saved_rank < saved_world:
+        raise ValueError(f"the state's rank must be an integer >= 0 and below its world_size {saved_world}, "
+                         f"got {shown(saved_rank)}")
     taken = start.skip - start.base
     if saved_world == ours["world_size"] or not taken:
         return start

@@ -278,6 +278,52 @@ def test_a_count_that_overstates_the_file_is_an_error(tmp_path):
         list(pl.DataLoader(Boastful(4), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=1, world_size=2))
 
 
+class CountsOneFileEmpty(IdReader):
+    """Says part-0001 holds no samples (it holds 3)."""
+
+    def count(self, path):
+        return 0 if path.endswith("part-0001.txt") else super().count(path)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_file_counted_empty_that_holds_samples_is_an_error_under_ranks(tmp_path, num_workers):
+    """No rank's share holds a row of a file counted 0: one rank reads it to check (it would vanish unseen)."""
+    write_chunks(tmp_path, [3, 3, 3, 3])
+    errors = []
+    for rank in range(2):
+        with pl.DataLoader(CountsOneFileEmpty(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=rank,
+                           world_size=2, num_workers=num_workers) as loader:
+            try:
+                list(loader)
+            except pl.PipelineError as exc:
+                errors.append(str(exc))
+    assert len(errors) == 1
+    assert "part-0001.txt" in errors[0] and "more samples than the 0 DataReader.count said" in errors[0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_file_counted_empty_that_holds_samples_is_skipped_with_equal_steps_when_errors_are_skipped(
+        tmp_path, num_workers):
+    write_chunks(tmp_path, [3, 3, 3, 3])
+    runs = []
+    for rank in range(2):
+        with pl.DataLoader(CountsOneFileEmpty(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=rank,
+                           world_size=2, num_workers=num_workers, on_error="skip") as loader:
+            runs.append((list(loader), loader.stats["skipped_files"]))
+    assert len(runs[0][0]) == len(runs[1][0])
+    assert sorted(i for batches, _ in runs for i in real_ids(batches)) == [0, 1, 2, 6, 7, 8, 9, 10, 11]
+    assert sum(skipped for _, skipped in runs) == 1
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_empty_files_under_ranks_are_read_and_every_sample_is_delivered_once(tmp_path, num_workers):
+    write_chunks(tmp_path, [0, 3, 0, 0, 5, 0])
+    runs = [list(pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=rank,
+                               world_size=3, num_workers=num_workers)) for rank in range(3)]
+    assert len({len(r) for r in runs}) == 1
+    assert sorted(i for r in runs for i in real_ids(r)) == list(range(8))
+
+
 # -- errors skipped under ranks: the steps stay those planned ----------------------------------
 def write_jsonl(folder: Path, sizes, bad=None) -> None:
     """One JSON-lines file per size, ids running on across files; ``bad=(file, line)`` breaks that line."""

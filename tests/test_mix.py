@@ -212,3 +212,72 @@ def test_a_loader_without_sources_reports_no_sources_in_its_stats(tmp_path):
     write_chunks(tmp_path / "a", [5])
     loader = pl.DataLoader(IdReader(4), pl.IdentityDataset(), ListCollator(), str(tmp_path / "a"))
     assert "sources" not in loader.stats
+
+
+# -- shares smaller than the ranks, filters, counts of 0 ------------------------------------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_rank_whose_mixed_share_is_empty_gets_a_padding_batch_as_a_plain_loader_gives_it(tmp_path, num_workers):
+    """Source b has 1 sample: the first_exhausted epoch is 2 samples long, fewer than the 3 ranks."""
+    shares = []
+    for rank in range(3):
+        loader = mixed(tmp_path, [40], [1], weights=(1, 1), batch_size=4, rank=rank, world_size=3,
+                       num_workers=num_workers)
+        with loader:
+            batches = list(loader)
+        assert len(batches) == 1  # the steps every rank gives
+        shares.append([(i, bool(pad)) for b in batches for i, pad in zip(b["id"], b["__padding__"])])
+    real = [i for share in shares for i, pad in share if not pad]
+    assert sorted(real) == [0, B_BASE]  # the epoch's 2 samples, once across ranks
+    empty = [share for share in shares if all(pad for _, pad in share)]
+    assert len(empty) == 1 and len(empty[0]) == 1  # a padding batch of one sample, as a plain loader gives
+
+    write_chunks(tmp_path / "plain", [2])
+    plain = [list(pl.DataLoader(IdReader(4), pl.IdentityDataset(), ListCollator(), str(tmp_path / "plain"),
+                                rank=rank, world_size=3, num_workers=0)) for rank in range(3)]
+    assert [[list(b["__padding__"]) for b in p] for p in plain] == [[[bool(pad) for _, pad in s]] for s in shares]
+
+
+def drop_ten_to_nineteen(sample):
+    return not 10 <= sample["id"] < 20
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_filter_that_drops_a_whole_piece_of_a_mixed_source_works_as_without_mixing(tmp_path, num_workers):
+    """File a/part-0001 (ids 10..19) is one piece and the filter drops all of it."""
+    loader = mixed(tmp_path, [10, 10, 10], [10, 10], weights=(1, 1), batch_size=4, stop="all_exhausted",
+                   filter_fn=drop_ten_to_nineteen, num_workers=num_workers)
+    ids = ids_of(run(loader))
+    kept = [i for i in range(30) if not 10 <= i < 20] + list(range(B_BASE, B_BASE + 20))
+    assert set(ids) == set(kept)  # every sample the filter kept, as without mixing
+    assert [i for i in ids if i < B_BASE] == [i for i in range(30) if not 10 <= i < 20]
+    assert loader.stats["filtered_samples"] == 10
+
+
+class CountsOneFileEmpty(IdReader):
+    """Says a/part-0001 holds no samples (it holds 10)."""
+
+    def count(self, path):
+        return 0 if path.endswith("part-0001.txt") else super().count(path)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_mixed_file_counted_empty_that_holds_samples_is_an_error_naming_it(tmp_path, num_workers, world_size):
+    write_chunks(tmp_path / "a", [10, 10, 10])
+    write_jsonl(tmp_path / "b", [10, 10])
+    errors = []
+    for rank in range(world_size):
+        loader = pl.DataLoader(CountsOneFileEmpty(4), pl.IdentityDataset(), ListCollator(),
+                               [pl.Source(str(tmp_path / "a")), pl.Source(str(tmp_path / "b"), 1.0,
+                                                                          JsonLinesReader(4))],
+                               stop="all_exhausted", rank=rank, world_size=world_size, num_workers=num_workers)
+        with loader:
+            try:
+                list(loader)
+            except pl.PipelineError as exc:
+                errors.append(str(exc))
+    assert len(errors) == 1  # one rank reads it to check
+    assert "part-0001.txt" in errors[0] and "more samples than the 0 DataReader.count said" in errors[0]

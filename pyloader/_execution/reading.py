@@ -113,6 +113,8 @@ def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Ser
                     raise ValueError(f"file {task.path!r} has more samples than the {task.count} "
                                      f"DataReader.count said: the rest would be lost")
                 return
+        if offset >= end:  # no rows asked for: a file counted empty, read to check that it is
+            return
         if task.count is None:  # no count: a stream-mode slice (path, start, end)
             raise ValueError(f"file {task.path!r} has {offset} samples, fewer than the slice {task.start}:{task.end} "
                              f"of it asks for")

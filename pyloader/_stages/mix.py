@@ -21,8 +21,9 @@ Contracts:
 * **Ranks.** Every rank makes the same plan; rank ``r`` takes the contiguous
   positions ``[N r / W, N (r + 1) / W)`` of it, reading only the file ranges they
   need; ``even_batches="pad"`` tops the shorter shares up with padding batches
-  (``_stages.batch``), ``"drop"`` trims every share to the shortest. Every planned sample
-  is delivered once across ranks, and every rank takes the same steps.
+  (``_stages.batch``), ``"drop"`` trims every share to the shortest; a share left empty (an
+  epoch of fewer samples than ranks) reads the position after it as padding, as a plain
+  loader's does. Every planned sample is delivered once across ranks, and every rank takes the same steps.
 * **Resume** replays the epoch up to the position (the plan and the sources'
   orders are pure functions of the seed and the epoch); a state saved under
   another world size is refused.
@@ -86,6 +87,7 @@ class MixSource:
         self.mix = mix
         self.counted = counted  # per source, its "samples" batched are counted here (``loader.stats``)
         self.counts = [n or 0 for n in counts]
+        self.left_out = frozenset(i for i, n in enumerate(counts) if n is None)  # counts that failed, skipped
         self.stop = stop
         self.shuffle = shuffle
         self.seed = seed
@@ -121,10 +123,20 @@ class MixSource:
         lo = cuts[self.sharding.rank]
         return lo, min(cuts[self.sharding.rank + 1], lo + target), target
 
+    def _window(self, n: int) -> Tuple[int, int, bool]:
+        """The positions ``[lo, hi)`` of an epoch of ``n`` this rank reads, and whether they are padding: an
+        empty share under ``"pad"`` (an epoch of fewer samples than ranks) reads the position after it, as
+        a plain loader's rank pads with the samples after its share (``_stages.shard.rank_ranges``)."""
+        lo, hi, target = self._share(n)
+        if hi > lo or not target:
+            return lo, hi, False
+        lo %= n  # the share sizes differ by at most one: an empty one pads a single sample
+        return lo, lo + 1, True
+
     def share(self, epoch: int) -> np.ndarray:
         """The source of each position of this rank's share of ``epoch``."""
         plan = self.plan(epoch)
-        lo, hi, _ = self._share(len(plan))
+        lo, hi, _ = self._window(len(plan))
         return plan[lo:hi]
 
     def samples(self, epoch: int) -> int:
@@ -161,7 +173,7 @@ class MixSource:
 
     def tasks(self, epoch: int) -> Iterator[FileTask]:
         plan = self.plan(epoch)
-        lo, hi, _ = self._share(len(plan))
+        lo, hi, pad = self._window(len(plan))
         needs: List[Need] = []
         for k in range(len(self.totals)):
             positions = np.flatnonzero(plan[lo:hi] == k)
@@ -169,7 +181,16 @@ class MixSource:
             needs.extend(self._needs(epoch, k, first, len(positions), positions))
         needs.sort(key=lambda need: need[0])
         for pos, (_, index, start, end) in enumerate(needs):
-            yield FileTask(epoch, pos, index, self.mix.files[index], start, end, count=self.counts[index])
+            yield FileTask(epoch, pos, index, self.mix.files[index], start, end, pad, self.counts[index])
+        yield from self._empty(epoch, len(needs))
+
+    def _empty(self, epoch: int, pos: int) -> Iterator[FileTask]:
+        """The files counted empty that this rank reads to check they are (every ``world_size``-th one): the
+        plan takes no row of them, so a count of 0 that is wrong would otherwise lose the file unseen."""
+        for index, n in enumerate(self.counts):
+            if not n and index % self.sharding.world_size == self.sharding.rank and index not in self.left_out:
+                yield FileTask(epoch, pos, index, self.mix.files[index], 0, 0, False, 0)
+                pos += 1
 
     def iterate(self, start_epoch: int = 0, skip_rows: int = 0, until: Optional[int] = None) -> Iterator[SourceItem]:
         for epoch in range(start_epoch, self.num_epoch if until is None else until):
@@ -203,6 +224,8 @@ class MixBuffer:
     def feed(self, columns: Traced) -> Iterator[Traced]:
         files = columns.provenance.file
         assert files is not None, "rows mixed carry their files"
+        if not len(files):  # a piece filter_fn emptied
+            return
         k = self.source_of[int(files[0])]
         self.queues[k].append(columns)
         self.held[k] += n_rows(columns)

@@ -97,10 +97,22 @@ class FileSource:
             return
         splits, batch_size = self._splits(epoch)
         share, padding = rank_ranges(order, self.counts, self.sharding, splits, batch_size)
-        for pad, part in ((False, share), (True, padding)):
-            for pos, start, end in part:
-                index = order[pos]
-                yield FileTask(epoch, pos, index, self.files[index], start, end, pad, self.counts[index])
+        for pos, start, end in share:
+            index = order[pos]
+            yield FileTask(epoch, pos, index, self.files[index], start, end, False, self.counts[index])
+        yield from self._empty(epoch, order)
+        for pos, start, end in padding:
+            index = order[pos]
+            yield FileTask(epoch, pos, index, self.files[index], start, end, True, self.counts[index])
+
+    def _empty(self, epoch: int, order: Sequence[int]) -> Iterator[FileTask]:
+        """The files counted empty that this rank reads to check they are (every ``world_size``-th one): no
+        share holds a row of them, so a count of 0 that is wrong would otherwise lose the file unseen."""
+        assert self.counts is not None, "sharding needs the sample counts"
+        for pos, index in enumerate(order):
+            if pos % self.sharding.world_size == self.sharding.rank and not self.counts[index]:
+                if index not in self.left_out:
+                    yield FileTask(epoch, pos, index, self.files[index], 0, 0, False, 0)
 
     def _whole(self, epoch: int, pos: int, index: int, count: Optional[int] = None) -> FileTask:
         """The task reading file ``index`` whole, or its slice (checked by its bounds, not a count)."""
@@ -162,7 +174,7 @@ class FileSource:
         assert self.counts is not None, "resuming past whole files needs the sample counts"
         for task in self.tasks(epoch):
             end = self.counts[task.index] if task.end is None else task.end
-            if rows >= end - task.start:
+            if rows and rows >= end - task.start:
                 rows -= end - task.start
                 continue
             if rows:
