@@ -169,7 +169,8 @@ class MixSource:
             needs.extend(self._needs(epoch, k, first, len(positions), positions))
         needs.sort(key=lambda need: need[0])
         for pos, (_, index, start, end) in enumerate(needs):
-            yield FileTask(epoch, pos, index, self.mix.files[index], start, end, count=self.counts[index])
+            yield FileTask(epoch, pos, index, self.mix.files[index], start, end, count=self.counts[index],
+                           seed=self.seed)
 
     def iterate(self, start_epoch: int = 0, skip_rows: int = 0, until: Optional[int] = None) -> Iterator[SourceItem]:
         for epoch in range(start_epoch, self.num_epoch if until is None else until):

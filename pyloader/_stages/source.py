@@ -100,14 +100,14 @@ class FileSource:
         for pad, part in ((False, share), (True, padding)):
             for pos, start, end in part:
                 index = order[pos]
-                yield FileTask(epoch, pos, index, self.files[index], start, end, pad, self.counts[index])
+                yield FileTask(epoch, pos, index, self.files[index], start, end, pad, self.counts[index], self.seed)
 
     def _whole(self, epoch: int, pos: int, index: int, count: Optional[int] = None) -> FileTask:
         """The task reading file ``index`` whole, or its slice (checked by its bounds, not a count)."""
         bounds = self.bounds[index] if self.bounds is not None else None
         if bounds is None:
-            return FileTask(epoch, pos, index, self.files[index], count=count)
-        return FileTask(epoch, pos, index, self.files[index], *bounds)
+            return FileTask(epoch, pos, index, self.files[index], count=count, seed=self.seed)
+        return FileTask(epoch, pos, index, self.files[index], *bounds, seed=self.seed)
 
     def _stream_shares(self, epoch: int) -> List[List[FileTask]]:
         """Stream mode: every rank's files (a rank takes every ``world_size``-th one). After an
