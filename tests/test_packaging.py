@@ -32,7 +32,7 @@ from packaging.version import Version
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[1]
-USER_EXTRAS = {"torch", "tensorflow", "remote", "parquet", "fast", "compression", "progress"}
+USER_EXTRAS = {"torch", "tensorflow", "remote", "parquet", "fast", "compression", "progress", "image"}
 
 
 @dataclass(frozen=True)
