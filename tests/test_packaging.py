@@ -123,7 +123,7 @@ def test_the_sdist_carries_the_license_and_everything_its_tests_need(built: Buil
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     needed = {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "setup.py", "pytest.ini", "constraints.txt",
               ".ci/run", "pyloader/py.typed", "tests/conftest.py", "tests/worker_helpers.py", "tests/ddp_train.py",
-              "examples/stream_letters.py", "examples/stream_gru.py", "examples/demo.py"}
+              "examples/stream_letters.py", "examples/stream_gru.py", "examples/demo.py", "examples/image_augment.py"}
     assert needed <= names, sorted(needed - names)
     tracked_tests = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*.py")}
     assert tracked_tests <= names, sorted(tracked_tests - names)
