@@ -160,7 +160,8 @@ def test_a_truncated_shard_delivers_the_pieces_before_the_damage_then_names_the_
     data = path.read_bytes()
     path.write_bytes(data[:len(data) * 2 // 3])
     pieces = []
-    with pytest.raises(FileFormatError, match=r"shard .*shard\.tar.*corrupt or truncated after member '0000\d\d\.") as e:
+    damage = r"shard .*shard\.tar.*corrupt or truncated after member '0000\d\d\."
+    with pytest.raises(FileFormatError, match=damage) as e:
         for piece in TarReader(piece_size=1).iter_file(str(path)):
             pieces.append(piece)
     assert 2 <= len(pieces) < 6  # streamed: the samples before the damage came first
