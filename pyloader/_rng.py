@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from contextvars import ContextVar, Token
-from typing import Callable, Iterable, Iterator, Optional, Tuple, TypeVar
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 import numpy as np
 
@@ -34,40 +34,35 @@ USER_COUNT = 11  # ``pyloader.rng()`` inside ``DataReader.count`` (which may rea
 _TORCH_SEED = 12  # ``pyloader.rng_seed()``: an integer from the same keys, apart from the generator's draws
 
 
-class _Draws:
-    """The random source of one user call: the keys it is a pure function of, and its generator (made when asked)."""
-
-    __slots__ = ("keys", "_generator")
-
-    def __init__(self, keys: Tuple[int, ...]) -> None:
-        self.keys = keys
-        self._generator: Optional[np.random.Generator] = None
-
-    def generator(self) -> np.random.Generator:
-        if self._generator is None:
-            self._generator = derive_rng(*self.keys)
-        return self._generator
+_current: ContextVar[Optional[List[Any]]] = ContextVar("pyloader_user_rng", default=None)  # [keys, generator]
 
 
-_current: ContextVar[Optional[_Draws]] = ContextVar("pyloader_user_rng", default=None)
+def enter(keys: Tuple[int, ...]) -> Token:
+    """From now on (in this thread or task) ``rng()`` and ``rng_seed()`` answer for ``keys`` (``derive_rng``'s
+    arguments); ``leave(token)`` undoes it. The generator is made on the first ``rng()``: a call that draws
+    nothing costs a context variable's set and reset."""
+    return _current.set([keys, None])
+
+
+def leave(token: Token) -> None:
+    _current.reset(token)
 
 
 class drawing:
-    """``rng()`` and ``rng_seed()`` answer for ``(seed, *keys)`` while the block runs (in this thread or task).
-    A class, not a generator function: it wraps every user step of every batch."""
+    """``enter((seed, *keys))`` for the ``with`` block."""
 
-    __slots__ = ("_draws", "_token")
+    __slots__ = ("_keys", "_token")
 
     def __init__(self, seed: int, *keys: int) -> None:
-        self._draws = _Draws((seed, *keys))
+        self._keys = (seed, *keys)
         self._token: Optional[Token] = None
 
     def __enter__(self) -> None:
-        self._token = _current.set(self._draws)
+        self._token = enter(self._keys)
 
     def __exit__(self, *exc: object) -> None:
         assert self._token is not None, "entered before it is left"
-        _current.reset(self._token)
+        leave(self._token)
 
 
 def stepped(make: Callable[[], Iterable[T]], seed: int, *keys: int) -> Iterator[T]:
@@ -90,7 +85,7 @@ def stepped(make: Callable[[], Iterable[T]], seed: int, *keys: int) -> Iterator[
             close()
 
 
-def _draws(name: str) -> _Draws:
+def _draws(name: str) -> List[Any]:
     draws = _current.get()
     if draws is None:
         raise RuntimeError(f"pyloader.{name}() is only valid inside read_file, iter_file, batch_encode or "
@@ -104,10 +99,14 @@ def rng() -> np.random.Generator:
     the epoch and that position: the same draws with any ``num_workers``/``num_threads``, under ranks and after
     an exact resume; different in each epoch. Calls within one user call continue one stream.
     Outside such a call: ``RuntimeError``."""
-    return _draws("rng").generator()
+    draws = _draws("rng")
+    if draws[1] is None:
+        draws[1] = derive_rng(*draws[0])
+    generator: np.random.Generator = draws[1]
+    return generator
 
 
 def rng_seed() -> int:
     """An integer seed (0 <= seed < 2**63) for the user call now running, from the same keys as ``rng()`` and
     apart from its draws: for ``torch.Generator().manual_seed(pyloader.rng_seed())``. Outside: ``RuntimeError``."""
-    return int(derive_rng(*_draws("rng_seed").keys, _TORCH_SEED).integers(2 ** 63))
+    return int(derive_rng(*_draws("rng_seed")[0], _TORCH_SEED).integers(2 ** 63))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -57,8 +57,8 @@ def _ids(path: str) -> List[int]:
         return [int(line) for line in f if line.strip()]
 
 
-def _make(folder: Path, reader_kwargs: Dict[str, Any] = (), **kwargs: Any) -> pl.DataLoader:
-    return pl.DataLoader(DrawingReader(4, **dict(reader_kwargs)), DrawingDataset(), DrawingCollator(), str(folder),
+def _make(folder: Path, reader_kwargs: Optional[Dict[str, Any]] = None, **kwargs: Any) -> pl.DataLoader:
+    return pl.DataLoader(DrawingReader(4, **(reader_kwargs or {})), DrawingDataset(), DrawingCollator(), str(folder),
                          **kwargs)
 
 

@@ -18,7 +18,6 @@ stages (``_stages.batch``, ``_stages.map``) make and take them.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 import zlib
 from collections import abc
@@ -28,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 import numpy as np
 
 from .._columns import Columns, Rows, concat, slice_rows
-from .._rng import drawing
+from .._rng import enter, leave
 from .._stats import BusySink, GroupClock, profiled, profiling, timed
 
 Step = Tuple[str, Callable[[Any], Any]]
@@ -45,32 +44,37 @@ class StepFailed(Exception):
 Key = Tuple[int, ...]  # a batch's place, what ``pyloader.rng()`` draws from in its steps (``_stages.map``)
 
 
-_UNKEYED = contextlib.nullcontext()
+_STEP_KEYS: Dict[str, int] = {}
 
 
 def step_key(name: str) -> int:
     """A step's part of the keys of its ``pyloader.rng()``: the same in every process and run."""
-    return zlib.crc32(name.encode())
+    code = _STEP_KEYS.get(name)
+    if code is None:
+        code = _STEP_KEYS[name] = zlib.crc32(name.encode())
+    return code
 
 
 def run_steps(steps: Sequence[Step], data: Any, spent: Optional[List[float]] = None, key: Optional[Key] = None) -> Any:
     """Apply the steps in turn; one call off the loop for all of them, so a batch
     crosses threads once rather than once per step. Step ``i``'s seconds are added to
     ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range. With the
-    batch's ``key``, each step runs under ``drawing(*key, step_key(name))`` (``pyloader.rng()``)."""
+    batch's ``key``, each step runs under ``enter((*key, step_key(name)))`` (``pyloader.rng()``)."""
     ranges = profiling()  # checked once per batch: a step costs no more than two clock readings
     for i, (name, fn) in enumerate(steps):
         began = time.perf_counter()
+        token = None if key is None else enter((*key, step_key(name)))
         try:
-            with _UNKEYED if key is None else drawing(*key, step_key(name)):
-                if ranges:
-                    with profiled(name):
-                        data = fn(data)
-                else:
+            if ranges:
+                with profiled(name):
                     data = fn(data)
+            else:
+                data = fn(data)
         except Exception as exc:
             raise StepFailed(name) from exc
         finally:
+            if token is not None:
+                leave(token)
             if spent is not None:
                 spent[i] += time.perf_counter() - began
     return data
