@@ -8,6 +8,7 @@ TensorFlow.
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._errors import PipelineError, TooManyErrors, WorkerDied, reraise, warn_and_skip
 from ._loader import DataLoader, LoaderIterator
+from ._rng import rng, rng_seed
 from ._stages.sources import Source
 from ._storage.epoch_cache import CacheEncoded
 from ._storage.files import list_files, open_file
@@ -15,6 +16,6 @@ from ._storage.files import list_files, open_file
 __all__ = [
     "DataReader", "Dataset", "DataCollator", "IdentityDataset", "DataLoader", "LoaderIterator",
     "PipelineError", "TooManyErrors", "WorkerDied", "reraise", "warn_and_skip", "open_file", "list_files", "Source",
-    "CacheEncoded",
+    "CacheEncoded", "rng", "rng_seed",
 ]
 __version__ = "0.2.0"

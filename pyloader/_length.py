@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
 
 from ._abc import DataReader
 from ._errors import PipelineError
+from ._rng import USER_COUNT, drawing
 from ._stages.mix import MixSource
 from ._stages.shard import batches_of
 from ._stages.source import FileSource
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 def checked_count(reader: DataReader, path: str) -> int:
     """``reader.count(path)``, checked; a failure is a ``PipelineError`` naming the file."""
     try:
-        n = reader.count(path)
+        with drawing(reader.random_seed, USER_COUNT):  # a count that reads through iter_file may use pyloader.rng()
+            n = reader.count(path)
     except Exception as exc:
         raise PipelineError("count", [path], exc) from exc
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:

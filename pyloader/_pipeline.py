@@ -71,6 +71,11 @@ class Settings:
     encoded_cache: Optional[EpochStore] = None  # ``cache_encoded``: this rank's share (``_stages.cached_epochs``)
     counter: Optional[Counter] = None  # counts the files, from and into the count indexes (``_counts``)
 
+    @property
+    def draws(self) -> Tuple[int, int]:
+        """What ``pyloader.rng()`` in a batch's steps draws from besides its place (``_stages.map.OrderedMap``)."""
+        return self.options.random_seed, self.sharding.rank
+
 
 class CheckedEncode:
     """``batch_encode`` plus the check of what it returns (a class, so workers can unpickle it)."""
@@ -319,7 +324,7 @@ def _rotated(s: Settings, start: Start, rotation: Rotation, encoded: AsyncIterat
     if start.skip:
         rotated = _skip(rotated, start, s.stats, whole=not s.sharding.active)
     collate = LocalSteps(split_steps(s)[2][1:], lane, (s.options.datacollator,), s.stats.busy)
-    return OrderedMap(collate.run, _COLLATING, s.errors, s.stats).iterate(rotated, tasks)
+    return OrderedMap(collate.run, _COLLATING, s.errors, s.stats, s.draws).iterate(rotated, tasks)
 
 
 def _files(s: Settings, start: Start, source: Any, batcher: Any, skip_rows: int,
@@ -352,7 +357,7 @@ async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: 
     raw = batcher.iterate(read.iterate(files, tasks))
     if resumed and start.skip and not past_files:
         raw = _skip(raw, start, s.stats, whole=not s.sharding.active)
-    async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(raw, tasks):
+    async for group in OrderedMap(run, s.concurrency, s.errors, s.stats, s.draws).iterate(raw, tasks):
         ramp.set()
         yield group
 

@@ -42,3 +42,20 @@ def test_the_check_resume_example_runs_on_the_quick_usage_classes(tmp_path):
 def test_ci_runs_the_readme_test_command():
     ci = (README.parent / ".ci" / "run").read_text()
     assert "test-command" in ci and "<!-- test-command -->" in README.read_text()
+
+
+def test_the_images_and_augmentation_example_runs_on_generated_shards(tmp_path):
+    pytest.importorskip("torch", reason="torch is the torch extra's")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("image_augment_readme",
+                                                  README.parent / "examples" / "image_augment.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.write_shards(str(tmp_path), shards=2, per_shard=16)
+    code = python_block("### Images and augmentation").replace('"SHARDS_DIR"', repr(str(tmp_path)))
+    code = code.replace("num_workers=2", "num_workers=0")  # Jitter is defined in exec's namespace, not importable
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert tuple(namespace["images"].shape) == (16, 3, 32, 32) and namespace["labels"].tolist()[0] in (0, 1)
+    assert namespace["loader"].stats["batches"] == 4

@@ -20,7 +20,7 @@ from typing import Any, Generator, Iterator, Mapping, Optional, Sequence, Tuple,
 
 from .._abc import DataReader
 from .._columns import Columns, n_rows, slice_rows, take
-from .._rng import IN_FILE, derive_rng
+from .._rng import IN_FILE, USER_READ, derive_rng, drawing, stepped
 from .._stats import BusySink, clocked, timed
 from .._storage.files import Served, prefetched
 from .filter import unbundle
@@ -43,7 +43,7 @@ class FileTask:
     end: Optional[int] = None
     pad: bool = False
     count: Optional[int] = None
-
+    seed: int = 0  # the loader's ``random_seed``: what ``pyloader.rng()`` draws from in the reader
 
 
 class Readers(DataReader):
@@ -162,11 +162,12 @@ def _none_dropped(pieces: Iterator[Columns]) -> Iterator[Tuple[Columns, int]]:
 
 def _pieces(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
     if reader.shuffle:
-        with timed(busy, "read_file"):
+        with timed(busy, "read_file"), drawing(task.seed, USER_READ, task.epoch, task.index, 0):
             columns, n = reader.read_file(task.path)
         columns = reader.checked(task.path, columns, n)
         perm = derive_rng(reader.random_seed, IN_FILE, task.epoch, task.index).permutation(n)
         yield take(columns, perm)
         return
-    for piece in clocked(reader.iter_file(task.path), busy, "read_file"):
+    user = stepped(lambda: reader.iter_file(task.path), task.seed, USER_READ, task.epoch, task.index)
+    for piece in clocked(user, busy, "read_file"):
         yield reader.checked(task.path, piece)

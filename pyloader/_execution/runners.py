@@ -49,7 +49,7 @@ from .._storage.files import Served
 from .filter import unbundle
 from .pool import RemoteRef, WorkerPool, rebuild_error
 from .reading import FileTask, pieces_with_end
-from .steps import Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
+from .steps import Key, Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
 
 _DONE = object()
 
@@ -175,9 +175,10 @@ def _local(data: BatchData) -> Columns:
     return data.local() if isinstance(data, Segments) else data
 
 
-def _timed(steps: Sequence[Step], datas: List[BatchData], busy: Optional[Busy]) -> Tuple[List[Outcome], float]:
+def _timed(steps: Sequence[Step], datas: List[BatchData], busy: Optional[Busy],
+           keys: Optional[Sequence[Key]] = None) -> Tuple[List[Outcome], float]:
     start = time.perf_counter()
-    return run_each(steps, datas, _local, busy), (time.perf_counter() - start) / max(1, len(datas))
+    return run_each(steps, datas, _local, busy, keys), (time.perf_counter() - start) / max(1, len(datas))
 
 
 class LocalSteps:
@@ -207,20 +208,22 @@ class LocalSteps:
         or ``None`` until ``_MEASURED`` groups ran here."""
         return min(self._recent) if len(self._recent) >= self._MEASURED else None
 
-    async def run(self, datas: Sequence[BatchData]) -> Union[List[Outcome], StackedOutputs]:
+    async def run(self, datas: Sequence[BatchData],
+                  keys: Optional[Sequence[Key]] = None) -> Union[List[Outcome], StackedOutputs]:
+        """The steps on each batch (``keys``: each batch's, for ``pyloader.rng()``)."""
         done = run_stacked(self.steps, datas, self.busy)
         if done is not None:
             return done
         cheap = (len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW
                  and self.lane.idle(self._keys))
-        result, took = self.lane.exclusive.call(self._keys, _timed, self.steps, datas, self.busy) if cheap else \
-            await self.lane.run(_timed, self.steps, datas, self.busy, uses=self.uses)
+        result, took = self.lane.exclusive.call(self._keys, _timed, self.steps, datas, self.busy, keys) if cheap \
+            else await self.lane.run(_timed, self.steps, datas, self.busy, keys, uses=self.uses)
         self._recent.append(took)
         return result
 
 
 Pieces = AsyncGenerator[Tuple[int, Optional[Columns], Any, int], None]  # (n, columns, ref, dropped) of each piece
-Run = Callable[[Sequence[BatchData]], Awaitable[Union[List[Outcome], StackedOutputs]]]
+Run = Callable[..., Awaitable[Union[List[Outcome], StackedOutputs]]]  # (datas, keys=None)
 
 
 class Runner(Protocol):
@@ -233,7 +236,7 @@ class Runner(Protocol):
     def pieces(self, task: FileTask, fetch: bool, demand: asyncio.Event) -> Pieces:
         """The pieces of ``task``'s file, in order (``fetch``: their rows brought to this process)."""
 
-    def encoding_only(self, uses: Sequence[Any]) -> Callable[[Sequence[BatchData]], Awaitable[Any]]:
+    def encoding_only(self, uses: Sequence[Any]) -> Run:
         """``run`` with ``batch_encode`` alone."""
 
 
@@ -250,7 +253,7 @@ class ThreadRunner:
         self._steps, self._uses = steps, uses
         self.run = LocalSteps(steps, lane, uses, busy).run
 
-    def encoding_only(self, uses: Sequence[Any]) -> Callable[[Sequence[BatchData]], Awaitable[Any]]:
+    def encoding_only(self, uses: Sequence[Any]) -> Run:
         """``run`` with the first step alone, ``batch_encode`` (``uses``: its object): an epoch whose
         encoded batches are cached (``_stages.cached_epochs``)."""
         return LocalSteps(self._steps[:1], self.lane, uses, self.busy).run
@@ -333,7 +336,7 @@ class PoolRunner:
         self._turn = 0
         self._sent = 0  # groups of rows here that went to workers since the last measurement
 
-    def encoding_only(self, uses: Sequence[Any]) -> Callable[[Sequence[BatchData]], Awaitable[Any]]:
+    def encoding_only(self, uses: Sequence[Any]) -> Run:
         """``run`` with ``batch_encode`` alone, in the workers (``uses``: its object): an epoch whose
         encoded batches are cached, then collated in this process (``_stages.cached_epochs``)."""
         return PoolRunner(self.pool, [], self.lane, self.readahead, self.here.steps[:1], uses, self.busy,
@@ -388,7 +391,7 @@ class PoolRunner:
             return None
         return workers.pop(), [(p.ref.pid, start, end) for p, start, end in data.parts]
 
-    async def _gathered(self, data: BatchData) -> list:
+    async def _gathered(self, data: BatchData, key: Optional[Key]) -> list:
         """Run a batch whose rows are not all in one worker: rows come here, then go to the least busy one."""
         spec: List[Tuple[Any, int, int]] = []
         paths: Tuple[str, ...] = ()
@@ -404,7 +407,7 @@ class PoolRunner:
                     part = await self.pool.request(p.ref.worker, "fetch", p.ref.pid, start, end,
                                                    doing=f"sending rows of {p.task.path!r}")
                 spec.append((part, 0, end - start))
-        jobs = [(spec, paths)]
+        jobs = [(spec, paths, key)]
         return await self.pool.request(self.pool.least_loaded(), self.op, jobs, doing=_doing(jobs))
 
     def _run_here(self, datas: Sequence[BatchData]) -> bool:
@@ -417,27 +420,30 @@ class PoolRunner:
         self._sent += 1
         return False
 
-    async def run(self, datas: Sequence[BatchData]) -> Union[List[Outcome], StackedOutputs]:
+    async def run(self, datas: Sequence[BatchData],
+                  keys: Optional[Sequence[Key]] = None) -> Union[List[Outcome], StackedOutputs]:
         """Consecutive batches kept in one worker go in one request, sent at once; a batch
-        whose rows must be gathered first (a file boundary) does not hold them up."""
+        whose rows must be gathered first (a file boundary) does not hold them up. ``keys``:
+        each batch's, for ``pyloader.rng()`` (they travel with the jobs)."""
         self.pool.check(_doing(_jobs_of(datas)))
         done = run_stacked(self.here.steps, datas, self.busy)
         if done is not None:
             return done
         if self._run_here(datas):
-            return await self.here.run(datas)
-        parts: List[Tuple[Optional[int], list]] = []  # (worker, jobs), or (None, [batch]) to gather
-        for data in datas:
+            return await self.here.run(datas, keys)
+        parts: List[Tuple[Optional[int], list]] = []  # (worker, jobs), or (None, [(batch, key)]) to gather
+        for k, data in enumerate(datas):
+            key = None if keys is None else keys[k]
             kept = self._kept_in_one_worker(data)
             if kept is None:
-                parts.append((None, [data]))
+                parts.append((None, [(data, key)]))
                 continue
             worker, spec = kept
             if not parts or parts[-1][0] != worker:
                 parts.append((worker, []))
-            parts[-1][1].append((spec, cast(Segments, data).paths))
+            parts[-1][1].append((spec, cast(Segments, data).paths, key))
         replies = await asyncio.gather(*(
-            self._gathered(jobs[0]) if worker is None else self.pool.request(worker, self.op, jobs, doing=_doing(jobs))
+            self._gathered(*jobs[0]) if worker is None else self.pool.request(worker, self.op, jobs, doing=_doing(jobs))
             for worker, jobs in parts), return_exceptions=True)
         done_replies: List[Any] = []
         for reply in replies:
@@ -474,7 +480,7 @@ def _outcome(ok: bool, value: Any) -> Outcome:
 
 
 def _doing(jobs: list) -> str:
-    paths = list(dict.fromkeys(p for _, paths in jobs for p in paths))
+    paths = list(dict.fromkeys(p for job in jobs for p in job[1]))  # a job: (spec, paths, key)
     return f"encoding and collating {len(jobs)} batch(es)" + (f" of {', '.join(map(repr, paths))}" if paths else "")
 
 

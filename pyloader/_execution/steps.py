@@ -19,6 +19,7 @@ stages (``_stages.batch``, ``_stages.map``) make and take them.
 from __future__ import annotations
 
 import time
+import zlib
 from collections import abc
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union, cast
@@ -26,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 import numpy as np
 
 from .._columns import Columns, Rows, concat, slice_rows
+from .._rng import enter, leave
 from .._stats import BusySink, GroupClock, profiled, profiling, timed
 
 Step = Tuple[str, Callable[[Any], Any]]
@@ -39,13 +41,29 @@ class StepFailed(Exception):
         self.step = step
 
 
-def run_steps(steps: Sequence[Step], data: Any, spent: Optional[List[float]] = None) -> Any:
+Key = Tuple[int, ...]  # a batch's place, what ``pyloader.rng()`` draws from in its steps (``_stages.map``)
+
+
+_STEP_KEYS: Dict[str, int] = {}
+
+
+def step_key(name: str) -> int:
+    """A step's part of the keys of its ``pyloader.rng()``: the same in every process and run."""
+    code = _STEP_KEYS.get(name)
+    if code is None:
+        code = _STEP_KEYS[name] = zlib.crc32(name.encode())
+    return code
+
+
+def run_steps(steps: Sequence[Step], data: Any, spent: Optional[List[float]] = None, key: Optional[Key] = None) -> Any:
     """Apply the steps in turn; one call off the loop for all of them, so a batch
     crosses threads once rather than once per step. Step ``i``'s seconds are added to
-    ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range."""
+    ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range. With the
+    batch's ``key``, each step runs under ``enter((*key, step_key(name)))`` (``pyloader.rng()``)."""
     ranges = profiling()  # checked once per batch: a step costs no more than two clock readings
     for i, (name, fn) in enumerate(steps):
         began = time.perf_counter()
+        token = None if key is None else enter((*key, step_key(name)))
         try:
             if ranges:
                 with profiled(name):
@@ -55,6 +73,8 @@ def run_steps(steps: Sequence[Step], data: Any, spent: Optional[List[float]] = N
         except Exception as exc:
             raise StepFailed(name) from exc
         finally:
+            if token is not None:
+                leave(token)
             if spent is not None:
                 spent[i] += time.perf_counter() - began
     return data
@@ -68,14 +88,14 @@ Outcome = Union[Any, StepFailed]  # a batch's result, or the step that failed on
 
 
 def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = _same,
-             busy: Optional[BusySink] = None) -> List[Outcome]:
-    """``run_steps`` on every batch of a group; a batch that fails does not stop the others.
-    The group's time goes to ``busy`` (``GroupClock``)."""
+             busy: Optional[BusySink] = None, keys: Optional[Sequence[Key]] = None) -> List[Outcome]:
+    """``run_steps`` on every batch of a group (``keys``: each batch's); a batch that fails does not
+    stop the others. The group's time goes to ``busy`` (``GroupClock``)."""
     out: List[Outcome] = []
     with GroupClock(busy, steps) as clock:
-        for data in datas:
+        for k, data in enumerate(datas):
             try:
-                out.append(run_steps(steps, prepare(data), clock.steps))
+                out.append(run_steps(steps, prepare(data), clock.steps, None if keys is None else keys[k]))
             except StepFailed as failed:
                 out.append(failed)
     return out

@@ -10,8 +10,9 @@ It serves requests from the loader one at a time: batches before reading ahead
   says whether the file is known to end with it, and how many samples
   ``filter_fn`` dropped from it;
 * ``("close", gid)`` and ``("release", pids)``: forget a file or pieces;
-* ``("run", rid, jobs)``: for each ``(segments, paths)`` of a group, assemble a
-  batch from kept pieces or sent columns and run the steps on it; the reply is
+* ``("run", rid, jobs)``: for each ``(segments, paths, key)`` of a group, assemble a
+  batch from kept pieces or sent columns and run the steps on it (under ``key``, the
+  batch's ``pyloader.rng()``: ``_execution.steps.run_steps``); the reply is
   one ``(ok, value)`` per batch, so one failed batch does not sink its group;
 * ``("encode", rid, jobs)``: as ``run``, with ``batch_encode`` alone (an epoch whose
   encoded batches are cached: they are written and collated in the loader's process);
@@ -49,7 +50,7 @@ from .._columns import Columns, n_rows, slice_rows
 from .._stats import BusySink, GroupClock, RowBusy
 from . import ipc as _ipc
 from .reading import pieces_with_end
-from .steps import StepFailed, assemble, run_steps
+from .steps import Key, StepFailed, assemble, run_steps
 
 Segment = Tuple[Any, int, int]  # (pid or inline columns, start, end)
 RUN_GRACE_S = 0.005
@@ -83,10 +84,10 @@ def _error(exc: BaseException) -> tuple:
 
 
 def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segments: List[Segment],
-             paths: Tuple[str, ...], spent: List[float]) -> Tuple[bool, Any]:
+             paths: Tuple[str, ...], key: Optional[Key], spent: List[float]) -> Tuple[bool, Any]:
     try:
         parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
-        result = run_steps(steps, assemble(parts, paths), spent)
+        result = run_steps(steps, assemble(parts, paths), spent, key)
     except Exception as exc:
         return False, _error(exc)
     try:
@@ -99,10 +100,10 @@ def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segmen
         return False, _error(failed)
 
 
-def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], jobs: List[Tuple[List[Segment], Any]],
-              busy: Optional[BusySink]) -> List[Tuple[bool, Any]]:
+def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns],
+              jobs: List[Tuple[List[Segment], Any, Optional[Key]]], busy: Optional[BusySink]) -> List[Tuple[bool, Any]]:
     with GroupClock(busy, steps) as clock:
-        return [_run_job(steps, kept, segments, paths, clock.steps) for segments, paths in jobs]
+        return [_run_job(steps, kept, segments, paths, key, clock.steps) for segments, paths, key in jobs]
 
 
 _URGENT = ("open", "close", "release", "run", "encode", "fetch")

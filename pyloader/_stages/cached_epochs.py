@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Any, AsyncGenerator, Callable, Dict, List, Optional, Protocol, Sequence
+from typing import Any, AsyncGenerator, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -61,6 +61,10 @@ class Settings(Protocol):
     errors: ErrorHandler
     concurrency: int
     sharding: Sharding
+
+    @property
+    def draws(self) -> Tuple[int, int]: ...  # ``pyloader.rng()``'s seed and rank (``_stages.map.OrderedMap``)
+
 
 logger = logging.getLogger("pyloader")
 # (epochs, run, from_position) -> the encoded groups of those epochs (``_pipeline._from_files``)
@@ -207,7 +211,7 @@ class CachedEpochs:
         self._count("files_not_read", sum(1 for _ in self.source.tasks(epoch)))
         steps: List[Step] = [("cache_encoded", load), *self.after]
         run = LocalSteps(steps, self.lane, (s.options.datacollator,), s.stats.busy).run
-        async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(
+        async for group in OrderedMap(run, s.concurrency, s.errors, s.stats, s.draws).iterate(
                 _refs(epoch, manifest, order, skip), self.tasks):
             self._count("batches_read", len(group))
             yield group
@@ -235,7 +239,7 @@ class CachedEpochs:
             uses = (s.options.datacollator,) if deliver_from is not None else ()
             run = LocalSteps(steps, self.lane, uses, s.stats.busy).run
             encoded = _to_write(self.from_files(range(epoch, epoch + 1), self.encode, False), writer)
-            async for group in OrderedMap(run, s.concurrency, s.errors, s.stats).iterate(encoded, self.tasks):
+            async for group in OrderedMap(run, s.concurrency, s.errors, s.stats, s.draws).iterate(encoded, self.tasks):
                 kept = _from_batch(group, deliver_from, s.stats)
                 if kept:
                     yield kept

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable, List, Sequence, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Tuple, Union
 
 from .._columns import n_rows
 from .._errors import ErrorHandler, Failure
-from .._execution.steps import Outcome, Segments, StackedOutputs, StepFailed
+from .._execution.steps import Key, Outcome, Segments, StackedOutputs, StepFailed
+from .._rng import USER_BATCH
 from .._stats import Stats
 from .batch import Group, Stacked
 
@@ -37,18 +38,27 @@ class OrderedMap:
     group's batches are given as ``StackedRows``; ``run`` may then give ``StackedOutputs``
     for the whole group (see ``run_stacked``).
 
+    With ``draws`` (the loader's ``random_seed`` and this rank), each batch's steps draw
+    ``pyloader.rng()`` from ``(*draws, epoch, index)``, given to ``run`` as ``keys``: a batch's
+    place, not where or when it runs.
+
     Results are yielded in input order, never in completion order, so the output
     does not depend on timing. A failed step goes through the error policy under
     its own name (that batch is then skipped and counted, the rest of its group
     goes on); an upstream failure is re-raised here, in order.
     """
 
-    def __init__(self, run: Callable[[Sequence[Any]], Awaitable[Union[List[Outcome], StackedOutputs]]],
-                 concurrency: int, errors: ErrorHandler, stats: Stats) -> None:
+    def __init__(self, run: Callable[..., Awaitable[Union[List[Outcome], StackedOutputs]]],
+                 concurrency: int, errors: ErrorHandler, stats: Stats, draws: Optional[Tuple[int, int]] = None) -> None:
         self.run = run
+        self.draws = draws
         self.concurrency = concurrency
         self.errors = errors
         self.stats = stats
+
+    def _run(self, group: Group) -> Awaitable[Union[List[Outcome], StackedOutputs]]:
+        datas = group.rows() if isinstance(group, Stacked) else [batch.data for batch in group]
+        return self.run(datas) if self.draws is None else self.run(datas, _keys(self.draws, group))
 
     async def iterate(self, groups: AsyncIterator[Group], tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
         queue: asyncio.Queue = asyncio.Queue()  # bounded by ``running``: at most its groups, and the end
@@ -63,8 +73,7 @@ class OrderedMap:
                         group = await anext(upstream)
                     except StopAsyncIteration:
                         break
-                    future = asyncio.ensure_future(
-                        self.run(group.rows() if isinstance(group, Stacked) else [batch.data for batch in group]))
+                    future = asyncio.ensure_future(self._run(group))
                     try:
                         await queue.put((group, future))
                     except asyncio.CancelledError:
@@ -119,6 +128,11 @@ class OrderedMap:
                 item = queue.get_nowait()
                 if isinstance(item, tuple):
                     _discard(item[1])
+
+
+def _keys(draws: Tuple[int, int], group: Group) -> List[Key]:
+    seed, rank = draws
+    return [(seed, USER_BATCH, rank, batch.epoch, batch.index) for batch in group]
 
 
 def _count_rows(group: Group) -> None:

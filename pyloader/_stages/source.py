@@ -99,11 +99,11 @@ class FileSource:
         share, padding = rank_ranges(order, self.counts, self.sharding, splits, batch_size)
         for pos, start, end in share:
             index = order[pos]
-            yield FileTask(epoch, pos, index, self.files[index], start, end, False, self.counts[index])
+            yield FileTask(epoch, pos, index, self.files[index], start, end, False, self.counts[index], self.seed)
         yield from self._empty(epoch, order)
         for pos, start, end in padding:
             index = order[pos]
-            yield FileTask(epoch, pos, index, self.files[index], start, end, True, self.counts[index])
+            yield FileTask(epoch, pos, index, self.files[index], start, end, True, self.counts[index], self.seed)
 
     def _empty(self, epoch: int, order: Sequence[int]) -> Iterator[FileTask]:
         """The files counted empty that this rank reads to check they are (every ``world_size``-th one): no
@@ -112,14 +112,14 @@ class FileSource:
         for pos, index in enumerate(order):
             if pos % self.sharding.world_size == self.sharding.rank and not self.counts[index]:
                 if index not in self.left_out:
-                    yield FileTask(epoch, pos, index, self.files[index], 0, 0, False, 0)
+                    yield FileTask(epoch, pos, index, self.files[index], 0, 0, False, 0, self.seed)
 
     def _whole(self, epoch: int, pos: int, index: int, count: Optional[int] = None) -> FileTask:
         """The task reading file ``index`` whole, or its slice (checked by its bounds, not a count)."""
         bounds = self.bounds[index] if self.bounds is not None else None
         if bounds is None:
-            return FileTask(epoch, pos, index, self.files[index], count=count)
-        return FileTask(epoch, pos, index, self.files[index], *bounds)
+            return FileTask(epoch, pos, index, self.files[index], count=count, seed=self.seed)
+        return FileTask(epoch, pos, index, self.files[index], *bounds, seed=self.seed)
 
     def _stream_shares(self, epoch: int) -> List[List[FileTask]]:
         """Stream mode: every rank's files (a rank takes every ``world_size``-th one). After an

@@ -3,8 +3,9 @@
 All three share ``ArrayCollator``'s NumPy stacking and differ only in the final
 conversion. Importing this package imports neither torch nor tensorflow.
 """
+from ._image import Images
 from ._numpy import NumpyCollator
 from ._tf import TFCollator
 from ._torch import TorchCollator
 
-__all__ = ["NumpyCollator", "TorchCollator", "TFCollator"]
+__all__ = ["NumpyCollator", "TorchCollator", "TFCollator", "Images"]

@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, T
 import numpy as np
 
 from .._abc import DataCollator
+from ._image import Images
 from ._stack import StackOptions, stack_batch
 
 __all__ = ["ArrayCollator"]
@@ -49,6 +50,9 @@ class ArrayCollator(DataCollator):
       strings among numbers, columns of different lengths, a companion name
       that is already a key.
 
+    * ``images`` (``Images``): image columns cropped, flipped, scaled to ``[0, 1]``,
+      normalized and made channels-first floats before the batch is stacked.
+
     Subclasses say only how to turn a NumPy array into their tensor type.
     """
 
@@ -63,7 +67,11 @@ class ArrayCollator(DataCollator):
         keys: Optional[Iterable[str]] = None,
         passthrough: Iterable[str] = (),
         ragged_keys: Union[Mapping[str, int], Iterable[str]] = (),
+        images: Optional[Images] = None,
     ) -> None:
+        if images is not None and not isinstance(images, Images):
+            raise ValueError(f"images must be a pyloader.collators.Images, got {type(images).__name__}")
+        self.images = images
         self.options = StackOptions.create(
             float_dtype=float_dtype,
             int_dtype=int_dtype,
@@ -81,7 +89,11 @@ class ArrayCollator(DataCollator):
 
     def collate_batch(self, features: Dict[str, Sequence]) -> Dict[str, Any]:
         """Collate ``features`` as the class docstring says."""
-        return stack_batch(features, self.options, self.convert_array, self.convert_strings)
+        return stack_batch(self._prepared(features), self.options, self.convert_array, self.convert_strings)
+
+    def _prepared(self, features: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``features`` with the image columns made float arrays (``images``)."""
+        return features if self.images is None else self.images.apply(features, self.options.float_dtype)
 
     def collate_stacked(self, columns: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
         """``collate_batch`` on K batches at once: ``columns`` holds each field of the K batches
@@ -91,7 +103,7 @@ class ArrayCollator(DataCollator):
         axes), or a column that is not a numeric NumPy array."""
         cls = type(self)
         if (cls.collate_batch is not ArrayCollator.collate_batch or not getattr(cls.convert_array, "row_wise", False)
-                or self.options.ragged_keys):
+                or self.options.ragged_keys or self.images is not None):
             return None
         for column in columns.values():
             if not isinstance(column, np.ndarray) or column.ndim < 2 or column.dtype.kind in "OUS":
@@ -109,7 +121,7 @@ class ArrayCollator(DataCollator):
                 return value
             return record
 
-        return stack_batch(features, self.options, keep("array"), keep("strings")), pending
+        return stack_batch(self._prepared(features), self.options, keep("array"), keep("strings")), pending
 
     def convert(self, stacked: Tuple[Dict[str, Any], Dict[str, str]]) -> Dict[str, Any]:
         """The framework half of ``collate_batch``: ``convert(stack(f)) == collate_batch(f)``."""

@@ -1,0 +1,233 @@
+"""``TarReader``: webdataset-style tar shards, read as a stream of samples.
+
+A shard's members are named ``<key>.<ext>`` (the key is the name up to the first dot of its base
+name, the extension the rest: ``dir/0001.seg.png`` is key ``dir/0001``, extension ``seg.png``);
+consecutive members of one key make a sample, with one column per extension plus ``__key__``.
+Contracts:
+
+- The shard is read as a stream (``tarfile`` ``r|*`` over ``open_file``): one member is held at a
+  time, never the shard; members of extensions not kept are skipped unread. Local and remote shards
+  alike, compressed ones (``.tar.gz``, ``.tgz``, and the codecs ``open_file`` knows) too.
+- Every sample has the same extensions: those of ``keep``, else those of the shard's first sample.
+  A sample missing one, or with one more, a key met again after other keys, a member with no
+  extension and a corrupt or truncated shard raise ``FileFormatError`` (a ``ValueError``) naming the
+  shard and the member (the original exception as ``__cause__``); so does a decoder that fails.
+- ``count`` reads the members' headers only (no member is decoded or held).
+"""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import zlib
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .._abc import DataReader
+from .._columns import Columns
+from .._storage.compression import DecompressionError
+from .._storage.files import open_file
+from ._base import FileFormatError, check_fields, check_piece_size, file_error
+
+__all__ = ["TarReader", "decode_image", "DECODERS"]
+
+Decoder = Callable[[bytes], Any]
+KEY = "__key__"
+_CORRUPT = (tarfile.TarError, EOFError, zlib.error, DecompressionError)
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "bmp", "gif", "tif", "tiff", "webp")
+
+
+def decode_image(data: bytes, mode: Optional[str] = "RGB") -> np.ndarray:
+    """An encoded image (JPEG, PNG, ...) as a ``uint8`` array, ``[H, W, C]`` (``[H, W]`` for one
+    channel), converted to ``mode`` unless it is ``None``. Needs Pillow (the ``image`` extra)."""
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ImportError("decoding images needs Pillow: pip install pyloader-ml[image]") from exc
+    with Image.open(io.BytesIO(data)) as opened:
+        image = opened.convert(mode) if mode is not None and opened.mode != mode else opened
+        return np.asarray(image)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+def _class(data: bytes) -> int:
+    return int(data.decode("utf-8").strip())
+
+
+def _npy(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+# by the last part of the extension, lower case
+DECODERS: Dict[str, Decoder] = {
+    **dict.fromkeys(IMAGE_EXTENSIONS, decode_image),
+    "cls": _class, "cls2": _class, "index": _class, "txt": _text, "text": _text,
+    "json": json.loads, "jsn": json.loads, "npy": _npy,
+}
+
+
+def split_name(name: str) -> Optional[Tuple[str, str]]:
+    """``(key, extension)`` of a member name, or ``None`` when its base name has no dot."""
+    folder, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    if not dot or not stem or not ext:
+        return None
+    return (f"{folder}/{stem}" if folder else stem), ext
+
+
+class TarReader(DataReader):
+    """Reads webdataset-style tar shards into samples: ``__key__`` plus one column per extension.
+
+    ``keep``: the extensions to read (each sample must have every one; the others are skipped
+    unread); default: every extension, as the shard's first sample has them. ``decode``: ``True``
+    decodes by the last part of the extension with ``DECODERS`` (images to ``uint8`` ``[H, W, C]``
+    arrays through Pillow, ``cls`` to ``int``, ``txt`` to ``str``, ``json``, ``npy``; other
+    extensions stay ``bytes``); ``False`` gives ``bytes`` throughout; a mapping adds or replaces
+    decoders (by full or last extension; ``None``: keep ``bytes``). ``image_mode``: what images are
+    converted to (``None``: as stored). ``iter_file`` gives ``piece_size`` samples at a time.
+    """
+
+    thread_safe = True  # holds no per-call state on self
+
+    def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42, *,
+                 keep: Optional[Sequence[str]] = None,
+                 decode: Union[bool, Mapping[str, Optional[Decoder]]] = True,
+                 image_mode: Optional[str] = "RGB", piece_size: int = 256) -> None:
+        super().__init__(batch_size=batch_size, shuffle=shuffle, random_seed=random_seed)
+        self.keep = check_fields(keep, "keep")
+        if self.keep is not None and KEY in self.keep:
+            raise ValueError(f"keep lists extensions; {KEY!r} is always a column")
+        if not isinstance(decode, (bool, Mapping)):
+            raise ValueError(f"decode must be True, False or a mapping of extension to decoder, got {decode!r}")
+        self.decoders: Dict[str, Optional[Decoder]] = {} if decode is False else dict(DECODERS)
+        if isinstance(decode, Mapping):
+            for ext, fn in decode.items():
+                if fn is not None and not callable(fn):
+                    raise ValueError(f"decode[{ext!r}] must be callable or None, got {fn!r}")
+            self.decoders.update(decode)
+        self.image_mode = image_mode
+        self.piece_size = check_piece_size(piece_size)
+
+    def read_file(self, path: str) -> Tuple[Dict[str, List[Any]], int]:
+        columns: Dict[str, List[Any]] = {}
+        n = 0
+        for piece in self.iter_file(path):
+            for name, values in piece.items():
+                columns.setdefault(name, []).extend(values)
+            n += len(piece[KEY])
+        return columns, n
+
+    def iter_file(self, path: str) -> Iterator[Columns]:
+        piece: Dict[str, List[Any]] = {}
+        for sample in _samples(path, self.keep, self._decoded(path)):
+            for name, value in sample.items():
+                piece.setdefault(name, []).append(value)
+            if len(piece[KEY]) == self.piece_size:
+                yield self.checked(path, piece)
+                piece = {}
+        if piece:
+            yield self.checked(path, piece)
+
+    def count(self, path: str) -> int:
+        """The samples of the shard, from its members' headers alone."""
+        return sum(1 for _ in _samples(path, self.keep, None))
+
+    def _decoded(self, path: str) -> Callable[[str, str, bytes], Any]:
+        def decode(name: str, ext: str, data: bytes) -> Any:
+            fn = self.decoders[ext] if ext in self.decoders else self.decoders.get(ext.rpartition(".")[2].lower())
+            if fn is None:
+                return data
+            try:
+                return decode_image(data, self.image_mode) if fn is decode_image else fn(data)
+            except ImportError:
+                raise
+            except Exception as exc:
+                raise file_error(path, f"member {name!r}: cannot decode {ext!r}: {type(exc).__name__}: {exc}") \
+                    from exc
+        return decode
+
+
+class _Shard:
+    """The samples of one shard as they stream by, checked as ``TarReader`` says."""
+
+    def __init__(self, path: str, keep: Optional[List[str]]) -> None:
+        self.path = path
+        self.expected = None if keep is None else set(keep)
+        self.keep = self.expected
+        self.seen: set = set()
+
+    def error(self, what: str) -> FileFormatError:
+        return FileFormatError(f"shard {self.path!r}: {what}")
+
+    def finished(self, key: str, members: Dict[str, str], sample: Dict[str, Any]) -> Dict[str, Any]:
+        """A sample whose members are all read, its columns in one order (``__key__``, then the extensions
+        sorted): its extensions must be those every sample has."""
+        self.check(key, members)
+        return {name: sample[name] for name in [KEY, *sorted(members)] if name in sample}
+
+    def check(self, key: str, members: Dict[str, str]) -> None:
+        if self.expected is None:
+            self.expected = set(members)
+        got = set(members)
+        if got == self.expected:
+            return
+        missing = sorted(self.expected - got)
+        if missing:
+            raise self.error(f"sample {key!r} has no member {key + '.' + missing[0]!r} (its members: "
+                             f"{', '.join(sorted(members.values()))})")
+        extra = sorted(got - self.expected)
+        raise self.error(f"member {members[extra[0]]!r}: sample {key!r} has extension {extra[0]!r}, which the "
+                         f"shard's first sample has not (expected {', '.join(sorted(self.expected))}; pass keep=)")
+
+    def start(self, key: str, name: str) -> None:
+        if key in self.seen:
+            raise self.error(f"member {name!r}: key {key!r} comes again after other keys (a sample's members "
+                             f"must be consecutive)")
+        self.seen.add(key)
+
+
+def _samples(path: str, keep: Optional[List[str]],
+             decode: Optional[Callable[[str, str, bytes], Any]]) -> Iterator[Dict[str, Any]]:
+    """Each sample as ``{__key__, ext: value}`` (``decode``: ``None`` reads no data, for counting)."""
+    shard = _Shard(path, keep)
+    key: Optional[str] = None
+    members: Dict[str, str] = {}  # ext -> member name, of the sample being read
+    sample: Dict[str, Any] = {}
+    last = None
+    try:
+        with open_file(path, "rb") as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+            for member in tar:
+                last = member.name
+                if not member.isfile():
+                    continue
+                parts = split_name(member.name)
+                if parts is None:
+                    raise shard.error(f"member {member.name!r} has no extension: members are named <key>.<ext>")
+                if parts[0] != key:
+                    if key is not None:
+                        yield shard.finished(key, members, sample)
+                    key, members, sample = parts[0], {}, {KEY: parts[0]}
+                    shard.start(key, member.name)
+                ext = parts[1]
+                if shard.keep is not None and ext not in shard.keep:
+                    continue
+                if ext in members:
+                    raise shard.error(f"member {member.name!r}: sample {key!r} has two members of extension {ext!r}")
+                members[ext] = member.name
+                if decode is not None:
+                    sample[ext] = decode(member.name, ext, _read(tar, member))
+    except _CORRUPT as exc:
+        where = "at its start" if last is None else f"after member {last!r}"
+        raise shard.error(f"corrupt or truncated {where}: {type(exc).__name__}: {exc}") from exc
+    if key is not None:
+        yield shard.finished(key, members, sample)
+
+
+def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    f = tar.extractfile(member)
+    assert f is not None, "a regular member has data"
+    return f.read()
