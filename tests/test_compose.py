@@ -73,7 +73,7 @@ def test_with_workers_the_filter_runs_in_the_workers(tmp_path):
     write_chunks(tmp_path, [6, 6])
     outside = functools.partial(_not_in_process, os.getpid())
     assert real_ids(run(loader_over(tmp_path, filter_fn=outside, num_workers=2))) == list(range(12))
-    assert run(loader_over(tmp_path, filter_fn=outside)) == []
+    assert run(loader_over(tmp_path, filter_fn=outside, num_workers=0)) == []
 
 
 @pytest.mark.parametrize("workers", [0, 2])

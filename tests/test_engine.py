@@ -44,7 +44,7 @@ class GatedReader(IdReader):
 @pytest.mark.asyncio
 async def test_an_async_for_wait_cancelled_by_a_timeout_loses_no_batch(make_loader):
     gate = threading.Event()
-    loader = make_loader([4] * 6, batch_size=4, reader=GatedReader(4, gate))
+    loader = make_loader([4] * 6, batch_size=4, reader=GatedReader(4, gate), num_workers=0)  # the gate is here
     it = loader.__aiter__()
     got: List[int] = []
     timeouts = 0
@@ -104,7 +104,9 @@ def test_an_exit_request_from_batch_encode_arrives_as_itself_and_leaves_no_pendi
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, logger="asyncio"):
         warnings.simplefilter("always")
         for run in range(20):
-            loader = pl.DataLoader(IdReader(4), ExitingDataset(exc_type), ListCollator(), str(tmp_path))
+            # in this process: a worker that exits is a WorkerDied (tests/test_worker_faults.py)
+            loader = pl.DataLoader(IdReader(4), ExitingDataset(exc_type), ListCollator(), str(tmp_path),
+                                   num_workers=0)
             with pytest.raises(exc_type) as info:
                 list(loader)
             if exc_type is SystemExit:
