@@ -12,7 +12,7 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import fsspec
 import numpy as np
@@ -274,6 +274,58 @@ def test_a_corrupt_or_truncated_cache_entry_is_detected_and_fetched_again(s3, tm
     after = {i: s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(3)}
     assert after[0] > gets[0] and after[1] > gets[1]  # both fetched again
     assert after[2] == gets[2]  # the sound one was not
+
+
+def _nested_past_the_recursion_limit(path: Path) -> None:
+    path.write_text("[" * 100_000 + "]" * 100_000)
+
+
+def _field(name: str, value) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        meta = json.loads(path.read_text())
+        meta[name] = value
+        path.write_text(json.dumps(meta))
+    return damage
+
+
+def _data_a_folder(path: Path) -> None:
+    data = path.with_suffix(".data")
+    data.unlink()
+    data.mkdir()
+    (data / "inside").write_text("x")
+
+
+def _description_a_folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+MALFORMED = {
+    "block_size null": _field("block_size", None), "block_size 'abc'": _field("block_size", "abc"),
+    "block_size 0": _field("block_size", 0), "block_size -1": _field("block_size", -1),
+    "blocks null": _field("blocks", None), "blocks short": _field("blocks", []),
+    "blocks of numbers": _field("blocks", [1]), "size '10'": _field("size", "10"),
+    "a list": lambda path: path.write_text("[1, 2]"), "nested past the recursion limit": _nested_past_the_recursion_limit,
+    "data a folder": _data_a_folder, "description a folder": _description_a_folder,
+}
+
+
+@pytest.mark.parametrize("readahead_bytes", [2**20, 256], ids=["whole", "blocks"])
+@pytest.mark.parametrize("damage", sorted(MALFORMED))
+def test_a_cache_entry_with_a_malformed_description_is_a_miss_fetched_again(s3, tmp_path, damage, readahead_bytes):
+    prefix = f"malformed-{readahead_bytes}-{sorted(MALFORMED).index(damage)}"
+    put_files(s3, prefix, 2, rows=20)
+    cache, url = tmp_path / "cache", f"s3://store/{prefix}"
+    list(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes))
+    descriptions = {json.loads(p.read_text())["url"]: p for p in cache.glob("*.json")}
+    MALFORMED[damage](descriptions[f"{url}/part-0.jsonl"])
+    gets = [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)]
+    assert ids(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes)) == list(range(40))
+    after = [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)]
+    assert after[0] > gets[0] and after[1] == gets[1]  # the malformed entry fetched again, the sound one not
+    assert ids(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes)) == list(range(40))
+    assert [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)] == after  # and cached again
+    assert sorted(p.is_file() for p in cache.iterdir()) == [True] * 4
 
 
 def test_an_object_changed_after_it_was_cached_is_fetched_again(s3, tmp_path):
