@@ -393,6 +393,45 @@ def test_a_file_that_keeps_failing_names_the_file_and_the_last_cause(s3):
     assert any("after 3 attempts" in note for note in getattr(cause, "__notes__", []))
 
 
+class KnownCount(JsonLinesReader):
+    """Counts without opening the file (``JsonLinesReader.count`` opens it itself, for ``len(loader)``,
+    retried by s3fs alone): every request to the file is the read's."""
+
+    def count(self, path: str) -> int:
+        return 10
+
+
+@pytest.fixture
+def s3_as_configured(moto_port, monkeypatch):
+    """Like ``s3``, with s3fs and botocore at their own retry settings (5 attempts each)."""
+    import boto3
+
+    proxy = FaultProxy(moto_port)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": f"http://127.0.0.1:{proxy.port}"})
+    client = boto3.client("s3")
+    client.proxy = proxy
+    yield client
+    proxy.close()
+
+
+@pytest.mark.parametrize("num_workers,readahead_bytes", [(0, 2**20), (0, 300), (2, 2**20)],
+                         ids=["whole", "blocks", "workers"])
+@pytest.mark.parametrize("retries", [0, 2])
+def test_retries_bound_every_request_to_a_dead_object_whatever_s3fs_and_botocore_would_retry(
+        s3_as_configured, retries, num_workers, readahead_bytes):
+    s3, prefix = s3_as_configured, f"dead-{retries}-{num_workers}-{readahead_bytes}"
+    put_files(s3, prefix, 1)
+    loader = pl.DataLoader(KnownCount(4), pl.IdentityDataset(), NumpyCollator(), f"s3://store/{prefix}",
+                           retries=retries, num_workers=num_workers, readahead_bytes=readahead_bytes)
+    s3.proxy.share = 1.0  # every request from now on is cut: the object is dead
+    with pytest.raises(pl.PipelineError, match=f"s3://store/{prefix}/part-0.jsonl") as info:
+        list(loader)
+    with s3.proxy._lock:
+        requests = [r for r in s3.proxy.requests if f"/{prefix}/part-0.jsonl" in r]
+    assert len(requests) == retries + 1, requests
+    assert is_transient(info.value.__cause__)
+
+
 def test_a_missing_object_is_not_retried(s3):
     put_files(s3, "vanishing", 2)
     loader = loader_over("s3://store/vanishing", retries=5)
