@@ -305,7 +305,8 @@ MALFORMED = {
     "block_size 0": _field("block_size", 0), "block_size -1": _field("block_size", -1),
     "blocks null": _field("blocks", None), "blocks short": _field("blocks", []),
     "blocks of numbers": _field("blocks", [1]), "size '10'": _field("size", "10"),
-    "a list": lambda path: path.write_text("[1, 2]"), "nested past the recursion limit": _nested_past_the_recursion_limit,
+    "a list": lambda path: path.write_text("[1, 2]"),
+    "nested past the recursion limit": _nested_past_the_recursion_limit,
     "data a folder": _data_a_folder, "description a folder": _description_a_folder,
 }
 

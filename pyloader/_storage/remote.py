@@ -176,7 +176,7 @@ def _session_sending_once() -> type:
     if _sending_once is None:
         from aiobotocore.httpsession import AIOHTTPSession
 
-        class SendingOnce(AIOHTTPSession):  # type: ignore[misc]
+        class SendingOnce(AIOHTTPSession):
             async def _get_session(self, proxy_url: Any) -> Any:
                 session = await super()._get_session(proxy_url)
                 session._retry_connection = False
