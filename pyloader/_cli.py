@@ -10,6 +10,10 @@
   memory, and recommends the setting with the fewest workers among those within
   ``--tolerance`` of the fastest.
 
+* ``index DATA --reader R``: count every file and write the index of counts next to the data
+  (``_storage.count_index``), reusing the entries of an index there that still match; it names
+  the files that changed since and those no longer in the data.
+
 Batches are collated by ``NumpyCollator``, so neither torch nor TensorFlow is needed.
 Exit status: 0; 1 when something failed (the message names the file); 2 for bad arguments.
 """
@@ -30,9 +34,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from ._abc import DataReader, IdentityDataset
+from ._counts import Counter, IndexPlaces
 from ._errors import PipelineError, describe
+from ._execution.runners import Exclusive
 from ._length import checked_count
 from ._loader import DataLoader
+from ._storage import count_index as ix
 from ._storage.files import _local, is_url, list_files
 
 READERS = {
@@ -272,12 +279,50 @@ def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     return 1 if any(r.error is not None for r in results) else 0
 
 
+# -- index -----------------------------------------------------------------------------
+def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    """Count every file (reusing the entries of an index already there that still match) and write
+    the index next to the data, atomically."""
+    reader = make_reader(args.reader, args.batch_size)
+    files = list_files(args.data)
+    places = IndexPlaces.of(reader, args.data, files, None)
+    now = ix.stamps(files, places.folder)
+    missing = [f for f, stamp in zip(files, now) if stamp is None]
+    if missing:
+        raise FileNotFoundError(f"{missing[0]!r} was listed but is gone" + (f" (and {len(missing) - 1} more)"
+                                                                            if len(missing) > 1 else ""))
+    names = [ix.name_in(places.folder, f) for f in files]
+    found = ix.read_index(places.data_index, places.key)
+    kept = ix.lookup(files, names, now, [found] if found else [])
+    counted = Counter(reader, files, Exclusive([reader]), None).count(kept.counts, first_failure_stops=False,
+                                                                       progress=args.progress)
+    entries = {name: ix.entry(stamp, n) for name, stamp, n in zip(names, now, counted.counts)
+               if stamp is not None and n is not None}
+    ix.write_index(places.data_index, places.key, entries, keep_found=False)
+    out(f"{places.data_index}: {len(entries)} files, {sum(e['count'] for e in entries.values())} samples "
+        f"({len(files) - counted.counted} from the index there, {counted.counted} counted, in {counted.seconds:.2f} s)")
+    return _report_index(kept.stale, sorted(set(found or {}) - set(names)), counted.failures, out)
+
+
+def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[Any],
+                  out: Callable[[str], None]) -> int:
+    for path in stale:
+        out(f"changed since the index was written, counted again: {path}")
+    for name in gone:
+        out(f"in the old index, no longer in the data: {name}")
+    for _, exc in failures:
+        out(f"error: {exc}")
+    return 1 if failures else 0
+
+
 # -- the command line ------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m pyloader", description="Look at a dataset, time the loader on it.")
-    commands = top.add_subparsers(dest="command", required=True, metavar="{inspect,bench}")
+    commands = top.add_subparsers(dest="command", required=True, metavar="{inspect,bench,index}")
     for name, text in (("inspect", "list the files, their sizes and samples, and print a first batch"),
-                       ("bench", "samples/s and peak memory for each number of workers, and a recommendation")):
+                       ("bench", "samples/s and peak memory for each number of workers, and a recommendation"),
+                       ("index", f"count the samples of every file and write them to {ix.INDEX_NAME} in the data's "
+                                 "folder, read by every loader and rank instead of counting")):
         sub = commands.add_parser(name, help=text, description=text)
         sub.add_argument("data", help="a folder, a glob or an fsspec URL (as DataLoader's data_dir)")
         sub.add_argument("--reader", required=True, choices=sorted(READERS), help="the built-in reader")
@@ -292,6 +337,7 @@ def parser() -> argparse.ArgumentParser:
     bench_.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per setting (default 600)")
     bench_.add_argument("--tolerance", type=float, default=0.05,
                         help="a setting this close to the fastest, with fewer workers, is preferred (default 0.05)")
+    commands.choices["index"].add_argument("--progress", action="store_true", help="a bar over the files counted")
     measure_ = commands.add_parser("_measure")  # one setting of bench, in its own process
     measure_.add_argument("spec")
     return top
@@ -305,7 +351,7 @@ def main(argv: Optional[Sequence[str]] = None, out: Callable[[str], None] = prin
         if args.command == "_measure":
             out(json.dumps(asdict(measure(json.loads(args.spec)))))
             return 0
-        return (inspect if args.command == "inspect" else bench)(args, out)
-    except (CommandError, PipelineError, FileNotFoundError, ValueError) as exc:
+        return {"inspect": inspect, "bench": bench, "index": index}[args.command](args, out)
+    except (CommandError, PipelineError, OSError, ValueError) as exc:
         print(f"pyloader: error: {exc}", file=sys.stderr)
         return 1

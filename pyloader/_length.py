@@ -1,21 +1,22 @@
 """``len(loader)``: the batches one iteration yields, from the samples per file (``DataReader.count``).
 
-Counting calls ``DataReader.count`` once per file, the first time a length (or a
-split across ranks) is needed, and the loader keeps the counts for its life. The
-built-in readers count cheaply (a newline count, ``.npy`` headers); the default
-``count`` parses the whole file.
+Counting (``_counts``) takes each file's count from an index where it still matches and
+calls ``DataReader.count`` for the others, the first time a length (or a split across
+ranks) is needed, and the loader keeps the counts for its life. The built-in readers
+count cheaply (a newline count, ``.npy`` headers); the default ``count`` parses the whole file.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from ._abc import DataReader
 from ._errors import PipelineError
-from ._execution.runners import Exclusive
 from ._stages.shard import batches_of
 from ._stages.source import FileSource
 from ._stages.stream_plan import stream_steps
+
+if TYPE_CHECKING:
+    from ._counts import Counter
 
 
 def checked_count(reader: DataReader, path: str) -> int:
@@ -33,38 +34,22 @@ def cached_counts(cache: Dict[str, object], files: Sequence[str]) -> Optional[Li
     return cache["counts"] if cache.get("files") == list(files) else None  # type: ignore[return-value]
 
 
-def count_files(reader: DataReader, files: Sequence[str], cache: Dict[str, object], threads: int,
-                exclusive: Exclusive, skip_failed: bool,
-                known: Optional[Sequence[Optional[int]]] = None) -> List[Optional[int]]:
-    """The samples of every file, counted ``threads`` at a time (one at a time, under its lock,
-    for a reader that is not thread-safe), kept in ``cache``. A count that fails raises its
-    ``PipelineError``, or with ``skip_failed`` is ``None`` and left out of the cache, so that
-    the run counts it again and reports it through the error policy. ``known[i]``, where not
-    ``None``, is file ``i``'s count without asking the reader (a stream's slice, an in-memory stream)."""
-    counts = cached_counts(cache, files)
+def count_files(counter: Counter, cache: Dict[str, object], skip_failed: bool,
+                known: Optional[Sequence[Optional[int]]] = None, progress: bool = False) -> List[Optional[int]]:
+    """The samples of every file (``_counts``: from the indexes, the rest counted concurrently), kept in
+    ``cache``. A count that fails raises its ``PipelineError``, or with ``skip_failed`` is ``None`` and
+    left out of the cache, so that the run counts it again and reports it through the error policy.
+    ``known[i]``, where not ``None``, is file ``i``'s count without asking the reader (a stream's
+    slice, an in-memory stream)."""
+    counts = cached_counts(cache, counter.files)
     if counts is not None:
         return counts
-    keys = exclusive.keys([reader])
-
-    def one(path: str, n: Optional[int]) -> Optional[int]:
-        if n is not None:
-            return n
-        try:
-            return exclusive.call(keys, checked_count, reader, path)
-        except PipelineError:
-            if not skip_failed:
-                raise
-            return None
-
-    known = known or [None] * len(files)
-    if keys or threads == 1:
-        counts = [one(p, n) for p, n in zip(files, known)]
-    else:
-        with ThreadPoolExecutor(threads, thread_name_prefix="pyloader-count") as pool:
-            counts = list(pool.map(one, files, known))
-    if None not in counts:
-        cache.update(files=list(files), counts=counts)
-    return counts
+    counted = counter.count(known, first_failure_stops=not skip_failed, progress=progress)
+    if counted.failures and not skip_failed:
+        raise counted.failures[0][1]
+    if not counted.failures:
+        cache.update(files=list(counter.files), counts=counted.counts)
+    return counted.counts
 
 
 def epoch_batches(source: FileSource, epoch: int, batch_size: int, drop_last: bool, stream: bool,

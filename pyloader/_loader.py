@@ -4,16 +4,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import threading
 import time
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from ._abc import DataReader
 from ._compose import callable_name
+from ._counts import Counter, IndexPlaces
 from ._errors import ErrorHandler, PipelineError, Stats
 from ._execution.auto_workers import Placement, Placer
 from ._execution.engine import Engine
-from ._execution.pool import KeptPool
+from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Exclusive
 from ._frameworks.progress import progress_bar
 from ._frameworks.torch import mover, pinner, unstack
@@ -29,7 +31,7 @@ from ._options import (
     taking,
     values_of,
 )
-from ._pipeline import Settings, batches
+from ._pipeline import Settings, batches, launch_workers
 from ._stages.batch import Batch, Group, Stacked
 from ._stages.entries import bounds_of, known_counts, stream_data
 from ._stages.mix import MixSource, mix_fingerprint
@@ -126,6 +128,7 @@ class DataLoader(Options):
             self._arguments["data_dir"] = self._entries.listed
         self._cache = None if self.cache_dir is None else DiskCache(self.cache_dir, self.cache_limit)
         self._stats = Stats()
+        self._counter = self._make_counter()
         if self.cache_encoded is not None:
             self._stats.cache = dict.fromkeys(CACHE_COUNTERS, 0)
         self._oversized: Set[Tuple[str, int]] = set()  # blocks of cache_encoded whose write went past its limit
@@ -135,10 +138,19 @@ class DataLoader(Options):
         self._finish = pinner() if self.pin_memory else None
         self._move = mover(self.device, self.pin_memory) if self.device is not None else None
         self._iterator: Optional[weakref.ref] = None
+        self._iterating = threading.RLock()
         self._record: Optional[_Run] = None  # the latest iteration, if any since the last set_epoch/load
         self._next = fresh(0, self.num_epoch)
         self._files_digest: Optional[str] = None
         self.epoch: Optional[int] = None
+
+    def _make_counter(self) -> Counter:
+        """Counts the files' samples, from and into the count indexes (none for mixed sources and stream entries)."""
+        places = None
+        if self._mix is None and self._entries is None:
+            places = IndexPlaces.of(self.datareader, self.data_dir, self.files,
+                                    None if self._cache is None else self._cache.folder)
+        return Counter(self._reader, self.files, self._exclusive, places, self._stats.counting)
 
     def _keep_workers(self, persistent: bool) -> Optional[KeptPool]:
         """The pool kept across iterations with ``persistent_workers``: ended by ``close()``, or
@@ -151,13 +163,14 @@ class DataLoader(Options):
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> "LoaderIterator":
-        start = self._upcoming()
-        self._stop_run(superseded=True)
-        record = _Run(start)
-        self._record = record
-        it = LoaderIterator(self, record)
-        self._iterator = weakref.ref(it)
-        return it
+        with self._iterating:  # two threads calling iter() at once: one supersedes the other, never both run
+            start = self._upcoming()
+            self._stop_run(superseded=True)
+            record = _Run(start)
+            self._record = record
+            it = LoaderIterator(self, record)
+            self._iterator = weakref.ref(it)
+            return it
 
     def __aiter__(self) -> "LoaderIterator":
         return self.__iter__()
@@ -203,17 +216,28 @@ class DataLoader(Options):
         self._stats.placement = placement.as_dict()
         return placement
 
-    def _engine(self, start: Start) -> Engine:
+    def _engine(self, start: Start) -> Tuple[Engine, Optional[WorkerPool]]:
+        """A run from ``start``, and its worker processes unless they are kept across runs. The workers
+        are started here, in the thread calling ``iter()``, before the run's own threads."""
         num_workers = self._placement().num_workers
         settings = Settings(
             options=self.options, files=self.files, reader=self._reader, num_workers=num_workers,
             concurrency=GROUPS_PER_WORKER * num_workers or GROUPS_IN_FLIGHT,
             errors=ErrorHandler(self.on_error, self.max_errors, self._stats), stats=self._stats,
-            finish=self._finish, kept_workers=self._kept_workers, sharding=self.sharding,
+            finish=self._finish, sharding=self.sharding,
             count_cache=self._count_cache, exclusive=self._exclusive, cache=self._cache, entries=self._entries,
-            mix=self._mix, encoded_cache=self._epoch_store())
-        return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
-                      self.max_queue_size, threads=self.prefetch_files + resolved(self.num_threads))
+            mix=self._mix, encoded_cache=self._epoch_store(), counter=self._counter)
+        settings.pool = launch_workers(settings, self._kept_workers)
+        if settings.pool is not None:
+            self._stats.placement = {**self._stats.placement, "start_method": settings.pool.method}
+        own = settings.pool if self._kept_workers is None else None
+        try:
+            return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
+                          self.max_queue_size, threads=self.prefetch_files + resolved(self.num_threads)), own
+        except BaseException:
+            if own is not None:
+                own.close()
+            raise
 
     def _epoch_store(self) -> Optional[EpochStore]:
         """This rank's share of the cache of encoded epochs, keyed by the data and every setting that
@@ -277,9 +301,8 @@ class DataLoader(Options):
         r = self._record
         start = r.start if r is not None and r.ended is None else self._upcoming()
         try:
-            counts = count_files(self._reader, self.files, self._count_cache, self.prefetch_files,
-                                 self._exclusive, skip_failed=self.on_error != "raise",
-                                 known=known_counts(self._entries))
+            counts = count_files(self._counter, self._count_cache, skip_failed=self.on_error != "raise",
+                                 known=known_counts(self._entries), progress=self.progress)
         except PipelineError as exc:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
         if self._mix is not None:
@@ -398,8 +421,8 @@ class LoaderIterator:
             self._watch.bar = progress_bar(loader, record.start.skip)
 
     def _start_engine(self, start: Start) -> None:
-        self._engine = self._loader._engine(start)
-        self._finalizer = weakref.finalize(self, _stop, self._engine, self._record)
+        self._engine, pool = self._loader._engine(start)
+        self._finalizer = weakref.finalize(self, _stop, self._engine, self._record, pool)
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -416,6 +439,7 @@ class LoaderIterator:
                         group = self._engine.get()
                         break
                     except StopIteration:
+                        self._check_current()  # ended by a newer iter() while this one waited
                         if not self._ended_empty():
                             self._ended(began)
                             raise
@@ -439,6 +463,7 @@ class LoaderIterator:
                         group = await self._engine.aget()
                         break
                     except StopAsyncIteration:
+                        self._check_current()  # ended by a newer iter() while this one waited
                         if not self._ended_empty():
                             self._ended(began)
                             raise
@@ -497,9 +522,11 @@ class LoaderIterator:
 DataLoader.__doc__ = (DataLoader.__doc__ or "") + describe()
 
 
-def _stop(engine: Engine, record: _Run) -> None:
+def _stop(engine: Engine, record: _Run, pool: Optional[WorkerPool]) -> None:
     engine.stop()
     record.close()
+    if pool is not None:  # the run closes it as it ends; this is for a run stopped before it began
+        pool.close()
 
 
 def _each(group: Group) -> Iterator[Batch]:

@@ -9,18 +9,21 @@ the encoded batches are cut into samples, served several times and batched again
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
+from ._counts import Counter
 from ._errors import ErrorHandler, Stats, reraise
 from ._execution.filter import with_filter
+from ._execution.forking import needed_modules
 from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Exclusive, Lane, LocalSteps, PoolRunner, Runner, ThreadRunner
 from ._execution.steps import Step
 from ._frameworks.torch import attach_meta
-from ._length import checked_count
 from ._options import Options, resolved
 from ._stages.batch import Batcher, Group, Stacked
 from ._stages.bucket import Lengths
@@ -57,7 +60,7 @@ class Settings:
     errors: ErrorHandler  # ``on_error`` and ``max_errors``, counted per run
     stats: Stats
     finish: Optional[Callable[[Any], Any]] = None  # e.g. pin_memory, run after collate_batch
-    kept_workers: Optional[KeptPool] = None  # persistent_workers: the pool outlives the run
+    pool: Optional[WorkerPool] = None  # the worker processes, launched before the run (``launch_workers``)
     sharding: Sharding = Sharding()  # ``rank``, ``world_size``, ``even_batches``, resolved for this run
     count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
@@ -65,6 +68,7 @@ class Settings:
     entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_stages.entries``)
     mix: Optional[Mix] = None  # weighted sources (``_stages.mix``): their files, each read by its own reader
     encoded_cache: Optional[EpochStore] = None  # ``cache_encoded``: this rank's share (``_stages.cached_epochs``)
+    counter: Optional[Counter] = None  # counts the files, from and into the count indexes (``_counts``)
 
 
 class CheckedEncode:
@@ -117,25 +121,22 @@ def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
     return there, here, [encode, collate, *finish]
 
 
-async def count_samples(s: Settings, lane: Lane) -> List[Optional[int]]:
-    """Samples per file (``DataReader.count``), several files at once; computed once per loader.
-    A failure goes through the error policy: skipped, the file's count is ``None`` (it is left out)."""
+async def count_samples(s: Settings, run_blocking: Callable) -> List[Optional[int]]:
+    """Samples per file (``_counts``: from the indexes, the rest counted concurrently); computed once per
+    loader. A failure goes through the error policy: skipped, the file's count is ``None`` (it is left out)."""
     if s.count_cache.get("files") != s.files:
-        limit = asyncio.Semaphore(s.options.prefetch_files)
-
-        async def one(path: str, known: Optional[int]) -> Optional[int]:
-            if known is not None:  # a slice, an in-memory stream
-                return known
-            async with limit:
-                try:
-                    return await lane.run(checked_count, s.reader, path, uses=(s.reader,))
-                except Exception as exc:
-                    s.errors("count", [path], exc)
-                    s.stats.skipped_files += 1
-                    return None
-
-        known = known_counts(s.entries) or [None] * len(s.files)
-        s.count_cache.update(files=list(s.files), counts=await asyncio.gather(*map(one, s.files, known)))
+        assert s.counter is not None
+        stop = threading.Event()  # set when the run ends while counting: no count begins after it
+        count = functools.partial(s.counter.count, known_counts(s.entries), stop=stop,
+                                  first_failure_stops=s.errors.policy is reraise, progress=s.options.progress)
+        try:
+            counted = await run_blocking(count)
+        finally:
+            stop.set()
+        for i, exc in counted.failures:
+            s.errors("count", [s.files[i]], exc)
+            s.stats.skipped_files += 1
+        s.count_cache.update(files=list(s.files), counts=counted.counts)
     return s.count_cache["counts"]
 
 
@@ -151,24 +152,40 @@ async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats) -> Asy
             yield group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
 
 
-def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Tuple[Runner, Optional[WorkerPool]]:
-    """Where user methods run: worker processes (a pool, kept across runs with
-    ``persistent_workers``) or threads of this process."""
-    there, here, local = split_steps(s)
-    reader = with_filter(s.reader, s.options.filter_fn)
-    uses = (s.options.dataset, s.options.datacollator)
+def launch_workers(s: Settings, kept: Optional[KeptPool]) -> Optional[WorkerPool]:
+    """The run's worker processes, started now if they do not run (a pool ``kept`` across runs with
+    ``persistent_workers``, else one for this run); called before the run's threads start."""
     if not s.num_workers:
-        return with_memory(ThreadRunner(reader, local, lane, readahead, uses=uses, busy=s.stats.busy), s.entries), None
+        return None
+    there, _, _ = split_steps(s)
+    readers = s.mix.readers.readers if s.mix is not None else [s.options.datareader]
+    objects = [*readers, s.options.dataset, s.options.datacollator]
 
     def make_pool() -> WorkerPool:
-        return WorkerPool(s.num_workers, reader, there, s.options.worker_init_fn, s.options.start_method,
-                          persistent=s.kept_workers is not None)
+        return WorkerPool(s.num_workers, with_filter(s.reader, s.options.filter_fn), there, s.options.worker_init_fn,
+                          s.options.start_method, persistent=kept is not None,
+                          imports=tuple(needed_modules(objects)))
 
-    pool = make_pool() if s.kept_workers is None else s.kept_workers.get(make_pool)
+    pool = make_pool() if kept is None else kept.get(make_pool)
     pool.busy = s.stats.busy
-    pool.start()
-    runner = PoolRunner(pool, here, lane, readahead, all_steps=local, uses=uses, busy=s.stats.busy)
-    return with_memory(runner, s.entries), pool
+    try:
+        pool.launch()
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Runner:
+    """Where user methods run: the launched worker processes, or threads of this process."""
+    _, here, local = split_steps(s)
+    uses = (s.options.dataset, s.options.datacollator)
+    if s.pool is None:
+        reader = with_filter(s.reader, s.options.filter_fn)
+        return with_memory(ThreadRunner(reader, local, lane, readahead, uses=uses, busy=s.stats.busy), s.entries)
+    s.pool.attach()
+    runner = PoolRunner(s.pool, here, lane, readahead, all_steps=local, uses=uses, busy=s.stats.busy)
+    return with_memory(runner, s.entries)
 
 
 def resumes_past_files(s: Settings, start: Start) -> bool:
@@ -321,12 +338,12 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
     """
     o = s.options
     lane = Lane(run_blocking, resolved(o.num_threads), s.exclusive)
-    runner, pool = _runner(s, lane, ReadAhead(run_blocking, s.reader, o.readahead_bytes, o.retries, s.cache))
     rotation: Optional[Rotation] = None
     try:
+        runner = _runner(s, lane, ReadAhead(run_blocking, s.reader, o.readahead_bytes, o.retries, s.cache))
         past_files = resumes_past_files(s, start)
         needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
-        source = _source(s, start, await count_samples(s, lane) if needs_counts else None)
+        source = _source(s, start, await count_samples(s, run_blocking) if needs_counts else None)
         steps = _planned_steps(s, source)
 
         def from_files(epochs: range, run: Callable, from_position: bool = True) -> AsyncGenerator[Group, None]:
@@ -349,5 +366,5 @@ async def batches(s: Settings, start: Start, run_blocking: Callable,
     finally:
         if rotation is not None:
             rotation.close()
-        if pool is not None:
-            pool.finish()
+        if s.pool is not None:
+            s.pool.finish()

@@ -222,12 +222,30 @@ class Figures:
 _COUNTERS = ("files_read", "samples_read", "filtered_samples", "rotated_samples", "skipped_files", "skipped_batches")
 
 
+@dataclasses.dataclass
+class Counting:
+    """The counting of files' samples over the loader's life (``_counts``): by the reader, from an index."""
+
+    counted: int = 0  # files whose count was asked of the reader
+    indexed: int = 0  # files whose count an index gave
+    stale: int = 0  # files an index held that had changed since
+    seconds: float = 0.0
+
+    def add(self, counted: int, indexed: int, stale: int, seconds: float) -> None:
+        self.counted += counted
+        self.indexed += indexed
+        self.stale += stale
+        self.seconds += seconds
+
+
 class Watch:
     """The consumer's side of one iteration: its ``Figures``, the per-epoch log line, the progress bar."""
 
     def __init__(self, max_queue_size: int, epoch_files: Dict[int, int], counters: Dict[str, int],
-                 busy: Dict[str, float], bar: Any = None) -> None:
+                 busy: Dict[str, float], bar: Any = None, counting: Optional[Counting] = None) -> None:
         self.max_queue_size = max_queue_size
+        self.counting = counting or Counting()
+        self._counting_mark = self.counting.seconds
         self.epoch_files = epoch_files
         self.counters = counters  # the loader's counters and busy seconds as the iteration began
         self.busy = busy
@@ -290,9 +308,11 @@ class Watch:
         if self._epoch is not None:
             f = self.figures.minus(self._epoch_figures)
             f.seconds = mark - self._epoch_mark
-            logger.info("epoch %d: %d files, %d samples (%d batches) in %.2f s, %.1f samples/s, data stall %.1f%%",
+            counted = self.counting.seconds - self._counting_mark
+            logger.info("epoch %d: %d files, %d samples (%d batches) in %.2f s, %.1f samples/s, data stall %.1f%%%s",
                         self._epoch, self.epoch_files.pop(self._epoch, 0), f.samples, f.batches, f.seconds,
-                        f.rate(), 100 * f.stall_share())
+                        f.rate(), 100 * f.stall_share(), f", counting files {counted:.2f} s" if counted else "")
+            self._counting_mark = self.counting.seconds
             self._epoch_mark = mark  # the first epoch counts from iter(): its start-up is part of it
         self._epoch = epoch
         self._epoch_figures = dataclasses.replace(self.figures)
@@ -318,6 +338,7 @@ class Stats:
         self.cache: Optional[Dict[str, int]] = None  # with cache_encoded: its counters (``_stages.cached_epochs``)
         self.placement: Dict[str, Any] = {}  # where the latest iteration ran user methods (``_execution.auto_workers``)
         self.busy = Busy()
+        self.counting = Counting()
         self.epoch_files: Dict[int, int] = {}  # files read per epoch, until its log line takes them
         self._watch: Optional[Watch] = None
         self._finished = Figures()  # of the iterations before the current one
@@ -337,7 +358,8 @@ class Stats:
         if self._watch is not None:
             self._finished = self._finished.plus(self._watch.figures)
         self.epoch_files.clear()  # of epochs an earlier iteration left before their end
-        self._watch = Watch(max_queue_size, self.epoch_files, self._counters(), self.busy.seconds(), bar)
+        self._watch = Watch(max_queue_size, self.epoch_files, self._counters(), self.busy.seconds(), bar,
+                            self.counting)
         self._iterations += 1
         weakref.finalize(owner, self._watch.close)
         return self._watch
@@ -355,6 +377,7 @@ class Stats:
         if self.cache is not None:
             out["cache_encoded"] = dict(self.cache)
         out["placement"] = dict(self.placement)
+        out["counting"] = dataclasses.asdict(self.counting)
         counters, busy = self._counters(), self.busy.seconds()
         watch = self._watch
         current = watch.figures if watch is not None else Figures()

@@ -3,22 +3,41 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import psutil
 import pytest
 
 import pyloader as pl
 
-# The suite was written for user code run in this process (its tests observe state kept on self and
-# in closures); where the default puts user code is tested in test_auto_workers.py, which clears this.
-os.environ.setdefault("PYLOADER_NUM_WORKERS", "0")
+_TENSORFLOW = ("tensorflow", "TFCollator", "to_tf_dataset")
+
+
+def _uses_tensorflow(item: pytest.Item) -> bool:
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    return "tf" in getattr(item, "fixturenames", ()) or any(word in source for word in _TENSORFLOW)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: List[pytest.Item]) -> None:
+    """Tests that may import TensorFlow run last: once it is imported, ``num_workers="auto"`` keeps user
+    code in threads (forking TensorFlow is unsafe), and every test after it would no longer run the
+    default placement that a user's process without TensorFlow gets."""
+    for item in items:
+        if _uses_tensorflow(item):
+            item.add_marker("tensorflow")
+    items.sort(key=lambda item: item.get_closest_marker("tensorflow") is not None)  # stable: order kept within
 
 
 def write_chunks(folder: Path, sizes: Sequence[int], prefix: str = "part") -> List[str]:
@@ -105,8 +124,15 @@ def spread_positions(epochs: Sequence[Optional[int]]) -> List[int]:
     return sorted({p for p in [0, 1, n - 1, n, *starts, *(k + 1 for k in starts), *middles] if 0 <= p <= n})
 
 
+# What an earlier test left behind (and ``_isolated`` reported and tried to end): a leak is the
+# test's that made it, so the leak checks of the tests after it do not see it.
+_carried_threads: Set[int] = set()
+_carried_pids: Set[int] = set()
+
+
 def our_threads() -> List[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("pyloader")]
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith("pyloader") and t.ident not in _carried_threads]
 
 
 def wait_no_threads(timeout: float = 1.5) -> List[str]:
@@ -131,7 +157,7 @@ def leftover_children() -> List[Tuple[int, str]]:
     """Descendants of this process, zombies included, except multiprocessing's own helpers."""
     out = []
     for proc in psutil.Process().children(recursive=True):
-        if _is_mp_infrastructure(proc):
+        if _is_mp_infrastructure(proc) or proc.pid in _carried_pids:
             continue
         try:
             out.append((proc.pid, proc.status()))
@@ -145,6 +171,47 @@ def wait_no_children(timeout: float = 2.0) -> List[Tuple[int, str]]:
     while leftover_children() and time.monotonic() < deadline:
         time.sleep(0.02)
     return leftover_children()
+
+
+def _end_leftovers() -> Tuple[List[str], List[Tuple[int, str]]]:
+    """Stop every run and worker pool of pyloader's still alive, kill our leftover processes, and
+    return what was still there before (threads by name, processes by pid and status)."""
+    from pyloader._execution import engine, pool
+
+    threads, children = wait_no_threads(3.0), wait_no_children(3.0)
+    if threads or children:
+        for run in list(engine._live):
+            run.stop(0.5)
+        for workers in list(pool._pools):
+            workers.close(0.5)
+        for pid, _ in leftover_children():
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        wait_no_threads(2.0)
+        wait_no_children(2.0)
+    return threads, children
+
+
+@pytest.fixture(autouse=True)
+def _isolated(request) -> Iterator[None]:
+    """After each test: what it left running is named (a warning) and ended, or, if it cannot be
+    (a thread stuck in user code), set aside so that it fails no later test."""
+    had_tensorflow = "tensorflow" in sys.modules
+    yield
+    if not had_tensorflow and "tensorflow" in sys.modules and request.node.get_closest_marker("tensorflow") is None:
+        import warnings
+
+        warnings.warn(f"{request.node.nodeid} imported TensorFlow but is not among the tests run last "
+                      f"(tests/conftest.py _TENSORFLOW)", UserWarning, stacklevel=2)
+    threads, children = _end_leftovers()
+    if threads or children:
+        import warnings
+
+        warnings.warn(f"{request.node.nodeid} left threads {threads} and processes {children} behind",
+                      UserWarning, stacklevel=2)
+    _carried_threads.update(t.ident for t in threading.enumerate()
+                            if t.name.startswith("pyloader") and t.ident is not None)
+    _carried_pids.update(pid for pid, _ in leftover_children())
 
 
 @contextlib.contextmanager

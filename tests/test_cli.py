@@ -1,4 +1,4 @@
-"""``python -m pyloader``: ``inspect`` and ``bench``."""
+"""``python -m pyloader``: ``inspect``, ``bench`` and ``index``."""
 from __future__ import annotations
 
 import json
@@ -114,3 +114,31 @@ def test_python_dash_m_pyloader_runs_the_command_line(tmp_path):
                          capture_output=True, text=True, timeout=60, env=env, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "1 files, " in out.stdout and "first batch" in out.stdout
+
+
+def test_index_writes_every_files_count_next_to_the_data_and_reuses_what_still_matches(tmp_path):
+    paths = write_jsonl(tmp_path / "data", [5, 7, 3])
+    rc, lines = run(["index", str(tmp_path / "data"), "--reader", "jsonl"])
+    assert rc == 0, lines
+    index = json.loads((tmp_path / "data" / "_pyloader_counts.json").read_text())
+    assert {name: e["count"] for name, e in index["files"].items()} == {"part-0.jsonl": 5, "part-1.jsonl": 7,
+                                                                       "part-2.jsonl": 3}
+    assert index["key"]["reader"] == "pyloader.readers._jsonl.JsonLinesReader"
+    assert "15 samples" in lines[0] and "3 counted" in lines[0]
+    paths[2].unlink()
+    rc, lines = run(["index", str(tmp_path / "data"), "--reader", "jsonl"])
+    assert rc == 0 and "2 from the index there, 0 counted" in lines[0]
+    assert lines[1:] == ["in the old index, no longer in the data: part-2.jsonl"]
+    assert "part-2.jsonl" not in json.loads((tmp_path / "data" / "_pyloader_counts.json").read_text())["files"]
+
+
+def test_index_names_a_file_that_cannot_be_counted_and_leaves_it_out(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    np.save(data / "a.npy", np.arange(6))
+    (data / "b.npy").write_bytes(b"not an npy file")
+    rc, lines = run(["index", str(data), "--reader", "npy"])
+    assert rc == 1
+    assert any(line.startswith("error: count failed on ") and "b.npy" in line for line in lines), lines
+    assert {name: e["count"] for name, e in json.loads((data / "_pyloader_counts.json").read_text())["files"].items()} \
+        == {"a.npy": 6}

@@ -133,7 +133,9 @@ def test_the_byte_budget_holds_with_a_file_larger_than_the_budget(tmp_path):
             seen[os.path.basename(path)] = ahead
             return {"data": [b"".join(got)]}, 1
 
-    loader = pl.DataLoader(BlockReader(1), pl.IdentityDataset(), ListCollator(), str(data), readahead_bytes=budget)
+    # the reader reports into this process's ``seen``: it runs here
+    loader = pl.DataLoader(BlockReader(1), pl.IdentityDataset(), ListCollator(), str(data), readahead_bytes=budget,
+                           num_workers=0)
     assert [b["data"][0] for b in loader] == [big, b"s" * 1000]
     # read ahead: at least half the budget before the parser took any, and never more than the
     # budget plus one 16 KiB block over it and the 64 KiB buffer of the file object
@@ -166,6 +168,7 @@ _PERMISSION_CHECK = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_cold import served_loader, write_jsonl
     from pathlib import Path
+    import multiprocessing.popen_fork, multiprocessing.popen_forkserver  # root's Python may be unreadable to nobody
     if os.geteuid() == 0:  # root reads anything: go on as nobody, everything imported
         os.setgroups([])
         os.setgid(65534)
@@ -216,3 +219,58 @@ def test_a_memory_mapped_npy_keeps_its_zero_copy_path(tmp_path):
     before = bytes_read()
     assert run() == int(rows.sum())
     assert bytes_read() - before < 2**20  # mapped, not read: only the header went through read()
+
+
+class SizeCollator(pl.DataCollator):
+    """A batch's number of rows only: what crosses from a worker is not what is measured."""
+
+    def collate_batch(self, features):
+        return {"n": len(next(iter(features.values())))}
+
+
+def worker_bytes_read() -> int:
+    """Bytes the live child processes (the forked workers) have read through read() calls."""
+    import psutil
+
+    total = 0
+    for child in psutil.Process().children():
+        with open(f"/proc/{child.pid}/io") as f:
+            total += int(next(line for line in f if line.startswith("rchar:")).split()[1])
+    return total
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_each_local_file_is_read_once_by_the_process_that_parses_it(tmp_path, num_workers):
+    from pyloader.readers import TextLinesReader
+
+    paths = write_jsonl(tmp_path / "data", 6, 4000)  # 6 files of about 480 KB
+    total = sum(p.stat().st_size for p in paths)
+    # workers kept: Linux adds the reads of a child it reaps to its parent's, so they are measured while they live
+    loader = pl.DataLoader(TextLinesReader(64), pl.IdentityDataset(), SizeCollator(), str(tmp_path / "data"),
+                           num_workers=num_workers, start_method="fork" if num_workers else None,
+                           persistent_workers=bool(num_workers))
+    before = bytes_read()
+    assert sum(batch["n"] for batch in loader) == 24000
+    here, there = bytes_read() - before, worker_bytes_read()
+    loader.close()
+    if num_workers:
+        assert here < 0.05 * total and total <= there < 1.2 * total  # the workers read them, once
+    else:
+        assert total <= here < 1.2 * total
+
+
+def test_a_mixed_loader_keeps_the_zero_copy_path_of_memory_mapped_npy(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        np.save(tmp_path / name / "rows.npy", np.arange(200_000, dtype=np.int64))  # 1.6 MB each
+
+    def run() -> int:
+        sources = [pl.Source(str(tmp_path / name)) for name in ("a", "b")]
+        loader = pl.DataLoader(NumpyReader(4096, key="id", mmap=True), pl.IdentityDataset(), NumpyCollator(),
+                               sources, num_workers=0)
+        return sum(len(b["id"]) for b in loader)
+
+    n = run()
+    before = bytes_read()
+    assert run() == n > 300_000
+    assert bytes_read() - before < 2**20  # mapped, not read: only the headers went through read()

@@ -320,8 +320,11 @@ def test_importing_the_readers_imports_neither_pyarrow_nor_zstandard():
 # ---------------------------------------------------------------- the block-wise fast paths
 
 
+_LINE_FILES = tempfile.TemporaryDirectory(prefix="pyloader-formats-")  # removed when the session ends
+
+
 def lines_file(text: bytes, name: str) -> str:
-    folder = Path(tempfile.mkdtemp(prefix="pyloader-formats-"))
+    folder = Path(tempfile.mkdtemp(dir=_LINE_FILES.name))
     path = folder / name
     path.write_bytes(text)
     return str(path)

@@ -121,11 +121,17 @@ def test_stream_mode_counts_the_rows_of_each_step(make_loader):
     assert loader.stats["iteration"]["samples"] == 2 * len(steps)
 
 
+def epoch_lines(caplog) -> list:
+    """The INFO lines of logger ``pyloader`` about epochs (not, say, the placement ``"auto"`` chose)."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == "pyloader" and r.levelno == logging.INFO and r.getMessage().startswith("epoch ")]
+
+
 def test_each_epoch_logs_one_info_line_with_its_files_samples_time_rate_and_stall(make_loader, caplog):
     loader = make_loader([10, 7, 13], batch_size=4, num_epoch=2)
     with caplog.at_level(logging.INFO, logger="pyloader"):
         assert len(list(loader)) == 16
-    lines = [r.getMessage() for r in caplog.records if r.name == "pyloader" and r.levelno == logging.INFO]
+    lines = epoch_lines(caplog)
     assert len(lines) == 2, lines
     for epoch, line in enumerate(lines):
         assert line.startswith(f"epoch {epoch}: 3 files, 30 samples (8 batches) in "), line
@@ -138,7 +144,7 @@ def test_an_epoch_left_early_logs_no_line(make_loader, caplog):
         for k, _ in enumerate(loader, 1):
             if k == 10:  # in the second epoch
                 break
-    lines = [r.getMessage() for r in caplog.records if r.name == "pyloader" and r.levelno == logging.INFO]
+    lines = epoch_lines(caplog)
     assert len(lines) == 1 and lines[0].startswith("epoch 0: 3 files, 30 samples"), lines
 
 
@@ -172,7 +178,7 @@ def test_profiler_ranges_show_the_wait_for_data_and_each_user_method(make_loader
     torch = pytest.importorskip("torch")
     from torch._C._profiler import _ExperimentalConfig
 
-    loader = make_loader([10, 7, 13], batch_size=4)
+    loader = make_loader([10, 7, 13], batch_size=4, num_workers=0)  # the profiler sees this process's threads
     with torch.profiler.profile(experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
         assert len(list(loader)) == 8
     names = {e.name for e in prof.events()}

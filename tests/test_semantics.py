@@ -111,7 +111,7 @@ def test_user_methods_run_num_threads_at_a_time(tmp_path, num_threads):
     write_chunks(tmp_path, [6] * 12)
     overlap = Overlap(0.01)
     loader = pl.DataLoader(OverlapReader(overlap, 4), OverlapEncode(overlap), ListCollator(), str(tmp_path),
-                           prefetch_files=6, num_threads=num_threads)
+                           prefetch_files=6, num_threads=num_threads, num_workers=0)  # num_threads: this process
     assert ids_of(loader) == list(range(72))  # not list(loader): its len() would count in this thread
     if num_threads == 1:
         assert overlap.most == 1
@@ -220,7 +220,8 @@ def test_first_batch_does_not_wait_for_other_files(tmp_path):
                 assert release.wait(10)
             return super().read_file(path)
 
-    loader = pl.DataLoader(Gated(4), pl.IdentityDataset(), ListCollator(), str(tmp_path))
+    # the gate is an Event of this process: the reader runs here
+    loader = pl.DataLoader(Gated(4), pl.IdentityDataset(), ListCollator(), str(tmp_path), num_workers=0)
     it = iter(loader)
     assert next(it)["id"] == [0, 1, 2, 3]
     assert next(it)["id"] == [4, 5, 6, 7]

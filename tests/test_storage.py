@@ -31,14 +31,16 @@ _REQUEST = re.compile(rb"(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/1\.[01]\r\n")
 
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 in front of ``upstream_port``. It counts the HTTP requests it
-    forwards and fails a ``share`` of them (chosen by its own seeded generator): by resetting
-    the connection as the request arrives, or after a part of the response went through."""
+    forwards and the bytes it sends back, and fails a ``share`` of the requests (chosen by its
+    own seeded generator): by resetting the connection as the request arrives, or after a part
+    of the response went through."""
 
     def __init__(self, upstream_port: int, seed: int = 0) -> None:
         self.upstream_port = upstream_port
         self.share = 0.0
         self.requests: List[str] = []
         self.faults = 0
+        self.received = 0  # bytes sent back to the clients (headers included)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -107,6 +109,8 @@ class FaultProxy:
                         client.sendall(data[:cut_after])
                         return _reset(client)
                     client.sendall(data)
+                    with self._lock:
+                        self.received += len(data)
         except OSError:
             return
         finally:

@@ -88,7 +88,7 @@ def test_calls_on_one_object_never_overlap_unless_its_class_says_thread_safe(tmp
 
     for cls in (Probed, SafeProbed):
         loader = pl.DataLoader(cls(batch_size=8), pl.IdentityDataset(), ListCollator(), str(tmp_path / "d"),
-                               prefetch_files=6, num_threads=6)
+                               prefetch_files=6, num_threads=6, num_workers=0)  # threads of this process
         with loader:
             assert sorted(ids_of(loader)) == list(range(240))
     assert probes["unsafe"].most == 1

@@ -266,7 +266,7 @@ def test_default_start_method_with_torch_and_tensorflow_imported(tmp_path):
         import torch
         import pyloader as pl
         from pyloader.collators import TFCollator
-        from pyloader._execution.pool import default_start_method
+        from pyloader._execution.forking import start_method as default_start_method
         from worker_helpers import EncodeDataset, NumReader
 
         loader = pl.DataLoader(NumReader(5, piece=4), EncodeDataset(), TFCollator(), {str(tmp_path / "data")!r},
@@ -687,7 +687,7 @@ def test_persistent_workers_end_at_interpreter_exit(tmp_path, mid_iteration):
 
 
 @pytest.mark.parametrize("start_method", ["fork", "forkserver"])
-def test_persistent_workers_are_started_again_after_one_died(tmp_path, start_method):
+def test_a_persistent_worker_killed_between_epochs_is_reported_then_replaced(tmp_path, start_method):
     # forkserver: the dead worker is the server's child, so is_alive() here learns of its end late
     write_chunks(tmp_path / "data", SIZES)
     (tmp_path / "init").mkdir()
@@ -701,6 +701,9 @@ def test_persistent_workers_are_started_again_after_one_died(tmp_path, start_met
         deadline = time.monotonic() + 5
         while not gone(first[0][1]) and time.monotonic() < deadline:
             time.sleep(0.01)
+        with pytest.raises(pl.WorkerDied, match=rf"worker 0 \(pid {first[0][1]}\) was killed by SIGKILL"):
+            list(loader)
+        loader.set_epoch(1)
         assert ids_of(loader) == list(range(TOTAL))
         assert len(recorded_workers(str(tmp_path / "init"))) == 4
         assert alive_pids(first) == []

@@ -13,8 +13,9 @@ So ``"auto"`` runs user methods in this process (``num_workers=0``, threads) whe
 * this process's share of the CPUs is below 2: the CPUs it may run on
   (``os.sched_getaffinity``), divided among the processes of this node
   (``LOCAL_WORLD_SIZE``, set by torchrun and Lightning);
-* workers would not start by ``fork`` (TensorFlow imported, or a platform
-  without fork) and no ``start_method`` is given: spawn and forkserver import the
+* workers would not start by ``fork`` (TensorFlow imported, another loader's
+  threads running: ``_execution.forking``, or a platform without fork) and no
+  ``start_method`` is given: spawn and forkserver import the
   main script again (a script without an ``if __name__ == "__main__":`` guard
   fails there), pickle every user object, and take seconds to start with
   TensorFlow imported;
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from .._abc import releases_gil
-from .pool import default_start_method
+from . import forking
 
 AUTO = "auto"
 ENV = "PYLOADER_NUM_WORKERS"
@@ -102,9 +103,9 @@ def place(num_workers: Any, objects: Iterable[Any], start_method: Optional[str])
     share = cpu_share()
     if share < 2:
         return Placement(0, f"{share} CPU for this process")
-    if start_method is None and default_start_method() != "fork":
-        return Placement(0, "workers would not start by fork (TensorFlow is imported, or no fork here); "
-                            "pass start_method to use them anyway")
+    unsafe = forking.why_not_fork() if start_method is None else ""
+    if unsafe:
+        return Placement(0, f"workers would not start by fork ({unsafe}); pass start_method to use them anyway")
     python = next(type(obj).__name__ for obj in objects if not releases_gil(obj))
     return Placement(min(share, MAX_WORKERS), f"{share} CPUs for this process; {python} runs Python code")
 

@@ -15,9 +15,19 @@ pool was closed), ``finish`` detaches it. Requests carry the pool's
 generation, which ``finish`` moves on: the workers drop what the ended run
 still had queued and forget its files and pieces, and replies to its requests
 (request ids are never reused) are ignored, so nothing of one run reaches the
-next. Persistent workers are started from a thread of the pool's own: Linux
-ends a worker when the *thread* that started it ends (``PR_SET_PDEATHSIG``),
-and a run's loop thread ends with the run.
+next.
+
+Workers are started by ``launch``, called by the thread that calls ``iter()``
+before the run's threads start, never from a run's loop: the processes are
+forked by the pool's own launcher thread while that thread waits (see
+``_execution.forking`` for when fork is safe). The launcher lives as long as
+the pool: Linux ends a worker when the *thread* that started it ends
+(``PR_SET_PDEATHSIG``). ``attach`` then joins the started workers to the run's
+loop. A worker that dies at any time, busy or idle, attached or between the
+runs of persistent workers, fails the run's next request with ``WorkerDied``
+naming it; a persistent pool that lost a worker starts all anew at its next run.
+In a child made by ``os.fork()`` the parent's pools are forgotten: the child
+never signals, joins or talks to the parent's workers, even at its exit.
 
 With spawn/forkserver a worker imports the main script first. A script that
 iterates a loader when imported (no ``if __name__ == "__main__":`` guard) would
@@ -37,10 +47,11 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .._errors import WorkerDied
 from .._stats import BUSY_SLOTS, Busy
+from . import forking
 from . import ipc as _ipc
 from .shared import shared_row, shared_value
 from .steps import StepFailed
@@ -51,12 +62,20 @@ NEEDS_MAIN_GUARD = 86  # exit code of a process that was bootstrapping when it t
 _DETACH_WAIT_S = 1.0
 
 
-def default_start_method() -> str:
-    """``fork`` starts fastest; after TensorFlow is imported forking is unsafe, so ``forkserver``."""
-    methods = multiprocessing.get_all_start_methods()
-    if "fork" in methods and "tensorflow" not in sys.modules and sys.platform.startswith("linux"):
-        return "fork"
-    return "forkserver" if "forkserver" in methods else "spawn"
+_pools: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+_launching = False  # set while a launcher forks: a child that sees it is a worker being started
+
+
+def _forget_in_child() -> None:
+    """After ``os.fork()`` in a child that is not one of our workers: the parent's workers are not
+    this process's. multiprocessing would otherwise signal them at the child's exit."""
+    if _launching:
+        return
+    for pool in list(_pools):
+        pool.forget()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _describe_exit(code: Optional[int]) -> str:
@@ -148,45 +167,69 @@ class WorkerPool:
 
     def __init__(self, num_workers: int, reader: Any, steps: List[Tuple[str, Callable]],
                  worker_init_fn: Optional[Callable[[int], None]], start_method: Optional[str],
-                 persistent: bool = False, busy: Optional[Busy] = None) -> None:
+                 persistent: bool = False, busy: Optional[Busy] = None, imports: Tuple[str, ...] = ()) -> None:
         self.num_workers = num_workers
         self.steps = steps
         self.persistent = persistent
         self.busy = busy  # where the workers' seconds go (``loader.stats``), set for each run
         self._args = (reader, steps, worker_init_fn)
+        self._imports = imports  # modules the workers need, imported before they are forked
         self._rows: List[Any] = []  # a shared row per worker, where it adds its seconds
-        self._method = start_method or default_start_method()
+        self._requested = start_method
+        self._method = start_method or "fork"  # the method of the latest launch
         self._workers: List[_Worker] = []
+        self._dead: Optional[_Worker] = None  # the first worker that died since the pool was launched
+        self._restart = False  # a death was reported to a run: the next launch starts new workers
         self._generation: Any = None  # shared with the workers, made with them
         self._ids = itertools.count()
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the run's loop, while attached
         self._lock = threading.Lock()
         self._launcher: Optional[DaemonExecutor] = None
+        self._pid = os.getpid()
+        _pools.add(self)
+
+    @property
+    def method(self) -> str:
+        """The start method of the workers running now (or of the latest launch)."""
+        return self._method
 
     # -- lifecycle -------------------------------------------------------------------
-    def start(self) -> None:
-        """Attach the pool to the running loop, starting the workers if none runs (or one has died)."""
+    def launch(self) -> None:
+        """Make sure the workers run: called by the thread that calls ``iter()``, before the run's
+        threads start. Starts them if none runs; a worker that died since the last run is
+        reported by the run (``WorkerDied`` on its first request), not replaced silently."""
         if getattr(multiprocessing.current_process(), "_inheriting", False):
             os._exit(NEEDS_MAIN_GUARD)  # a worker importing a main script without the guard: see the docstring
-        loop = asyncio.get_running_loop()
-        if self._loop is not None and self._loop is not loop:
+        if self._loop is not None:
             self._detach_elsewhere()  # an earlier run that did not finish in time
         with self._lock:
-            if self._loop is not None:  # it still did not: its workers may be busy with it, start anew
-                self._loop = None
+            if self._loop is not None or self._restart:  # busy with an earlier run, or one died: start anew
+                self._loop, self._restart = None, False
                 self._shut_down()
-            if not self._workers or any(w.gone() for w in self._workers):
+            if self._dead is None:
+                self._dead = next((w for w in self._workers if w.gone()), None)
+                if self._dead is not None:
+                    self._dead.process.join(0.5)
+                    self._dead.dead = self._death(self._dead, "waiting for work between iterations")
+            if not self._workers:
                 if not threading.main_thread().is_alive():  # the interpreter exits, killing our workers
                     raise RuntimeError("pyloader: no worker starts while the interpreter exits")
-                self._shut_down()
                 self._launch()
+
+    def attach(self) -> None:
+        """Join the launched workers to the running loop (the run's), which reads their replies and deaths."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if not self._workers:
+                raise RuntimeError("pyloader: the worker processes were closed before the run began")
             self._loop = loop
             if self.busy is not None:
                 self.busy.track(self._rows)
             for worker in self._workers:
                 worker.releases = []
-                loop.add_reader(worker.fd, self._readable, worker)
-                loop.add_reader(worker.sentinel, self._died, worker)
+                if worker.dead is None:
+                    loop.add_reader(worker.fd, self._readable, worker)
+                    loop.add_reader(worker.sentinel, self._died, worker)
 
     def finish(self) -> None:
         """End a run: a persistent pool detaches (its workers stay), another closes."""
@@ -211,6 +254,7 @@ class WorkerPool:
                 worker.outbox = []
                 self._fail(worker, died=False)
             self._fold()
+            self._restart = self._dead is not None  # reported to this run: the next starts new workers
 
     def _fold(self) -> None:
         """The run is over: its seconds in the workers go to its ``busy``, and the rows start again."""
@@ -219,8 +263,22 @@ class WorkerPool:
             for row in self._rows:
                 row[:] = [0.0] * len(row)
 
+    def forget(self) -> None:
+        """In a forked child: drop the parent's workers without a signal, a join or a word to them."""
+        from multiprocessing import process
+
+        children: Set[Any] = getattr(process, "_children", set())
+        for worker in self._workers:
+            children.discard(worker.process)
+            worker.sock.close()  # this process's copy: the parent's stays open
+        self._workers, self._loop, self._launcher, self._dead = [], None, None, None
+        self._lock = threading.Lock()
+
     def close(self, timeout: float = 1.0) -> None:
         """Stop every worker (from any thread): close the sockets (workers exit on EOF), then kill what is left."""
+        if self._pid != os.getpid():
+            self.forget()  # a forked child's copy of a parent's pool
+            return
         if self._loop is not None:
             self._detach_elsewhere()
         with self._lock:
@@ -255,13 +313,25 @@ class WorkerPool:
         done.wait(_DETACH_WAIT_S)
 
     def _launch(self) -> None:
-        """Start the workers: from this thread for one run, from the pool's own thread if persistent."""
-        if not self.persistent:
-            self._start_processes()
-            return
+        """Start the workers from the pool's launcher thread, while this one waits."""
         if self._launcher is None:
-            self._launcher = DaemonExecutor(1, "pyloader-workers")
-        self._launcher.submit(self._start_processes).result()
+            self._launcher = DaemonExecutor(1, forking.LAUNCHER)
+        self._launcher.submit(self._start_safely, threading.get_ident()).result()
+
+    def _start_safely(self, caller: int) -> None:
+        """Fork only with no other thread of ours running and no import in progress (``_execution.forking``)."""
+        global _launching
+        with forking.LAUNCH:
+            self._method = self._requested or forking.start_method()
+            if self._method == "fork":
+                forking.preload(self._imports)
+                forking.wait_for_imports(caller)
+                forking.warn_about_user_threads(caller)
+            _launching = True
+            try:
+                self._start_processes()
+            finally:
+                _launching = False
 
     def _start_processes(self) -> None:
         ctx = multiprocessing.get_context(self._method)
@@ -290,7 +360,7 @@ class WorkerPool:
 
     def _shut_down(self, timeout: float = 1.0) -> None:
         self._fold()
-        workers, self._workers = self._workers, []
+        workers, self._workers, self._dead = self._workers, [], None
         for worker in workers:
             worker.sock.close()
         for worker in workers:
@@ -305,6 +375,11 @@ class WorkerPool:
     # nothing (a cancelled future), never an error that would hide their cancellation.
     def alive(self, index: int) -> bool:
         return self._loop is not None and self._workers[index].dead is None
+
+    def check(self, doing: str) -> None:
+        """Raise ``WorkerDied`` if a worker has died since the pool was launched."""
+        if self._dead is not None and self._loop is not None:
+            raise self._dead.died(doing)
 
     def least_loaded(self) -> int:
         live = [w for w in self._workers if w.dead is None] or self._workers
@@ -323,8 +398,9 @@ class WorkerPool:
             return future
         worker = self._workers[index]
         future = self._loop.create_future()
-        if worker.dead is not None:
-            future.set_exception(worker.died(doing))
+        dead = worker if worker.dead is not None else self._dead
+        if dead is not None:
+            future.set_exception(dead.died(doing))
             return future
         rid = next(self._ids)
         worker.pending[rid] = (future, doing, op)
@@ -454,6 +530,8 @@ class WorkerPool:
         worker.process.join(0.5)
         running = worker.pending.get(worker.current.value)
         worker.dead = self._death(worker, running[1] if running is not None else "waiting for work")
+        if self._dead is None:
+            self._dead = worker
         self._loop.remove_reader(worker.fd)
         self._loop.remove_reader(worker.sentinel)
         self._loop.remove_writer(worker.fd)

@@ -67,6 +67,12 @@ class Readers(DataReader):
     def count(self, path: str) -> int:
         return self.pick(path).count(path)
 
+    def _reads_ranges(self, path: str) -> bool:  # the read-ahead's questions (``_storage.bytes``)
+        return bool(getattr(self.pick(path), "_reads_ranges", lambda _: False)(path))
+
+    def _maps_itself(self, path: str) -> bool:
+        return bool(getattr(self.pick(path), "_maps_itself", lambda _: False)(path))
+
 
 class SafeReaders(Readers):
     """``Readers`` whose readers are all thread-safe."""

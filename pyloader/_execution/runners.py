@@ -44,6 +44,7 @@ from .._abc import is_thread_safe
 from .._columns import Columns, n_rows, slice_rows
 from .._stats import Busy
 from .._storage.bytes import ReadAhead
+from .._storage.cached_file import ServedEntry
 from .._storage.files import Served
 from .filter import unbundle
 from .pool import RemoteRef, WorkerPool, rebuild_error
@@ -341,11 +342,12 @@ class PoolRunner:
     async def pieces(self, task: FileTask, fetch: bool,
                      demand: asyncio.Event) -> Pieces:
         """The file's pieces, read in a worker from the bytes read ahead here (a file larger than
-        the read-ahead budget: read by the worker itself)."""
+        the read-ahead budget: from its cache entry, written here, else read by the worker itself)."""
+        self.pool.check(f"reading {task.path!r}")
         served = await self.readahead.fetch(task.path, demand, streams=False)
         worker = self._reader_for_next_file()
         gid = self.pool.new_id()
-        self.pool.post(worker, ("open", gid, task, _bytes_of(served)))
+        self.pool.post(worker, ("open", gid, task, _sendable(served)))
         try:
             while True:
                 pid = self.pool.new_id()
@@ -418,6 +420,7 @@ class PoolRunner:
     async def run(self, datas: Sequence[BatchData]) -> Union[List[Outcome], StackedOutputs]:
         """Consecutive batches kept in one worker go in one request, sent at once; a batch
         whose rows must be gathered first (a file boundary) does not hold them up."""
+        self.pool.check(_doing(_jobs_of(datas)))
         done = run_stacked(self.here.steps, datas, self.busy)
         if done is not None:
             return done
@@ -447,8 +450,14 @@ class PoolRunner:
         return outcomes
 
 
-def _bytes_of(served: Optional[Served]) -> Optional[bytes]:
-    return getattr(served, "data", None)
+def _sendable(served: Optional[Served]) -> Union[None, bytes, ServedEntry]:
+    """What of ``served`` goes to a worker: bytes, or a cache entry it reads from the disk itself."""
+    return served if isinstance(served, ServedEntry) else getattr(served, "data", None)
+
+
+def _jobs_of(datas: Sequence[BatchData]) -> list:
+    """``datas`` as jobs for ``_doing``: only their paths."""
+    return [(None, d.paths if isinstance(d, Segments) else ()) for d in datas]
 
 
 def _rows_here(data: BatchData) -> bool:

@@ -304,6 +304,8 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)  # N workers with a thread pool each would oversubscribe the cores
+    if "tokenizers" in sys.modules:  # its thread pool, used before a fork, does not exist here: it would hang
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
         if worker_init_fn is not None:
             worker_init_fn(worker_id)

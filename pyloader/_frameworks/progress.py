@@ -57,3 +57,10 @@ def progress_bar(loader: Any, initial: int) -> Progress:
     except TypeError:  # a count failed: the length is unknown
         total = None
     return Progress(total, initial)
+
+
+def counting_bar(total: int) -> Any:
+    """A bar over the files being counted (``DataReader.count``) before the first batch."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="file", desc="pyloader: counting", dynamic_ncols=True)

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, TypeVar
 
+import numpy as np
+
 from .stream_plan import stream_steps
 
 EVEN_BATCHES = ("pad", "drop")
@@ -67,17 +69,29 @@ def bounds(total: int, world_size: int) -> List[int]:
     return [r * total // world_size for r in range(world_size + 1)]
 
 
-def ranges(order: Sequence[int], counts: Sequence[int], lo: int, hi: int) -> List[Range]:
+def offsets(order: Sequence[int], counts: Sequence[int]) -> np.ndarray:
+    """Where each file of ``order`` starts in the epoch stream, and (last) where the epoch ends."""
+    out = np.zeros(len(order) + 1, dtype=np.int64)
+    if len(order):
+        np.cumsum(np.asarray(counts, dtype=np.int64)[np.asarray(order, dtype=np.int64)], out=out[1:])
+    return out
+
+
+def ranges(order: Sequence[int], counts: Sequence[int], lo: int, hi: int,
+           starts: Optional[np.ndarray] = None) -> List[Range]:
     """The rows of the epoch stream ``[lo, hi)`` (files in ``order``) as per-file ranges, each
-    naming its file by its position in ``order`` (a file may appear there more than once)."""
+    naming its file by its position in ``order`` (a file may appear there more than once).
+    ``starts``: ``offsets(order, counts)``, when the caller has them; only the files the rows
+    fall in are looked at."""
+    at = offsets(order, counts) if starts is None else starts
     out: List[Range] = []
-    offset = 0
-    for pos, index in enumerate(order):
-        n = counts[index]
-        start, end = max(lo, offset), min(hi, offset + n)
+    pos = max(0, int(np.searchsorted(at, lo, side="right")) - 1)  # the last file starting at or before lo
+    while pos < len(order) and at[pos] < hi:
+        offset = int(at[pos])
+        start, end = max(lo, offset), min(hi, int(at[pos + 1]))
         if start < end:
             out.append((pos, start - offset, end - offset))
-        offset += n
+        pos += 1
     return out
 
 
@@ -124,8 +138,8 @@ def undelivered(total: int, splits: Sequence[Split], batch_size: int, even_batch
 
 
 def _spans(order: Sequence[int], counts: Sequence[int], splits: Sequence[Split], batch_size: int,
-           even_batches: str) -> List[Span]:
-    total = sum(counts[i] for i in order)
+           even_batches: str, total: Optional[int] = None) -> List[Span]:
+    total = int(offsets(order, counts)[-1]) if total is None else total
     return undelivered(total, splits, batch_size, even_batches) if splits else [(0, total)]
 
 
@@ -149,10 +163,11 @@ def rank_ranges(order: Sequence[int], counts: Sequence[int], s: Sharding, splits
                 batch_size: int = 1) -> Tuple[List[Range], List[Range]]:
     """This rank's share of an epoch (or of what the ``splits`` before left of it), and the
     padding ranges that even out the step count."""
-    left = _spans(order, counts, splits, batch_size, s.even_batches)
+    starts = offsets(order, counts)
+    left = _spans(order, counts, splits, batch_size, s.even_batches, int(starts[-1]))
 
     def as_ranges(lo: int, hi: int) -> List[Range]:
-        return [r for a, b in _slice(left, lo, hi) for r in ranges(order, counts, a, b)]
+        return [r for a, b in _slice(left, lo, hi) for r in ranges(order, counts, a, b, starts)]
 
     cuts, target = _shares(left, s.world_size, s.even_batches)
     total = cuts[-1]

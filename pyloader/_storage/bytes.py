@@ -30,6 +30,11 @@ Contracts:
   the worker itself (their bytes would otherwise cross a socket: in ``bench_cold.py``
   sending 8 MiB ``.npy`` files to 2 workers ran at a third of the speed of the workers
   reading them).
+- Every remote file read goes into the cache (when there is one and it fits): a larger one
+  that a worker parses, or that its reader reads by byte ranges (``_reads_ranges``), is
+  fetched into the cache here first, whole, a block at a time, and then read from its entry
+  (``_storage.cached_file``). Without a cache, such a reader reads a larger remote file by
+  its ranges itself: a stream in order would fetch it whole, then its ranges again.
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ import aiofiles
 import aiofiles.os
 
 from .cache import DiskCache, Entry, EntryWriter
+from .cached_file import ServedEntry
 from .files import Served, ServedBytes, _local, direct_open, is_url
 from .remote import awith_retries, filesystem, version
 
@@ -195,6 +201,12 @@ class _RemoteFile:
             if self.entry is not None:
                 self._cached = _LocalFile(self.entry.data_path, self.size, self._cached._executor)
 
+    async def cached_entry(self) -> Optional[Entry]:
+        """The file's entry in the cache: the one found by ``open``, else the one its read wrote."""
+        if self.entry is None and self._cache is not None and self.size is not None:
+            self.entry = await self._run_io(self._cache.lookup, self.url, self.size, self._version)
+        return self.entry
+
     def block_size(self, default: int) -> int:
         return self.entry.block_size if self.entry is not None else default
 
@@ -286,7 +298,7 @@ class ReadAhead:
     async def fetch(self, path: str, demand: asyncio.Event, streams: bool = True) -> Optional[Served]:
         """What ``open_file(path)`` will serve, read (or, for a large file, being read) ahead;
         ``None`` when the reader is to open the file itself. ``streams=False`` (for a worker
-        process): only remote files no larger than the budget are read ahead."""
+        process): only remote files are read ahead, those larger than the budget into the cache."""
         remote = is_url(path)
         if not self._wanted(path) or not (streams or remote):
             return None  # a worker process reads a local file itself: its bytes need not cross a socket
@@ -294,7 +306,9 @@ class ReadAhead:
                              else _LocalFile.open(_local(path), self._executor))
         if source.size is None or source.size <= self.budget.limit:
             return await self._whole(path, source, demand, remote)
-        if not streams:
+        if remote and (not streams or _reads_ranges(self._reader, path)):
+            if self.cache is not None and self.cache.fits(source.size):
+                return await self._cached(source, demand)
             await source.close(False)
             return None
         block_size = source.block_size(self.block_size) if remote else self.block_size
@@ -330,6 +344,30 @@ class ReadAhead:
             await source.close(False)
         return ServedBytes(data, functools.partial(_give_back, asyncio.get_running_loop(), self.budget, taken))
 
+    async def _cached(self, source: _RemoteFile, demand: asyncio.Event) -> Optional[ServedEntry]:
+        """A large remote file served from its cache entry, written first if there is none yet, a
+        block at a time (each within the budget until it is on the disk); ``None`` when the entry
+        went before it could be served (the reader then opens the remote file itself)."""
+        complete = source.entry is not None
+        try:
+            pos, size = 0, source.size or 0
+            while not complete and pos < size:
+                n = min(self.block_size, size - pos)
+                taken = await self.budget.take(n, demand)
+                try:
+                    data = await source.read(pos, n)
+                finally:
+                    self.budget.give(taken)
+                if not data:
+                    raise ValueError(f"{source.url!r} ended at byte {pos}, before the {size} bytes "
+                                     "it had when its read began")
+                pos += len(data)
+                complete = pos >= size
+        finally:
+            await source.close(complete)
+        entry = await source.cached_entry()
+        return None if entry is None else ServedEntry(entry)
+
     def unused(self, path: str, served: Optional[Served]) -> None:
         """The reader read ``path`` to its end without opening it through ``open_file``: it opens
         its files itself, so reading local files ahead would read each twice."""
@@ -337,6 +375,14 @@ class ReadAhead:
             self.local = False
             logger.debug("pyloader: the reader does not open its files through open_file: "
                          "local files are no longer read ahead in this run")
+
+
+def _reads_ranges(reader: Any, path: str) -> bool:
+    """A reader that reads byte ranges anywhere in a file (``ParquetReader``: the footer, then the
+    chunks of its columns, its ``_reads_ranges``) reads a large remote file by those ranges itself, or
+    from its cache entry: streamed in order, it would be fetched whole and then its ranges again."""
+    reads = getattr(reader, "_reads_ranges", None)
+    return bool(reads is not None and reads(path))
 
 
 def _maps_itself(reader: Any, path: str) -> bool:

@@ -186,11 +186,12 @@ def _session_sending_once() -> type:
     return _sending_once
 
 
-def filesystem(url: str) -> Tuple[Any, str]:
-    """The fsspec filesystem of ``url`` (the outermost of a chain) and the path on it."""
+def filesystem(url: str, retried_here: bool = True) -> Tuple[Any, str]:
+    """The fsspec filesystem of ``url`` (the outermost of a chain) and the path on it; with
+    ``retried_here`` the caller retries its calls (``storage_options``)."""
     from fsspec.core import url_to_fs  # optional: only remote data needs fsspec
 
-    return url_to_fs(url, **storage_options(url))
+    return url_to_fs(url, **storage_options(url, retried_here))
 
 
 def _hidden_below(path: str, root: str) -> bool:

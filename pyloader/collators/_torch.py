@@ -22,6 +22,7 @@ class TorchCollator(ArrayCollator):
     """
 
     thread_safe = True  # holds no per-call state on self
+    worker_imports = ("torch",)  # imported before worker processes start, not once in each
     releases_gil = True  # NumPy/pyarrow work: num_workers="auto" keeps it in this process
 
     @row_wise

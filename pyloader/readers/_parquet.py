@@ -67,6 +67,11 @@ class ParquetReader(DataReader):
         with _opened(path) as source:
             return source.n_rows
 
+    def _reads_ranges(self, path: str) -> bool:
+        """Asked by the loader's read-ahead: a remote file larger than ``readahead_bytes`` is best read by the
+        byte ranges pyarrow asks for (or from the disk cache), not streamed whole in order."""
+        return True
+
     def _names(self, path: str, source: "_Source") -> List[str]:
         """The columns to read: ``columns``, or all of the file's."""
         names = source.names
