@@ -47,10 +47,10 @@ Stamp = Tuple[int, str]  # (size in bytes, version)
 Entries = Dict[str, Dict[str, Any]]  # name -> {"size", "version", "count"}
 
 
-
 def _filesystem(url: str) -> Tuple[Any, str]:
     """``url``'s filesystem, its calls retried by s3fs (none of them is retried here)."""
     return filesystem(url, retried_here=False)
+
 
 def _plain(value: Any) -> Any:
     """``value`` as JSON keeps it, or its type's name when it is no plain value (a tokenizer, a function)."""
