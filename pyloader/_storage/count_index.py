@@ -187,7 +187,7 @@ def read_index(path: str, key: Dict[str, Any]) -> Optional[Entries]:
         found = json.loads(_read_bytes(path))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # OSError, ValueError, a remote store's own (botocore's are not OSErrors)
         logger.warning("pyloader: the count index %r cannot be read, not used: %s", path, exc)
         return None
     if not _valid(found):
