@@ -89,12 +89,14 @@ def write_good(folder: Path, kind: str) -> List[str]:
 
 class Case:
     """A fault: the reader, how to make the bad file (before the loader is built),
-    what to do to it after the loader listed it, and what the message must say."""
+    what to do to it after the loader listed it, what the message must say, and the samples of the
+    bad file before its failure (delivered, skipped or not)."""
 
     def __init__(self, kind: str, reader: Callable[[], pl.DataReader], make_bad: Callable[[Path], Path],
-                 after_listing: Optional[Callable[[Path], None]] = None, says: Tuple[str, ...] = ()):
+                 after_listing: Optional[Callable[[Path], None]] = None, says: Tuple[str, ...] = (),
+                 before: Tuple[int, ...] = ()):
         self.kind, self.reader, self.make_bad = kind, reader, make_bad
-        self.after_listing, self.says = after_listing, says
+        self.after_listing, self.says, self.before = after_listing, says, before
 
 
 def _truncated_json(folder: Path) -> Path:
@@ -150,8 +152,10 @@ def _delete(path: Path) -> None:
 
 
 CASES: Dict[str, Case] = {
-    "truncated_json": Case("jsonl", lambda: JsonLinesReader(4), _truncated_json, says=("line 3", "JSON")),
-    "non_utf8_text": Case("text", lambda: TextLinesReader(4), _non_utf8_text, says=("line 4", "utf-8")),
+    "truncated_json": Case("jsonl", lambda: JsonLinesReader(4), _truncated_json, says=("line 3", "JSON"),
+                           before=(100, 101)),
+    "non_utf8_text": Case("text", lambda: TextLinesReader(4), _non_utf8_text, says=("line 4", "utf-8"),
+                          before=(100, 101, 102)),
     "truncated_npy_mmap": Case("npy", lambda: NumpyReader(4), _truncated_npy),
     "truncated_npy_stream": Case("npy", lambda: NumpyReader(4, mmap=False), _truncated_npy),
     "empty_npy": Case("npy", lambda: NumpyReader(4), _empty_npy, says=("empty",)),
@@ -208,7 +212,7 @@ def test_bad_file_is_skipped_and_counted(tmp_path, name):
     fds = fd_count()
     loader, bad = build_case(tmp_path, name, on_error="skip", num_epoch=2)
     got = all_ids(loader)
-    assert got == list(range(16)) * 2
+    assert got == (list(range(8)) + list(CASES[name].before) + list(range(8, 16))) * 2
     stats = loader.stats
     assert stats["skipped_files"] == 2  # once per epoch
     assert len(stats["errors"]) == 2 and all(bad in e for e in stats["errors"])
@@ -232,7 +236,7 @@ def test_several_bad_files_skipped_at_once(tmp_path):
     os.unlink(folder / "bad-e-deleted.jsonl")
     _make_unreadable(folder / "bad-f-unreadable.jsonl")
     got = all_ids(loader)
-    assert sorted(got) == list(range(16))
+    assert sorted(got) == list(range(16)) + [100, 101, 102]  # and the lines before each failure
     assert loader.stats["skipped_files"] == 6
     assert_clean(fds)
 

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import tracemalloc
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 from unittest import mock
@@ -184,6 +185,90 @@ def test_a_damaged_compressed_file_is_an_error_naming_the_file_and_line_after_th
                  lambda: JsonLinesReader().count(str(path))):
         with pytest.raises(ValueError, match=f"^file {re.escape(repr(str(path)))}, line [0-9]+: {damage} "):
             call()
+
+
+def _lines_of(n: int, first: int = 0) -> bytes:
+    return "".join(f"line {i:06d} {'x' * (i % 40)}\n" for i in range(first, first + n)).encode()
+
+
+def _gzip_corrupt_mid_stream() -> Tuple[bytes, bytes]:
+    """A gzip file of 60,000 lines with a byte changed past its middle where zlib stops within the
+    next kilobyte (not a checksum's finding at the end), and what decompresses before it stops."""
+    original = gzip.compress(_lines_of(60000))
+    at = len(original) * 3 // 5
+    before = zlib.decompressobj(wbits=31)
+    made = [before.decompress(original[:at])]
+    while True:
+        d, tried = before.copy(), []
+        damaged = original[:at] + bytes([original[at] ^ 0xFF]) + original[at + 1:]
+        try:
+            for k in range(at, at + 1024):
+                tried.append(d.decompress(damaged[k:k + 1]))
+        except zlib.error:
+            return damaged, b"".join(made + tried)
+        made.append(before.decompress(original[at:at + 1]))
+        at += 1
+
+
+def _damaged(case: str) -> Tuple[str, bytes, bytes]:
+    """(suffix, the damaged file, the bytes that decompress before the damage)."""
+    if case == "gz cut at 60%":
+        packed = gzip.compress(_lines_of(60000))[:len(gzip.compress(_lines_of(60000))) * 3 // 5]
+        return ".gz", packed, zlib.decompressobj(wbits=31).decompress(packed)
+    if case == "small gz cut":
+        packed = gzip.compress(_lines_of(5000))
+        packed = packed[:len(packed) * 7 // 10]
+        return ".gz", packed, zlib.decompressobj(wbits=31).decompress(packed)
+    if case == "gz corrupt mid-stream":
+        return (".gz", *_gzip_corrupt_mid_stream())
+    if case == "zst second frame cut":
+        second = zstandard.ZstdCompressor().compress(_lines_of(4000, 4000))
+        cut = second[:len(second) // 2]
+        packed = zstandard.ZstdCompressor().compress(_lines_of(4000)) + cut
+        return ".zst", packed, _lines_of(4000) + zstandard.ZstdDecompressor().decompressobj().decompress(cut)
+    packed = lzma.compress(_lines_of(60000))
+    packed = packed[:len(packed) * 3 // 5]
+    return ".xz", packed, lzma.LZMADecompressor().decompress(packed)
+
+
+DAMAGED = ["gz cut at 60%", "small gz cut", "gz corrupt mid-stream", "zst second frame cut", "xz cut at 60%"]
+
+
+@pytest.mark.parametrize("case", DAMAGED)
+def test_a_damaged_compressed_file_delivers_every_line_before_the_damage_and_count_names_the_same_line(
+        tmp_path, case):
+    suffix, packed, good = _damaged(case)
+    path = tmp_path / f"bad.txt{suffix}"
+    path.write_bytes(packed)
+    whole = good[:good.rfind(b"\n") + 1].decode().splitlines()
+    assert len(whole) > 3000
+    first_lost = f"file {str(path)!r}, line {len(whole) + 1}: "
+    reader = TextLinesReader()
+    delivered: List[str] = []
+    with pytest.raises(ValueError) as info:
+        for piece in reader.iter_file(str(path)):
+            delivered += piece["text"]
+    assert str(info.value).startswith(first_lost)
+    assert delivered == whole
+    for count in (reader.count, JsonLinesReader().count):
+        with pytest.raises(ValueError, match=f"^{re.escape(first_lost)}"):
+            count(str(path))
+    with pytest.raises(ValueError, match=f"^{re.escape(first_lost)}"):
+        reader.read_file(str(path))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_skipping_a_damaged_gzip_delivers_every_line_before_the_damage(tmp_path, num_workers, caplog):
+    _, packed, good = _damaged("gz cut at 60%")
+    (tmp_path / "a-bad.txt.gz").write_bytes(packed)
+    (tmp_path / "b-good.txt").write_bytes(_lines_of(10, 90000))
+    whole = good[:good.rfind(b"\n") + 1].decode().splitlines()
+    with pl.DataLoader(TextLinesReader(batch_size=1000), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                       on_error="skip", num_workers=num_workers) as loader:
+        seen = [line for batch in loader for line in batch["text"]]
+        assert loader.stats["skipped_files"] == 1
+    assert sorted(seen) == sorted(whole + _lines_of(10, 90000).decode().splitlines())
+    assert f"line {len(whole) + 1}: truncated gzip data" in caplog.text
 
 
 def test_decompression_streams_a_large_file_without_holding_it(tmp_path):

@@ -12,7 +12,7 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import fsspec
 import numpy as np
@@ -223,12 +223,12 @@ def test_a_second_epoch_over_s3_fetches_nothing_that_fits_in_the_cache(s3, tmp_p
 def test_the_cache_stores_raw_bytes_and_json_descriptions_only(s3, tmp_path):
     bodies = put_files(s3, "raw", 2)
     list(loader_over("s3://store/raw", cache_dir=str(tmp_path / "cache")))
-    files = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    files = sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith("counts-"))  # the index
     assert len(files) == 4 and all(name.endswith((".data", ".json")) for name in files)
     stored = {p.read_bytes() for p in (tmp_path / "cache").glob("*.data")}
     assert stored == set(bodies.values())
-    for meta in (tmp_path / "cache").glob("*.json"):
-        described = json.loads(meta.read_text())
+    for data in (tmp_path / "cache").glob("*.data"):
+        described = json.loads(data.with_suffix(".json").read_text())
         assert described["url"].startswith("s3://store/raw/part-") and described["size"] in map(len, bodies.values())
 
 
@@ -267,7 +267,7 @@ def test_a_corrupt_or_truncated_cache_entry_is_detected_and_fetched_again(s3, tm
     cache = tmp_path / "cache"
     url = f"s3://store/{prefix}"
     list(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes))
-    entries = {json.loads(p.read_text())["url"]: p.with_suffix(".data") for p in cache.glob("*.json")}
+    entries = {json.loads(p.with_suffix(".json").read_text())["url"]: p for p in cache.glob("*.data")}
     flipped = bytearray(entries[f"{url}/part-0.jsonl"].read_bytes())
     flipped[len(flipped) // 2] ^= 0x01  # same size, one bit off: "id": 1x becomes another number
     entries[f"{url}/part-0.jsonl"].write_bytes(bytes(flipped))
@@ -278,6 +278,60 @@ def test_a_corrupt_or_truncated_cache_entry_is_detected_and_fetched_again(s3, tm
     after = {i: s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(3)}
     assert after[0] > gets[0] and after[1] > gets[1]  # both fetched again
     assert after[2] == gets[2]  # the sound one was not
+
+
+def _nested_past_the_recursion_limit(path: Path) -> None:
+    path.write_text("[" * 100_000 + "]" * 100_000)
+
+
+def _field(name: str, value) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        meta = json.loads(path.read_text())
+        meta[name] = value
+        path.write_text(json.dumps(meta))
+    return damage
+
+
+def _data_a_folder(path: Path) -> None:
+    data = path.with_suffix(".data")
+    data.unlink()
+    data.mkdir()
+    (data / "inside").write_text("x")
+
+
+def _description_a_folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+MALFORMED = {
+    "block_size null": _field("block_size", None), "block_size 'abc'": _field("block_size", "abc"),
+    "block_size 0": _field("block_size", 0), "block_size -1": _field("block_size", -1),
+    "blocks null": _field("blocks", None), "blocks short": _field("blocks", []),
+    "blocks of numbers": _field("blocks", [1]), "size '10'": _field("size", "10"),
+    "a list": lambda path: path.write_text("[1, 2]"),
+    "nested past the recursion limit": _nested_past_the_recursion_limit,
+    "data a folder": _data_a_folder, "description a folder": _description_a_folder,
+}
+
+
+@pytest.mark.parametrize("readahead_bytes", [2**20, 256], ids=["whole", "blocks"])
+@pytest.mark.parametrize("damage", sorted(MALFORMED))
+def test_a_cache_entry_with_a_malformed_description_is_a_miss_fetched_again(s3, tmp_path, damage, readahead_bytes):
+    prefix = f"malformed-{readahead_bytes}-{sorted(MALFORMED).index(damage)}"
+    put_files(s3, prefix, 2, rows=20)
+    cache, url = tmp_path / "cache", f"s3://store/{prefix}"
+    list(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes))
+    descriptions = {json.loads(p.with_suffix(".json").read_text())["url"]: p.with_suffix(".json")
+                    for p in cache.glob("*.data")}
+    MALFORMED[damage](descriptions[f"{url}/part-0.jsonl"])
+    gets = [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)]
+    assert ids(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes)) == list(range(40))
+    after = [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)]
+    assert after[0] > gets[0] and after[1] == gets[1]  # the malformed entry fetched again, the sound one not
+    assert ids(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes)) == list(range(40))
+    assert [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)] == after  # and cached again
+    assert all(p.is_file() for p in cache.iterdir()) and len(list(cache.glob("*.data"))) == 2
 
 
 def test_an_object_changed_after_it_was_cached_is_fetched_again(s3, tmp_path):
@@ -343,6 +397,45 @@ def test_a_file_that_keeps_failing_names_the_file_and_the_last_cause(s3):
     cause = info.value.__cause__
     assert is_transient(cause)
     assert any("after 3 attempts" in note for note in getattr(cause, "__notes__", []))
+
+
+class KnownCount(JsonLinesReader):
+    """Counts without opening the file (``JsonLinesReader.count`` opens it itself, for ``len(loader)``,
+    retried by s3fs alone): every request to the file is the read's."""
+
+    def count(self, path: str) -> int:
+        return 10
+
+
+@pytest.fixture
+def s3_as_configured(moto_port, monkeypatch):
+    """Like ``s3``, with s3fs and botocore at their own retry settings (5 attempts each)."""
+    import boto3
+
+    proxy = FaultProxy(moto_port)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": f"http://127.0.0.1:{proxy.port}"})
+    client = boto3.client("s3")
+    client.proxy = proxy
+    yield client
+    proxy.close()
+
+
+@pytest.mark.parametrize("num_workers,readahead_bytes", [(0, 2**20), (0, 300), (2, 2**20)],
+                         ids=["whole", "blocks", "workers"])
+@pytest.mark.parametrize("retries", [0, 2])
+def test_retries_bound_every_request_to_a_dead_object_whatever_s3fs_and_botocore_would_retry(
+        s3_as_configured, retries, num_workers, readahead_bytes):
+    s3, prefix = s3_as_configured, f"dead-{retries}-{num_workers}-{readahead_bytes}"
+    put_files(s3, prefix, 1)
+    loader = pl.DataLoader(KnownCount(4), pl.IdentityDataset(), NumpyCollator(), f"s3://store/{prefix}",
+                           retries=retries, num_workers=num_workers, readahead_bytes=readahead_bytes)
+    s3.proxy.share = 1.0  # every request from now on is cut: the object is dead
+    with pytest.raises(pl.PipelineError, match=f"s3://store/{prefix}/part-0.jsonl") as info:
+        list(loader)
+    with s3.proxy._lock:
+        requests = [r for r in s3.proxy.requests if f"/{prefix}/part-0.jsonl" in r]
+    assert len(requests) == retries + 1, requests
+    assert is_transient(info.value.__cause__)
 
 
 def test_a_missing_object_is_not_retried(s3):

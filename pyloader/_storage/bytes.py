@@ -212,10 +212,14 @@ class _RemoteFile:
 
     async def whole(self) -> bytes:
         if self.entry is not None:
-            data = await self._cached.whole()
-            if await self._run_io(_all_blocks_check, self.entry, data):
+            try:
+                data = await self._cached.whole()
+                why = "" if await self._run_io(_all_blocks_check, self.entry, data) else "a block failed its check"
+            except OSError as exc:  # gone meanwhile (room made for another file), or not a file
+                data, why = b"", f"reading it failed ({exc})"
+            if not why:
                 return data
-            await self._run_io(self._cache.drop, self.entry, "a block failed its check")  # type: ignore[union-attr]
+            await self._run_io(self._cache.drop, self.entry, why)  # type: ignore[union-attr]
             self.entry = None
         data = await self._call(self._fs.cat_file, self._path)
         if self._cache is not None and self.size == len(data) and self._cache.fits(len(data)):
@@ -224,11 +228,16 @@ class _RemoteFile:
 
     async def read(self, start: int, n: int) -> bytes:
         if self.entry is not None:
-            block = await self._cached.read(start, n)
             index = start // self.entry.block_size
-            if start % self.entry.block_size == 0 and await self._run_io(self.entry.check, index, block):
+            try:
+                block = await self._cached.read(start, n)
+                why = "" if start % self.entry.block_size == 0 and await self._run_io(self.entry.check, index, block) \
+                    else f"block {index} failed its check"
+            except OSError as exc:  # gone meanwhile (room made for another file), or not a file
+                block, why = b"", f"reading block {index} failed ({exc})"
+            if not why:
                 return block
-            await self._run_io(self._cache.drop, self.entry, f"block {index} failed its check")  # type: ignore[union-attr]
+            await self._run_io(self._cache.drop, self.entry, why)  # type: ignore[union-attr]
             self.entry = None  # the rest comes from the remote file; the blocks before were sound
             await self._cached.close(False)
         # by keyword: some filesystems (s3fs) take other arguments before them

@@ -15,8 +15,11 @@ Contracts:
   recently used ones (by the time their ``.json`` was last served) are removed until it
   fits, and again once it is written (entries written meanwhile by other writers count
   then): the limit holds whenever no entry is being written. A file larger than ``limit``
-  is not cached. Temporary files left by a writer that
-  died are removed once they are an hour old.
+  is not cached.
+- Temporary files carry their writer's tag (``_storage.writers``): those of a writer that died
+  (a process killed while writing) are removed by the next ``DiskCache`` on the folder, and
+  whenever an entry is written; a temporary file whose writer cannot be told (another machine)
+  is removed once it is an hour old. An entry whose files are folders is removed as well.
 
 Every method here blocks on the disk: the loader calls them off the event loop.
 """
@@ -27,10 +30,14 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import BinaryIO, List, Optional, Tuple
+from typing import Any, BinaryIO, List, Optional, Tuple
+
+from . import writers
 
 logger = logging.getLogger("pyloader")
 
@@ -64,6 +71,7 @@ class DiskCache:
         self.folder = os.path.abspath(os.fspath(folder))
         self.limit = limit
         os.makedirs(self.folder, exist_ok=True)
+        self._make_room(0)  # and what writers that died left behind
 
     def fits(self, size: int) -> bool:
         return self.limit is None or size <= self.limit
@@ -75,25 +83,27 @@ class DiskCache:
 
     def lookup(self, url: str, size: int, version: str) -> Optional[Entry]:
         """The entry of ``url`` if it holds this size and version of it (its blocks are checked as
-        they are read); a stale or unreadable one is removed. Being looked up counts as a use."""
+        they are read); a stale, unreadable or malformed one (a description that is not what
+        ``commit`` writes, a ``.data`` that is not a regular file) is removed: a miss. Being
+        looked up counts as a use."""
         data_path, meta_path = self._paths(url)
         try:
             with open(meta_path, "rb") as f:
                 meta = json.loads(f.read())
-            found = os.stat(data_path).st_size
+            found = os.stat(data_path)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
             logger.info("pyloader cache: dropping unreadable entry of %r: %s", url, exc)
             self.drop_paths(data_path, meta_path)
             return None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("url") != url \
-                or meta.get("size") != size or meta.get("version") != version or found != size:
+        blocks = _blocks(meta, url, size, version)
+        if blocks is None or not stat.S_ISREG(found.st_mode) or found.st_size != size:
             self.drop_paths(data_path, meta_path)
             return None
         with contextlib.suppress(OSError):
             os.utime(meta_path)
-        return Entry(url, data_path, meta_path, size, int(meta["block_size"]), list(meta["blocks"]))
+        return Entry(url, data_path, meta_path, size, meta["block_size"], blocks)
 
     def drop(self, entry: Entry, why: str) -> None:
         logger.info("pyloader cache: %s in the entry of %r: fetching it again", why, entry.url)
@@ -101,9 +111,17 @@ class DiskCache:
 
     @staticmethod
     def drop_paths(*paths: str) -> None:
+        """Remove ``paths``, files or (left in the cache's place by someone else) folders."""
         for path in paths:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    raise
 
     def writer(self, url: str, size: int, version: str, block_size: int) -> "EntryWriter":
         """A new entry for ``url``, written block by block; nothing is visible until ``commit``."""
@@ -120,8 +138,8 @@ class DiskCache:
             for item in it:
                 with contextlib.suppress(FileNotFoundError):
                     if item.name.endswith(".tmp"):
-                        if now - item.stat().st_mtime > _STALE_TMP_S:
-                            os.unlink(item.path)
+                        if writers.dead(item.name) or now - item.stat().st_mtime > _STALE_TMP_S:
+                            self.drop_paths(item.path)
                     elif item.name.endswith(".data"):
                         size = item.stat().st_size
                         meta = item.path[:-len(".data")] + ".json"
@@ -136,11 +154,36 @@ class DiskCache:
             used -= size
 
 
+def _blocks(meta: Any, url: str, size: int, version: str) -> Optional[List[str]]:
+    """The block digests of a description of ``url`` at this size and version, as ``commit``
+    writes it; ``None`` for anything else (another file or version, a field of the wrong
+    type, block digests that do not cover ``size`` bytes)."""
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("url") != url \
+            or type(meta.get("size")) is not int or meta["size"] != size or meta.get("version") != version:
+        return None
+    block_size, blocks = meta.get("block_size"), meta.get("blocks")
+    if type(block_size) is not int or block_size < 1 or type(blocks) is not list \
+            or len(blocks) != -(-size // block_size) or not all(type(b) is str for b in blocks):
+        return None
+    return blocks
+
+
 def _mtime(path: str) -> float:
     try:
         return os.stat(path).st_mtime
     except FileNotFoundError:
         return 0.0  # no description: the first to go
+
+
+def _replace(tmp: str, path: str) -> None:
+    """``os.replace``, after removing a folder found in the way."""
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        if not os.path.isdir(path):
+            raise
+        DiskCache.drop_paths(path)
+        os.replace(tmp, path)
 
 
 class EntryWriter:
@@ -151,7 +194,7 @@ class EntryWriter:
         self.cache = cache
         self.url, self.size, self.version, self.block_size = url, size, version, block_size
         self.data_path, self.meta_path = cache._paths(url)
-        fd, self._tmp = tempfile.mkstemp(dir=cache.folder, prefix=".", suffix=".tmp")
+        fd, self._tmp = tempfile.mkstemp(dir=cache.folder, prefix=f".{writers.tag()}-", suffix=".tmp")
         self._file: Optional[BinaryIO] = os.fdopen(fd, "wb")
         self._blocks: List[str] = []
         self._written = 0
@@ -176,12 +219,12 @@ class EntryWriter:
             return
         meta = {"format": FORMAT, "url": self.url, "size": self.size, "version": self.version,
                 "block_size": self.block_size, "blocks": self._blocks}
-        fd, meta_tmp = tempfile.mkstemp(dir=self.cache.folder, prefix=".", suffix=".tmp")
+        fd, meta_tmp = tempfile.mkstemp(dir=self.cache.folder, prefix=f".{writers.tag()}-", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(meta, f)
         # data first: a reader that finds the new description with the old bytes fails their checks
-        os.replace(self._tmp, self.data_path)
-        os.replace(meta_tmp, self.meta_path)
+        _replace(self._tmp, self.data_path)
+        _replace(meta_tmp, self.meta_path)
         self.cache._make_room(0)  # entries written meanwhile by other writers count now: trim to the limit
 
     def abort(self) -> None:

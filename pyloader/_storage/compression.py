@@ -6,7 +6,7 @@ reader built on ``open_file`` reads the decompressed bytes, local and remote
 files alike. The contract:
 
 - Decompression streams: at most about ``_OUT_BYTES`` of decompressed data (plus
-  what ``_ZSTD_FEED`` bytes of compressed data yield, for zstd) is held beyond
+  what ``_SMALL_FEED`` bytes of compressed data yield, for zstd) is held beyond
   what the caller asked for; a file is never decompressed whole.
 - Concatenated members (``cat a.gz b.gz``, multi-stream bz2/xz, multi-frame zstd)
   read as one stream, as ``gzip``, ``bz2`` and ``lzma`` read them.
@@ -15,6 +15,12 @@ files alike. The contract:
   with the codec's own exception as ``__cause__`` (for a truncated file an
   ``EOFError``, as the standard library raises). An error reading the underlying
   file (``OSError``) is raised as it is. An empty file reads as empty.
+- Every byte decompressed before the damage is returned before the error is raised (a
+  read returns those bytes, the next read raises; the error is raised again by any read
+  after it): for gzip up to the first byte of compressed data that does not decode; for
+  the codecs that check a block before giving it (bz2, and zstd, xz, whose decoders give
+  no output of the input fed in a call that fails) up to the damaged block, or the last
+  ``_SMALL_FEED`` bytes of input fed before it.
 - zstd needs the ``zstandard`` package (``pip install pyloader-ml[compression]``);
   it is imported when a zstd file is first opened, and a missing package raises
   ``ImportError`` naming the extra.
@@ -36,7 +42,8 @@ CODECS = frozenset(SUFFIXES.values())
 
 _IN_BYTES = 64 * 1024  # compressed bytes read from the file at a time (and fed at a time)
 _OUT_BYTES = 1024 * 1024  # decompressed bytes made at a time (gzip, bz2, xz)
-_ZSTD_FEED = 16 * 1024  # zstd makes all the output of what it is fed: feed it little at a time
+_SMALL_FEED = 16 * 1024  # zstd makes all the output of what it is fed, and zstd and xz give none of a feed that
+# fails: feed them little at a time
 
 
 class DecompressionError(ValueError):
@@ -77,6 +84,14 @@ def decompressed(raw: IO[bytes], path: str, codec: str, mode: str = "rb", **text
     return stream if "b" in mode else io.TextIOWrapper(stream, **text_kwargs)
 
 
+class _Damaged(Exception):
+    """The codec failed on its input; ``made`` is what it decompressed before the damage."""
+
+    def __init__(self, cause: BaseException, made: bytes) -> None:
+        super().__init__(str(cause))
+        self.cause, self.made = cause, made
+
+
 class _Member:
     """One compressed member (gzip member, bz2/xz stream, zstd frame), behind one interface."""
 
@@ -93,7 +108,7 @@ class _Member:
     @property
     def unused(self) -> bytes:
         """Input that followed the member's end (the next member's start)."""
-        return bytes(self._d.unused_data)
+        return bytes(self._d.unused_data) + self._tail
 
     def wants_input(self) -> bool:
         if self.codec == "gzip":
@@ -106,12 +121,38 @@ class _Member:
         """Decompressed bytes from ``data`` (and any input held back)."""
         self.fed = self.fed or bool(data)
         if self.codec == "gzip":
-            out = self._d.decompress(self._tail + data, _OUT_BYTES)
+            before, data = self._d.copy(), self._tail + data
+            try:
+                out = self._d.decompress(data, _OUT_BYTES)
+            except zlib.error:
+                self._d = before
+                return self._salvage(data)
             self._tail = self._d.unconsumed_tail
             return out
         if self.codec == "zstd":
             return self._d.decompress(data)
         return self._d.decompress(data, _OUT_BYTES)
+
+
+    def _salvage(self, data: bytes) -> bytes:
+        """gzip: what ``data`` decompresses to before its first byte that does not decode, fed a
+        byte at a time from the state before it; ``_Damaged`` with it at that byte. Stops early
+        (the rest of ``data`` held back in ``_tail``) at ``_OUT_BYTES`` or at the member's end."""
+        made: List[bytes] = []
+        size = 0
+        for k in range(len(data)):
+            try:
+                out = self._d.decompress(data[k:k + 1])
+            except zlib.error as e:
+                raise _Damaged(e, b"".join(made)) from e
+            made.append(out)
+            size += len(out)
+            if size >= _OUT_BYTES or self._d.eof:
+                self._tail = data[k + 1:]
+                break
+        else:
+            self._tail = b""
+        return b"".join(made)
 
 
 def _new_decompressor(codec: str) -> Any:
@@ -156,6 +197,7 @@ class _Decompressing(io.RawIOBase):
         self._input = b""  # compressed bytes read, not yet fed
         self._out = memoryview(b"")  # decompressed bytes made, not yet returned
         self._ended = False
+        self._failure: Optional[DecompressionError] = None  # raised once the bytes before it are returned
 
     def readable(self) -> bool:
         return True
@@ -187,7 +229,10 @@ class _Decompressing(io.RawIOBase):
                 super().close()
 
     def _step(self) -> None:
-        """Make some output, or find the end of the data (``_ended``)."""
+        """Make some output, or find the end of the data (``_ended``), or raise the failure
+        found by the step before (once the bytes made before it were returned)."""
+        if self._failure is not None:
+            raise self._failure
         member = self._member
         if member.eof:
             self._next_member()
@@ -200,10 +245,13 @@ class _Decompressing(io.RawIOBase):
                                                "was reached"), "truncated")
                 self._ended = True
                 return
-        feed = _ZSTD_FEED if self._codec == "zstd" else len(self._input)
+        feed = _SMALL_FEED if self._codec in ("zstd", "xz") else len(self._input)
         data, self._input = self._input[:feed], self._input[feed:]
         try:
             self._out = memoryview(member.take(data))
+        except _Damaged as damaged:
+            self._out = memoryview(damaged.made)
+            self._failure = self._error(damaged.cause, "corrupt")
         except self._errors as e:
             raise self._error(e, "corrupt") from e
 

@@ -47,6 +47,11 @@ Stamp = Tuple[int, str]  # (size in bytes, version)
 Entries = Dict[str, Dict[str, Any]]  # name -> {"size", "version", "count"}
 
 
+def _filesystem(url: str) -> Tuple[Any, str]:
+    """``url``'s filesystem, its calls retried by s3fs (none of them is retried here)."""
+    return filesystem(url, retried_here=False)
+
+
 def _plain(value: Any) -> Any:
     """``value`` as JSON keeps it, or its type's name when it is no plain value (a tokenizer, a function)."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -101,7 +106,7 @@ def _common_folder(files: Sequence[str]) -> str:
 
 def _as_listed(folder: str) -> str:
     """A URL spelled as the listing spells its files (``memory://d`` lists ``memory:///d/x``)."""
-    return with_path(folder, filesystem(folder)[1]).rstrip("/") if is_url(folder) else folder
+    return with_path(folder, _filesystem(folder)[1]).rstrip("/") if is_url(folder) else folder
 
 
 def name_in(folder: str, path: str) -> str:
@@ -131,14 +136,14 @@ def _local_stamp(path: str) -> Optional[Stamp]:
 def _remote_stamps(paths: Sequence[str], folder: str) -> List[Optional[Stamp]]:
     """One listing of ``folder`` with details (one request per page of names), then ``info`` for any
     file the listing did not give."""
-    fs, root = filesystem(folder)
+    fs, root = _filesystem(folder)
     listed: Dict[str, Dict[str, Any]] = {}
     with contextlib.suppress(Exception):  # a folder that cannot be listed: each file is asked for itself
         listed = {fs._strip_protocol(name): info for name, info in fs.find(root, detail=True).items()}
     out: List[Optional[Stamp]] = []
     below = folder.rstrip("/") + "/"
     for path in paths:  # a file below the folder is named from the folder's path on fs: no fsspec look-up per file
-        one = root.rstrip("/") + "/" + path[len(below):] if path.startswith(below) else filesystem(path)[1]
+        one = root.rstrip("/") + "/" + path[len(below):] if path.startswith(below) else _filesystem(path)[1]
         info = listed.get(fs._strip_protocol(one))
         if info is None:
             try:
@@ -161,7 +166,7 @@ def stamps(paths: Sequence[str], folder: str) -> List[Optional[Stamp]]:
 # -- reading and writing ------------------------------------------------------------------
 def _read_bytes(path: str) -> bytes:
     if is_url(path):
-        fs, one = filesystem(path)
+        fs, one = _filesystem(path)
         return fs.cat_file(one)
     with open(_local(path), "rb") as f:
         return f.read()
@@ -182,7 +187,7 @@ def read_index(path: str, key: Dict[str, Any]) -> Optional[Entries]:
         found = json.loads(_read_bytes(path))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # OSError, ValueError, a remote store's own (botocore's are not OSErrors)
         logger.warning("pyloader: the count index %r cannot be read, not used: %s", path, exc)
         return None
     if not _valid(found):
@@ -217,7 +222,7 @@ def write_index(path: str, key: Dict[str, Any], entries: Entries, keep_found: bo
     data = json.dumps({"format": FORMAT, "key": key, "files": dict(sorted(merged.items()))},
                       separators=(",", ":")).encode()
     if is_url(path):
-        fs, one = filesystem(path)
+        fs, one = _filesystem(path)
         fs.pipe_file(one, data)  # an object store replaces the whole object, or nothing
     else:
         _write_local(path, data)

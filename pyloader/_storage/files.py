@@ -18,6 +18,7 @@ from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, 
 
 from .._paths import is_url
 from .compression import codec_for, decompressed
+from .remote import storage_options
 
 DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -106,7 +107,7 @@ def direct_open(path: str) -> IO[bytes]:
     if is_url(path):
         import fsspec  # optional: only remote data needs it
 
-        return fsspec.open(path, "rb").open()
+        return fsspec.open(path, "rb", **storage_options(path, retried_here=False)).open()
     return open(_local(path), "rb")
 
 
@@ -130,7 +131,7 @@ def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infe
     if is_url(path):
         import fsspec  # optional: only remote data needs it
 
-        return fsspec.open(path, mode, **kwargs).open()
+        return fsspec.open(path, mode, **kwargs, **storage_options(path, retried_here=False)).open()
     return open(_local(path), mode, **kwargs)
 
 

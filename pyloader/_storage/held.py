@@ -10,13 +10,15 @@ their padding flag), which rotation keeps out of the fields. A window fills, is 
 * ``OnDisk(rotation_dir)``: a window fills in memory; sealing turns it into NumPy arrays
   (``_storage.codec``, as ``cache_encoded`` stores batches: a field that cannot be stored without pickle
   is a ``NotCacheable`` naming it), writes them to a folder of its own,
-  ``<rotation_dir>/pyloader-rotation-<random>/<epoch>-<window>/``, one ``.npy`` file per array
+  ``<rotation_dir>/pyloader-rotation-<writer's tag>-<random>/<epoch>-<window>/``, one ``.npy`` file per array
   (the layout among them; the provenance's arrays too, as ``provenance-<field>.npy``), and reads
   them back memory-mapped (never unpickled), the rows served
   read as they are needed (``_storage.codec.take``); dropping the window removes its folder. The run's
   folder is made by the first seal and removed by ``close()`` (at the run's end, however it
   ends: a break, ``close()``, an error), at the latest when the process exits; a write still
-  running in a thread when the run ends removes what it wrote. Nothing is left behind.
+  running in a thread when the run ends removes what it wrote. Nothing is left behind; the folder
+  of a run whose process was killed is removed by the next run that makes its folder in
+  ``rotation_dir`` (the tag tells a dead writer, ``_storage.writers``).
 """
 from __future__ import annotations
 
@@ -32,7 +34,9 @@ import numpy as np
 from .._columns import Provenance, Traced, concat, interleave, n_rows, slice_rows, take
 from .._npy import HEADER_PARSE
 from . import codec as _codec
+from . import writers
 
+_PREFIX = "pyloader-rotation-"
 PROVENANCE = "provenance-"  # the files of the samples' provenance, beside the codec's (whose names are plain words)
 
 
@@ -122,6 +126,13 @@ def _remove(root: str, pid: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _remove_dead_runs(folder: str) -> None:
+    """Remove the run folders in ``folder`` of processes that died (killed) without removing them."""
+    for name in os.listdir(folder):
+        if name.startswith(_PREFIX) and writers.dead(name):
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+
+
 def _save(arrays: Dict[str, np.ndarray], folder: str) -> Dict[str, str]:
     """Each array to ``folder/<name>.npy`` (names of ``_storage.codec``'s: plain words), whole or not at all."""
     paths = {}
@@ -150,7 +161,8 @@ class OnDisk(InMemory):
                 return None
             if self.root is None:
                 os.makedirs(self.folder, exist_ok=True)
-                self.root = tempfile.mkdtemp(prefix="pyloader-rotation-", dir=self.folder)
+                _remove_dead_runs(self.folder)
+                self.root = tempfile.mkdtemp(prefix=f"{_PREFIX}{writers.tag()}-", dir=self.folder)
                 weakref.finalize(self, _remove, self.root, os.getpid())
             folder = os.path.join(self.root, name)
             os.mkdir(folder)

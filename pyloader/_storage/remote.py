@@ -12,6 +12,12 @@ Contracts:
   (a missing file, a refused permission) is raised at once.
 - After the last attempt the last error is raised as itself (same type), with a note
   naming the file and the attempts made.
+- ``retries`` counts every attempt: the layers below do not multiply it. The S3 filesystems
+  the loader reads and lists through (``storage_options``) make one attempt per call (s3fs's
+  ``retries`` of 1 on instances of pyloader's own, botocore's ``total_max_attempts=1``, the rest
+  of the user's fsspec configuration kept; aiohttp's own resending of a GET or HEAD turned off).
+  A file a reader opens itself (``files.open_file`` without read-ahead; a reader's ``count``)
+  is retried by s3fs alone (its own 5 attempts), never by botocore or aiohttp as well.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import asyncio
 import errno
 import random
 import time
-from typing import Any, Awaitable, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tuple
 
 BACKOFF_S = 0.05  # the first retry waits up to this long; each next one up to twice as long
 BACKOFF_CAP_S = 5.0
@@ -130,11 +136,62 @@ def _with_path(url: str, path: str) -> str:
     return "::".join(bits)
 
 
-def filesystem(url: str) -> Tuple[Any, str]:
-    """The fsspec filesystem of ``url`` (the outermost of a chain) and the path on it."""
+_S3 = ("s3", "s3a")  # s3fs's protocols
+_MARK = "pyloader"  # in the user agent of the S3 filesystems pyloader retries for: instances of their own
+
+
+def storage_options(url: str, retried_here: bool = True) -> Dict[str, Any]:
+    """fsspec options for the S3 layers of ``url`` (keyed by protocol, as fsspec takes them for a
+    chain's layers), so that attempts are counted in one place: botocore makes one attempt per
+    request and aiohttp sends each once; with ``retried_here`` (the caller retries) s3fs makes
+    one per call too (on instances of pyloader's own, told by ``_MARK`` in their user agent),
+    else its own (5). The user's fsspec configuration of the protocol is kept, its
+    ``config_kwargs`` merged."""
+    import fsspec
+
+    options: Dict[str, Any] = {}
+    for bit in _chain(url)[0]:
+        protocol = bit.split("://", 1)[0]
+        if protocol not in _S3 or protocol in options:
+            continue
+        config_kwargs = {**fsspec.config.conf.get(protocol, {}).get("config_kwargs", {}),
+                         "retries": {"total_max_attempts": 1}}
+        config_kwargs.setdefault("http_session_cls", _session_sending_once())
+        if retried_here:
+            config_kwargs["user_agent_extra"] = f"{config_kwargs.get('user_agent_extra', '')} {_MARK}".strip()
+        options[protocol] = {"config_kwargs": config_kwargs}
+        if retried_here:  # s3fs takes its attempts as an attribute only: set on the (cached) instance
+            fsspec.filesystem(protocol, **options[protocol]).retries = 1
+    return options
+
+
+_sending_once: Optional[type] = None
+
+
+def _session_sending_once() -> type:
+    """aiobotocore's aiohttp session, less aiohttp's own resending: aiohttp sends a GET or HEAD
+    again, once, when its connection drops (RFC 9112's retry of a persistent connection), which
+    doubles every attempt. (On an aiohttp without that attribute, nothing changes.)"""
+    global _sending_once
+    if _sending_once is None:
+        from aiobotocore.httpsession import AIOHTTPSession
+
+        class SendingOnce(AIOHTTPSession):
+            async def _get_session(self, proxy_url: Any) -> Any:
+                session = await super()._get_session(proxy_url)
+                session._retry_connection = False
+                return session
+
+        _sending_once = SendingOnce
+    return _sending_once
+
+
+def filesystem(url: str, retried_here: bool = True) -> Tuple[Any, str]:
+    """The fsspec filesystem of ``url`` (the outermost of a chain) and the path on it; with
+    ``retried_here`` the caller retries its calls (``storage_options``)."""
     from fsspec.core import url_to_fs  # optional: only remote data needs fsspec
 
-    return url_to_fs(url)
+    return url_to_fs(url, **storage_options(url, retried_here))
 
 
 def _hidden_below(path: str, root: str) -> bool:
@@ -144,7 +201,17 @@ def _hidden_below(path: str, root: str) -> bool:
 def _list(url: str) -> List[str]:
     import fsspec
 
-    fs, _, paths = fsspec.get_fs_token_paths(url)
+    fs, _, paths = fsspec.get_fs_token_paths(url, storage_options=storage_options(url))
+    # the instance is shared by every loader of the process (and reads files' sizes and versions):
+    # list what is there now, and leave no listing behind that would answer for a file changed later
+    fs.invalidate_cache()
+    try:
+        return _found(url, fs, paths)
+    finally:
+        fs.invalidate_cache()
+
+
+def _found(url: str, fs: Any, paths: List[str]) -> List[str]:
     found: List[str] = []
     for path in paths:
         if fs.isdir(path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import codecs
-from typing import IO, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
+from typing import IO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
 from .._abc import DataReader
 from .._columns import Columns
@@ -108,10 +108,22 @@ def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1) -> 
 
 def _raw_blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
     """The bytes of ``f`` in blocks of whole lines (split after ``b"\\n"``, as iterating a binary
-    file splits them), about ``size`` each; the last may end without ``b"\\n"``."""
+    file splits them), about ``size`` each; the last may end without ``b"\\n"``. When reading
+    fails, the whole lines read before are yielded first (a buffered ``read(size)`` would drop
+    them with the error: the stream is read with ``read1``, a call at a time)."""
+    read = getattr(f, "read1", f.read)
     carry: List[bytes] = []  # the start of a line not ended yet
     while True:
-        chunk = f.read(size)
+        got: List[bytes] = []
+        try:
+            _fill(read, size, got)
+        except Exception:
+            whole = b"".join(carry + got)
+            cut = whole.rfind(b"\n") + 1
+            if cut:
+                yield whole[:cut]
+            raise
+        chunk = b"".join(got)
         if not chunk:
             if carry:
                 yield b"".join(carry)
@@ -123,6 +135,17 @@ def _raw_blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
         head = chunk if cut == len(chunk) else chunk[:cut]
         yield b"".join(carry + [head]) if carry else head
         carry = [chunk[cut:]] if cut < len(chunk) else []
+
+
+def _fill(read: Callable[[int], bytes], size: int, got: List[bytes]) -> None:
+    """Append to ``got`` what ``read`` gives until ``size`` bytes or the end of the file."""
+    n = 0
+    while n < size:
+        part = read(size - n)
+        if not part:
+            return
+        got.append(part)
+        n += len(part)
 
 
 def _decode_by_line(decoder: codecs.IncrementalDecoder, raw: bytes) -> Tuple[str, Optional[UnicodeDecodeError]]:
@@ -228,24 +251,30 @@ def _transpose(fields: Sequence[str], rows: List[Row]) -> Columns:
 def recut(fields: Sequence[str], chunks: Iterable[Columns], size: int) -> Iterator[Columns]:
     """``chunks`` (dicts of lists keyed by ``fields``, of any lengths) as pieces of exactly ``size``
     rows, the last one shorter. A chunk's rows are delivered before the chunks' iterator is asked
-    for more, so an error raised by it comes after every full piece before it."""
+    for more, and when it raises, the rows held are delivered first (a shorter piece): an error
+    comes after every row before it."""
     buf: Columns = {field: [] for field in fields}
     held = 0
-    for chunk in chunks:
-        n = len(chunk[fields[0]]) if fields else 0
-        start = 0
-        while start < n:
-            take = min(size - held, n - start)
-            if take == size:  # a whole piece of this chunk: no copy into the buffer
-                yield {field: chunk[field][start:start + take] for field in fields}
-            else:
-                for field in fields:
-                    cast(list, buf[field]).extend(chunk[field][start:start + take])
-                held += take
-                if held == size:
-                    yield buf
-                    buf, held = {field: [] for field in fields}, 0
-            start += take
+    try:
+        for chunk in chunks:
+            n = len(chunk[fields[0]]) if fields else 0
+            start = 0
+            while start < n:
+                take = min(size - held, n - start)
+                if take == size:  # a whole piece of this chunk: no copy into the buffer
+                    yield {field: chunk[field][start:start + take] for field in fields}
+                else:
+                    for field in fields:
+                        cast(list, buf[field]).extend(chunk[field][start:start + take])
+                    held += take
+                    if held == size:
+                        yield buf
+                        buf, held = {field: [] for field in fields}, 0
+                start += take
+    except Exception:
+        if held:
+            yield buf
+        raise
     if held:
         yield buf
 
