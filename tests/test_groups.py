@@ -116,7 +116,8 @@ def test_the_first_file_is_read_alone_until_the_first_batch_is_out(tmp_path):
                 events.append(("collate", features["id"][0]))
             return {"id": list(features["id"])}
 
-    loader = pl.DataLoader(Slow(4), pl.IdentityDataset(), Mark(), str(tmp_path / "d"), prefetch_files=4)
+    loader = pl.DataLoader(Slow(4), pl.IdentityDataset(), Mark(), str(tmp_path / "d"), prefetch_files=4,
+                           num_workers=0)  # the events are recorded in this process
     assert ids_of(loader) == list(range(48))
     assert events[0] == ("read", "part-0000.txt")
     assert events[1] == ("collate", 0), events[:4]
