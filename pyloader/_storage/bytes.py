@@ -52,7 +52,7 @@ import aiofiles.os
 
 from .cache import DiskCache, Entry, EntryWriter
 from .cached_file import ServedEntry
-from .files import Served, ServedBytes, _local, direct_open, is_url
+from .files import SeekableRaw, Served, ServedBytes, _local, direct_open, is_url
 from .remote import awith_retries, filesystem, version
 
 logger = logging.getLogger("pyloader")
@@ -401,7 +401,7 @@ def _maps_itself(reader: Any, path: str) -> bool:
     return bool(maps is not None and maps(path))
 
 
-class BlockStream(Served, io.RawIOBase):
+class BlockStream(Served, SeekableRaw):
     """A large file served to its parser block by block, as a task on the loop reads them ahead.
 
     It seeks anywhere: within the blocks still held, by skipping ahead, or past the end
@@ -474,21 +474,6 @@ class BlockStream(Served, io.RawIOBase):
             self.claimed = True
         return io.BufferedReader(self, buffer_size=64 * 2**10)
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         if self._direct is not None:

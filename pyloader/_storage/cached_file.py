@@ -23,7 +23,7 @@ import logging
 from typing import IO, Any, Optional, Tuple
 
 from .cache import DiskCache, Entry
-from .files import Served, direct_open
+from .files import SeekableRaw, Served, direct_open
 
 logger = logging.getLogger("pyloader")
 
@@ -45,33 +45,19 @@ class ServedEntry(Served):
         return io.BufferedReader(raw, buffer_size=64 * 2**10)
 
 
-class EntryFile(io.RawIOBase):
+class EntryFile(SeekableRaw):
     """A seekable binary file over a cache entry's bytes, each block checked before it is served
     (see the module docstring)."""
 
     def __init__(self, entry: Entry) -> None:
         io.RawIOBase.__init__(self)
         self._entry = entry
+        self.size = entry.size
         self._file: Optional[IO[bytes]] = open(entry.data_path, "rb")
         self._held: Optional[Tuple[int, bytes]] = None  # (index, bytes) of the last block checked
         self._direct: Optional[IO[bytes]] = None
         self._pos = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._entry.size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         if self._pos >= self._entry.size:

@@ -31,6 +31,29 @@ def _local(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
+class SeekableRaw(io.RawIOBase):
+    """A readable raw file of ``size`` bytes whose position is ``_pos``: reading is the subclass's."""
+
+    size: int
+    _pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+
 class Served:
     """What the loader read ahead for one path, for ``open_file`` to serve to the reader."""
 
