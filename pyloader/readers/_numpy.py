@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import zipfile
 import zlib
 from typing import IO, Any, Dict, Iterator, Optional, Tuple, cast
@@ -12,7 +13,7 @@ from numpy.lib import format as npformat
 
 from .._abc import DataReader
 from .._columns import Columns
-from .._npy import HEADER_PARSE
+from .._npy import HEADER_PARSE, register_mapped
 from .._storage.compression import DecompressionError, codec_for
 from .._storage.files import _local, is_url, open_file
 from ._base import FileFormatError, check_piece_size, file_error
@@ -32,7 +33,9 @@ class NumpyReader(DataReader):
     the file; the file must not change while it is read): ``read_file`` returns an
     ``np.memmap`` and ``iter_file`` hands out views of it, ``piece_size`` rows at a
     time, with no copy at all (pages come from the page cache as the batches
-    are used, and are let go with the last batch using them); other files are read
+    are used, and are let go with the last batch using them); a batch that is such a
+    view crosses from a worker process as (file, offset, shape, dtype) and is mapped
+    again in the loader's process (``_execution.ipc``); other files are read
     through ``open_file`` (``iter_file`` reads them ``piece_size`` rows at a time,
     except Fortran-ordered arrays, which are read whole). An empty, corrupt or
     truncated file (the header is checked against the file's size before any row is
@@ -104,6 +107,7 @@ class NumpyReader(DataReader):
             f.close()
             with HEADER_PARSE:
                 mapped = npformat.open_memmap(_local(path), mode="c")
+            register_mapped(mapped, path, os.stat(_local(path)))  # its batches cross processes as spans of it
             return {self.key: _Rows(mapped)}
         return {self.key: _Rows.from_stream(f, size)}
 
