@@ -56,7 +56,7 @@ def identity_of(st: os.stat_result) -> Identity:
 def register_mapped(mapped: np.memmap, path: str, st: os.stat_result) -> None:
     """Record that ``mapped`` (``np.memmap`` of ``path``, whose ``os.stat`` is ``st``) holds the
     file's bytes from ``mapped.offset`` on, until it is collected."""
-    start = mapped.ctypes.data
+    start = mapped.__array_interface__["data"][0]
     if not mapped.nbytes:
         return
     with _LOCK:
@@ -74,7 +74,7 @@ def file_span(array: np.ndarray) -> Optional[FileSpan]:
     since it was mapped; ``None`` when they do not, or when that cannot be told."""
     if not _REGIONS or not array.nbytes or not array.flags.c_contiguous:
         return None
-    address = array.ctypes.data
+    address = array.__array_interface__["data"][0]
     with _LOCK:
         found = [(start, r) for start, r in _REGIONS.items() if start <= address and address + array.nbytes <= r.end]
     if not found or _written(address, array.nbytes):
@@ -97,7 +97,10 @@ def _written(address: int, size: int) -> bool:
         return True
     finally:
         os.close(fd)
-    if len(raw) != (last - first + 1) * 8:
-        return True
-    flags = np.frombuffer(raw, dtype=np.uint64) >> np.uint64(61)  # bit 63 present, 62 swapped, 61 file page
-    return bool(np.any(((flags & np.uint64(2)) != 0) | ((flags & np.uint64(5)) == 4)))
+    # bits 61-63 of each little-endian entry are bits 5-7 of its last byte: file page, swapped, present
+    return len(raw) != (last - first + 1) * 8 or _WRITTEN in raw[7::8].translate(_WRITTEN_FLAGS)
+
+
+_WRITTEN = b"\1"
+# the last byte of an entry -> 1 where the page is swapped out, or present and not a page of the file; else 0
+_WRITTEN_FLAGS = bytes(int(bool(top & 0x40 or top & 0xA0 == 0x80)) for top in range(256))
