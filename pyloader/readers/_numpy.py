@@ -107,7 +107,8 @@ class NumpyReader(DataReader):
             f.close()
             with HEADER_PARSE:
                 mapped = npformat.open_memmap(_local(path), mode="c")
-            register_mapped(mapped, path, os.stat(_local(path)))  # its batches cross processes as spans of it
+            local = os.path.abspath(_local(path))
+            register_mapped(mapped, local, os.stat(local))  # its batches cross processes as spans of it
             return {self.key: _Rows(mapped)}
         return {self.key: _Rows.from_stream(f, size)}
 
