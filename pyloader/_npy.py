@@ -6,13 +6,14 @@ another fail with "SystemError: AST constructor recursion depth mismatch" (pytho
 Whatever of pyloader parses headers from threads (the ``NumpyReader``, cached epochs, rotation
 on disk) holds this lock meanwhile.
 
-The registry: ``register_mapped`` records a memory-mapped ``.npy`` (its path, the file's
-identity, where its data lies in this process's memory and in the file) for as long as the
-map lives. ``file_span(array)`` tells whether an array's bytes are, unchanged, bytes of a
-registered file: then they can travel to another process as ``(file, offset, shape, dtype)``
-and be mapped there (``_execution.ipc``). Bytes written since the mapping (a copy-on-write
-map turns a written page private) are not the file's: a span is given only where no page of
-the array was written, as ``/proc/self/pagemap`` tells; where it cannot tell, none is given.
+The registry: ``register_mapped`` records a memory-mapped file (a ``.npy`` of the
+``NumpyReader``, an Arrow IPC file of the ``ParquetReader``: its path, the file's identity,
+where its data lies in this process's memory and in the file) for as long as the map lives.
+``file_span(array)`` tells whether an array's bytes are, unchanged, bytes of a registered
+file: then they can travel to another process as ``(file, offset, shape, dtype)`` and be
+mapped there (``_execution.ipc``). Bytes written since the mapping (a copy-on-write map turns
+a written page private) are not the file's: a span is given only where no page of the array
+was written, as ``/proc/self/pagemap`` tells; where it cannot tell, none is given.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import mmap
 import os
 import threading
 import weakref
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -53,15 +54,16 @@ def identity_of(st: os.stat_result) -> Identity:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def register_mapped(mapped: np.memmap, path: str, st: os.stat_result) -> None:
-    """Record that ``mapped`` (``np.memmap`` of ``path``, whose ``os.stat`` is ``st``) holds the
-    file's bytes from ``mapped.offset`` on, until it is collected."""
-    start = mapped.__array_interface__["data"][0]
-    if not mapped.nbytes:
+def register_mapped(owner: Any, start: int, size: int, path: str, offset: int) -> None:
+    """Record that the ``size`` bytes at address ``start`` are those of the local file ``path`` from
+    ``offset`` on, mapped (copy-on-write or read-only) for as long as ``owner`` lives (an
+    ``np.memmap``, a pyarrow ``Buffer`` over a memory map). The file's identity is taken now."""
+    if size <= 0:
         return
+    region = _Region(start + size, path, identity_of(os.stat(path)), offset)
     with _LOCK:
-        _REGIONS[start] = _Region(start + mapped.nbytes, path, identity_of(st), int(mapped.offset))
-    weakref.finalize(mapped, _forget, start)
+        _REGIONS[start] = region
+    weakref.finalize(owner, _forget, start)
 
 
 def _forget(start: int) -> None:

@@ -183,3 +183,26 @@ def test_an_array_crosses_as_a_span_of_its_file_only_while_it_holds_the_files_by
         _, _, got = ipc.recv(theirs)
     assert mapping_of(got["x"]) == str(folder / "part-1.npy") and got["x"].ctypes.data != piece[10:].ctypes.data
     np.testing.assert_array_equal(got["x"], piece[10:400])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_columns_of_a_mapped_arrow_file_arrive_equal_and_mapped_from_the_file(tmp_path, num_workers):
+    import pyarrow as pa
+
+    from pyloader.readers import ParquetReader
+
+    rng = np.random.default_rng(1)
+    values = rng.random((4000, 8), dtype=np.float32)
+    table = pa.table({"id": np.arange(4000), "v": pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), 8)})
+    path = tmp_path / "t.arrow"
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table, max_chunksize=1000)
+    with pl.DataLoader(ParquetReader(batch_size=250), pl.IdentityDataset(), NumpyCollator(), str(path),
+                       num_workers=num_workers) as run:
+        batches = [(batch["id"], batch["v"]) for batch in run]
+        files = [mapping_of(v) for _, v in batches]
+    np.testing.assert_array_equal(np.concatenate([i for i, _ in batches]), np.arange(4000))
+    np.testing.assert_array_equal(np.concatenate([v for _, v in batches]), values)
+    if num_workers:  # the batches of a record batch read while the file was open there
+        assert files.count(str(path)) >= 8
+        assert not batches[0][1].flags.writeable  # read-only, as Arrow's columns are here

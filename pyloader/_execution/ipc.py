@@ -90,7 +90,7 @@ def _span_reduction(array: Any) -> Any:
     span = file_span(array)
     if span is None:
         return NotImplemented
-    return mapped_array, (span.path, span.identity, span.offset, array.shape, dtype.str)
+    return mapped_array, (span.path, span.identity, span.offset, array.shape, dtype.str, array.flags.writeable)
 
 
 def _dumps(obj: Any) -> Tuple[bytes, List[pickle.PickleBuffer]]:
@@ -294,7 +294,8 @@ class MappedFileChanged(ValueError):
     """A file whose mapped bytes a worker sent changed before the loader's process mapped it."""
 
 
-def mapped_array(path: str, identity: Identity, offset: int, shape: Tuple[int, ...], dtype: str) -> np.ndarray:
+def mapped_array(path: str, identity: Identity, offset: int, shape: Tuple[int, ...], dtype: str,
+                 writeable: bool = True) -> np.ndarray:
     """The array a worker sent as a span of ``path`` (``_span_reduction``), over this process's
     copy-on-write map of the file: one map per file while arrays over it live, no descriptor held.
     The file must be the one the worker mapped (device, inode, size, modification time)."""
@@ -303,7 +304,9 @@ def mapped_array(path: str, identity: Identity, offset: int, shape: Tuple[int, .
         mapping = _FILES.get(key)
         if mapping is None:
             mapping = _FILES[key] = _map_file(path, identity)
-    return np.ndarray(shape, dtype=np.dtype(dtype), buffer=np.asarray(mapping).view(np.uint8), offset=offset)
+    out = np.ndarray(shape, dtype=np.dtype(dtype), buffer=np.asarray(mapping).view(np.uint8), offset=offset)
+    out.flags.writeable = writeable
+    return out
 
 
 def _map_file(path: str, identity: Identity) -> Any:

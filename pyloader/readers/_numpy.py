@@ -107,8 +107,8 @@ class NumpyReader(DataReader):
             f.close()
             with HEADER_PARSE:
                 mapped = npformat.open_memmap(_local(path), mode="c")
-            local = os.path.abspath(_local(path))
-            register_mapped(mapped, local, os.stat(local))  # its batches cross processes as spans of it
+            start = mapped.__array_interface__["data"][0]  # its batches cross processes as spans of the file
+            register_mapped(mapped, start, mapped.nbytes, os.path.abspath(_local(path)), int(mapped.offset))
             return {self.key: _Rows(mapped)}
         return {self.key: _Rows.from_stream(f, size)}
 
