@@ -130,16 +130,17 @@ class _Zstd:
 
     def __init__(self) -> None:
         self._d = _zstandard().ZstdDecompressor().decompressobj()
-        self._out = b""
+        self._out, self._at = b"", 0  # the output of the last feed, and how much of it was handed out
 
-    eof = property(lambda self: self._d.eof and not self._out)
+    eof = property(lambda self: self._d.eof and self._at == len(self._out))
     unused_data = property(lambda self: self._d.unused_data)
-    needs_input = property(lambda self: not self._out)
+    needs_input = property(lambda self: self._at == len(self._out))
 
     def decompress(self, data: bytes, max_length: int) -> bytes:
         if data:
-            self._out = self._d.decompress(data)
-        out, self._out = self._out[:max_length], self._out[max_length:]
+            self._out, self._at = self._d.decompress(data), 0
+        out = self._out[self._at:self._at + max_length]  # no copy when it is all of it
+        self._at += len(out)
         return out
 
 
@@ -180,15 +181,23 @@ class _Decompressing(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        if not self._made:
+        out = self._take(len(buffer))
+        buffer[:len(out)] = out
+        return len(out)
+
+    def readall(self) -> bytes:
+        return b"".join(iter(lambda: self._take(_OUT_BYTES), b""))
+
+    def _take(self, size: int) -> bytes:
+        """At most ``size`` bytes made (``b""`` at the end), or the failure once all before it were taken."""
+        if not self._made and size:
             if self._failure is not None:
                 raise self._failure
-            self._made = self._decompress(len(buffer)) if len(buffer) else b""
-        out, self._made = self._made[:len(buffer)], self._made[len(buffer):]
-        buffer[:len(out)] = out
-        if not out and self._failure is not None:
+            self._made = self._decompress(size)
+        out, self._made = self._made[:size], self._made[size:]
+        if not out and size and self._failure is not None:
             raise self._failure
-        return len(out)
+        return out
 
     def close(self) -> None:
         if not self.closed:
