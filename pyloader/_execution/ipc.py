@@ -11,6 +11,14 @@ and closes the descriptor at once, and rebuilds arrays as views of the mapping:
 no copy on the way in, nothing ever named in ``/dev/shm``, and the memory goes
 away with the last array using it, even when a process is killed.
 
+An array whose bytes are unwritten bytes of a file a reader mapped (``_npy.file_span``: a
+``.npy`` of the ``NumpyReader``, an Arrow IPC file of the ``ParquetReader``) travels as
+``(file, offset, shape, dtype)`` instead, and ``mapped_array`` maps that file here (copy on
+write, one map per file while arrays over it live): no copy on either side. The file must
+be the one the sender mapped (device, inode, size and mtime are checked): one replaced,
+changed or gone by then fails the message's result with an error naming it
+(``MappedFileChanged``, a ``ValueError``, or ``FileNotFoundError``).
+
 The mapping holds no file descriptor: ``mmap.mmap`` keeps a ``dup()`` of the
 descriptor for as long as the map lives (before Python 3.13), so every batch a
 consumer kept would hold one, and ``list(loader)`` ran out of descriptors after
@@ -67,7 +75,7 @@ class MessageLost(Exception):
 
 class _Pickler(pickle.Pickler):
     """Sends CPU torch tensors as NumPy arrays (zero-copy), rebuilt as tensors on arrival, and
-    arrays that are unwritten bytes of a mapped ``.npy`` as where they lie in it (``_npy.file_span``)."""
+    arrays that are unwritten bytes of a mapped file as where they lie in it (``_npy.file_span``)."""
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) in _ARRAY_TYPES:
