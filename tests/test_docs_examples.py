@@ -33,6 +33,7 @@ RUN = "python"
 NOT_PYTHON = {"py", "python3", "pycon", "ipython"}  # spelled so, a Python block would silently not run
 MARKER = re.compile(r"^<!-- example: ([\w-]+) -->$")
 FENCE = re.compile(r"^(\s*)(`{3,})(.*)$")
+TENSORFLOW = ("tensorflow", "TFCollator", "to_tf_dataset")
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -170,8 +171,12 @@ def page_params() -> List[object]:
     by_page: Dict[str, List[Block]] = {}
     for block in all_blocks():
         by_page.setdefault(block.page, []).append(block)
-    return [pytest.param(page, None, id=page) for page in by_page] + [
-        pytest.param(page, b.line, id=f"{b.where}-gpu") for page, bs in by_page.items() for b in bs if b.kind == "gpu"]
+    def marks(page: str) -> List[pytest.MarkDecorator]:  # TensorFlow imported: run last (see conftest.py)
+        return [pytest.mark.tensorflow] if any(w in b.code for b in by_page[page] for w in TENSORFLOW) else []
+
+    return [pytest.param(page, None, id=page, marks=marks(page)) for page in by_page] + [
+        pytest.param(page, b.line, id=f"{b.where}-gpu", marks=marks(page))
+        for page, bs in by_page.items() for b in bs if b.kind == "gpu"]
 
 
 @pytest.fixture
