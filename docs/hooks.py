@@ -1,12 +1,14 @@
 """MkDocs hooks: pages made at build time from files the repository already has, so no text is copied by hand.
 
-* ``benchmarks.md``: ``benchmarks/README.md`` as it is, its figure paths pointed at the site's ``img/``;
+* ``<!-- benchmarks-readme -->`` on a page: ``benchmarks/README.md`` as it is (its headings one level
+  down, its figure paths pointed at the site's ``img/``);
 * ``img/*.png``: the repository's figures (the README's and the benchmarks'), served by the site;
 * ``<!-- options-table -->`` on a page: the table of ``DataLoader`` options, from ``pyloader._options``
   (name, default, the line of doc each option declares), so it follows the code.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -14,23 +16,25 @@ from typing import Any
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = "benchmarks.md"
 
 
 def on_files(files: Files, config: Any) -> Files:
     site = config["site_dir"]
     for figure in sorted((ROOT / "img").glob("*.png")):
         files.append(File(f"img/{figure.name}", str(ROOT), site, config["use_directory_urls"]))
-    files.append(File.generated(config, BENCHMARKS, content=benchmarks_page()))
     return files
 
 
-def benchmarks_page() -> str:
+def benchmarks_readme() -> str:
     text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    text = re.sub(r"^(#+) ", r"#\1 ", text, flags=re.M)  # its code blocks have no line starting with "#"
+    text = text.replace("## Benchmarks\n", "## The benchmarks in full (`benchmarks/README.md`)\n", 1)
     return text.replace('src="../img/', 'src="img/').replace("](../img/", "](img/")
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    if "<!-- benchmarks-readme -->" in markdown:
+        markdown = markdown.replace("<!-- benchmarks-readme -->", benchmarks_readme())
     return markdown.replace("<!-- options-table -->", options_table())
 
 
