@@ -65,6 +65,18 @@ class DataReader(abc.ABC):
     ``batch_size`` is the number of samples per batch (the number of rows in
     stream mode). ``shuffle=True`` permutes the samples inside each file, seeded
     by ``random_seed``, the epoch and the file, never by global random state.
+
+    Example:
+        ```python
+        class LinesReader(DataReader):
+            def __init__(self, batch_size=16, shuffle=False, random_seed=42):
+                super().__init__(batch_size, shuffle=shuffle, random_seed=random_seed)
+
+            def read_file(self, path):
+                with open_file(path, "rt") as f:
+                    lines = [line.rstrip("\\n") for line in f]
+                return {"text": lines}, len(lines)   # a dict of equal-length lists, and their length
+        ```
     """
 
     def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42) -> None:
@@ -105,7 +117,8 @@ class DataReader(abc.ABC):
             ```python
             class BigLines(DataReader):
                 def read_file(self, path):
-                    lines = list(self.iter_lines(path))
+                    with open_file(path, "rt") as f:
+                        lines = [line.rstrip("\\n") for line in f]
                     return {"text": lines}, len(lines)
 
                 def iter_file(self, path):   # 1,000 lines at a time
@@ -136,6 +149,13 @@ class Dataset(abc.ABC):
 
     ``batch_encode`` is called one batch at a time unless the class says
     ``thread_safe = True`` (see ``is_thread_safe``).
+
+    Example:
+        ```python
+        class WithLengths(Dataset):
+            def batch_encode(self, batch_data):
+                return {**batch_data, "length": [len(text) for text in batch_data["text"]]}
+        ```
     """
 
     thread_safe = False
@@ -146,7 +166,13 @@ class Dataset(abc.ABC):
 
 
 class IdentityDataset(Dataset):
-    """A ``Dataset`` that passes batches through, for readers that yield model-ready fields."""
+    """A ``Dataset`` that passes batches through, for readers that yield model-ready fields.
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=32), IdentityDataset(), NumpyCollator(), "data/")
+        ```
+    """
 
     thread_safe = True
     releases_gil = True
@@ -160,6 +186,15 @@ class DataCollator(abc.ABC):
 
     ``collate_batch`` is called one batch at a time unless the class says
     ``thread_safe = True`` (see ``is_thread_safe``).
+
+    Example:
+        ```python
+        class PadCollator(DataCollator):
+            def collate_batch(self, features):
+                longest = max(len(ids) for ids in features["input_ids"])
+                ids = [ids + [0] * (longest - len(ids)) for ids in features["input_ids"]]
+                return {"input_ids": torch.tensor(ids), "label": torch.tensor(features["label"])}
+        ```
     """
 
     thread_safe = False

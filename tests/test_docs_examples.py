@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import inspect
 import json
 import re
 import shutil
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -135,7 +137,8 @@ def write_parquet(folder: Path) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(3):
-        table = pa.table({"input_ids": [list(range(j % 5 + 1)) for j in range(20)], "label": [j % 2 for j in range(20)]})
+        table = pa.table({"input_ids": [list(range(j % 5 + 1)) for j in range(20)],
+                          "label": [j % 2 for j in range(20)]})
         pq.write_table(table, folder / f"part-{i}.parquet", row_group_size=8)
     (folder / "_SUCCESS").write_bytes(b"")
 
@@ -254,3 +257,25 @@ def test_the_collector_finds_the_blocks_of_the_readme_and_the_docs_and_their_mar
     assert {b.page for b in found} >= {"README.md", "docs/getting-started.md"}
     assert len(found) >= 25
     assert {b.kind for b in found} >= {"gpu", "s3"}
+
+
+def public_objects() -> Iterator[Tuple[str, object]]:
+    import pyloader
+    import pyloader.collators
+    import pyloader.readers
+    import pyloader.testing
+
+    for module in (pyloader, pyloader.readers, pyloader.collators, pyloader.testing):
+        for name in module.__all__:
+            yield f"{module.__name__}.{name}", getattr(module, name)
+
+
+def test_every_public_name_has_a_docstring_example_that_compiles() -> None:
+    without = []
+    for name, obj in public_objects():
+        examples = re.findall(r"Example:\n\s*```python\n(.*?)```", inspect.getdoc(obj) or "", re.S)
+        if not examples:
+            without.append(name)
+        for code in examples:
+            compile(textwrap.dedent(code), f"<docstring of {name}>", "exec")
+    assert without == []
