@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
 
 
 def options_table() -> str:
+    if str(ROOT) not in sys.path:  # the checkout being built, whichever pyloader is installed
+        sys.path.insert(0, str(ROOT))
     from pyloader._options import OPTIONS, Options
 
     rows = ["| option | default | what it does |", "| --- | --- | --- |"]
