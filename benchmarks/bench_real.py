@@ -53,7 +53,7 @@ from _harness import HERE
 
 RESULTS = os.path.join(HERE, "results")
 SIZES = {
-    "moderate": dict(files=16, tok_lines=2_000, jpeg_per_shard=250, parquet_rows=50_000, text_lines=20_000,
+    "moderate": dict(files=16, tok_lines=1_000, jpeg_per_shard=250, parquet_rows=50_000, text_lines=10_000,
                      npy_rows=100_000, batch=256),
     "quick": dict(files=4, tok_lines=300, jpeg_per_shard=40, parquet_rows=5_000, text_lines=2_000,
                   npy_rows=10_000, batch=64),

@@ -211,7 +211,7 @@ class TreeMemory:
         self.pid = pid
         self.peak = self.processes = self.samples = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self.watch, name="pyloader-bench-memory", daemon=True)
+        self._thread = threading.Thread(target=self.watch, name="bench-memory", daemon=True)
 
     def sample(self) -> None:
         pids = tree_pids(self.pid) if os.path.isdir("/proc") else []
