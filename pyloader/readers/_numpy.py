@@ -38,6 +38,12 @@ class NumpyReader(DataReader):
     truncated file (the header is checked against the file's size before any row is
     read, and by ``count`` too), a header with a negative or non-integer shape, a
     0-d array, or unequal lengths raise ``ValueError`` naming the file (and the key).
+
+    Example:
+        ```python
+        reader = NumpyReader(batch_size=1024)          # a .npy gives the column "x"; a .npz one per array
+        loader = DataLoader(reader, IdentityDataset(), TorchCollator(), "features/")
+        ```
     """
 
     thread_safe = True  # holds no per-call state on self

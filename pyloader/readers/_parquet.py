@@ -37,6 +37,12 @@ class ParquetReader(DataReader):
     Needs pyarrow (``pip install 'pyloader-ml[parquet]'``); without it the reader cannot be made.
     pyarrow's own threads are not used: the loader reads several files at once already, and
     forked worker processes must not inherit a busy thread pool.
+
+    Example:
+        ```python
+        reader = ParquetReader(batch_size=256, columns=["input_ids", "label"])
+        loader = DataLoader(reader, IdentityDataset(), TorchCollator(), "s3://bucket/train/")
+        ```
     """
 
     thread_safe = True  # holds no per-call state on self
