@@ -481,7 +481,7 @@ def test_real_sigint_while_waiting_for_a_batch(tmp_path):
     class Gated(IdReader):
         def read_file(self, path):
             if not path.endswith("part-0000.txt"):
-                gate.wait(10)
+                gate.wait(60)  # opened by the test once the interrupt arrived (or it failed)
             return super().read_file(path)
 
     loader = make_loader(str(tmp_path / "data"), Gated(4))
