@@ -7,9 +7,7 @@ The collector (see docs/contributing.md, *Examples in the docs*):
   error, so no Python block can be left out by accident.
 * The blocks of one page run in order in one namespace (a page reads as one session), in a fresh
   folder holding the files the examples name (``data/``, ``texts/``, ``shards/``, ...: ``make_data``),
-  with ``PYLOADER_NUM_WORKERS=0``: a loader left at ``num_workers="auto"`` runs in this process, which
-  keeps the examples fast (the rest of the suite runs the default); one that names ``num_workers``
-  gets them.
+  with the default settings a reader gets (``num_workers="auto"``: usually worker processes).
 * ``<!-- example: gpu -->`` on the line before a block: it needs CUDA. It runs in a test of its own
   (after the page's other blocks before it), skipped with the reason where CUDA is missing.
 * ``<!-- example: s3 -->``: it reads ``s3://bucket/...``; the page then runs against the suite's
@@ -197,10 +195,9 @@ def made_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def in_data_folder(made_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh copy of the files, as the current folder; worker processes only where an example names them."""
+    """A fresh copy of the files, as the current folder."""
     shutil.copytree(made_data, tmp_path, dirs_exist_ok=True)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYLOADER_NUM_WORKERS", "0")
     return tmp_path
 
 
