@@ -215,7 +215,7 @@ def measure(spec: Dict[str, Any]) -> Result:
                 break
         seen = loader.stats["iteration"]
     return Result(spec["workers"], seen["samples_per_s"], seen["samples"], seen["batches"],
-                  seen["first_batch_s"] or 0.0, memory.peak / 2**20, memory.how)
+                  first_batch_s=seen["first_batch_s"] or 0.0, peak_mib=memory.peak / 2**20, memory=memory.how)
 
 
 def run_setting(spec: Dict[str, Any], timeout: float) -> Result:

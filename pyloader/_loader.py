@@ -312,8 +312,8 @@ class DataLoader(Options):
         # epochs differ in batches when the order changes the steps (stream mode) or the files read
         varies = self.stream or declares_drops_or_repeats(self.file_order)
         epochs = range(start.epoch, start.end if varies else start.epoch + 1)
-        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, self.stream, self.seq_len,
-                              self.rotation) for e in epochs)
+        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, stream=self.stream,
+                              seq_len=self.seq_len, rotation=self.rotation) for e in epochs)
         return n if varies else n * (start.end - start.epoch)
 
     @property
@@ -361,10 +361,11 @@ class DataLoader(Options):
 
     def _plan(self, start: Start, counts: List[Optional[int]],
               elastic: Optional[Elastic] = None) -> Union[FileSource, MixSource]:
-        """The plan of the epochs ``start`` begins, from the counts (as the run makes it: ``_pipeline._source``)."""
+        """The plan of the epochs ``start`` begins, from the counts (as the run makes it: ``_pipeline.make_source``)."""
         if self._mix is not None:
-            return MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, start.end, self.sharding)
-        return FileSource(self.files, start.end, self.shuffle, self.random_seed, self.sharding, counts,
+            return MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, num_epoch=start.end,
+                             sharding=self.sharding)
+        return FileSource(self.files, start.end, self.shuffle, self.random_seed, sharding=self.sharding, counts=counts,
                           whole_files=self.stream, file_order=self.file_order, bounds=bounds_of(self._entries),
                           elastic=elastic)
 

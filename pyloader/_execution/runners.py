@@ -49,7 +49,7 @@ from .._storage.files import Served
 from .filter import unbundle
 from .pool import RemoteRef, WorkerPool, rebuild_error
 from .reading import FileTask, pieces_with_end
-from .steps import Key, Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
+from .steps import BatchData, Key, Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
 
 _DONE = object()
 
@@ -166,9 +166,6 @@ class Lane:
             else:
                 kept.append(entry)
         self._waiting = kept
-
-
-BatchData = Union[Columns, Segments]
 
 
 def _local(data: BatchData) -> Columns:
@@ -339,8 +336,8 @@ class PoolRunner:
     def encoding_only(self, uses: Sequence[Any]) -> Run:
         """``run`` with ``batch_encode`` alone, in the workers (``uses``: its object): an epoch whose
         encoded batches are cached, then collated in this process (``_stages.cached_epochs``)."""
-        return PoolRunner(self.pool, [], self.lane, self.readahead, self.here.steps[:1], uses, self.busy,
-                          op="encode").run
+        return PoolRunner(self.pool, [], self.lane, self.readahead, all_steps=self.here.steps[:1], uses=uses,
+                          busy=self.busy, op="encode").run
 
     async def pieces(self, task: FileTask, fetch: bool,
                      demand: asyncio.Event) -> Pieces:

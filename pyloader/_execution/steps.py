@@ -197,3 +197,6 @@ class Segments:
 
     def local(self) -> Columns:
         return assemble([(cast(Columns, p.columns), start, end) for p, start, end in self.parts], self.paths)
+
+
+BatchData = Union[Columns, Segments]  # a batch's rows as cut, before ``batch_encode``

@@ -311,6 +311,6 @@ async def _refs(epoch: int, manifest: Manifest, order: List[int], skip: int) -> 
                 break
             ref = CachedRef(os.path.join(manifest.folder, entry.name), entry.size, entry.sha256)
             meta = padding_flags(entry.padding, entry.rows) if manifest.flags else None
-            group.append(Batch(epoch, index, ref, entry.paths, meta, entry.rows, manifest.source_epoch))
+            group.append(Batch(epoch, index, ref, entry.paths, meta, rows=entry.rows, cached=manifest.source_epoch))
         k += len(group)
         yield group
