@@ -111,12 +111,12 @@ class DataLoader(Options):
     """
 
     @taking(Options)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         self._arguments = bind("DataLoader", args, kwargs)
         super().__init__(**self._arguments)  # checks every option, resolves num_threads, bucket_buffer, rotation_size
         self.options = Options(**values_of(self))  # the options alone (not the loader), for the pipeline
         self._placer = Placer(self.num_workers, self.start_method)
-        self._count_cache: Dict[str, Any] = {}
+        self._count_cache: Dict[str, object] = {}
         self._mix = _weighted_sources(self.data_dir, self.datareader, self.stream, self.retries)
         self._reader = self.datareader if self._mix is None else self._mix.readers
         self._exclusive = Exclusive((self._reader, self.datareader, self.dataset, self.datacollator))
@@ -252,7 +252,7 @@ class DataLoader(Options):
         return EpochStore(config, f"rank{sharding.rank}-of{sharding.world_size}-{digest}", digest,
                           self._oversized)
 
-    def _consumed(self, batch: Batch, record: _Run) -> Any:
+    def _consumed(self, batch: Batch, record: _Run) -> object:
         self.epoch = batch.epoch
         record.epoch, record.consumed, record.last_epoch = batch.epoch, batch.index + 1, batch.epoch
         record.cached = batch.cached
@@ -278,7 +278,7 @@ class DataLoader(Options):
     def __enter__(self) -> "DataLoader":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __bool__(self) -> bool:
@@ -324,7 +324,7 @@ class DataLoader(Options):
         return self._stats.as_dict()
 
     # -- resume --------------------------------------------------------------------
-    def _fingerprint(self) -> Dict[str, Any]:
+    def _fingerprint(self) -> Dict[str, object]:
         if self._files_digest is None:
             self._files_digest = files_digest(self.files) if self._entries is None else self._entries.digest()
         sharding = self.sharding
@@ -335,7 +335,7 @@ class DataLoader(Options):
                               even_batches=sharding.even_batches),
                 "mix": mix_fingerprint(self._mix, self.stop)}
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> Dict[str, object]:
         """Where the consumer is: the batches handed over so far, not those read ahead.
 
         Small and JSON-serializable; restoring it with ``load_state_dict`` makes
@@ -345,7 +345,7 @@ class DataLoader(Options):
         """
         return make_state(self._where(), self._fingerprint(), self.num_epoch)
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: Dict[str, object]) -> None:
         """Make the next iteration resume from ``state`` (from ``state_dict``).
 
         Everything is checked before anything changes: a state that is not
@@ -406,7 +406,7 @@ class DataLoader(Options):
         return DataLoader(**{**self._arguments, "rank": rank, "world_size": world_size})
 
     # -- pickling: the settings and the position, never a running iteration -------------
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> Dict[str, object]:
         start = self._where()
         return {"arguments": self._arguments, "next": (start.epoch, start.skip, start.end, start.splits, start.cached),
                 "counts": dict(self._count_cache)}
@@ -465,7 +465,7 @@ class LoaderIterator:
         self._engine, pool = self._loader._engine(start)
         self._finalizer = weakref.finalize(self, _stop, self._engine, self._record, pool)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         return self
 
     def __next__(self) -> Any:
@@ -492,7 +492,7 @@ class LoaderIterator:
     def __aiter__(self) -> "LoaderIterator":
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> object:
         began = got = time.perf_counter()
         batch = next(self._ready, None)
         if batch is None:
@@ -513,7 +513,7 @@ class LoaderIterator:
             batch = next(self._ready)
         return self._hand_out(batch, began, got)
 
-    def _hand_out(self, batch: Batch, began: float, got: float) -> Any:
+    def _hand_out(self, batch: Batch, began: float, got: float) -> object:
         """The batch's data, handed over by a ``next()`` that began at ``began`` and had it at ``got``."""
         if not self._track:
             return batch.data

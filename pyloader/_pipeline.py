@@ -294,22 +294,30 @@ def resumes_past_files(s: Settings, start: Start) -> bool:
 
 async def plan_run(s: Settings, start: Start, run_blocking: RunBlocking) -> RunPlan:
     """The run from ``start``: the counts are asked for only where the plan needs them."""
-    o = s.options
     past_files = resumes_past_files(s, start)
     needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
     source = make_source(s, start, await count_samples(s, run_blocking) if needs_counts else None)
     steps = _planned_steps(s, source)
-    mode = Mode.CACHED if s.encoded_cache is not None else Mode.ROTATED if o.rotation > 1 else Mode.FILES
-    cut = Cut(s.batch_size, o.drop_last)
-    bucket = None if o.bucket_by is None else Bucketing(Lengths(o.bucket_by), resolved(o.bucket_buffer))
-    buffers = Buffers(o.shuffle_buffer, o.random_seed, bucket,
-                      source.buffer if isinstance(source, MixSource) else None)
+    buffers = _buffers(s, source)
     whole = FirstEpoch(batcher=ResumeRows(start.epoch, start.base))
     resumed = _resumed(s, start, source, steps, buffers) if past_files or start.splits else whole
     if start.skip and not resumed.past_files:
         resumed = resumed._replace(drop=True)
-    return RunPlan(mode=mode, start=start, source=source, steps=steps, cut=cut, buffers=buffers, resumed=resumed,
-                   whole=whole)
+    return RunPlan(mode=_mode(s), start=start, source=source, steps=steps, cut=Cut(s.batch_size, s.options.drop_last),
+                   buffers=buffers, resumed=resumed, whole=whole)
+
+
+def _mode(s: Settings) -> Mode:
+    if s.encoded_cache is not None:
+        return Mode.CACHED
+    return Mode.ROTATED if s.options.rotation > 1 else Mode.FILES
+
+
+def _buffers(s: Settings, source: Union[FileSource, MixSource]) -> Buffers:
+    """The buffers rows meet in before they are cut: the weighted sources' mix, the shuffle buffer, bucketing."""
+    o = s.options
+    bucket = None if o.bucket_by is None else Bucketing(Lengths(o.bucket_by), resolved(o.bucket_buffer))
+    return Buffers(o.shuffle_buffer, o.random_seed, bucket, source.buffer if isinstance(source, MixSource) else None)
 
 
 def make_source(s: Settings, start: Start, counts: Optional[List[Optional[int]]],
@@ -528,16 +536,23 @@ async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats,
     async for group in groups:
         if reach is not None:
             reach.see(group)
-        # batches replayed to rebuild the state are not encoded again
-        kept = [k for k, b in enumerate(group) if b.epoch != start.epoch or b.index >= start.skip]
-        if len(kept) < len(group):
-            stats.replayed(len(group) - len(kept), {p for b in group[:len(group) - len(kept)] for p in b.paths})
-        if len(kept) == len(group):
-            yield group
-        elif kept:
-            yield group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
+        kept = _past_position(group, start, stats)
+        if kept:
+            yield kept
     if reach is not None:
         reach.check()
+
+
+def _past_position(group: Group, start: Start, stats: Stats) -> Group:
+    """The batches of ``group`` past the position; those before it were replayed to rebuild the state,
+    and are not encoded again."""
+    kept = [k for k, b in enumerate(group) if b.epoch != start.epoch or b.index >= start.skip]
+    if len(kept) == len(group):
+        return group
+    stats.replayed(len(group) - len(kept), {p for b in group[:len(group) - len(kept)] for p in b.paths})
+    if not kept:
+        return []
+    return group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
 
 
 class _Reach:

@@ -321,6 +321,22 @@ class Batcher:
             self._push(part)
         return True
 
+    def _epoch_end(self, epoch: int, index: int, buffers: List[RowBuffer], sizes: GroupSize) -> Iterator[Group]:
+        """The rest of ``epoch`` from batch ``index`` on: what the buffers hold, the short last batch
+        (unless ``drop_last``), and under ranks the padding up to the planned steps."""
+        for rows in _drained(buffers):
+            self._push(rows)
+        for group in self._full(epoch, index, sizes):
+            yield group
+            index += len(group)
+        if self._count and not self.cut.drop_last:
+            yield [self._batch(epoch, index, self._count)]
+            index += 1
+        yield from self._padding(epoch, index)
+        self._pending.clear()
+        self._count = 0
+        self._last = None
+
     def _first_index(self, epoch: int) -> int:
         return self.resume.first if epoch == self.resume.epoch else 0
 
@@ -330,21 +346,10 @@ class Batcher:
         sizes = GroupSize()
         async for item in items:
             if isinstance(item, EpochEnd):
-                if epoch is None:
-                    index = self._first_index(item.epoch)
-                for rows in _drained(buffers):
-                    self._push(rows)
-                for group in self._full(item.epoch, index, sizes):
+                for group in self._epoch_end(item.epoch, self._first_index(item.epoch) if epoch is None else index,
+                                             buffers, sizes):
                     yield group
-                    index += len(group)
-                if self._count and not self.cut.drop_last:
-                    yield [self._batch(item.epoch, index, self._count)]
-                    index += 1
-                for group in self._padding(item.epoch, index):
-                    yield group
-                self._pending.clear()
-                self._count = 0
-                epoch, index, buffers, self._last = None, 0, [], None
+                epoch, index, buffers = None, 0, []
                 continue
             if epoch is None:
                 epoch = item.task.epoch

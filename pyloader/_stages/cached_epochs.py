@@ -36,12 +36,13 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Any, AsyncGenerator, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import AsyncGenerator, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
+from .._abc import DataCollator, DataReader
 from .._errors import ErrorHandler
-from .._execution.runners import Lane, LocalSteps
+from .._execution.runners import Lane, LocalSteps, Run
 from .._execution.steps import Step
 from .._rng import CACHED_EPOCH, derive_rng
 from .._state import Start
@@ -50,12 +51,37 @@ from .._storage.epoch_cache import BatchEntry, CachedRef, EpochStore, EpochWrite
 from .batch import PADDING, Batch, Group, GroupSize
 from .map import OrderedMap
 from .shard import Sharding
+from .source import Source
+
+
+class _Options(Protocol):
+    """What this stage reads of the user's options (``_options.Options``)."""
+
+    @property
+    def random_seed(self) -> int: ...
+
+    @property
+    def shuffle(self) -> bool: ...
+
+    @property
+    def shuffle_buffer(self) -> int: ...
+
+    @property
+    def bucket_by(self) -> object: ...
+
+    @property
+    def datareader(self) -> DataReader: ...
+
+    @property
+    def datacollator(self) -> DataCollator: ...
 
 
 class Settings(Protocol):
     """What this stage takes of the run's settings (``_pipeline.Settings``, made by the layer above)."""
 
-    options: Any  # ``_options.Options``: random_seed, shuffle, file_order, datareader, datacollator
+    @property
+    def options(self) -> _Options: ...
+
     encoded_cache: Optional[EpochStore]
     stats: Stats
     errors: ErrorHandler
@@ -114,8 +140,8 @@ class CachedEpochs:
     alone; ``after``: the steps after it (``collate_batch``, ``pin_memory``), run here.
     """
 
-    def __init__(self, s: "Settings", start: Start, source: Any, from_files: FromFiles, full: Callable,
-                 encode: Callable, after: List[Step], lane: Lane, run_blocking: Callable,
+    def __init__(self, s: "Settings", start: Start, source: Source, from_files: FromFiles, full: Run,
+                 encode: Run, after: List[Step], lane: Lane, run_blocking: Callable,
                  tasks: asyncio.TaskGroup) -> None:
         assert s.encoded_cache is not None
         self.s, self.start, self.source = s, start, source

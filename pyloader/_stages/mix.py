@@ -46,7 +46,7 @@ STOPS = ("first_exhausted", "all_exhausted")
 _CHUNK = 65536  # draws made at a time: fixed, so the plan does not depend on anything but the seed
 
 
-def check_stop(stop: Any) -> None:
+def check_stop(stop: object) -> None:
     if stop not in STOPS:
         raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
 
@@ -83,7 +83,7 @@ class MixSource:
 
     def __init__(self, mix: Mix, counts: Sequence[Optional[int]], stop: str, shuffle: bool, seed: int,
                  num_epoch: int, sharding: Optional[Sharding] = None,
-                 counted: Optional[List[Dict[str, Any]]] = None) -> None:
+                 counted: Optional[List[Dict[str, object]]] = None) -> None:
         self.mix = mix
         self.counted = counted  # per source, its "samples" batched are counted here (``loader.stats``)
         self.counts = [n or 0 for n in counts]
@@ -275,7 +275,7 @@ class MixBuffer:
         return concat(parts, "mix")
 
 
-def mix_fingerprint(mix: Optional[Mix], stop: str) -> Optional[Dict[str, Any]]:
+def mix_fingerprint(mix: Optional[Mix], stop: str) -> Optional[Dict[str, object]]:
     """The sources' part of the resume state: their files, weights and readers, and ``stop``."""
     if mix is None:
         return None

@@ -41,7 +41,7 @@ class StreamBatcher:
 
     def __init__(self, files: Sequence[str], pieces: PiecesOf, open_file: OpenFile, rows: int,
                  seq_len: Optional[int], padding_mode: str,
-                 pad_value: Any, target: Optional[Callable[[int], int]] = None,
+                 pad_value: object, target: Optional[Callable[[int], int]] = None,
                  fallback: Optional[Callable[[int], List[FileTask]]] = None, time_major: bool = False,
                  start: Optional[StreamStart] = None) -> None:
         self.files = files

@@ -41,7 +41,7 @@ class Cutter:
     alike whatever came before it, a resumed one too.
     """
 
-    def __init__(self, rows: int, seq_len: Optional[int], padding_mode: str, pad_value: Any,
+    def __init__(self, rows: int, seq_len: Optional[int], padding_mode: str, pad_value: object,
                  time_major: bool) -> None:
         self.rows = rows
         self.seq_len = seq_len
@@ -50,7 +50,7 @@ class Cutter:
         self.pad_value = pad_value
         self.time_major = time_major  # [T, B, ...] rather than [B, T, ...] (with seq_len)
         self.template: Optional[Columns] = None
-        self.edge: List[Optional[Dict[str, Any]]] = [None] * rows
+        self.edge: List[Optional[Dict[str, object]]] = [None] * rows
 
     def reset(self) -> None:
         self.template = None
@@ -164,7 +164,7 @@ class Cutter:
                                  f"{sorted(window)}): stream rows in one batch need the same fields")
         return template
 
-    def _field(self, key: str, columns: List[Window], files: Sequence[Optional[str]], like: Sequence) -> Any:
+    def _field(self, key: str, columns: List[Window], files: Sequence[Optional[str]], like: Sequence) -> object:
         """Field ``key`` of the batch from each row's window (``<= width`` samples of file
         ``files[r]``; ``None`` for a row without a file), padded to ``width``. ``like`` is the field in the
         epoch's template, which gives the layout when no row has a file.
@@ -215,10 +215,10 @@ class Cutter:
     def remember_edge(self, r: int, window: Columns) -> None:
         self.edge[r] = {key: _copy_sample(col[-1]) for key, col in window.items()}
 
-    def _pad(self, key: str) -> Any:
+    def _pad(self, key: str) -> object:
         return self.pad_value.get(key, 0) if isinstance(self.pad_value, abc.Mapping) else self.pad_value
 
-    def _fill(self, key: str, r: int, window: Window, pad: Any) -> Any:
+    def _fill(self, key: str, r: int, window: Window, pad: object) -> object:
         """What pads row ``r`` of field ``key``: ``pad``, or with ``padding_mode="edge"`` the row's
         last real sample (of this window, else of an earlier step; ``pad`` before it has any)."""
         if self.padding_mode != "edge":
@@ -260,6 +260,6 @@ def _common_layout(key: str, columns: Sequence[Tuple[str, np.ndarray]]) -> Tuple
     return dtype, sample
 
 
-def _copy_sample(sample: Any) -> Any:
+def _copy_sample(sample: object) -> object:
     """A sample kept beyond its batch: an array row is copied, so the piece it views can go."""
     return sample.copy() if isinstance(sample, np.ndarray) else sample
