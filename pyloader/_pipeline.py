@@ -79,6 +79,7 @@ from ._stages.shard import Sharding
 from ._stages.source import Elastic, FileSource, FileTask, Source, SourceItem
 from ._stages.sources import Mix
 from ._stages.stream import StreamBatcher
+from ._stages.stream_cut import StreamShape
 from ._stages.stream_resume import StreamStart, stream_start
 from ._state import Start
 from ._storage.bytes import ReadAhead
@@ -498,9 +499,9 @@ def _batcher(c: Chain, read: ReadFiles, first: FirstEpoch) -> RowBatcher:
     pieces of each file (and stream rows files read again) through callables, not the read stage."""
     s, plan, o = c.s, c.plan, c.s.options
     if o.stream:
-        return StreamBatcher(s.files, read.pieces, read.open, rows=s.batch_size, seq_len=o.seq_len,
-                             padding_mode=o.padding_mode, pad_value=o.pad_value, target=plan.steps,
-                             fallback=_fallback(s), time_major=o.time_major, start=first.stream)
+        shape = StreamShape(s.batch_size, o.seq_len, o.padding_mode, o.pad_value, o.time_major)
+        return StreamBatcher(s.files, read.pieces, read.open, shape, target=plan.steps, fallback=_fallback(s),
+                             start=first.stream)
     # with rotation the steps are the rotated batches': a share short of samples is padded later (EvenSteps)
     ranks = RankSteps(flag=s.sharding.active, steps=None if plan.mode is Mode.ROTATED else plan.steps)
     return Batcher(s.files, read.pieces, s.errors, s.stats, cut=plan.cut, buffers=plan.buffers, ranks=ranks,

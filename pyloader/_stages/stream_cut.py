@@ -19,7 +19,7 @@ float64); samples of different shapes and fields only some files have are a
 from __future__ import annotations
 
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -32,6 +32,17 @@ Rows = Sequence[Optional[Row]]
 Window = Optional[Sequence]  # a row's samples of one field in a step (``None``: a row without a file)
 
 
+class StreamShape(NamedTuple):
+    """What a stream batch looks like: ``rows`` rows, each a sample or a window of ``seq_len`` samples
+    (``[T, B, ...]`` with ``time_major``), a file's end padded by ``padding_mode`` (``pad_value``)."""
+
+    rows: int
+    seq_len: Optional[int] = None
+    padding_mode: str = "zeros"
+    pad_value: object = 0
+    time_major: bool = False
+
+
 class Cutter:
     """Cuts the batches of ``rows`` rows of ``seq_len`` samples (or one) from the rows' files.
 
@@ -41,16 +52,15 @@ class Cutter:
     alike whatever came before it, a resumed one too.
     """
 
-    def __init__(self, rows: int, seq_len: Optional[int], padding_mode: str, pad_value: object,
-                 time_major: bool) -> None:
-        self.rows = rows
-        self.seq_len = seq_len
-        self.width = seq_len or 1
-        self.padding_mode = padding_mode
-        self.pad_value = pad_value
-        self.time_major = time_major  # [T, B, ...] rather than [B, T, ...] (with seq_len)
+    def __init__(self, shape: StreamShape) -> None:
+        self.rows = shape.rows
+        self.seq_len = shape.seq_len
+        self.width = shape.seq_len or 1
+        self.padding_mode = shape.padding_mode
+        self.pad_value = shape.pad_value
+        self.time_major = shape.time_major  # [T, B, ...] rather than [B, T, ...] (with seq_len)
         self.template: Optional[Columns] = None
-        self.edge: List[Optional[Dict[str, object]]] = [None] * rows
+        self.edge: List[Optional[Dict[str, object]]] = [None] * self.rows
 
     def reset(self) -> None:
         self.template = None
