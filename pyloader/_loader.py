@@ -31,7 +31,8 @@ from ._options import (
     taking,
     values_of,
 )
-from ._pipeline import Settings, batches, launch_workers
+from ._pipeline import batches, launch_workers
+from ._plan import Settings
 from ._stages.batch import Batch, Group, Stacked
 from ._stages.entries import bounds_of, known_counts, stream_data
 from ._stages.mix import MixSource, mix_fingerprint
@@ -361,7 +362,7 @@ class DataLoader(Options):
 
     def _plan(self, start: Start, counts: List[Optional[int]],
               elastic: Optional[Elastic] = None) -> Union[FileSource, MixSource]:
-        """The plan of the epochs ``start`` begins, from the counts (as the run makes it: ``_pipeline.make_source``)."""
+        """The plan of the epochs ``start`` begins, from the counts (as the run makes it: ``_plan.make_source``)."""
         if self._mix is not None:
             return MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, num_epoch=start.end,
                              sharding=self.sharding)

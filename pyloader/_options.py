@@ -19,7 +19,7 @@ and everything else is derived from it, at import or at construction:
   Keys and values must stay as older states recorded them, and a new option that
   changes the batch sequence must record ``None`` at its default (as ``time_major``
   does), so that states saved before it existed still load;
-* the settings the pipeline reads (``_pipeline.Settings.options``, an ``Options``);
+* the settings the pipeline reads (``_plan.Settings.options``, an ``Options``);
 * the docs: ``help(DataLoader)`` lists every option with its default and doc
   (``describe``), and tests/test_options.py checks that the README's table of
   ``DataLoader`` arguments names exactly these options.

@@ -77,7 +77,7 @@ class _Options(Protocol):
 
 
 class Settings(Protocol):
-    """What this stage takes of the run's settings (``_pipeline.Settings``, made by the layer above)."""
+    """What this stage takes of the run's settings (``_plan.Settings``, made by the layer above)."""
 
     @property
     def options(self) -> _Options: ...
@@ -93,8 +93,8 @@ class Settings(Protocol):
 
 
 logger = logging.getLogger("pyloader")
-# (epochs, run, from_position) -> the encoded groups of those epochs (``_pipeline._from_files``)
-FromFiles = Callable[[range, Callable, bool], AsyncGenerator[Group, None]]
+# (epochs, run, from_position) -> the encoded groups of those epochs (``_pipeline.FileStages``)
+FromFiles = Callable[[range, Run, bool], AsyncGenerator[Group, None]]
 
 
 def reorders(s: "Settings") -> bool:
