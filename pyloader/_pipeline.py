@@ -160,8 +160,8 @@ class FileStages:
             yield group
 
     def _items(self, epochs: range, first: FirstEpoch) -> Iterator[SourceItem]:
-        """Stage 1: the files of ``epochs``, the first past its first ``skip_rows`` rows where the counts
-        find them (from ``read_from``), or from where its stream rows are."""
+        """Stage 1: the files of ``epochs``; the first from ``read_from`` (past the rows handed out, where the
+        counts place them), or from where its stream rows are."""
         source = self.chain.plan.source
         if first.stream is not None:
             assert isinstance(source, FileSource)

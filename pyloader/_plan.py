@@ -28,7 +28,7 @@ from ._stages.bucket import Lengths
 from ._stages.entries import Entries, bounds_of, known_counts
 from ._stages.mix import MixSource
 from ._stages.shard import Sharding
-from ._stages.source import Elastic, FileSource, FileTask, Source
+from ._stages.source import Elastic, FileSource, FileTask
 from ._stages.sources import Mix
 from ._stages.stream_resume import StreamStart, stream_start
 from ._state import Start
@@ -171,8 +171,8 @@ class FirstEpoch(NamedTuple):
     """Where each stage begins the run's first epoch: rebuilding a run from a saved position is
     planned here once, and each stage takes its part by keyword.
 
-    ``past_files``: the source starts past the rows handed out already (``skip_rows``, read from
-    ``read_from``, where the buffers rebuild their state), else the batches before the position are
+    ``past_files``: the source starts past the rows handed out already (read from ``read_from``,
+    where the buffers rebuild their state), else the batches before the position are
     cut and dropped (``drop``); ``batcher``: its first batch's index and its buffers' resume point;
     ``stream``: in stream mode, where the rows are; ``read_again``: the files read before the
     position to find it (counted as replayed when the epoch is read).
@@ -180,7 +180,6 @@ class FirstEpoch(NamedTuple):
 
     batcher: ResumeRows = FROM_START
     past_files: bool = False
-    skip_rows: int = 0
     read_from: int = 0
     drop: bool = False
     stream: Optional[StreamStart] = None
@@ -243,30 +242,23 @@ def _buffers(s: Settings, source: Union[FileSource, MixSource]) -> Buffers:
     return Buffers(o.shuffle_buffer, o.random_seed, bucket, source.buffer if isinstance(source, MixSource) else None)
 
 
-def make_source(s: Settings, start: Start, counts: Optional[List[Optional[int]]],
-                counted: bool = True) -> Union[FileSource, MixSource]:
-    """The plan of files of every epoch of the run (``FileSource``, or ``MixSource`` for sources);
-    ``counted``: the samples batched are counted in the stats."""
+def make_source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Union[FileSource, MixSource]:
+    """The plan of files of every epoch of the run (``FileSource``, or ``MixSource`` for sources)."""
     o = s.options
     if s.mix is not None:
         return MixSource(s.mix, counts or [], o.stop, o.shuffle, o.random_seed, num_epoch=start.end,
-                         sharding=s.sharding, counted=s.stats.sources if counted else None)
+                         sharding=s.sharding, counted=s.stats.sources)
     elastic = Elastic(start.epoch, start.splits, s.batch_size, o.seq_len or 1) if start.splits else None
     return FileSource(s.files, start.end, o.shuffle, o.random_seed, sharding=s.sharding, counts=counts,
                       whole_files=o.stream, file_order=o.file_order, bounds=bounds_of(s.entries), elastic=elastic)
 
 
-def _planned_steps(s: Settings, source: Source) -> Optional[Callable[[int], int]]:
+def _planned_steps(s: Settings, source: Union[FileSource, MixSource]) -> Optional[Callable[[int], int]]:
     """Under ranks, the steps every rank gives in an epoch (planned from the counts)."""
     if not s.sharding.active:
         return None
     o = s.options
-    return functools.partial(_epoch_steps, source, s.batch_size, o.drop_last, o.seq_len, o.rotation)
-
-
-def _epoch_steps(source: Source, batch_size: int, drop_last: bool, seq_len: Optional[int], rotation: int,
-                 epoch: int) -> int:
-    return epoch_steps(source, epoch, batch_size, drop_last, seq_len, rotation)  # type: ignore[arg-type]
+    return lambda epoch: epoch_steps(source, epoch, s.batch_size, o.drop_last, o.seq_len, o.rotation)
 
 
 def stream_fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
@@ -301,5 +293,5 @@ def _resumed(s: Settings, start: Start, source: Union[FileSource, MixSource], st
     skip_rows = (start.skip - start.base) * s.batch_size
     batcher = ResumeRows(start.epoch, start.skip, skip_rows, source.rows(start.epoch))
     read_from = reads_from(buffers, s.batch_size, batcher)
-    return FirstEpoch(batcher=batcher, past_files=True, skip_rows=skip_rows, read_from=read_from,
+    return FirstEpoch(batcher=batcher, past_files=True, read_from=read_from,
                       read_again=tuple(source.read_again(start.epoch, skip_rows, read_from)))
