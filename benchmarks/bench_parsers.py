@@ -9,8 +9,10 @@ Three formats, 4 files of 100,000 lines each (400,000 samples a pass), read whol
 ``read_file`` by
 
 * text: ``TextLinesReader`` against ``open(path, "rb").read().decode().splitlines()``
-  (target: within 1.5x of it), and the same files gzip-compressed against
-  ``gzip.open(path).read().decode().splitlines()``;
+  (target: within 1.5x of it), and the same files compressed with each codec (gzip, bz2, xz,
+  zstd) against ``gzip.open(path).read().decode().splitlines()`` (``bz2.open``, ``lzma.open``,
+  ``zstandard.open``): decompressing and reading lines, ``_storage.compression`` against the
+  codecs' own file objects;
 * JSON lines (``{"id", "label", "score", "text"}``): ``JsonLinesReader`` against a hand-written
   pyarrow reader (``pyarrow.json.read_json`` then ``to_pylist()`` per column: the same Python
   values; target: within 1.2x of it);
@@ -50,6 +52,12 @@ ENTRIES = {
     "text/pyloader": ("txt", "`TextLinesReader.read_file`"),
     "gz/baseline": ("txt.gz", "`gzip.open().read().decode().splitlines()`"),
     "gz/pyloader": ("txt.gz", "`TextLinesReader.read_file`"),
+    "bz2/baseline": ("txt.bz2", "`bz2.open().read().decode().splitlines()`"),
+    "bz2/pyloader": ("txt.bz2", "`TextLinesReader.read_file`"),
+    "xz/baseline": ("txt.xz", "`lzma.open().read().decode().splitlines()`"),
+    "xz/pyloader": ("txt.xz", "`TextLinesReader.read_file`"),
+    "zst/baseline": ("txt.zst", "`zstandard.open().read().decode().splitlines()`"),
+    "zst/pyloader": ("txt.zst", "`TextLinesReader.read_file`"),
     "jsonl/baseline": ("jsonl", "pyarrow reader (`read_json`, `to_pylist`)"),
     "jsonl/pyloader": ("jsonl", "`JsonLinesReader.read_file`"),
     "jsonl/by-line": ("jsonl", "`JsonLinesReader`, a line at a time (before)"),
@@ -62,6 +70,17 @@ ENTRIES = {
     "loader/pyloader-w2": ("jsonl", "DataLoader + `JsonLinesReader`, 2 workers"),
 }
 TARGETS = [("text", "gz", 1.5), ("jsonl", "", 1.2), ("csv", "", 1.2)]
+CODECS = ("gz", "bz2", "xz", "zst")
+
+
+def _opener(path: str) -> Callable[..., Any]:
+    """The codec's own file object for ``path`` (``open`` for a plain file)."""
+    import bz2
+    import lzma
+
+    import zstandard
+
+    return {"gz": gzip.open, "bz2": bz2.open, "xz": lzma.open, "zst": zstandard.open}.get(path.rsplit(".", 1)[-1], open)
 
 
 # -- the readers (child) -----------------------------------------------------------------------------
@@ -84,8 +103,7 @@ def pyarrow_csv(path: str) -> Tuple[Dict[str, list], int]:
 
 
 def splitlines(path: str) -> Tuple[Dict[str, list], int]:
-    opener: Callable[..., Any] = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
+    with _opener(path)(path, "rb") as f:
         lines = f.read().decode().splitlines()
     return {"text": lines}, len(lines)
 
@@ -96,11 +114,13 @@ def reader_of(entry: str) -> Callable[[str], Tuple[Dict[str, list], int]]:
 
     kind, who = entry.split("/")
     if who == "baseline":
-        return {"text": splitlines, "gz": splitlines, "jsonl": pyarrow_json, "csv": pyarrow_csv}[kind]
+        baselines = {"text": splitlines, "jsonl": pyarrow_json, "csv": pyarrow_csv}
+        return {**baselines, **dict.fromkeys(CODECS, splitlines)}[kind]
     if who == "by-line":  # every block through the line-by-line path
         _jsonl._parse = lambda text: None
         _csv._ArrowBlocks.make = classmethod(lambda cls, *args: None)
-    reader = {"text": TextLinesReader, "gz": TextLinesReader, "jsonl": JsonLinesReader, "csv": CSVReader}[kind]()
+    reader = {"text": TextLinesReader, "jsonl": JsonLinesReader, "csv": CSVReader,
+              **dict.fromkeys(CODECS, TextLinesReader)}[kind]()
     return reader.read_file
 
 
@@ -153,7 +173,7 @@ def same_values(entry: str, read: Callable, path: str) -> str:
     if who == "baseline":
         return ""
     mine, theirs = read(path)[0], reader_of(f"{kind}/baseline")(path)[0]
-    if kind in ("text", "gz"):  # splitlines also splits at \x1c, \u2028...: not in this data
+    if kind == "text" or kind in CODECS:  # splitlines also splits at \x1c, \u2028...: not in this data
         return "same" if mine["text"] == theirs["text"] else "DIFFERENT"
     return "same" if mine == theirs else "DIFFERENT"
 
@@ -168,8 +188,9 @@ def generate(folder: str, cfg: dict) -> None:
         text = "".join(f"line {first + i} of some ordinary text, {rng.random():.6f}\n" for i in range(cfg["lines"]))
         with open(os.path.join(folder, f"part-{k}.txt"), "w") as f:
             f.write(text)
-        with gzip.open(os.path.join(folder, f"part-{k}.txt.gz"), "wt", compresslevel=6) as f:
-            f.write(text)
+        for codec in CODECS:
+            with _opener(f"x.{codec}")(os.path.join(folder, f"part-{k}.txt.{codec}"), "wt") as f:
+                f.write(text)
         with open(os.path.join(folder, f"part-{k}.jsonl"), "w") as f:
             for i in range(first, first + cfg["lines"]):
                 f.write(json.dumps({"id": i, "label": i % 5, "score": round(rng.random(), 6),

@@ -30,6 +30,11 @@ Two parsers of a file's text, each shared by every loader, make two workloads:
   parse dominates (on 2 cores at B = 64 every file must be parsed before the first
   batch, whatever the loader).
 
+Each run lasts at least ``--min-seconds`` (5 s by default): every entry is first timed once
+on the ``--files`` files (a calibration run, not reported), then measured on as many files
+(the first ones of a larger set) as make that run last the minimum, so start-up does not
+dominate what is measured. ``--min-seconds 0`` runs every entry on ``--files`` files.
+
 Every token id is unique (file ``f``, position ``i`` -> ``f * tokens + i``), so
 after the timed loop the script checks that every token arrived exactly once
 (pyloader: tokens with ``__valid__`` and not ``__replay__``; the others: every
@@ -98,7 +103,7 @@ def windows(path: str, T: int, parser: str):
 
 
 # -- the loaders: each returns an iterator of (tokens [B, T], valid [B, T]) as NumPy arrays ---------
-def run_pyloader(files_dir: str, B: int, T: int, workers: int, parser: str, threads: Optional[int] = None):
+def run_pyloader(files_dir: Any, B: int, T: int, workers: int, parser: str, threads: Optional[int] = None):
     import torch  # noqa: F401
 
     import pyloader as pl
@@ -171,12 +176,13 @@ def check_streams(toks, valids, n_files: int, N: int) -> Dict[str, Any]:
 
     tok = np.stack(toks) if toks else np.zeros((0, 1, 1), dtype=np.int64)
     valid = np.stack(valids) if valids else np.zeros((0, 1, 1), dtype=bool)
-    got = np.sort(tok[valid])
+    got = tok[valid]
     total = n_files * N
-    uniq, counts = np.unique(got, return_counts=True)
-    missing = total - int(np.isin(np.arange(total), uniq).sum())
+    outside = (got < 0) | (got >= total)
+    counts = np.bincount(got[~outside], minlength=total)  # linear: the data may hold 10^8 tokens
+    missing = int((counts == 0).sum())
     duplicated = int((counts > 1).sum())
-    foreign = int(((uniq < 0) | (uniq >= total)).sum())
+    foreign = int(len(np.unique(got[outside])))
     breaks = 0
     for r in range(tok.shape[1]):
         seq = tok[:, r, :][valid[:, r, :]]
@@ -201,9 +207,9 @@ def child(entry: str, data: str, cfg: dict) -> None:
     parser, bpart, loader = entry.split("/")
     B, T = int(bpart[1:]), cfg["seq_len"]
     workers = int(loader.rsplit("-w", 1)[1])
-    files = sorted(os.path.join(data, f) for f in os.listdir(data))
+    files = sorted(os.path.join(data, f) for f in os.listdir(data))[:cfg["use_files"]]
     if loader.startswith("pyloader"):
-        make = run_pyloader(data, B, T, workers, parser, cfg.get("threads"))
+        make = run_pyloader(files, B, T, workers, parser, cfg.get("threads"))
     else:
         make = (run_psd if loader.startswith("psd") else run_zip)(files, B, T, workers, parser)
     baseline = H.own_memory()
@@ -225,7 +231,8 @@ def child(entry: str, data: str, cfg: dict) -> None:
         t.join(10)  # let loader threads end before the interpreter does (see bench_loaders.py)
     cpu1 = os.times()
     checks = check_streams(toks, valids, len(files), cfg["tokens"])
-    H.report({"entry": entry, "samples": n, "batches": len(toks), "seconds": elapsed, "samples_per_s": n / elapsed,
+    H.report({"entry": entry, "files": len(files), "samples": n, "batches": len(toks), "seconds": elapsed,
+              "samples_per_s": n / elapsed,
               "first_batch_s": first, "baseline": baseline, "cpu_s": sum(cpu1[i] - cpu0[i] for i in range(4)),
               "checks_ok": checks["exactly_once"], "checks": checks})
 
@@ -247,10 +254,30 @@ def ensure_psd(log=print) -> Optional[str]:
     return why[0]
 
 
-def generate(root: str, cfg: dict) -> None:
+def calibrate(entries: List[str], data: str, cfg: dict, args) -> Dict[str, int]:
+    """The files each entry is given so that its run lasts at least ``cfg["min_seconds"]``: a run on
+    ``cfg["files"]`` files, scaled (plus 20 %), at most ``--max-files``."""
+    if not cfg["min_seconds"]:
+        return {e: cfg["files"] for e in entries}
+    print(f"-- calibration: one run per entry on {cfg['files']} files, for runs of at least "
+          f"{cfg['min_seconds']:g} s")
+    sizes = {}
+    for e in entries:
+        argv = [os.path.abspath(__file__), "--child", e, "--data", data, "--cfg",
+                json.dumps(dict(cfg, use_files=cfg["files"]))]
+        r = H.run_child(argv, args.timeout)
+        seconds = r.get("seconds") or cfg["min_seconds"]  # a failed run is measured (and fails) at the base size
+        scale = max(1.0, 1.2 * cfg["min_seconds"] / max(seconds, 1e-3))
+        sizes[e] = min(args.max_files, max(cfg["files"], int(cfg["files"] * scale)))
+        print(f"  {e:<34} {seconds:.2f} s on {cfg['files']} files -> {sizes[e]} files")
+    return sizes
+
+
+def generate(root: str, cfg: dict, first: int, end: int) -> None:
+    """Files ``first`` .. ``end - 1``: file ``f`` holds the ids ``f * tokens`` .. ``(f + 1) * tokens - 1``."""
     N = cfg["tokens"]
-    for f in range(cfg["files"]):
-        with open(os.path.join(root, f"stream-{f:03d}.txt"), "w", encoding="utf-8") as out:
+    for f in range(first, end):
+        with open(os.path.join(root, f"stream-{f:05d}.txt"), "w", encoding="utf-8") as out:
             out.write("\n".join(str(f * N + i) for i in range(N)) + "\n")
 
 
@@ -271,22 +298,23 @@ def results_markdown(res: Dict[str, dict], cfg: dict, args, machine: str, wall: 
                 head = [parser, str(B), LABELS[name]]
                 if r is None:
                     if skipped and name.startswith("psd"):
-                        rows.append(head + [f"skipped: {skipped}"] + ["-"] * 7)
+                        rows.append(head + [f"skipped: {skipped}"] + ["-"] * 9)
                     continue  # else not asked for (--loader)
                 if "error" in r:
-                    rows.append(head + ["FAILED: " + r["error"]] + ["-"] * 7)
+                    rows.append(head + ["FAILED: " + r["error"]] + ["-"] * 9)
                     continue
                 c = r["checks"]
                 once = "yes" if c["exactly_once"] else (f"**no**: {c['delivered']:,} of {c['expected']:,} "
                                                          f"({c['missing']:,} missing, {c['duplicated']:,} twice)")
-                rows.append(head + [H.fmt_rate(r["samples_per_s"]),
+                rows.append(head + [f"{r.get('files', cfg['files']):,}", f"{r['seconds']:.1f}",
+                                    H.fmt_rate(r["samples_per_s"]),
                                     f"{r['samples_per_s'] / peer:.2f}x" if peer else "-", f"{r['batches']:,}",
                                     f"{r['first_batch_s']:.3f}", f"{r['cpu_s']:.2f} / {r['seconds']:.2f}",
                                     H.fmt_mb(r["peak_pss"]), once,
                                     "ok" if c["order_breaks"] == 0 else f"{c['order_breaks']} breaks"])
-    table = H.markdown_table(["parse", "B", "loader", "tokens/s", "vs the faster peer", "batches",
+    table = H.markdown_table(["parse", "B", "loader", "files", "run (s)", "tokens/s", "vs the faster peer", "batches",
                               "first batch (s)", "CPU s / wall s", "peak PSS, tree (MB)",
-                              "every token exactly once", "rows coherent"], rows, "lllrrrrrrll")
+                              "every token exactly once", "rows coherent"], rows, "lllrrrrrrrrll")
     size = "quick (smoke-run sizes)" if args.quick else "full"
     return "\n\n".join([
         f"Run of `python benchmarks/bench_stream.py{' --quick' if args.quick else ''}"
@@ -295,7 +323,9 @@ def results_markdown(res: Dict[str, dict], cfg: dict, args, machine: str, wall: 
         f"Machine: {machine}; load average at the end {os.getloadavg()[0]:.2f} (shared with other jobs). "
         "Effective cores free to this run (two spinning processes against one), before each round and at the "
         "end: " + ", ".join(f"{c:.2f}" for c in cores) + " (2.00 = both cores free).",
-        f"Data: {cfg['files']} text files x {cfg['tokens']:,} token ids (one per line), T = {cfg['seq_len']}; "
+        f"Data: text files of {cfg['tokens']:,} token ids each (one per line), T = {cfg['seq_len']}; each entry "
+        f"reads as many files (\"files\", at least {cfg['files']}) as make its run last at least "
+        f"{cfg.get('min_seconds', 0):g} s (scaled from a calibration run; \"run (s)\": the best run's loop); "
         f"B rows per batch. tokens/s counts delivered tokens (padding excluded). Parse: the user function every "
         "loader calls on a file's text, " + "; ".join(f"`{k}` = `{v}`" for k, v in PARSERS.items()
                                                       if k in cfg["parsers"]) + ". \"The faster peer\" is the "
@@ -349,6 +379,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, help="token ids per file (default: the size's)")
     ap.add_argument("--loader", action="append", choices=LOADERS, help="a loader to run (repeatable; default: all)")
     ap.add_argument("--threads", type=int, help="pyloader's num_threads (default: pyloader's default)")
+    ap.add_argument("--min-seconds", type=float, help="each entry's run lasts at least this: its data is scaled "
+                    "from a calibration run on --files files (default 5; 0 with --quick: no calibration)")
+    ap.add_argument("--max-files", type=int, default=4096,
+                    help="the most files an entry is given to reach --min-seconds (default 4096: 82M tokens)")
     args = ap.parse_args()
     if args.write and (args.loader or args.files or args.tokens or args.threads):
         ap.error("--write records the full set-up: leave out --loader, --files, --tokens and --threads")
@@ -356,6 +390,7 @@ def main() -> None:
         return
     cfg = dict(SIZES["quick" if args.quick else "full"], parsers=args.parse or list(PARSERS))
     cfg.update({k: getattr(args, k) for k in ("files", "tokens", "threads") if getattr(args, k)})
+    cfg["min_seconds"] = args.min_seconds if args.min_seconds is not None else (0.0 if args.quick else 5.0)
     args.repeats = args.repeats or (1 if args.quick else 2)
     machine = H.machine_line() + "; code measured: " + H.source_digest(os.path.join(REPO, "pyloader"))
     print(f"machine: {machine}")
@@ -367,12 +402,15 @@ def main() -> None:
     runs: Dict[str, List[dict]] = {e: [] for e in entries}
     cores: List[float] = []
     try:
-        generate(data, cfg)
+        generate(data, cfg, 0, cfg["files"])
+        sizes = calibrate(entries, data, cfg, args)
+        generate(data, cfg, cfg["files"], max(sizes.values()))
         for rep in range(args.repeats):
             cores.append(H.effective_cores())
             print(f"-- round {rep + 1}/{args.repeats} (effective cores free now: {cores[-1]:.2f})")
             for e in entries:
-                argv = [os.path.abspath(__file__), "--child", e, "--data", data, "--cfg", json.dumps(cfg)]
+                argv = [os.path.abspath(__file__), "--child", e, "--data", data, "--cfg",
+                        json.dumps(dict(cfg, use_files=sizes[e]))]
                 r = H.measure(e, argv, 1, args.timeout)
                 if "checks" in r and not r["checks_ok"]:
                     print(f"    checks: {r['checks']}")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, Iterator, Mapping, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Mapping, Tuple
 
 from ._columns import Columns, check_columns, n_rows
 
@@ -39,12 +39,44 @@ def releases_gil(obj: Any) -> bool:
     return declared(obj, "releases_gil")
 
 
+def read_result(path: str, result: Any) -> Tuple[Mapping[str, Any], int]:
+    """Split what ``read_file`` returned into ``(columns, n_sample)``.
+
+    The two common slips (a list of samples; the dict alone, without its count)
+    are a ``ValueError`` naming the file, the shape expected and the fix.
+    """
+    expected = "read_file must return (dict_of_lists, n_sample), e.g. ({'text': lines}, len(lines))"
+    if isinstance(result, Mapping):
+        raise ValueError(f"file {path!r}: read_file returned a dict without its sample count: {expected}")
+    if not isinstance(result, (tuple, list)) or len(result) != 2 or not isinstance(result[0], Mapping):
+        got = (f"a {type(result).__name__} of {len(result)} items" if isinstance(result, (tuple, list))
+               else f"a {type(result).__name__}")
+        fix = " (a list of samples: gather them into one list per field)" if isinstance(result, list) else ""
+        raise ValueError(f"file {path!r}: {expected}; got {got}{fix}")
+    return result[0], result[1]
+
+
+_INIT_ATTRIBUTES = ("batch_size", "shuffle", "random_seed")
+
+
 class DataReader(abc.ABC):
     """Reads one chunk file into a dict of equal-length columns.
 
     ``batch_size`` is the number of samples per batch (the number of rows in
     stream mode). ``shuffle=True`` permutes the samples inside each file, seeded
     by ``random_seed``, the epoch and the file, never by global random state.
+
+    Example:
+        ```python
+        class LinesReader(DataReader):
+            def __init__(self, batch_size=16, shuffle=False, random_seed=42):
+                super().__init__(batch_size, shuffle=shuffle, random_seed=random_seed)
+
+            def read_file(self, path):
+                with open_file(path, "rt") as f:
+                    lines = [line.rstrip("\\n") for line in f]
+                return {"text": lines}, len(lines)   # a dict of equal-length lists, and their length
+        ```
     """
 
     def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42) -> None:
@@ -53,6 +85,16 @@ class DataReader(abc.ABC):
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.random_seed = int(random_seed)
+
+    if not TYPE_CHECKING:  # for mypy, a missing attribute stays an error in the user's code
+        def __getattr__(self, name: str) -> Any:
+            # only reached for attributes that are missing: say why these three are
+            if name in _INIT_ATTRIBUTES:
+                raise AttributeError(
+                    f"{type(self).__name__!r} object has no attribute {name!r}: its __init__ must call "
+                    f"super().__init__(batch_size, shuffle=shuffle, random_seed=random_seed) "
+                    f"(DataReader.__init__ sets {', '.join(_INIT_ATTRIBUTES)})", name=name, obj=self)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
 
     @abc.abstractmethod
     def read_file(self, path: str) -> Tuple[Mapping[str, Any], int]:
@@ -66,11 +108,26 @@ class DataReader(abc.ABC):
     def iter_file(self, path: str) -> Iterator[Mapping[str, Any]]:
         """Yield the samples of ``path`` in order, as dict-of-lists pieces.
 
-        Override it for files too large to hold in memory; stream mode and
-        ``read_mode="iter"`` read through it. The default yields ``read_file``'s
-        result as one piece.
+        Override it for files too large to hold in memory: when the reader does not
+        shuffle (``shuffle=False``), the loader reads every file through it, stream
+        mode included, so a streaming ``iter_file`` keeps memory independent of file
+        size. The default yields ``read_file``'s result as one piece.
+
+        Example:
+            ```python
+            class BigLines(DataReader):
+                def read_file(self, path):
+                    with open_file(path, "rt") as f:
+                        lines = [line.rstrip("\\n") for line in f]
+                    return {"text": lines}, len(lines)
+
+                def iter_file(self, path):   # 1,000 lines at a time
+                    with open_file(path, "rt") as f:
+                        while piece := [line.rstrip("\\n") for _, line in zip(range(1000), f)]:
+                            yield {"text": piece}
+            ```
         """
-        columns, n_sample = self.read_file(path)
+        columns, n_sample = read_result(path, self.read_file(path))
         yield self.checked(path, columns, n_sample)
 
     def count(self, path: str) -> int:
@@ -92,6 +149,13 @@ class Dataset(abc.ABC):
 
     ``batch_encode`` is called one batch at a time unless the class says
     ``thread_safe = True`` (see ``is_thread_safe``).
+
+    Example:
+        ```python
+        class WithLengths(Dataset):
+            def batch_encode(self, batch_data):
+                return {**batch_data, "length": [len(text) for text in batch_data["text"]]}
+        ```
     """
 
     thread_safe = False
@@ -102,7 +166,13 @@ class Dataset(abc.ABC):
 
 
 class IdentityDataset(Dataset):
-    """A ``Dataset`` that passes batches through, for readers that yield model-ready fields."""
+    """A ``Dataset`` that passes batches through, for readers that yield model-ready fields.
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=32), IdentityDataset(), NumpyCollator(), "data/")
+        ```
+    """
 
     thread_safe = True
     releases_gil = True
@@ -116,6 +186,15 @@ class DataCollator(abc.ABC):
 
     ``collate_batch`` is called one batch at a time unless the class says
     ``thread_safe = True`` (see ``is_thread_safe``).
+
+    Example:
+        ```python
+        class PadCollator(DataCollator):
+            def collate_batch(self, features):
+                longest = max(len(ids) for ids in features["input_ids"])
+                ids = [ids + [0] * (longest - len(ids)) for ids in features["input_ids"]]
+                return {"input_ids": torch.tensor(ids), "label": torch.tensor(features["label"])}
+        ```
     """
 
     thread_safe = False

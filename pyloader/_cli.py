@@ -4,11 +4,14 @@
   (``DataReader.count``), the totals, and the first batch (each field's type, shape
   and first values). A file that cannot be counted is listed with its error.
 * ``bench DATA --reader R --workers 0,1,2 --batch-size N``: each ``num_workers``
-  setting runs one epoch (or ``--max-batches``) in a fresh Python process, so that
-  its peak memory is its own, with nothing done to the batches; it reports
-  samples/s (from ``loader.stats``), the time to the first batch and the peak
-  memory, and recommends the setting with the fewest workers among those within
-  ``--tolerance`` of the fastest.
+  setting runs one epoch (or ``--max-batches``) in a fresh Python process, with nothing
+  done to the batches; it reports samples/s (from ``loader.stats``), the time to the
+  first batch and the peak memory of that process's whole tree (it and its workers:
+  summed RSS, sampled from this process, so the measured one runs no thread of ours).
+  Its advice is what ``num_workers="auto"`` decides for these objects
+  (``_execution.auto_workers.place``, the default's own rule, called here): the setting
+  it picks is always timed, and a setting measured faster than it by more than
+  ``--tolerance`` is named as such, not recommended by a rule of its own.
 
 * ``index DATA --reader R``: count every file and write the index of counts next to the data
   (``_storage.count_index``), reusing the entries of an index there that still match; it names
@@ -29,13 +32,14 @@ import subprocess
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ._abc import DataReader, IdentityDataset
 from ._counts import Counter, IndexPlaces
 from ._errors import PipelineError, describe
+from ._execution import auto_workers
 from ._execution.runners import Exclusive
 from ._length import checked_count
 from ._loader import DataLoader
@@ -67,10 +71,16 @@ def make_reader(name: str, batch_size: int) -> DataReader:
     return cls(batch_size=batch_size)
 
 
-def make_loader(reader: DataReader, data: Any, num_workers: int = 0, on_error: Any = "raise") -> DataLoader:
+def user_objects(reader: DataReader) -> List[Any]:
+    """The reader, dataset and collator every command's loader holds (``auto``'s rule looks at them)."""
     from .collators import NumpyCollator
 
-    return DataLoader(reader, IdentityDataset(), NumpyCollator(), data, num_workers=num_workers, on_error=on_error)
+    return [reader, IdentityDataset(), NumpyCollator()]
+
+
+def make_loader(reader: DataReader, data: Any, num_workers: Any = 0, on_error: Any = "raise") -> DataLoader:
+    _, dataset, collator = user_objects(reader)
+    return DataLoader(reader, dataset, collator, data, num_workers=num_workers, on_error=on_error)
 
 
 # -- inspect ---------------------------------------------------------------------------
@@ -160,87 +170,153 @@ class Result:
     peak_mib: float = 0.0
     memory: str = ""  # how the peak was measured
     error: Optional[str] = None
+    processes: int = 0  # the most processes of the tree seen at once (0: not sampled)
 
 
-class PeakMemory:
-    """The peak resident memory of this process and its children (the workers), sampled every
-    ``MEMORY_EVERY_S`` seconds with psutil; without psutil, this process's peak plus that of
-    its largest child that has ended (``getrusage``)."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self.how = "sampled RSS of the process and its workers"
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+def tree_pids(root: int) -> List[int]:
+    """``root`` and its descendants, from ``/proc/<pid>/task/<tid>/children`` (empty without /proc)."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
         try:
-            import psutil
-
-            self._process: Any = psutil.Process()
-        except ImportError:
-            self._process = None
-            self.how = "peak RSS of the process plus its largest worker's (no psutil)"
-
-    def _sample(self) -> None:
-        while True:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        found.append(pid)
+        for tid in tids:
             try:
-                procs = [self._process, *self._process.children(recursive=True)]
-                total = sum(p.memory_info().rss for p in procs if p.is_running())
-            except Exception:  # a worker ending between the listing and the reading
-                total = 0
-            self.peak = max(self.peak, total)
-            if self._stop.wait(MEMORY_EVERY_S):
-                return
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    todo.extend(int(child) for child in f.read().split())
+            except OSError:  # the thread or the process ended meanwhile
+                pass
+    return found
 
-    def __enter__(self) -> "PeakMemory":
-        if self._process is not None:
-            self._thread = threading.Thread(target=self._sample, name="bench-memory", daemon=True)
-            self._thread.start()
+
+def rss(pid: int) -> int:
+    """Resident bytes of ``pid`` now (``/proc/<pid>/statm``); 0 once it has ended."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class TreeMemory:
+    """The peak of the summed resident memory of a process and all its descendants (its worker
+    processes), sampled every ``MEMORY_EVERY_S`` from a thread of *this* process, so the measured
+    process runs nothing of ours. Without /proc (not Linux), psutil is asked; without either,
+    ``samples`` stays 0 and the measured process's own figure is used."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = self.processes = self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self.watch, name="bench-memory", daemon=True)
+
+    def sample(self) -> None:
+        pids = tree_pids(self.pid) if os.path.isdir("/proc") else []
+        if pids:
+            total = sum(rss(pid) for pid in pids)
+        else:
+            pids, total = _psutil_tree(self.pid)
+        if pids:
+            self.peak, self.processes = max(self.peak, total), max(self.processes, len(pids))
+            self.samples += 1
+
+    def watch(self) -> None:
+        while not self._stop.wait(MEMORY_EVERY_S):
+            self.sample()
+
+    def __enter__(self) -> "TreeMemory":
+        self.sample()
+        self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-        else:  # ru_maxrss is in KiB on Linux
-            self.peak = 1024 * (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                                + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+        self._stop.set()
+        self._thread.join()
+
+
+def _psutil_tree(pid: int) -> Tuple[List[int], int]:
+    try:
+        import psutil
+
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        return [p.pid for p in procs], sum(p.memory_info().rss for p in procs)
+    except Exception:  # no psutil, or a process ending between the listing and the reading
+        return [], 0
+
+
+def own_peak_bytes() -> int:
+    """This process's peak RSS plus its largest reaped child's (``getrusage``; KiB on Linux): the
+    figure used when the tree could not be sampled."""
+    return 1024 * (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                   + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 
 
 def measure(spec: Dict[str, Any]) -> Result:
     """One setting, in this process: the loader's rates over one epoch (or ``max_batches``)."""
     reader = make_reader(spec["reader"], spec["batch_size"])
-    with PeakMemory() as memory, make_loader(reader, spec["data"], spec["workers"]) as loader:
+    with make_loader(reader, spec["data"], spec["workers"]) as loader:
         for k, _ in enumerate(loader, 1):
             if spec["max_batches"] and k >= spec["max_batches"]:
                 break
         seen = loader.stats["iteration"]
     return Result(spec["workers"], seen["samples_per_s"], seen["samples"], seen["batches"],
-                  first_batch_s=seen["first_batch_s"] or 0.0, peak_mib=memory.peak / 2**20, memory=memory.how)
+                  first_batch_s=seen["first_batch_s"] or 0.0, peak_mib=own_peak_bytes() / 2**20,
+                  memory="peak RSS of the process plus its largest worker's (the tree could not be sampled)")
 
 
 def run_setting(spec: Dict[str, Any], timeout: float) -> Result:
-    """``measure(spec)`` in a fresh Python process running this same pyloader."""
+    """``measure(spec)`` in a fresh Python process running this same pyloader, its tree's memory
+    sampled from here."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     command = [sys.executable, "-m", "pyloader", "_measure", json.dumps(spec)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return Result(spec["workers"], error=f"took longer than --timeout {timeout:g} s")
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    with TreeMemory(child.pid) as memory:
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(child)
+            return Result(spec["workers"], error=f"took longer than --timeout {timeout:g} s")
+    lines = stdout.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        why = (stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
         return Result(spec["workers"], error=why)
-    return Result(**json.loads(lines[-1]))
+    result = Result(**json.loads(lines[-1]))
+    if memory.samples:
+        result.peak_mib, result.processes = memory.peak / 2**20, memory.processes
+        result.memory = "peak of the summed RSS of the process and its workers, sampled every " \
+                        f"{MEMORY_EVERY_S * 1000:.0f} ms"
+    return result
 
 
-def recommend(results: Sequence[Result], tolerance: float) -> Optional[Result]:
-    """The setting with the fewest workers (then the least memory) within ``tolerance`` of the fastest."""
+def _kill_tree(child: "subprocess.Popen[str]") -> None:
+    """Kill a timed-out setting and its workers (the workers first: they would be orphaned), and reap it."""
+    for pid in reversed(tree_pids(child.pid)):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    child.kill()
+    child.communicate()
+
+
+def default_placement(args: argparse.Namespace) -> auto_workers.Placement:
+    """What ``num_workers="auto"`` decides for this command's loader: the default's own rule."""
+    reader = make_reader(args.reader, args.batch_size)
+    return auto_workers.place(auto_workers.AUTO, user_objects(reader), None)
+
+
+def faster_than_default(results: Sequence[Result], default: int, tolerance: float) -> Optional[Result]:
+    """The fastest setting, when it beats the default's by more than ``tolerance`` (else None)."""
     ran = [r for r in results if r.error is None and r.samples_per_s > 0]
-    if not ran:
+    mine = [r for r in ran if r.workers == default]
+    if not mine or not ran:
         return None
-    best = max(r.samples_per_s for r in ran)
-    return min((r for r in ran if r.samples_per_s >= (1 - tolerance) * best), key=lambda r: (r.workers, r.peak_mib))
+    best = max(ran, key=lambda r: r.samples_per_s)
+    return best if best.samples_per_s > (1 + tolerance) * mine[0].samples_per_s else None
 
 
 def parse_workers(text: str) -> List[int]:
@@ -254,28 +330,35 @@ def parse_workers(text: str) -> List[int]:
 
 
 def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
-    make_reader(args.reader, args.batch_size)  # an unknown or missing reader fails here, once
+    placement = default_placement(args)  # an unknown or missing reader fails here, once
     list_files(args.data)
+    settings = list(dict.fromkeys([*args.workers, placement.num_workers]))  # the default's is always timed
     results = []
-    out(f"{'workers':>7}  {'samples/s':>12}  {'samples':>9}  {'first batch':>11}  {'peak memory':>11}")
-    for workers in args.workers:
+    out(f"{'workers':>7}  {'samples/s':>12}  {'samples':>9}  {'first batch':>11}  {'peak memory':>11}  processes")
+    for workers in settings:
         spec = {"data": args.data, "reader": args.reader, "batch_size": args.batch_size, "workers": workers,
                 "max_batches": args.max_batches}
         r = run_setting(spec, args.timeout)
         results.append(r)
+        mark = '  <- num_workers="auto"' if workers == placement.num_workers else ""
         if r.error is not None:
-            out(f"{workers:>7}  failed: {r.error}")
+            out(f"{workers:>7}  failed: {r.error}{mark}")
         else:
             out(f"{workers:>7}  {r.samples_per_s:>12,.0f}  {r.samples:>9}  {r.first_batch_s:>10.3f}s  "
-                f"{r.peak_mib:>7.0f} MiB")
-    chosen = recommend(results, args.tolerance)
-    if chosen is None:
+                f"{r.peak_mib:>7.0f} MiB  {r.processes or '?':>9}{mark}")
+    if all(r.error is not None for r in results):
         out("no setting ran: nothing to recommend")
         return 1
-    fastest = max(r.samples_per_s for r in results if r.error is None)
-    why = "the fastest" if chosen.samples_per_s == fastest else \
-        f"within {args.tolerance:.0%} of the fastest, with fewer workers"
-    out(f"recommended: num_workers={chosen.workers} ({why}); memory: {chosen.memory}")
+    memory = next(r.memory for r in results if r.error is None)
+    out(f"memory: {memory}")
+    faster = faster_than_default(results, placement.num_workers, args.tolerance)
+    if faster is not None:
+        default_rate = next(r.samples_per_s for r in results if r.workers == placement.num_workers)
+        out(f"measured: num_workers={faster.workers} was {faster.samples_per_s / default_rate - 1:.0%} faster than "
+            f"the default's {placement.num_workers} on this data (the default's rule does not measure yet)")
+    source = "the default's rule" if placement.decided else "set for the default"
+    out(f'recommended: num_workers="auto" (the default), which runs {placement.num_workers} worker processes here '
+        f"({source}: {placement.why})")
     return 1 if any(r.error is not None for r in results) else 0
 
 
@@ -336,7 +419,7 @@ def parser() -> argparse.ArgumentParser:
                         "(default 0: one epoch)")
     bench_.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per setting (default 600)")
     bench_.add_argument("--tolerance", type=float, default=0.05,
-                        help="a setting this close to the fastest, with fewer workers, is preferred (default 0.05)")
+                        help="a setting faster than the default's by more than this is named (default 0.05)")
     commands.choices["index"].add_argument("--progress", action="store_true", help="a bar over the files counted")
     measure_ = commands.add_parser("_measure")  # one setting of bench, in its own process
     measure_.add_argument("spec")

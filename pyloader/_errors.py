@@ -20,6 +20,15 @@ class PipelineError(RuntimeError):
     ``except ValueError`` catches a ``ValueError`` raised in ``read_file``. Where
     that type cannot be subclassed (or is ``StopIteration``, which would end the
     consumer's loop silently), it is a plain ``PipelineError``.
+
+    Example:
+        ```python
+        try:
+            for batch in loader:
+                ...
+        except PipelineError as error:    # also an instance of the original's type (ValueError, OSError...)
+            print(error.stage, error.paths, repr(error.__cause__))
+        ```
     """
 
     def __new__(cls, stage: str, paths: Sequence[str], original: BaseException) -> "PipelineError":
@@ -82,7 +91,17 @@ class Failure:
 
 
 class WorkerDied(RuntimeError):
-    """A worker process ended while the loader still needed it; never skipped by a policy."""
+    """A worker process ended while the loader still needed it; never skipped by a policy.
+
+    Example:
+        ```python
+        try:
+            for batch in loader:
+                ...
+        except WorkerDied as error:       # killed (the OOM killer, a segfault): names the worker and its file
+            print(error)
+        ```
+    """
 
 
 class NeverSkipped(Exception):
@@ -91,16 +110,41 @@ class NeverSkipped(Exception):
 
 
 class TooManyErrors(PipelineError):
-    """More errors were skipped than ``max_errors`` allows."""
+    """More errors were skipped than ``max_errors`` allows.
+
+    Example:
+        ```python
+        loader = DataLoader(reader, dataset, collator, "data/", on_error="skip", max_errors=10)
+        # an iteration that skips more than 10 failed files or batches raises TooManyErrors
+        ```
+    """
 
 
 def reraise(error: PipelineError) -> None:
-    """Policy: stop the iteration with the error."""
+    """Policy: stop the iteration with the error.
+
+    Example:
+        ```python
+        def policy(error):                # skip files that fail to read, stop on anything else
+            if error.stage != "read_file":
+                reraise(error)
+            warn_and_skip(error)
+
+
+        loader = DataLoader(reader, dataset, collator, "data/", on_error=policy)
+        ```
+    """
     raise error
 
 
 def warn_and_skip(error: PipelineError) -> None:
-    """Policy: log a warning naming the file(s) and skip the failed item."""
+    """Policy: log a warning naming the file(s) and skip the failed item.
+
+    Example:
+        ```python
+        loader = DataLoader(reader, dataset, collator, "data/", on_error=warn_and_skip)   # as on_error="skip"
+        ```
+    """
     logger.warning("pyloader skipped after an error: %s", error)
 
 

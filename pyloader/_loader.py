@@ -109,6 +109,15 @@ class DataLoader(Options):
     ``rng``, shuffle buffer, bucketing), ``datareader.random_seed`` (in-file order)
     and the epoch. Composing data (``filter_fn``, ``file_order``, ``bucket_by``,
     stream slices and in-memory streams, ``rotation``): see ``_compose`` and the modules it names.
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=32), IdentityDataset(), TorchCollator(), "data/",
+                            num_epoch=2, shuffle=True)
+        with loader:
+            for batch in loader:          # epochs 0 and 1; the next `for` runs epochs 2 and 3
+                ...
+        ```
     """
 
     @taking(Options)
@@ -449,6 +458,13 @@ class LoaderIterator:
     the loader's position advances only as each is handed out. A newer
     ``iter(loader)`` ends this one: taking another batch from it then raises
     ``RuntimeError`` (never a silent, short end).
+
+    Example:
+        ```python
+        it = iter(loader)                 # the loader's next iteration
+        first = next(it)
+        it.close()                        # as `break` does: the pipeline stops, nothing keeps running
+        ```
     """
 
     def __init__(self, loader: DataLoader, record: _Run, track: bool = True) -> None:

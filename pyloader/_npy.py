@@ -1,13 +1,108 @@
-"""One lock for every parse of a ``.npy`` header in this process (``.npz`` members included).
+"""What the ``.npy`` code paths share: one lock for header parsing, and the registry of mapped files.
 
-NumPy parses a ``.npy`` header with ``ast.literal_eval``, and CPython 3.11 builds AST
-objects in state all threads share: a parse in one thread can make one running in
-another fail with "SystemError: AST constructor recursion depth mismatch"
-(python/cpython#106905). Whatever of pyloader parses headers from threads (the
-``NumpyReader``, cached epochs, rotation on disk) holds this lock meanwhile.
+``HEADER_PARSE``: NumPy parses a ``.npy`` header with ``ast.literal_eval``, and CPython 3.11
+builds AST objects in state all threads share: a parse in one thread can make one running in
+another fail with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905).
+Whatever of pyloader parses headers from threads (the ``NumpyReader``, cached epochs, rotation
+on disk) holds this lock meanwhile.
+
+The registry: ``register_mapped`` records a memory-mapped file (a ``.npy`` of the
+``NumpyReader``, an Arrow IPC file of the ``ParquetReader``: its path, the file's identity,
+where its data lies in this process's memory and in the file) for as long as the map lives.
+``file_span(array)`` tells whether an array's bytes are, unchanged, bytes of a registered
+file: then they can travel to another process as ``(file, offset, shape, dtype)`` and be
+mapped there (``_execution.ipc``). Bytes written since the mapping (a copy-on-write map turns
+a written page private) are not the file's: a span is given only where no page of the array
+was written, as ``/proc/self/pagemap`` tells; where it cannot tell, none is given.
 """
 from __future__ import annotations
 
+import mmap
+import os
 import threading
+import weakref
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+import numpy as np
 
 HEADER_PARSE = threading.Lock()
+
+Identity = Tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+class FileSpan(NamedTuple):
+    """Where an array's bytes lie in a file: ``offset`` bytes from its start."""
+
+    path: str
+    identity: Identity
+    offset: int
+
+
+class _Region(NamedTuple):
+    end: int  # the address after the mapped data
+    path: str
+    identity: Identity
+    offset: int  # the file offset of the data's first byte
+
+
+_REGIONS: Dict[int, _Region] = {}  # start address -> region
+_LOCK = threading.Lock()
+_PAGE = mmap.PAGESIZE
+
+
+def identity_of(st: os.stat_result) -> Identity:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def register_mapped(owner: Any, start: int, size: int, path: str, offset: int) -> None:
+    """Record that the ``size`` bytes at address ``start`` are those of the local file ``path`` from
+    ``offset`` on, mapped (copy-on-write or read-only) for as long as ``owner`` lives (an
+    ``np.memmap``, a pyarrow ``Buffer`` over a memory map). The file's identity is taken now."""
+    if size <= 0:
+        return
+    region = _Region(start + size, path, identity_of(os.stat(path)), offset)
+    with _LOCK:
+        _REGIONS[start] = region
+    weakref.finalize(owner, _forget, start)
+
+
+def _forget(start: int) -> None:
+    with _LOCK:
+        _REGIONS.pop(start, None)
+
+
+def file_span(array: np.ndarray) -> Optional[FileSpan]:
+    """Where the bytes of ``array`` (C-contiguous) lie in a registered, mapped file, unwritten
+    since it was mapped; ``None`` when they do not, or when that cannot be told."""
+    if not _REGIONS or not array.nbytes or not array.flags.c_contiguous:
+        return None
+    address = array.__array_interface__["data"][0]
+    with _LOCK:
+        found = [(start, r) for start, r in _REGIONS.items() if start <= address and address + array.nbytes <= r.end]
+    if not found or _written(address, array.nbytes):
+        return None
+    start, region = found[0]
+    return FileSpan(region.path, region.identity, region.offset + address - start)
+
+
+def _written(address: int, size: int) -> bool:
+    """Whether a page of ``[address, address + size)`` may hold bytes written in this process
+    (present and private, or swapped out), or pagemap cannot tell."""
+    first, last = address // _PAGE, (address + size - 1) // _PAGE
+    try:
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        raw = os.pread(fd, (last - first + 1) * 8, first * 8)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    # bits 61-63 of each little-endian entry are bits 5-7 of its last byte: file page, swapped, present
+    return len(raw) != (last - first + 1) * 8 or _WRITTEN in raw[7::8].translate(_WRITTEN_FLAGS)
+
+
+_WRITTEN = b"\1"
+# the last byte of an entry -> 1 where the page is swapped out, or present and not a page of the file; else 0
+_WRITTEN_FLAGS = bytes(int(bool(top & 0x40 or top & 0xA0 == 0x80)) for top in range(256))

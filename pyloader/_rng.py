@@ -98,7 +98,16 @@ def rng() -> np.random.Generator:
     ``batch_encode``/``collate_batch``: per batch and step), a pure function of the loader's ``random_seed``,
     the epoch and that position: the same draws with any ``num_workers``/``num_threads``, under ranks and after
     an exact resume; different in each epoch. Calls within one user call continue one stream.
-    Outside such a call: ``RuntimeError``."""
+    Outside such a call: ``RuntimeError``.
+
+    Example:
+        ```python
+        class Noisy(Dataset):
+            def batch_encode(self, batch):
+                noise = pyloader.rng().normal(0, 0.1, size=len(batch["x"]))   # the same with any num_workers
+                return {**batch, "noise": noise.tolist()}
+        ```
+    """
     draws = _draws("rng")
     if draws[1] is None:
         draws[1] = derive_rng(*draws[0])
@@ -108,5 +117,15 @@ def rng() -> np.random.Generator:
 
 def rng_seed() -> int:
     """An integer seed (0 <= seed < 2**63) for the user call now running, from the same keys as ``rng()`` and
-    apart from its draws: for ``torch.Generator().manual_seed(pyloader.rng_seed())``. Outside: ``RuntimeError``."""
+    apart from its draws: for ``torch.Generator().manual_seed(pyloader.rng_seed())``. Outside: ``RuntimeError``.
+
+    Example:
+        ```python
+        class TorchAugment(Dataset):
+            def batch_encode(self, batch):
+                generator = torch.Generator().manual_seed(pyloader.rng_seed())
+                flips = torch.rand(len(batch["x"]), generator=generator) < 0.5
+                return {**batch, "flip": flips.tolist()}
+        ```
+    """
     return int(derive_rng(*_draws("rng_seed")[0], _TORCH_SEED).integers(2 ** 63))

@@ -76,6 +76,12 @@ def check_resume(make_loader: Callable[[], DataLoader],
     Returns ``n``, the batches of the uninterrupted first iteration. Raises
     ``AssertionError`` naming the position, how the state was loaded, and the first
     batch and key that differ.
+
+    Example:
+        ```python
+        check_resume(lambda: DataLoader(JsonLinesReader(batch_size=4), IdentityDataset(), NumpyCollator(),
+                                        "small_data/", shuffle=True, shuffle_buffer=8))
+        ```
     """
     loader = make_loader()
     try:

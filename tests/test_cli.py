@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import List
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from pyloader import _cli
+from pyloader._execution import auto_workers
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[1]
@@ -80,8 +82,8 @@ def test_bench_times_each_number_of_workers_and_recommends_one(tmp_path):
     rows = {line.split()[0]: line.split() for line in lines[1:3]}
     assert set(rows) == {"0", "1"}, lines
     for row in rows.values():
-        assert float(row[1].replace(",", "")) > 0 and row[2] == "100" and row[-1] == "MiB" and float(row[-2]) > 0
-    assert lines[-1].startswith("recommended: num_workers="), lines
+        assert float(row[1].replace(",", "")) > 0 and row[2] == "100" and row[5] == "MiB" and float(row[4]) > 0
+    assert lines[-1].startswith('recommended: num_workers="auto"'), lines
 
 
 def test_bench_reports_settings_that_fail_and_recommends_nothing(tmp_path):
@@ -92,13 +94,83 @@ def test_bench_reports_settings_that_fail_and_recommends_nothing(tmp_path):
     assert lines[-1] == "no setting ran: nothing to recommend"
 
 
-def test_the_recommendation_is_the_fewest_workers_within_the_tolerance_of_the_fastest():
-    results = [_cli.Result(0, samples_per_s=900.0, peak_mib=100), _cli.Result(1, samples_per_s=990.0, peak_mib=150),
-               _cli.Result(2, samples_per_s=1000.0, peak_mib=200), _cli.Result(3, error="died")]
-    assert _cli.recommend(results, 0.05).workers == 1
-    assert _cli.recommend(results, 0.0).workers == 2
-    assert _cli.recommend(results, 0.2).workers == 0
-    assert _cli.recommend([_cli.Result(0, error="died")], 0.05) is None
+@pytest.mark.parametrize("reader", ["jsonl", "npy"])
+def test_bench_recommends_what_num_workers_auto_decides_and_times_that_setting(tmp_path, monkeypatch, reader):
+    monkeypatch.delenv(auto_workers.ENV, raising=False)
+    monkeypatch.setattr(auto_workers, "cpu_share", lambda: 2)  # jsonl: 2 workers whatever this machine has
+    data = tmp_path / "data"
+    if reader == "jsonl":
+        write_jsonl(data, [30, 30])
+    else:
+        data.mkdir()
+        for i in range(2):
+            np.save(data / f"part-{i}.npy", np.arange(30 * i, 30 * i + 30))
+    expected = auto_workers.place("auto", _cli.user_objects(_cli.make_reader(reader, 8)), None)
+    assert expected.num_workers == (2 if reader == "jsonl" else 0)
+    rc, lines = run(["bench", str(data), "--reader", reader, "--workers", "1", "--batch-size", "8"])
+    assert rc == 0, lines
+    (marked,) = [line for line in lines if line.endswith('<- num_workers="auto"')]
+    assert marked.split()[0] == str(expected.num_workers) and marked.split()[2] == "60", lines
+    assert lines[-1] == (f'recommended: num_workers="auto" (the default), which runs {expected.num_workers} worker '
+                         f"processes here (the default's rule: {expected.why})"), lines
+
+
+def test_a_setting_measured_faster_than_the_default_is_named_not_recommended():
+    results = [_cli.Result(0, samples_per_s=900.0), _cli.Result(1, samples_per_s=1000.0),
+               _cli.Result(2, samples_per_s=1200.0), _cli.Result(3, error="died")]
+    assert _cli.faster_than_default(results, 1, 0.05).workers == 2
+    assert _cli.faster_than_default(results, 1, 0.25) is None  # within the tolerance
+    assert _cli.faster_than_default(results, 2, 0.05) is None  # the default is the fastest
+    assert _cli.faster_than_default(results, 3, 0.05) is None  # the default's setting failed
+
+
+def test_bench_memory_is_the_whole_process_tree_with_every_worker(tmp_path):
+    write_jsonl(tmp_path / "data", [30, 30, 30])
+    rc, lines = run(["bench", str(tmp_path / "data"), "--reader", "jsonl", "--workers", "0,2", "--batch-size", "4"])
+    assert rc == 0, lines
+    processes = {line.split()[0]: int(line.split()[6]) for line in lines[1:] if line.split()[0] in ("0", "2")}
+    assert processes == {"0": 1, "2": 3}, lines  # the measured process, then it and its two workers
+    assert "memory: peak of the summed RSS of the process and its workers" in "\n".join(lines)
+
+
+TREE = """
+import os, sys
+held = b"x" * (64 << 20)  # 64 MiB resident in the parent, inherited by both children
+for _ in range(2):
+    if os.fork() == 0:
+        own = b"y" * (64 << 20)
+        print("ready", flush=True)
+        sys.stdin.read()
+        os._exit(0)
+print("ready", flush=True)
+sys.stdin.read()
+os.wait(); os.wait()
+"""
+
+
+def test_tree_memory_sums_the_resident_memory_of_a_process_and_its_descendants():
+    child = subprocess.Popen([sys.executable, "-c", TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        with _cli.TreeMemory(child.pid) as memory:
+            assert [child.stdout.readline() for _ in range(3)] == ["ready\n"] * 3  # bounded by the module timeout
+            seen = memory.samples
+            while memory.samples < seen + 2:  # two samples taken with all three ready
+                time.sleep(0.01)
+    finally:
+        child.communicate("", timeout=30)
+    assert memory.processes == 3
+    assert memory.peak >= (64 + 2 * 128) << 20  # each child: the inherited 64 MiB and its own
+
+
+def test_the_measured_process_runs_no_thread_of_the_bench_when_its_workers_are_forked(tmp_path):
+    write_jsonl(tmp_path / "data", [30, 30])
+    spec = {"data": str(tmp_path / "data"), "reader": "jsonl", "batch_size": 4, "workers": 2, "max_batches": 0}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-m", "pyloader", "_measure", json.dumps(spec)], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "other threads of this process run" not in out.stderr, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1])["samples"] == 60
 
 
 def test_bad_workers_are_refused_by_the_argument_parser(tmp_path, capsys):

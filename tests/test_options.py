@@ -18,7 +18,7 @@ from pyloader._options import OPTIONS
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+OPTIONS_PAGE = ROOT / "docs" / "options.md"
 POSITIONAL = ["datareader", "dataset", "datacollator", "data_dir", "num_epoch", "max_queue_size", "shuffle",
               "random_seed"]
 
@@ -28,9 +28,11 @@ def loader(folder: Path, **kwargs) -> pl.DataLoader:
 
 
 def readme_section() -> str:
-    text = README.read_text()
-    start = text.index("### `DataLoader(")
-    return text[start:text.index("\n## ", start)]
+    """The docs' page of options (it was the README's section)."""
+    text = OPTIONS_PAGE.read_text()
+    start = text.index("## `DataLoader(")
+    end = text.find("\n## ", start)
+    return text[start:] if end == -1 else text[start:end]
 
 
 def as_written(value: object) -> str:
@@ -49,7 +51,7 @@ def test_the_readme_shows_the_signature_and_every_default_as_declared():
     params = inspect.signature(pl.DataLoader).parameters.values()
     positional = ", ".join(p.name if p.default is p.empty else f"{p.name}={as_written(p.default)}"
                            for p in params if p.kind is not p.KEYWORD_ONLY)
-    assert section.startswith(f"### `DataLoader({positional}, *, ...)`")
+    assert section.startswith(f"## `DataLoader({positional}, *, ...)`")
     written = re.search(r"Keyword arguments after `random_seed`: `(.*?)`\.", section, re.S).group(1)
     declared = ", ".join(f"{p.name}={as_written(p.default)}" for p in params if p.kind is p.KEYWORD_ONLY)
     assert " ".join(written.split()) == declared

@@ -1,4 +1,5 @@
-"""The README's quick-usage example runs as written (on data made here)."""
+"""The README is the landing page: its quick-usage examples run as written (on data made here),
+it stays short, its links into the docs resolve, and it holds the test command CI runs."""
 from __future__ import annotations
 
 import re
@@ -7,55 +8,63 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.timeout(120)
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
-def python_block(after_heading: str) -> str:
+def python_blocks(after_heading: str) -> list:
     text = README.read_text()
     section = text[text.index(after_heading):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    section = section[:section.find("\n## ", 1)]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
-def test_quick_usage_example_runs(tmp_path):
+def write_tsv(folder: Path, rows: int) -> None:
+    folder.mkdir()
     for i in range(3):
-        (tmp_path / f"chunk-{i}.tsv").write_text("".join(f"{j % 2}\tsample {i}-{j}\n" for j in range(20)))
-    code = python_block("## Quick usage").replace('"YOUR_DATA_DIR"', repr(str(tmp_path)))
+        (folder / f"chunk-{i}.tsv").write_text("".join(f"{j % 2}\tsample {i}-{j}\n" for j in range(rows)))
+
+
+def test_quick_usage_subclass_example_runs(tmp_path, monkeypatch):
+    write_tsv(tmp_path / "texts", 20)
+    monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(python_blocks("## Quick usage")[1], "README.md", "exec"), namespace)
     loader = namespace["train_loader"]
     assert loader.stats["batches"] == 5 * 4  # 60 samples, batch 16: 4 batches per epoch
     assert loader.epoch == 4
 
 
 def test_the_check_resume_example_runs_on_the_quick_usage_classes(tmp_path):
-    for i in range(3):
-        (tmp_path / f"chunk-{i}.tsv").write_text("".join(f"{j % 2}\tsample {i}-{j}\n" for j in range(7)))
+    write_tsv(tmp_path / "small_data", 7)
+    from pyloader import DataLoader
+    from pyloader.testing import check_resume
+
     namespace: dict = {}
-    classes = python_block("## Quick usage").split("train_loader = ")[0]
+    classes = python_blocks("## Quick usage")[1].split("train_loader = ")[0]
     exec(compile(classes, "README.md", "exec"), namespace)
-    code = python_block("**Checking your own loader.**").replace('"small_data/"', repr(str(tmp_path)))
-    code = code.replace("check_resume(", "checked = check_resume(", 1)
-    exec(compile(code, "README.md", "exec"), namespace)
-    assert namespace["checked"] == 6  # 21 samples in batches of 4
+    checked = check_resume(lambda: DataLoader(namespace["TheDataReader"](batch_size=4), namespace["TheDataset"](),
+                                              namespace["TheDataCollator"](), str(tmp_path / "small_data"),
+                                              shuffle=True, shuffle_buffer=8, num_workers=0))
+    assert checked == 6  # 21 samples in batches of 4
 
 
-def test_ci_runs_the_readme_test_command():
-    ci = (README.parent / ".ci" / "run").read_text()
-    assert "test-command" in ci and "<!-- test-command -->" in README.read_text()
+def test_ci_runs_the_readme_test_command_which_builds_the_docs_strictly_before_the_tests():
+    ci = (ROOT / ".ci" / "run").read_text()
+    text = README.read_text()
+    assert "test-command" in ci and "<!-- test-command -->" in text
+    command = text[text.index("<!-- test-command -->"):text.index("<!-- /test-command -->")]
+    assert re.search(r'"\.\[[\w,]*\bdocs\b[\w,]*\]"', command)
+    assert command.index("mkdocs build --strict") < command.index("python -m pytest")
 
 
-def test_the_images_and_augmentation_example_runs_on_generated_shards(tmp_path):
-    pytest.importorskip("torch", reason="torch is the torch extra's")
-    import importlib.util
+def test_the_readme_is_a_landing_page_under_250_lines():
+    assert len(README.read_text().splitlines()) < 250
 
-    spec = importlib.util.spec_from_file_location("image_augment_readme",
-                                                  README.parent / "examples" / "image_augment.py")
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    example.write_shards(str(tmp_path), shards=2, per_shard=16)
-    code = python_block("### Images and augmentation").replace('"SHARDS_DIR"', repr(str(tmp_path)))
-    code = code.replace("num_workers=2", "num_workers=0")  # Jitter is defined in exec's namespace, not importable
-    namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
-    assert tuple(namespace["images"].shape) == (16, 3, 32, 32) and namespace["labels"].tolist()[0] in (0, 1)
-    assert namespace["loader"].stats["batches"] == 4
+
+def test_every_relative_link_of_the_readme_resolves():
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
+    relative = [t for t in targets if not t.startswith(("http://", "https://"))]
+    assert relative and [t for t in relative if not (ROOT / t).exists()] == []
+    docs = {t for t in relative if t.startswith("docs/")}
+    assert {"docs/getting-started.md", "docs/loader.md", "docs/reference/pyloader.md"} <= docs

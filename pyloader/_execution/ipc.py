@@ -11,6 +11,14 @@ and closes the descriptor at once, and rebuilds arrays as views of the mapping:
 no copy on the way in, nothing ever named in ``/dev/shm``, and the memory goes
 away with the last array using it, even when a process is killed.
 
+An array whose bytes are unwritten bytes of a file a reader mapped (``_npy.file_span``: a
+``.npy`` of the ``NumpyReader``, an Arrow IPC file of the ``ParquetReader``) travels as
+``(file, offset, shape, dtype)`` instead, and ``mapped_array`` maps that file here (copy on
+write, one map per file while arrays over it live): no copy on either side. The file must
+be the one the sender mapped (device, inode, size and mtime are checked): one replaced,
+changed or gone by then fails the message's result with an error naming it
+(``MappedFileChanged``, a ``ValueError``, or ``FileNotFoundError``).
+
 The mapping holds no file descriptor: ``mmap.mmap`` keeps a ``dup()`` of the
 descriptor for as long as the map lives (before Python 3.13), so every batch a
 consumer kept would hold one, and ``list(loader)`` ran out of descriptors after
@@ -37,7 +45,13 @@ import pickle
 import socket
 import struct
 import sys
+import threading
+import weakref
 from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .._npy import Identity, file_span, identity_of
 
 INLINE_MAX = 64 * 1024
 INBAND_MAX = 16 * 1024
@@ -45,6 +59,7 @@ _ALIGN = 64
 _HEAD = struct.Struct("<cQIqq")  # kind, pickle length, number of buffers, tag, gen
 _SPAN = struct.Struct("<QQ")  # offset, length
 HAVE_MEMFD = hasattr(os, "memfd_create")
+_ARRAY_TYPES = (np.ndarray, np.memmap)
 
 
 class MessageLost(Exception):
@@ -59,9 +74,12 @@ class MessageLost(Exception):
 
 
 class _Pickler(pickle.Pickler):
-    """Sends CPU torch tensors as NumPy arrays (zero-copy), rebuilt as tensors on arrival."""
+    """Sends CPU torch tensors as NumPy arrays (zero-copy), rebuilt as tensors on arrival, and
+    arrays that are unwritten bytes of a mapped file as where they lie in it (``_npy.file_span``)."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) in _ARRAY_TYPES:
+            return _span_reduction(obj)
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu" and not obj.requires_grad:
             try:
@@ -69,6 +87,18 @@ class _Pickler(pickle.Pickler):
             except (TypeError, RuntimeError):
                 return NotImplemented  # dtypes NumPy lacks (bfloat16): torch's own pickling
         return NotImplemented
+
+
+def _span_reduction(array: Any) -> Any:
+    """``array`` as ``(file, offset, shape, dtype)``, mapped on arrival by ``mapped_array``, where
+    its bytes are a mapped file's (any NumPy dtype but records and objects); else as usual."""
+    dtype = array.dtype
+    if dtype.hasobject or dtype.names is not None or dtype.subdtype is not None:
+        return NotImplemented
+    span = file_span(array)
+    if span is None:
+        return NotImplemented
+    return mapped_array, (span.path, span.identity, span.offset, array.shape, dtype.str, array.flags.writeable)
 
 
 def _dumps(obj: Any) -> Tuple[bytes, List[pickle.PickleBuffer]]:
@@ -221,7 +251,7 @@ class _Mapping:
     """Owns one ``mmap``ed region; NumPy views it through ``__array_interface__`` (so every
     array or memoryview over it keeps this object alive), and it unmaps on collection."""
 
-    __slots__ = ("__array_interface__", "_address", "_size")
+    __slots__ = ("__array_interface__", "_address", "_size", "__weakref__")
 
     def __init__(self, address: int, size: int) -> None:
         self._address = address
@@ -251,14 +281,55 @@ _LIBC = _load_libc() if HAVE_MEMFD else None
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def _map_shared(fd: int, size: int) -> Any:
-    """A writable buffer over the first ``size`` bytes of ``fd``; the caller may close ``fd`` at once."""
+def _map_shared(fd: int, size: int, flags: int = mmap.MAP_SHARED, what: str = "message") -> Any:
+    """A writable buffer over the first ``size`` bytes of ``fd``; the caller may close ``fd`` at once.
+    ``MAP_PRIVATE``: writing to it changes only this process's copy (copy on write)."""
     if _LIBC is None:
-        return mmap.mmap(fd, size)  # keeps a descriptor, but there is no other way here
-    import numpy as np
-
-    address = _LIBC.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        return mmap.mmap(fd, size, flags)  # keeps a descriptor, but there is no other way here
+    address = _LIBC.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
     if address is None or address == _MAP_FAILED:
         code = ctypes.get_errno()
-        raise OSError(code, f"mmap of a {size}-byte message failed: {os.strerror(code)}")
+        raise OSError(code, f"mmap of a {size}-byte {what} failed: {os.strerror(code)}")
     return np.asarray(_Mapping(address, size))
+
+
+# -- arrays that are spans of mapped files ----------------------------------------------
+_FILES: "weakref.WeakValueDictionary[Tuple[str, Identity], Any]" = weakref.WeakValueDictionary()
+_FILES_LOCK = threading.Lock()
+
+
+class MappedFileChanged(ValueError):
+    """A file whose mapped bytes a worker sent changed before the loader's process mapped it."""
+
+
+def mapped_array(path: str, identity: Identity, offset: int, shape: Tuple[int, ...], dtype: str,
+                 writeable: bool = True) -> np.ndarray:
+    """The array a worker sent as a span of ``path`` (``_span_reduction``), over this process's
+    copy-on-write map of the file: one map per file while arrays over it live, no descriptor held.
+    The file must be the one the worker mapped (device, inode, size, modification time)."""
+    key = (path, identity)
+    with _FILES_LOCK:
+        mapping = _FILES.get(key)
+        if mapping is None:
+            mapping = _FILES[key] = _map_file(path, identity)
+    out = np.ndarray(shape, dtype=np.dtype(dtype), buffer=np.asarray(mapping).view(np.uint8), offset=offset)
+    out.flags.writeable = writeable
+    return out
+
+
+def _map_file(path: str, identity: Identity) -> Any:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"file {path!r} vanished while it was read: a batch a worker process "
+                                f"mapped from it cannot be mapped here ({e.strerror})") from e
+    try:
+        now = identity_of(os.fstat(fd))
+        if now != identity:
+            raise MappedFileChanged(f"file {path!r} changed while it was read (device, inode, size, "
+                                    f"mtime_ns were {identity}, are {now}): a batch a worker process mapped "
+                                    f"from it cannot be mapped here")
+        mapped = _map_shared(fd, identity[2], mmap.MAP_PRIVATE, "file")
+        return mapped.base if _LIBC is not None else mapped  # what owns the map: arrays over it keep it
+    finally:
+        os.close(fd)

@@ -18,7 +18,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Generator, Iterator, Mapping, Optional, Sequence, Tuple, Union, cast
 
-from .._abc import DataReader
+from .._abc import DataReader, read_result
 from .._columns import Columns, n_rows, slice_rows, take
 from .._rng import IN_FILE, USER_READ, derive_rng, drawing, stepped
 from .._stats import BusySink, clocked, timed
@@ -163,7 +163,7 @@ def _none_dropped(pieces: Iterator[Columns]) -> Iterator[Tuple[Columns, int]]:
 def _pieces(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
     if reader.shuffle:
         with timed(busy, "read_file"), drawing(task.seed, USER_READ, task.epoch, task.index, 0):
-            columns, n = reader.read_file(task.path)
+            columns, n = read_result(task.path, reader.read_file(task.path))
         columns = reader.checked(task.path, columns, n)
         perm = derive_rng(reader.random_seed, IN_FILE, task.epoch, task.index).permutation(n)
         yield take(columns, perm)

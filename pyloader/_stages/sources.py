@@ -21,7 +21,15 @@ from .._storage.files import DataDir, list_files
 class Source:
     """A corpus in a weighted mix: ``data_dir`` (anything ``DataLoader`` takes, but not a list of
     ``Source``s), its share ``weight`` (> 0; weights are normalized) and its ``reader`` (``None``:
-    the loader's ``datareader``)."""
+    the loader's ``datareader``).
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(32), IdentityDataset(), NumpyCollator(),
+                            [Source("web/", weight=0.7), Source("tables/", weight=0.3, reader=CSVReader(32))],
+                            shuffle=True)
+        ```
+    """
 
     def __init__(self, data_dir: DataDir, weight: float = 1.0, reader: Optional[DataReader] = None) -> None:
         if isinstance(data_dir, (list, tuple)) and any(isinstance(d, Source) for d in data_dir):

@@ -3,24 +3,28 @@
 ``open_file`` wraps the byte stream of a file whose name ends with one of these
 suffixes (or any stream, given ``compression=``) in ``decompressed``, so every
 reader built on ``open_file`` reads the decompressed bytes, local and remote
-files alike. The contract:
+files alike. It is one loop over the codecs' own incremental decompressors (the
+standard library's ``zlib``, ``bz2``, ``lzma``, and ``zstandard``), the loop of the
+standard library's ``bz2``/``lzma`` file objects, with these differences, which are the contract:
 
-- Decompression streams: at most about ``_OUT_BYTES`` of decompressed data (plus
-  what ``_SMALL_FEED`` bytes of compressed data yield, for zstd) is held beyond
-  what the caller asked for; a file is never decompressed whole.
+- Decompression streams: at most ``_OUT_BYTES`` of decompressed data (plus what
+  ``_FEED`` bytes of compressed data yield, for zstd) is held beyond what the caller
+  asked for; a file is never decompressed whole.
 - Concatenated members (``cat a.gz b.gz``, multi-stream bz2/xz, multi-frame zstd)
-  read as one stream, as ``gzip``, ``bz2`` and ``lzma`` read them.
+  read as one stream; zero bytes between and after gzip members are padding, as
+  ``gzip`` takes them. Anything else after a member is an error (``bz2`` and ``lzma``
+  would drop it silently).
 - Corrupt data, and data that ends before its compressed stream does (a
   truncated file), raise ``DecompressionError`` (a ``ValueError``) naming the file,
   with the codec's own exception as ``__cause__`` (for a truncated file an
   ``EOFError``, as the standard library raises). An error reading the underlying
   file (``OSError``) is raised as it is. An empty file reads as empty.
 - Every byte decompressed before the damage is returned before the error is raised (a
-  read returns those bytes, the next read raises; the error is raised again by any read
-  after it): for gzip up to the first byte of compressed data that does not decode; for
-  the codecs that check a block before giving it (bz2, and zstd, xz, whose decoders give
-  no output of the input fed in a call that fails) up to the damaged block, or the last
-  ``_SMALL_FEED`` bytes of input fed before it.
+  read returns those bytes, the next read raises, and so does any read after it): for
+  gzip up to the first byte of compressed data that does not decode (the ``gzip``
+  module drops what its last read made); for the others, whose decoders give no
+  output of a call that fails, up to the damaged block or the last ``_FEED`` bytes of
+  input fed before it.
 - zstd needs the ``zstandard`` package (``pip install pyloader-ml[compression]``);
   it is imported when a zstd file is first opened, and a missing package raises
   ``ImportError`` naming the extra.
@@ -28,10 +32,11 @@ files alike. The contract:
 from __future__ import annotations
 
 import bz2
+import functools
 import io
 import lzma
 import zlib
-from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import IO, Any, Callable, List, Optional, Tuple, Type
 from urllib.parse import urlsplit
 
 __all__ = ["CODECS", "DecompressionError", "codec_for", "decompressed"]
@@ -40,10 +45,8 @@ __all__ = ["CODECS", "DecompressionError", "codec_for", "decompressed"]
 SUFFIXES = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".lzma": "xz", ".zst": "zstd", ".zstd": "zstd"}
 CODECS = frozenset(SUFFIXES.values())
 
-_IN_BYTES = 64 * 1024  # compressed bytes read from the file at a time (and fed at a time)
-_OUT_BYTES = 1024 * 1024  # decompressed bytes made at a time (gzip, bz2, xz)
-_SMALL_FEED = 16 * 1024  # zstd makes all the output of what it is fed, and zstd and xz give none of a feed that
-# fails: feed them little at a time
+_FEED = 64 * 1024  # compressed bytes read from the file, and fed, at a time
+_OUT_BYTES = 1024 * 1024  # decompressed bytes made at a time, and the buffer's size
 
 
 class DecompressionError(ValueError):
@@ -85,84 +88,60 @@ def decompressed(raw: IO[bytes], path: str, codec: str, mode: str = "rb", **text
 
 
 class _Damaged(Exception):
-    """The codec failed on its input; ``made`` is what it decompressed before the damage."""
+    """The codec failed on its input (``cause``); ``made`` is what it decompressed before the damage."""
 
     def __init__(self, cause: BaseException, made: bytes) -> None:
         super().__init__(str(cause))
         self.cause, self.made = cause, made
 
 
-class _Member:
-    """One compressed member (gzip member, bz2/xz stream, zstd frame), behind one interface."""
+class _Gzip:
+    """zlib's gzip decompressor (header and CRC checked) behind the interface of ``bz2``'s and
+    ``lzma``'s; when it fails, ``_Damaged`` with what the input decodes to before its first bad byte."""
 
-    def __init__(self, codec: str) -> None:
-        self.codec = codec
-        self.fed = False  # data was given to it: its end is due before the file's
-        self._tail = b""  # gzip: input held back by the output limit
-        self._d: Any = _new_decompressor(codec)
+    def __init__(self) -> None:
+        self._d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        self._tail = b""  # input held back by ``max_length``
 
-    @property
-    def eof(self) -> bool:
-        return bool(self._d.eof)
+    eof = property(lambda self: self._d.eof)
+    unused_data = property(lambda self: self._d.unused_data)
+    needs_input = property(lambda self: not self._tail)
 
-    @property
-    def unused(self) -> bytes:
-        """Input that followed the member's end (the next member's start)."""
-        return bytes(self._d.unused_data) + self._tail
-
-    def wants_input(self) -> bool:
-        if self.codec == "gzip":
-            return not self._tail
-        if self.codec == "zstd":
-            return True
-        return bool(self._d.needs_input)
-
-    def take(self, data: bytes) -> bytes:
-        """Decompressed bytes from ``data`` (and any input held back)."""
-        self.fed = self.fed or bool(data)
-        if self.codec == "gzip":
-            before, data = self._d.copy(), self._tail + data
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        data = self._tail + data if self._tail else data
+        before = self._d.copy()
+        try:
+            out = self._d.decompress(data, max_length)
+        except zlib.error as e:
+            made: List[bytes] = []  # fed again a byte at a time: zlib gives nothing of a call that fails
             try:
-                out = self._d.decompress(data, _OUT_BYTES)
+                for k in range(len(data)):
+                    made.append(before.decompress(data[k:k + 1]))
             except zlib.error:
-                self._d = before
-                return self._salvage(data)
-            self._tail = self._d.unconsumed_tail
-            return out
-        if self.codec == "zstd":
-            return self._d.decompress(data)
-        return self._d.decompress(data, _OUT_BYTES)
+                pass
+            raise _Damaged(e, b"".join(made)) from e
+        self._tail = self._d.unconsumed_tail
+        return out
 
 
-    def _salvage(self, data: bytes) -> bytes:
-        """gzip: what ``data`` decompresses to before its first byte that does not decode, fed a
-        byte at a time from the state before it; ``_Damaged`` with it at that byte. Stops early
-        (the rest of ``data`` held back in ``_tail``) at ``_OUT_BYTES`` or at the member's end."""
-        made: List[bytes] = []
-        size = 0
-        for k in range(len(data)):
-            try:
-                out = self._d.decompress(data[k:k + 1])
-            except zlib.error as e:
-                raise _Damaged(e, b"".join(made)) from e
-            made.append(out)
-            size += len(out)
-            if size >= _OUT_BYTES or self._d.eof:
-                self._tail = data[k + 1:]
-                break
-        else:
-            self._tail = b""
-        return b"".join(made)
+class _Zstd:
+    """zstandard's decompressor behind the interface of ``bz2``'s: it makes all the output of what it
+    is fed (``_FEED`` bytes at most), handed out ``max_length`` at a time."""
 
+    def __init__(self) -> None:
+        self._d = _zstandard().ZstdDecompressor().decompressobj()
+        self._out, self._at = b"", 0  # the output of the last feed, and how much of it was handed out
 
-def _new_decompressor(codec: str) -> Any:
-    if codec == "gzip":
-        return zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # the gzip header and trailer, CRC checked
-    if codec == "bz2":
-        return bz2.BZ2Decompressor()
-    if codec == "xz":
-        return lzma.LZMADecompressor(format=lzma.FORMAT_AUTO)  # .xz and legacy .lzma
-    return _zstandard().ZstdDecompressor().decompressobj()
+    eof = property(lambda self: self._d.eof and self._at == len(self._out))
+    unused_data = property(lambda self: self._d.unused_data)
+    needs_input = property(lambda self: self._at == len(self._out))
+
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        if data:
+            self._out, self._at = self._d.decompress(data), 0
+        out = self._out[self._at:self._at + max_length]  # no copy when it is all of it
+        self._at += len(out)
+        return out
 
 
 def _zstandard() -> Any:
@@ -174,16 +153,16 @@ def _zstandard() -> Any:
     return zstandard
 
 
-def _codec_errors(codec: str) -> Tuple[Type[BaseException], ...]:
-    """What the codec's decompressor raises on bad data (never an error of the file's I/O: the
-    decompressor only ever sees bytes already read)."""
-    errors: Dict[str, Callable[[], Tuple[Type[BaseException], ...]]] = {
-        "gzip": lambda: (zlib.error,),
-        "bz2": lambda: (OSError, ValueError),
-        "xz": lambda: (lzma.LZMAError,),
-        "zstd": lambda: (_zstandard().ZstdError,),
-    }
-    return errors[codec]()
+def _codec(codec: str) -> Tuple[Callable[[], Any], Tuple[Type[BaseException], ...]]:
+    """A new decompressor for each member, and what it raises on bad data (never an error of the
+    file's I/O: it only ever sees bytes already read)."""
+    if codec == "gzip":
+        return _Gzip, (zlib.error,)
+    if codec == "bz2":
+        return bz2.BZ2Decompressor, (OSError, ValueError)
+    if codec == "xz":
+        return functools.partial(lzma.LZMADecompressor, format=lzma.FORMAT_AUTO), (lzma.LZMAError,)  # .xz, .lzma
+    return _Zstd, (_zstandard().ZstdError,)
 
 
 class _Decompressing(io.RawIOBase):
@@ -192,34 +171,33 @@ class _Decompressing(io.RawIOBase):
     def __init__(self, source: IO[bytes], path: str, codec: str) -> None:
         super().__init__()
         self._source, self._path, self._codec = source, path, codec
-        self._errors = _codec_errors(codec)
-        self._member = _Member(codec)
-        self._input = b""  # compressed bytes read, not yet fed
-        self._out = memoryview(b"")  # decompressed bytes made, not yet returned
-        self._ended = False
-        self._failure: Optional[DecompressionError] = None  # raised once the bytes before it are returned
+        self._new, self._errors = _codec(codec)
+        self._d = self._new()
+        self._fed = False  # the member was given data: its end is due before the file's
+        self._made = b""  # made, not returned yet
+        self._failure: Optional[DecompressionError] = None  # raised once what was made is returned
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        while not self._out and not self._ended:
-            self._step()
-        n = min(len(view), len(self._out))
-        view[:n] = self._out[:n]
-        self._out = self._out[n:]
-        return n
+        out = self._take(len(buffer))
+        buffer[:len(out)] = out
+        return len(out)
 
     def readall(self) -> bytes:
-        parts: List[bytes] = []
-        while True:
-            while not self._out and not self._ended:
-                self._step()
-            if not self._out:
-                return b"".join(parts)
-            parts.append(bytes(self._out))
-            self._out = memoryview(b"")
+        return b"".join(iter(lambda: self._take(_OUT_BYTES), b""))
+
+    def _take(self, size: int) -> bytes:
+        """At most ``size`` bytes made (``b""`` at the end), or the failure once all before it were taken."""
+        if not self._made and size:
+            if self._failure is not None:
+                raise self._failure
+            self._made = self._decompress(size)
+        out, self._made = self._made[:size], self._made[size:]
+        if not out and size and self._failure is not None:
+            raise self._failure
+        return out
 
     def close(self) -> None:
         if not self.closed:
@@ -228,49 +206,48 @@ class _Decompressing(io.RawIOBase):
             finally:
                 super().close()
 
-    def _step(self) -> None:
-        """Make some output, or find the end of the data (``_ended``), or raise the failure
-        found by the step before (once the bytes made before it were returned)."""
-        if self._failure is not None:
-            raise self._failure
-        member = self._member
-        if member.eof:
-            self._next_member()
-            return
-        if member.wants_input() and not self._input:
-            self._input = self._source.read(_IN_BYTES)
-            if not self._input:
-                if member.fed:
-                    raise self._error(EOFError("compressed file ended before the end-of-stream marker "
-                                               "was reached"), "truncated")
-                self._ended = True
-                return
-        feed = _SMALL_FEED if self._codec in ("zstd", "xz") else len(self._input)
-        data, self._input = self._input[:feed], self._input[feed:]
-        try:
-            self._out = memoryview(member.take(data))
-        except _Damaged as damaged:
-            self._out = memoryview(damaged.made)
-            self._failure = self._error(damaged.cause, "corrupt")
-        except self._errors as e:
-            raise self._error(e, "corrupt") from e
+    def _decompress(self, size: int) -> bytes:
+        """At most ``size`` bytes, ``b""`` at the end; on damage, sets ``_failure`` and returns what
+        decompressed before it (any size)."""
+        while True:
+            if self._d.eof:
+                data = self._next_member()
+                if not data:
+                    return b""
+            elif self._d.needs_input:
+                data = self._source.read(_FEED)
+                if not data:
+                    if not self._fed:
+                        return b""
+                    self._failure = self._error(EOFError("compressed file ended before the end-of-stream "
+                                                         "marker was reached"), "truncated")
+                    return b""
+            else:
+                data = b""
+            self._fed = self._fed or bool(data)
+            try:
+                out = self._d.decompress(data, size)
+            except _Damaged as damaged:
+                self._failure = self._error(damaged.cause, "corrupt")
+                return damaged.made
+            except self._errors as e:
+                self._failure = self._error(e, "corrupt")
+                return b""
+            if out:
+                return out
 
-    def _next_member(self) -> None:
-        """After a member's end: the next member, or the end of the data. Zero bytes between
-        and after gzip members are padding, as ``gzip`` takes them (a member starts with 0x1f)."""
-        rest = self._member.unused + self._input
-        self._input = b""
+    def _next_member(self) -> bytes:
+        """After a member's end: the input of the next one (a fresh decompressor for it), or ``b""``."""
+        rest = self._d.unused_data
         while True:
             if self._codec == "gzip":
                 rest = rest.lstrip(b"\0")
             if rest:
-                break
-            rest = self._source.read(_IN_BYTES)
+                self._d, self._fed = self._new(), False
+                return rest
+            rest = self._source.read(_FEED)
             if not rest:
-                self._ended = True
-                return
-        self._member = _Member(self._codec)
-        self._input = rest
+                return b""
 
     def _error(self, cause: BaseException, kind: str) -> DecompressionError:
         error = DecompressionError(self._path, f"{kind} {self._codec} data: {cause}")

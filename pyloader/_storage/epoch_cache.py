@@ -64,6 +64,12 @@ class CacheEncoded:
     ``dir``: the folder (made if missing); ``update_every``: epochs per cache (an integer
     >= 2: the cache is rewritten every ``update_every`` epochs, or ``None``: written once,
     then only read); ``limit``: the most bytes one epoch's cache of one rank may take.
+
+    Example:
+        ```python
+        loader = DataLoader(reader, tokenizer, collator, "data/", num_epoch=20,
+                            cache_encoded=CacheEncoded("/local/ssd/encoded", update_every=4))
+        ```
     """
 
     dir: Union[str, "os.PathLike[str]"]

@@ -144,6 +144,12 @@ def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infe
     A name ending in ``.gz``, ``.bz2``, ``.xz``/``.lzma`` or ``.zst``/``.zstd`` is
     decompressed as it is read (``compression=None``: never; a codec name: always;
     see ``_storage.compression``).
+
+    Example:
+        ```python
+        with open_file("s3://bucket/train/part-0.jsonl.gz", "rt") as f:   # decompressed as it is read
+            first_line = f.readline()
+        ```
     """
     codec = codec_for(path, mode, compression)
     if codec is not None:
@@ -296,6 +302,12 @@ def list_files(data_dir: DataDir, retries: int = 0) -> List[str]:
       the same rules; transient remote errors are retried ``retries`` times.
 
     Nothing found: ``FileNotFoundError`` saying what was searched.
+
+    Example:
+        ```python
+        list_files("data/")             # every file under data/, in a fixed order
+        list_files("data/*.jsonl")      # the top folder's only; "data/**/*.jsonl" recursively
+        ```
     """
     if isinstance(data_dir, (list, tuple)):
         return _listed([os.fspath(p) for p in data_dir])

@@ -9,7 +9,15 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 
 class LatencyFileSystem(MemoryFileSystem):
-    """A memory filesystem whose reads each wait ``latency`` seconds; counts reads in flight."""
+    """A memory filesystem whose reads each wait ``latency`` seconds; counts reads in flight.
+
+    Example:
+        ```python
+        slow = LatencyFileSystem.register("slow", latency=0.05)    # "slow://" URLs, 50 ms per read
+        slow().pipe("/data/part-0.jsonl", b'{"x": 1}\\n{"x": 2}\\n')
+        loader = DataLoader(JsonLinesReader(batch_size=2), IdentityDataset(), NumpyCollator(), "slow://data/")
+        ```
+    """
 
     protocol = "latency"
     latency = 0.05

@@ -24,7 +24,15 @@ CROPS = ("random", "center")
 
 class Images:
     """What a built-in collator does to the image columns ``keys`` before stacking the batch
-    (``TorchCollator(images=Images(["jpg"], size=(224, 224), flip=True, mean=..., std=...))``)."""
+    (``TorchCollator(images=Images(["jpg"], size=(224, 224), flip=True, mean=..., std=...))``).
+
+    Example:
+        ```python
+        collator = TorchCollator(images=Images(["jpg"], size=(224, 224), flip=True,
+                                               mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]))
+        # batch["jpg"]: float32 [B, 3, 224, 224], randomly cropped and flipped
+        ```
+    """
 
     def __init__(self, keys: Iterable[str], size: Optional[Tuple[int, int]] = None, crop: str = "random",
                  flip: bool = False, mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,

@@ -12,6 +12,13 @@ class NumpyCollator(ArrayCollator):
     """Collates into ``np.ndarray`` values; string columns stay Python lists (or string arrays).
 
     Takes the keyword options of ``ArrayCollator``.
+
+    Example:
+        ```python
+        NumpyCollator().collate_batch({"ids": [[1, 2, 3], [4]], "y": [0, 1]})
+        # {'ids': array([[1, 2, 3], [4, 0, 0]]), 'ids_mask': array([[True, True, True], [True, False, False]]),
+        #  'y': array([0, 1])}
+        ```
     """
 
     thread_safe = True  # holds no per-call state on self

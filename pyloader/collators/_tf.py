@@ -19,6 +19,13 @@ class TFCollator(ArrayCollator):
     imported on the first batch, not when this module loads. With worker
     processes the stacking runs in the workers and the tensors are made in the
     loader's process.
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=64), IdentityDataset(), TFCollator(), "data/")
+        for batch in loader:
+            logits = model(batch["x"])          # tf.Tensor [64, 4]
+        ```
     """
 
     thread_safe = True  # holds no per-call state on self

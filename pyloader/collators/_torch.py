@@ -19,6 +19,13 @@ class TorchCollator(ArrayCollator):
     order) is copied first. A read-only input array gives a tensor that must not
     be written to (torch warns about it once).
     Pinning is the loader's job: ``DataLoader(pin_memory=True)``.
+
+    Example:
+        ```python
+        collator = TorchCollator(pad_info="lengths")
+        collator.collate_batch({"ids": [[1, 2, 3], [4]], "y": [0, 1]})
+        # {'ids': tensor([[1, 2, 3], [4, 0, 0]]), 'ids_lengths': tensor([3, 1]), 'y': tensor([0, 1])}
+        ```
     """
 
     thread_safe = True  # holds no per-call state on self

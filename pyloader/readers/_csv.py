@@ -37,6 +37,12 @@ class CSVReader(LineReader):
     left open), its ``"\r"`` all end lines, it holds no NUL, its rows all have the header's
     cells and no value is over ``csv.field_size_limit()``. The rest of the file from a
     block that is not is read by ``csv``, which reports what is wrong as above.
+
+    Example:
+        ```python
+        reader = CSVReader(batch_size=64, converters={"label": int})   # other columns stay str
+        loader = DataLoader(reader, IdentityDataset(), NumpyCollator(), "tables/")
+        ```
     """
 
     thread_safe = True  # holds no per-call state on self

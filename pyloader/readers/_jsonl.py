@@ -40,6 +40,12 @@ class JsonLinesReader(LineReader):
     The file is parsed a block of about a megabyte at a time: the block's lines are
     parsed in one pass and checked together; a block where anything is wrong is parsed
     again a line at a time, which finds the first bad line and reports it as it always has.
+
+    Example:
+        ```python
+        reader = JsonLinesReader(batch_size=64, fields=["text", "label"])   # other keys are ignored
+        loader = DataLoader(reader, IdentityDataset(), NumpyCollator(), "data/*.jsonl")
+        ```
     """
 
     thread_safe = True  # holds no per-call state on self

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import zipfile
 import zlib
 from typing import IO, Any, Dict, Iterator, Optional, Tuple, cast
@@ -12,7 +13,7 @@ from numpy.lib import format as npformat
 
 from .._abc import DataReader
 from .._columns import Columns
-from .._npy import HEADER_PARSE
+from .._npy import HEADER_PARSE, register_mapped
 from .._storage.compression import DecompressionError, codec_for
 from .._storage.files import _local, is_url, open_file
 from ._base import FileFormatError, check_piece_size, file_error
@@ -32,12 +33,20 @@ class NumpyReader(DataReader):
     the file; the file must not change while it is read): ``read_file`` returns an
     ``np.memmap`` and ``iter_file`` hands out views of it, ``piece_size`` rows at a
     time, with no copy at all (pages come from the page cache as the batches
-    are used, and are let go with the last batch using them); other files are read
+    are used, and are let go with the last batch using them); a batch that is such a
+    view crosses from a worker process as (file, offset, shape, dtype) and is mapped
+    again in the loader's process (``_execution.ipc``); other files are read
     through ``open_file`` (``iter_file`` reads them ``piece_size`` rows at a time,
     except Fortran-ordered arrays, which are read whole). An empty, corrupt or
     truncated file (the header is checked against the file's size before any row is
     read, and by ``count`` too), a header with a negative or non-integer shape, a
     0-d array, or unequal lengths raise ``ValueError`` naming the file (and the key).
+
+    Example:
+        ```python
+        reader = NumpyReader(batch_size=1024)          # a .npy gives the column "x"; a .npz one per array
+        loader = DataLoader(reader, IdentityDataset(), TorchCollator(), "features/")
+        ```
     """
 
     thread_safe = True  # holds no per-call state on self
@@ -104,6 +113,8 @@ class NumpyReader(DataReader):
             f.close()
             with HEADER_PARSE:
                 mapped = npformat.open_memmap(_local(path), mode="c")
+            start = mapped.__array_interface__["data"][0]  # its batches cross processes as spans of the file
+            register_mapped(mapped, start, mapped.nbytes, os.path.abspath(_local(path)), int(mapped.offset))
             return {self.key: _Rows(mapped)}
         return {self.key: _Rows.from_stream(f, size)}
 

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .._abc import DataReader
 from .._columns import Columns
+from .._npy import register_mapped
 from .._storage.files import _local, is_url, open_file
 from ._base import FileFormatError, check_fields, file_error
 
@@ -28,7 +30,9 @@ class ParquetReader(DataReader):
       once when it wraps one); a fixed-size list of such values without nulls as a 2-D array.
       Everything else (strings, nested lists, structs, and any column with nulls, which
       become ``None``) arrives as a Python list.
-    - A local file is opened by pyarrow itself (an Arrow file is memory-mapped); a URL goes
+    - A local file is opened by pyarrow itself (an Arrow file is memory-mapped: a column read
+      without a copy crosses from a worker process as (file, offset, shape, dtype) while the
+      file is open there, see ``NumpyReader``); a URL goes
       through ``open_file``, reading only the byte ranges pyarrow asks for (the footer, then
       the chunks of the selected columns) unless the loader fetched the file already.
     - A file that is neither format, or corrupt, raises ``ValueError`` naming the file,
@@ -37,6 +41,12 @@ class ParquetReader(DataReader):
     Needs pyarrow (``pip install 'pyloader-ml[parquet]'``); without it the reader cannot be made.
     pyarrow's own threads are not used: the loader reads several files at once already, and
     forked worker processes must not inherit a busy thread pool.
+
+    Example:
+        ```python
+        reader = ParquetReader(batch_size=256, columns=["input_ids", "label"])
+        loader = DataLoader(reader, IdentityDataset(), TorchCollator(), "s3://bucket/train/")
+        ```
     """
 
     thread_safe = True  # holds no per-call state on self
@@ -98,8 +108,9 @@ def _pyarrow() -> Any:
 class _Source:
     """One open Parquet or Arrow IPC file: its columns, its pieces, its row count."""
 
-    def __init__(self, parquet: Any = None, ipc: Any = None) -> None:
+    def __init__(self, parquet: Any = None, ipc: Any = None, keep: Any = None) -> None:
         self._parquet, self._ipc = parquet, ipc
+        self._keep = keep  # the whole of a mapped file: registered while the file is open
         schema = parquet.schema_arrow if parquet is not None else ipc.schema
         self.names: List[str] = list(schema.names)
 
@@ -149,8 +160,13 @@ def _open(pa: Any, path: str, stack: contextlib.ExitStack) -> _Source:
             raise file_error(path, f"cannot read as Parquet or Arrow IPC (corrupt or truncated?): {e}") from e
         if not isinstance(f, str):
             f.seek(0)
-        source = stack.enter_context(pa.memory_map(f)) if isinstance(f, str) else f
-        return _Source(ipc=pa.ipc.open_file(source))
+        if not isinstance(f, str):
+            return _Source(ipc=pa.ipc.open_file(f))
+        mapped = stack.enter_context(pa.memory_map(f))
+        whole = mapped.read_buffer()  # no copy: its columns cross processes as spans of the file
+        mapped.seek(0)
+        register_mapped(whole, whole.address, whole.size, os.path.abspath(f), 0)
+        return _Source(ipc=pa.ipc.open_file(mapped), keep=whole)
     stack.callback(parquet.close)
     return _Source(parquet=parquet)
 

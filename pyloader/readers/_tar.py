@@ -40,7 +40,14 @@ IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "bmp", "gif", "tif", "ti
 
 def decode_image(data: bytes, mode: Optional[str] = "RGB") -> np.ndarray:
     """An encoded image (JPEG, PNG, ...) as a ``uint8`` array, ``[H, W, C]`` (``[H, W]`` for one
-    channel), converted to ``mode`` unless it is ``None``. Needs Pillow (the ``image`` extra)."""
+    channel), converted to ``mode`` unless it is ``None``. Needs Pillow (the ``image`` extra).
+
+    Example:
+        ```python
+        with open_file("photos/cat.jpg", "rb") as f:
+            pixels = decode_image(f.read())     # uint8 [H, W, 3]
+        ```
+    """
     try:
         from PIL import Image
     except ImportError as exc:
@@ -89,6 +96,13 @@ class TarReader(DataReader):
     extensions stay ``bytes``); ``False`` gives ``bytes`` throughout; a mapping adds or replaces
     decoders (by full or last extension; ``None``: keep ``bytes``). ``image_mode``: what images are
     converted to (``None``: as stored). ``iter_file`` gives ``piece_size`` samples at a time.
+
+    Example:
+        ```python
+        reader = TarReader(batch_size=16, keep=["jpg", "cls"])   # batch["jpg"]: uint8 [H, W, 3] arrays
+        collator = TorchCollator(images=Images(["jpg"], size=(224, 224)))
+        loader = DataLoader(reader, IdentityDataset(), collator, "shards/")
+        ```
     """
 
     thread_safe = True  # holds no per-call state on self

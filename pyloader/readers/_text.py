@@ -18,6 +18,12 @@ class TextLinesReader(LineReader):
     line number. An empty file gives no samples. Compressed files (``.gz``, ``.bz2``,
     ``.xz``, ``.zst``) are decompressed as they are read. The file is decoded and split
     a block of about a megabyte at a time.
+
+    Example:
+        ```python
+        reader = TextLinesReader(batch_size=64, skip_blank=True)    # batch["text"]: 64 str
+        loader = DataLoader(reader, IdentityDataset(), NumpyCollator(), "corpus/*.txt.gz")
+        ```
     """
 
     thread_safe = True  # holds no per-call state on self

@@ -1,0 +1,28 @@
+"""``benchmarks/bench_real.py`` runs (a smoke run on its smallest data; the full run is a benchmark, not a test)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_bench_real_times_the_plain_loop_and_pyloader_and_checks_every_sample_count():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_real.py"), "--quick", "--workload", "text",
+                          "--contender", "plain", "--contender", "pyloader"],
+                         capture_output=True, text=True, timeout=100, env=env, cwd=str(REPO))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines()
+            if line.startswith("| text ")}
+    assert set(rows) == {"text"}, out.stdout
+    for row in rows.values():
+        cells = [c.strip() for c in row.split("|")[2:4]]
+        assert all(c.endswith(" s") or "x)" in c for c in cells), row  # a time in every cell, no failure
+        assert "count" not in row, row  # every run delivered the data's samples
+    assert "text/plain" in out.stdout and "WRONG COUNT" not in out.stdout

@@ -1,0 +1,281 @@
+"""Every Python example in README.md and docs/ runs, as written, on small data made here.
+
+The collector (see docs/contributing.md, *Examples in the docs*):
+
+* A block fenced as ```` ```python ```` runs; every other fence must name its language (``bash``,
+  ``text``, ``console``, ...) and does not run. A bare fence, or ``py``/``python3``/``pycon``, is an
+  error, so no Python block can be left out by accident.
+* The blocks of one page run in order in one namespace (a page reads as one session), in a fresh
+  folder holding the files the examples name (``data/``, ``texts/``, ``shards/``, ...: ``make_data``),
+  with ``PYLOADER_NUM_WORKERS=0``: a loader left at ``num_workers="auto"`` runs in this process, which
+  keeps the examples fast (the rest of the suite runs the default); one that names ``num_workers``
+  gets them.
+* ``<!-- example: gpu -->`` on the line before a block: it needs CUDA. It runs in a test of its own
+  (after the page's other blocks before it), skipped with the reason where CUDA is missing.
+* ``<!-- example: s3 -->``: it reads ``s3://bucket/...``; the page then runs against the suite's
+  moto S3 server (``conftest.moto_server``), which holds the same files under ``s3://bucket/``.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import inspect
+import json
+import re
+import shutil
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+KINDS = {"gpu", "s3"}
+RUN = "python"
+NOT_PYTHON = {"py", "python3", "pycon", "ipython"}  # spelled so, a Python block would silently not run
+MARKER = re.compile(r"^<!-- example: ([\w-]+) -->$")
+FENCE = re.compile(r"^(\s*)(`{3,})(.*)$")
+TENSORFLOW = ("tensorflow", "TFCollator", "to_tf_dataset")
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int  # the fence's line, 1-based
+    code: str
+    kind: Optional[str]  # a marker's kind, or None
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(path: Path, name: Optional[str] = None) -> List[Block]:
+    """The Python blocks of a Markdown page; ``ValueError`` (naming the line) for a fence without a
+    language, a Python block spelled otherwise, or an unknown or misplaced marker."""
+    name = name or str(path.relative_to(ROOT))
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found: List[Block] = []
+    i = 0
+    while i < len(lines):
+        marker = MARKER.match(lines[i].strip())
+        if marker and marker.group(1) not in KINDS:
+            raise ValueError(f"{name}:{i + 1}: unknown example marker {marker.group(1)!r} (known: {sorted(KINDS)})")
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        indent, ticks, info = fence.groups()
+        lang = info.strip().split(" ")[0] if info.strip() else ""
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == ticks), None)
+        if end is None:
+            raise ValueError(f"{name}:{i + 1}: a code block that never ends")
+        if not lang or lang in NOT_PYTHON:
+            raise ValueError(f"{name}:{i + 1}: a code block must name its language: ```python to run it, "
+                             f"```bash, ```text, ```console ... for what does not run (got {lang or 'none'!r})")
+        before = lines[i - 1].strip() if i else ""
+        kind = MARKER.match(before).group(1) if MARKER.match(before) else None  # type: ignore[union-attr]
+        if kind and lang != RUN:
+            raise ValueError(f"{name}:{i}: an example marker before a {lang!r} block, which does not run")
+        if lang == RUN:
+            code = "\n".join(line[len(indent):] for line in lines[i + 1:end])
+            found.append(Block(name, i + 1, "\n" * (i + 1) + code + "\n", kind))  # line numbers as in the page
+        i = end + 1
+    return found
+
+
+def run_blocks(todo: List[Block]) -> None:
+    """Run ``todo`` in order in one namespace; an error is raised with a note naming its block."""
+    namespace: Dict[str, object] = {"__name__": "__docs_example__"}
+    for block in todo:
+        try:
+            exec(compile(block.code, block.page, "exec"), namespace)
+        except BaseException as error:
+            error.add_note(f"in the example at {block.where}")
+            raise
+
+
+# ---- the files the examples name ----
+
+def jsonl(path: Path, rows: List[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def make_data(root: Path) -> None:
+    """Small files, named as the examples name them."""
+    gen = np.random.default_rng(0)
+    for folder in ("tables", "tokens"):
+        (root / folder).mkdir()
+    for i in range(4):
+        jsonl(root / "data" / f"part-{i}.jsonl",
+              [{"x": gen.normal(size=4).round(3).tolist(), "y": (i + j) % 2, "text": f"sample {i}-{j}" * (j % 3),
+                "tokens": list(range(j % 7 + 1)), "label": j % 2} for j in range(16)])
+        jsonl(root / "web" / f"part-{i}.jsonl", [{"text": f"web {i}-{j}", "label": j % 2} for j in range(12)])
+        with open(root / "tables" / f"part-{i}.csv", "w", newline="") as f:
+            csv.writer(f).writerows([["text", "label"], *[[f"row {i}-{j}", j % 2] for j in range(8)]])
+        np.save(root / "tokens" / f"part-{i}.npy", np.arange(40 + 9 * i) % 26)
+    jsonl(root / "data" / "easy" / "part-0.jsonl",
+          [{"x": [0.0] * 4, "y": 0, "text": "easy", "tokens": [1], "label": 0} for _ in range(8)])
+    for folder, n, rows in (("texts", 3, 20), ("small_data", 3, 7)):
+        (root / folder).mkdir()
+        for i in range(n):
+            (root / folder / f"chunk-{i}.tsv").write_text("".join(f"{j % 2}\tsample {i}-{j}\n" for j in range(rows)))
+    write_parquet(root / "parquet")
+    write_shards(root / "shards")
+
+
+def write_parquet(folder: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(3):
+        table = pa.table({"input_ids": [list(range(j % 5 + 1)) for j in range(20)],
+                          "label": [j % 2 for j in range(20)]})
+        pq.write_table(table, folder / f"part-{i}.parquet", row_group_size=8)
+    (folder / "_SUCCESS").write_bytes(b"")
+
+
+def write_shards(folder: Path) -> None:
+    spec = importlib.util.spec_from_file_location("image_augment_docs", ROOT / "examples" / "image_augment.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.write_shards(str(folder), shards=2, per_shard=16)
+
+
+def upload(root: Path) -> None:
+    """The same files in the moto server's bucket ``bucket``: ``s3://bucket/train/`` holds ``parquet/``."""
+    import boto3
+    import fsspec
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()  # instances made against an earlier server's endpoint
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="bucket")
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        key = str(path.relative_to(root))
+        client.put_object(Bucket="bucket", Key=key, Body=path.read_bytes())
+        if key.startswith("parquet/"):
+            client.put_object(Bucket="bucket", Key="train/" + key.split("/", 1)[1], Body=path.read_bytes())
+    fsspec.config.conf.pop("s3", None)
+
+
+# ---- the tests ----
+
+def all_blocks() -> Iterator[Block]:
+    for path in PAGES:
+        yield from blocks(path)
+
+
+def page_params() -> List[object]:
+    """One test per page (its blocks without a GPU), and one per GPU block."""
+    by_page: Dict[str, List[Block]] = {}
+    for block in all_blocks():
+        by_page.setdefault(block.page, []).append(block)
+    def marks(page: str) -> List[pytest.MarkDecorator]:  # TensorFlow imported: run last (see conftest.py)
+        return [pytest.mark.tensorflow] if any(w in b.code for b in by_page[page] for w in TENSORFLOW) else []
+
+    return [pytest.param(page, None, id=page, marks=marks(page)) for page in by_page] + [
+        pytest.param(page, b.line, id=f"{b.where}-gpu", marks=marks(page))
+        for page, bs in by_page.items() for b in bs if b.kind == "gpu"]
+
+
+@pytest.fixture(scope="module")
+def made_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("docs-data")
+    make_data(root)
+    return root
+
+
+@pytest.fixture
+def in_data_folder(made_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh copy of the files, as the current folder; worker processes only where an example names them."""
+    shutil.copytree(made_data, tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYLOADER_NUM_WORKERS", "0")
+    return tmp_path
+
+
+def run_page(page: str, root: Path, gpu_line: Optional[int] = None) -> None:
+    todo = [b for b in blocks(ROOT / page) if b.kind != "gpu" or b.line == gpu_line]
+    if gpu_line is not None:
+        todo = [b for b in todo if b.line <= gpu_line]
+    if any(b.kind == "s3" for b in todo):
+        sys.path.insert(0, str(ROOT / "tests"))
+        from conftest import moto_server
+
+        with moto_server():
+            upload(root)
+            run_blocks(todo)
+    else:
+        run_blocks(todo)
+
+
+@pytest.mark.parametrize("page,gpu_line", page_params())
+def test_the_examples_of_each_page_run_as_written(page: str, gpu_line: Optional[int], in_data_folder: Path) -> None:
+    if gpu_line is not None:
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip(f"{page}:{gpu_line} needs a GPU: torch.cuda.is_available() is False here")
+    run_page(page, in_data_folder, gpu_line)
+
+
+def test_a_broken_example_fails_and_names_its_page_and_line(tmp_path: Path) -> None:
+    page = tmp_path / "broken.md"
+    page.write_text("# A page\n\n```python\nanswer = 41\n```\n\nSome text.\n\n```python\n\n"
+                    "assert answer == 42, 'the docs are wrong'\n```\n")
+    with pytest.raises(AssertionError, match="the docs are wrong") as caught:
+        run_blocks(blocks(page, "broken.md"))
+    assert caught.value.__notes__ == ["in the example at broken.md:9"]
+    assert caught.traceback[-1].lineno + 1 == 11  # the traceback points at the page's own line
+
+
+@pytest.mark.parametrize("text,message", [
+    ("```\nprint(1)\n```\n", "must name its language"),
+    ("```py\nprint(1)\n```\n", "must name its language"),
+    ("<!-- example: later -->\n```python\nprint(1)\n```\n", "unknown example marker 'later'"),
+    ("<!-- example: gpu -->\n```bash\nls\n```\n", "before a 'bash' block"),
+    ("```python\nprint(1)\n", "never ends"),
+])
+def test_the_collector_refuses_a_block_it_could_not_run_or_skip_knowingly(tmp_path, text, message) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        blocks(page, "page.md")
+
+
+def test_the_collector_finds_the_blocks_of_the_readme_and_the_docs_and_their_markers() -> None:
+    found = list(all_blocks())
+    assert {b.page for b in found} >= {"README.md", "docs/getting-started.md"}
+    assert len(found) >= 25
+    assert {b.kind for b in found} >= {"gpu", "s3"}
+
+
+def public_objects() -> Iterator[Tuple[str, object]]:
+    import pyloader
+    import pyloader.collators
+    import pyloader.readers
+    import pyloader.testing
+
+    for module in (pyloader, pyloader.readers, pyloader.collators, pyloader.testing):
+        for name in module.__all__:
+            yield f"{module.__name__}.{name}", getattr(module, name)
+
+
+def test_every_public_name_has_a_docstring_example_that_compiles() -> None:
+    without = []
+    for name, obj in public_objects():
+        examples = re.findall(r"Example:\n\s*```python\n(.*?)```", inspect.getdoc(obj) or "", re.S)
+        if not examples:
+            without.append(name)
+        for code in examples:
+            compile(textwrap.dedent(code), f"<docstring of {name}>", "exec")
+    assert without == []
