@@ -263,8 +263,8 @@ def measure(spec: Dict[str, Any]) -> Result:
                 break
         seen = loader.stats["iteration"]
     return Result(spec["workers"], seen["samples_per_s"], seen["samples"], seen["batches"],
-                  seen["first_batch_s"] or 0.0, own_peak_bytes() / 2**20,
-                  "peak RSS of the process plus its largest worker's (the tree could not be sampled)")
+                  first_batch_s=seen["first_batch_s"] or 0.0, peak_mib=own_peak_bytes() / 2**20,
+                  memory="peak RSS of the process plus its largest worker's (the tree could not be sampled)")
 
 
 def run_setting(spec: Dict[str, Any], timeout: float) -> Result:

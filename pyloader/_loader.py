@@ -31,7 +31,8 @@ from ._options import (
     taking,
     values_of,
 )
-from ._pipeline import Settings, batches, launch_workers
+from ._pipeline import batches, launch_workers
+from ._plan import Settings
 from ._stages.batch import Batch, Group, Stacked
 from ._stages.entries import bounds_of, known_counts, stream_data
 from ._stages.mix import MixSource, mix_fingerprint
@@ -120,12 +121,12 @@ class DataLoader(Options):
     """
 
     @taking(Options)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         self._arguments = bind("DataLoader", args, kwargs)
         super().__init__(**self._arguments)  # checks every option, resolves num_threads, bucket_buffer, rotation_size
         self.options = Options(**values_of(self))  # the options alone (not the loader), for the pipeline
         self._placer = Placer(self.num_workers, self.start_method)
-        self._count_cache: Dict[str, Any] = {}
+        self._count_cache: Dict[str, object] = {}
         self._mix = _weighted_sources(self.data_dir, self.datareader, self.stream, self.retries)
         self._reader = self.datareader if self._mix is None else self._mix.readers
         self._exclusive = Exclusive((self._reader, self.datareader, self.dataset, self.datacollator))
@@ -261,7 +262,7 @@ class DataLoader(Options):
         return EpochStore(config, f"rank{sharding.rank}-of{sharding.world_size}-{digest}", digest,
                           self._oversized)
 
-    def _consumed(self, batch: Batch, record: _Run) -> Any:
+    def _consumed(self, batch: Batch, record: _Run) -> object:
         self.epoch = batch.epoch
         record.epoch, record.consumed, record.last_epoch = batch.epoch, batch.index + 1, batch.epoch
         record.cached = batch.cached
@@ -287,7 +288,7 @@ class DataLoader(Options):
     def __enter__(self) -> "DataLoader":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __bool__(self) -> bool:
@@ -321,8 +322,8 @@ class DataLoader(Options):
         # epochs differ in batches when the order changes the steps (stream mode) or the files read
         varies = self.stream or declares_drops_or_repeats(self.file_order)
         epochs = range(start.epoch, start.end if varies else start.epoch + 1)
-        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, self.stream, self.seq_len,
-                              self.rotation) for e in epochs)
+        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, stream=self.stream,
+                              seq_len=self.seq_len, rotation=self.rotation) for e in epochs)
         return n if varies else n * (start.end - start.epoch)
 
     @property
@@ -333,7 +334,7 @@ class DataLoader(Options):
         return self._stats.as_dict()
 
     # -- resume --------------------------------------------------------------------
-    def _fingerprint(self) -> Dict[str, Any]:
+    def _fingerprint(self) -> Dict[str, object]:
         if self._files_digest is None:
             self._files_digest = files_digest(self.files) if self._entries is None else self._entries.digest()
         sharding = self.sharding
@@ -344,7 +345,7 @@ class DataLoader(Options):
                               even_batches=sharding.even_batches),
                 "mix": mix_fingerprint(self._mix, self.stop)}
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> Dict[str, object]:
         """Where the consumer is: the batches handed over so far, not those read ahead.
 
         Small and JSON-serializable; restoring it with ``load_state_dict`` makes
@@ -354,7 +355,7 @@ class DataLoader(Options):
         """
         return make_state(self._where(), self._fingerprint(), self.num_epoch)
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: Dict[str, object]) -> None:
         """Make the next iteration resume from ``state`` (from ``state_dict``).
 
         Everything is checked before anything changes: a state that is not
@@ -370,10 +371,11 @@ class DataLoader(Options):
 
     def _plan(self, start: Start, counts: List[Optional[int]],
               elastic: Optional[Elastic] = None) -> Union[FileSource, MixSource]:
-        """The plan of the epochs ``start`` begins, from the counts (as the run makes it: ``_pipeline._source``)."""
+        """The plan of the epochs ``start`` begins, from the counts (as the run makes it: ``_plan.make_source``)."""
         if self._mix is not None:
-            return MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, start.end, self.sharding)
-        return FileSource(self.files, start.end, self.shuffle, self.random_seed, self.sharding, counts,
+            return MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, num_epoch=start.end,
+                             sharding=self.sharding)
+        return FileSource(self.files, start.end, self.shuffle, self.random_seed, sharding=self.sharding, counts=counts,
                           whole_files=self.stream, file_order=self.file_order, bounds=bounds_of(self._entries),
                           elastic=elastic)
 
@@ -414,7 +416,7 @@ class DataLoader(Options):
         return DataLoader(**{**self._arguments, "rank": rank, "world_size": world_size})
 
     # -- pickling: the settings and the position, never a running iteration -------------
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> Dict[str, object]:
         start = self._where()
         return {"arguments": self._arguments, "next": (start.epoch, start.skip, start.end, start.splits, start.cached),
                 "counts": dict(self._count_cache)}
@@ -480,7 +482,7 @@ class LoaderIterator:
         self._engine, pool = self._loader._engine(start)
         self._finalizer = weakref.finalize(self, _stop, self._engine, self._record, pool)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         return self
 
     def __next__(self) -> Any:
@@ -507,7 +509,7 @@ class LoaderIterator:
     def __aiter__(self) -> "LoaderIterator":
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> object:
         began = got = time.perf_counter()
         batch = next(self._ready, None)
         if batch is None:
@@ -528,7 +530,7 @@ class LoaderIterator:
             batch = next(self._ready)
         return self._hand_out(batch, began, got)
 
-    def _hand_out(self, batch: Batch, began: float, got: float) -> Any:
+    def _hand_out(self, batch: Batch, began: float, got: float) -> object:
         """The batch's data, handed over by a ``next()`` that began at ``began`` and had it at ``got``."""
         if not self._track:
             return batch.data

@@ -19,7 +19,7 @@ and everything else is derived from it, at import or at construction:
   Keys and values must stay as older states recorded them, and a new option that
   changes the batch sequence must record ``None`` at its default (as ``time_major``
   does), so that states saved before it existed still load;
-* the settings the pipeline reads (``_pipeline.Settings.options``, an ``Options``);
+* the settings the pipeline reads (``_plan.Settings.options``, an ``Options``);
 * the docs: ``help(DataLoader)`` lists every option with its default and doc
   (``describe``), and tests/test_options.py checks that the README's table of
   ``DataLoader`` arguments names exactly these options.
@@ -69,7 +69,7 @@ from ._storage.files import DataDir
 GROUPS_IN_FLIGHT = 2  # being encoded and collated without workers
 GROUPS_PER_WORKER = 4  # with workers: enough that one worker's file does not hold the other idle
 
-Check = Callable[[str, Any], object]  # raises naming the option when the value is bad
+Check = Callable[[str, object], object]  # raises naming the option when the value is bad
 
 
 @dataclass(frozen=True)
@@ -78,25 +78,25 @@ class Option:
 
     doc: str
     check: Optional[Check] = None
-    resume: Union[bool, Callable[[Any], Any]] = False  # in the fingerprint: as is (True), or mapped
-    convert: Optional[Callable[[Any], Any]] = None  # how it is stored (bool options: ``bool``)
+    resume: Union[bool, Callable[[object], object]] = False  # in the fingerprint: as is (True), or mapped
+    convert: Optional[Callable[[object], object]] = None  # how it is stored (bool options: ``bool``)
 
 
 # -- checks of one value ------------------------------------------------------------------
-def positive(name: str, value: Any) -> int:
+def positive(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return value
 
 
-def at_least_zero(name: str, value: Any) -> None:
+def at_least_zero(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
 def optional(check: Check) -> Check:
     """``check``, with ``None`` allowed."""
-    def checked(name: str, value: Any) -> None:
+    def checked(name: str, value: object) -> None:
         if value is not None:
             check(name, value)
     return checked
@@ -104,7 +104,7 @@ def optional(check: Check) -> Check:
 
 def one_of(choices: Union[Sequence[str], Callable[[], Sequence[str]]]) -> Check:
     """One of ``choices`` (or of what ``choices()`` gives when checked)."""
-    def checked(name: str, value: Any) -> None:
+    def checked(name: str, value: object) -> None:
         allowed = choices() if callable(choices) else choices
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
@@ -112,7 +112,7 @@ def one_of(choices: Union[Sequence[str], Callable[[], Sequence[str]]]) -> Check:
 
 
 def instance_of(cls: type) -> Check:
-    def checked(name: str, value: Any) -> None:
+    def checked(name: str, value: object) -> None:
         if not isinstance(value, cls):
             raise TypeError(f"{name} must be a pyloader.{cls.__name__}, got {type(value).__name__}")
     return checked
@@ -123,16 +123,16 @@ def _reader(name: str, value: Any) -> None:
     positive("batch_size", value.batch_size)
 
 
-def _progress(name: str, value: Any) -> None:
+def _progress(name: str, value: object) -> None:
     if value:
         check_progress()
 
 
-def _stop(name: str, value: Any) -> None:
+def _stop(name: str, value: object) -> None:
     check_stop(value)
 
 
-def _bucket_key(bucket_by: Any) -> Any:
+def _bucket_key(bucket_by: object) -> object:
     return bucket_by if isinstance(bucket_by, str) else callable_name(bucket_by)
 
 
@@ -312,10 +312,10 @@ def values_of(options: Options) -> Dict[str, Any]:
     return {name: getattr(options, name) for name in OPTIONS}
 
 
-def fingerprint(options: Options, **resolved: Any) -> Dict[str, Any]:
+def fingerprint(options: Options, **resolved: object) -> Dict[str, object]:
     """The options' part of the resume fingerprint, in declaration order; ``resolved``: values
     resolved when an iteration starts (``rank``, ``world_size``, ``even_batches``) in place of the given ones."""
-    out: Dict[str, Any] = {}
+    out: Dict[str, object] = {}
     for name, option in OPTIONS.items():
         if option.resume is not False:
             value = resolved[name] if name in resolved else getattr(options, name)
@@ -342,10 +342,10 @@ def bind(owner: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str,
 P = ParamSpec("P")
 
 
-def taking(options: Callable[P, Any]) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, P], None]]:
+def taking(options: Callable[P, object]) -> Callable[[Callable[..., None]], Callable[Concatenate[object, P], None]]:
     """Gives ``__init__(self, *args, **kwargs)`` the parameters of ``options`` (``Options``): for mypy,
     which then checks callers' keywords and types, and for ``inspect.signature`` and ``help``."""
-    def typed(init: Callable[..., None]) -> Callable[Concatenate[Any, P], None]:
+    def typed(init: Callable[..., None]) -> Callable[Concatenate[object, P], None]:
         self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
         init.__signature__ = SIGNATURE.replace(parameters=[self, *SIGNATURE.parameters.values()])  # type: ignore[attr-defined]
         # as an explicit signature would have them (read by code that inspects the defaults)

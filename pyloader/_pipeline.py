@@ -1,149 +1,217 @@
 """The path of a batch, top to bottom: files → pieces → batches (in groups) → encoded and collated → hand-over.
 
-With ``cache_encoded`` each epoch takes one of three paths (``_stages.cached_epochs``): read from the
-cache of encoded batches (then collated), from the files with its encoded batches written to
-the cache before they are collated, or from the files as without the cache. With ``rotation``
-the encoded batches are cut into samples, served several times and batched again
-(``_stages.rotation``) before they are collated.
+A run is first planned (``_plan.plan_run``): a frozen ``RunPlan`` resolved once from the options
+(``Settings``), the start position and the counts, holding the mode, the source of files,
+the planned steps and where each stage begins the first epoch (``FirstEpoch``). The chain is
+then built from it, stage by stage, by keyword (``batches``, ``FileStages``):
+
+1. ``_stages.source`` (``FileSource``, ``MixSource``): which file is read when;
+2. ``_stages.read`` (``ReadFiles``): the files read ahead, as pieces, by the runner;
+3. ``_stages.batch`` (``Batcher``) or ``_stages.stream`` (``StreamBatcher``): pieces cut into batches;
+4. ``_stages.map`` (``OrderedMap``): ``batch_encode`` and ``collate_batch`` on each group, in order;
+5. ``_stages.even`` (``EvenSteps``): under ranks, every rank's epoch padded to the planned steps.
+
+The mode picks what happens between 3 and 4. With ``cache_encoded`` each epoch takes one of
+three paths (``_stages.cached_epochs``): read from the cache of encoded batches (then collated),
+from the files with its encoded batches written to the cache before they are collated, or from
+the files as without the cache. With ``rotation`` the encoded batches are cut into samples,
+served several times and batched again (``_stages.rotation``) before they are collated.
 """
 from __future__ import annotations
 
 import asyncio
-import functools
-import threading
-from collections import abc  # isinstance against these, not typing's aliases: several times faster
-from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import AsyncGenerator, AsyncIterator, Iterator, Optional
 
-from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
-from ._counts import Counter
-from ._errors import ErrorHandler, Stats, reraise
+from ._errors import Stats
 from ._execution.filter import with_filter
 from ._execution.forking import needed_modules
 from ._execution.pool import KeptPool, WorkerPool
-from ._execution.runners import Exclusive, Lane, LocalSteps, PoolRunner, Runner, ThreadRunner
-from ._execution.steps import Step
+from ._execution.runners import Lane, LocalSteps, PoolRunner, Run, Runner, ThreadRunner
 from ._frameworks.torch import attach_meta
-from ._length import epoch_steps
-from ._options import Options, resolved
-from ._stages.batch import Batcher, Group, Stacked
-from ._stages.bucket import Lengths
+from ._options import resolved
+from ._plan import FirstEpoch, Mode, RunBlocking, RunPlan, Settings, plan_run, split_steps, stream_fallback
+from ._stages.batch import Batcher, Group, RankSteps, RowBatcher, Stacked
 from ._stages.cached_epochs import CachedEpochs
-from ._stages.entries import Entries, bounds_of, known_counts, with_memory
+from ._stages.entries import with_memory
 from ._stages.even import EvenSteps
 from ._stages.map import OrderedMap
-from ._stages.mix import MixSource
 from ._stages.read import Ramp, ReadFiles
 from ._stages.rotation import Rotation
-from ._stages.shard import Sharding
-from ._stages.source import Elastic, FileSource, FileTask, SourceItem
-from ._stages.sources import Mix
+from ._stages.source import FileSource, SourceItem
 from ._stages.stream import StreamBatcher
-from ._stages.stream_resume import StreamStart, stream_start
+from ._stages.stream_cut import StreamShape
 from ._state import Start
 from ._storage.bytes import ReadAhead
-from ._storage.cache import DiskCache
-from ._storage.epoch_cache import EpochStore
 from ._storage.held import InMemory, OnDisk
 
 _COLLATING = 2  # groups of rotated batches being collated at once
 
 
-@dataclass
-class Settings:
-    """What a run needs: the user's options, and the pieces the loader built from them."""
+def launch_workers(s: Settings, kept: Optional[KeptPool]) -> Optional[WorkerPool]:
+    """The run's worker processes, started now if they do not run (a pool ``kept`` across runs with
+    ``persistent_workers``, else one for this run); called before the run's threads start."""
+    if not s.num_workers:
+        return None
+    readers = s.mix.readers.readers if s.mix is not None else [s.options.datareader]
+    objects = [*readers, s.options.dataset, s.options.datacollator]
 
-    options: Options  # checked and resolved when the loader was built (``_options``)
-    files: List[str]  # of ``data_dir``, or of the weighted sources
-    reader: DataReader  # the datareader, or the sources' readers (``mix``)
-    num_workers: int  # worker processes of this run (``num_workers``, resolved: ``_execution.auto_workers``)
-    concurrency: int  # groups being encoded and collated at once
-    errors: ErrorHandler  # ``on_error`` and ``max_errors``, counted per run
-    stats: Stats
-    finish: Optional[Callable[[Any], Any]] = None  # e.g. pin_memory, run after collate_batch
-    pool: Optional[WorkerPool] = None  # the worker processes, launched before the run (``launch_workers``)
-    sharding: Sharding = Sharding()  # ``rank``, ``world_size``, ``even_batches``, resolved for this run
-    count_cache: Dict[str, Any] = field(default_factory=dict)  # samples per file, kept across runs
-    exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
-    cache: Optional[DiskCache] = None  # ``cache_dir``
-    entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_stages.entries``)
-    mix: Optional[Mix] = None  # weighted sources (``_stages.mix``): their files, each read by its own reader
-    encoded_cache: Optional[EpochStore] = None  # ``cache_encoded``: this rank's share (``_stages.cached_epochs``)
-    counter: Optional[Counter] = None  # counts the files, from and into the count indexes (``_counts``)
+    def make_pool() -> WorkerPool:
+        return WorkerPool(s.num_workers, with_filter(s.reader, s.options.filter_fn), split_steps(s).there,
+                          s.options.worker_init_fn, s.options.start_method, persistent=kept is not None,
+                          imports=tuple(needed_modules(objects)))
 
-    @property
-    def draws(self) -> Tuple[int, int]:
-        """What ``pyloader.rng()`` in a batch's steps draws from besides its place (``_stages.map.OrderedMap``)."""
-        return self.options.random_seed, self.sharding.rank
+    pool = make_pool() if kept is None else kept.get(make_pool)
+    pool.busy = s.stats.busy
+    try:
+        pool.launch()
+    except BaseException:
+        pool.close()
+        raise
+    return pool
 
 
-class CheckedEncode:
-    """``batch_encode`` plus the check of what it returns (a class, so workers can unpickle it)."""
 
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
+@dataclass(frozen=True)
+class Chain:
+    """What the stages of one run are built from: its settings and plan, where user code runs
+    (``runner``, and ``lane`` for what runs in this process), and the event loop's helpers."""
 
-    def __call__(self, columns: Dict[str, Any]) -> Any:
-        out = self.dataset.batch_encode(columns)
-        if not isinstance(out, abc.Mapping):
-            raise TypeError(f"batch_encode must return a dict of lists, got {type(out).__name__}")
-        return out
-
-    def on_stacked(self, columns: Mapping) -> Optional[Mapping]:
-        """``batch_encode`` on a stacked group at once: only ``IdentityDataset``'s, which returns its input."""
-        return columns if type(self.dataset).batch_encode is IdentityDataset.batch_encode else None
+    s: Settings
+    plan: RunPlan
+    runner: Runner
+    lane: Lane
+    run_blocking: RunBlocking
+    tasks: asyncio.TaskGroup
 
 
-class Collate:
-    """``collate_batch``, and the collator's ``collate_stacked`` for stacked groups where it has one."""
+async def batches(s: Settings, start: Start, run_blocking: RunBlocking,
+                  tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
+    """The stages of one run, chained; ``run_blocking(fn, *args)`` runs ``fn`` off the loop.
 
-    def __init__(self, collator: DataCollator) -> None:
-        self.collator = collator
-
-    def __call__(self, features: Dict[str, Any]) -> Any:
-        return self.collator.collate_batch(features)
-
-    def on_stacked(self, columns: Mapping) -> Optional[Mapping]:
-        collate_stacked = getattr(self.collator, "collate_stacked", None)
-        return None if collate_stacked is None else collate_stacked(columns)
-
-
-def split_steps(s: Settings) -> Tuple[List[Step], List[Step], List[Step]]:
-    """The steps run where the batch is encoded, those run in this process afterwards,
-    and all of them as run when a batch is encoded in this process.
-
-    With workers, a collator that makes tensors a worker should not (TF's) is
-    split: NumPy stacking in the worker, conversion here; pinning is always here.
+    User methods run in this process ``num_threads`` at a time (``Lane``).
     """
-    encode: Step = ("batch_encode", CheckedEncode(s.options.dataset))
-    collate: Step = ("collate_batch", Collate(s.options.datacollator))
-    finish: List[Step] = [] if s.finish is None else [("pin_memory", s.finish)]
-    if s.num_workers and getattr(s.options.datacollator, "converts_in_main", False):
-        split: Any = s.options.datacollator  # an ArrayCollator: stacking there, converting here
-        there = [encode, ("collate_batch", split.stack)]
-        here = [("collate_batch", split.convert), *finish]
-    else:
-        there, here = [encode, collate], finish
-    return there, here, [encode, collate, *finish]
+    o = s.options
+    lane = Lane(run_blocking, resolved(o.num_threads), s.exclusive)
+    rotation: Optional[Rotation] = None
+    try:
+        runner = _runner(s, lane, ReadAhead(run_blocking, s.reader, o.readahead_bytes, o.retries, s.cache))
+        plan = await plan_run(s, start, run_blocking)
+        chain = Chain(s=s, plan=plan, runner=runner, lane=lane, run_blocking=run_blocking, tasks=tasks)
+        files = FileStages(chain)
+        groups: AsyncIterator[Group]
+        if plan.mode is Mode.CACHED:
+            groups = CachedEpochs(s, start=start, source=plan.source, from_files=files, full=runner.run,
+                                  encode=runner.encoding_only((o.dataset,)), after=split_steps(s).after_encode,
+                                  lane=lane, run_blocking=run_blocking, tasks=tasks).iterate()
+        elif plan.mode is Mode.ROTATED:
+            rotation = _rotation(chain)
+            groups = _rotated(chain, rotation, files(range(start.epoch, start.end),
+                                                     runner.encoding_only((o.dataset,)), False))
+        else:
+            groups = files(range(start.epoch, start.end), runner.run)
+        if plan.steps is not None:  # a batch skipped after an error leaves a hole, padded there
+            groups = EvenSteps(plan.steps, start.epoch, start.skip, start.end).iterate(groups)
+        async for group in groups:
+            yield attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
+    finally:
+        if rotation is not None:
+            rotation.close()
+        if s.pool is not None:
+            s.pool.finish()
 
 
-async def count_samples(s: Settings, run_blocking: Callable) -> List[Optional[int]]:
-    """Samples per file (``_counts``: from the indexes, the rest counted concurrently); computed once per
-    loader. A failure goes through the error policy: skipped, the file's count is ``None`` (it is left out)."""
-    if s.count_cache.get("files") != s.files:
-        assert s.counter is not None
-        stop = threading.Event()  # set when the run ends while counting: no count begins after it
-        count = functools.partial(s.counter.count, known_counts(s.entries), stop=stop,
-                                  first_failure_stops=s.errors.policy is reraise, progress=s.options.progress)
-        try:
-            counted = await run_blocking(count)
-        finally:
-            stop.set()
-        for i, exc in counted.failures:
-            s.errors("count", [s.files[i]], exc)
-            s.stats.skipped_files += 1
-        s.count_cache.update(files=list(s.files), counts=counted.counts)
-    return s.count_cache["counts"]
+def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Runner:
+    """Where user methods run: the launched worker processes, or threads of this process."""
+    steps = split_steps(s)
+    uses = (s.options.dataset, s.options.datacollator)
+    if s.pool is None:
+        reader = with_filter(s.reader, s.options.filter_fn)
+        return with_memory(ThreadRunner(reader, steps.local, lane, readahead, uses=uses, busy=s.stats.busy),
+                           s.entries)
+    s.pool.attach()
+    runner = PoolRunner(s.pool, steps.here, lane, readahead, all_steps=steps.local, uses=uses, busy=s.stats.busy)
+    return with_memory(runner, s.entries)
+
+
+class FileStages:
+    """Stages 1 to 4 over some epochs (``_stages.cached_epochs.FromFiles``): their files read, cut into
+    batches, and ``run`` on each group (``batch_encode`` and ``collate_batch``, or ``batch_encode``
+    alone); with ``from_position``, the run's first epoch from the position it resumes at, else whole.
+    The start-up ramp ends once the first group is out (``ramp``: a signal the read stage observes;
+    nothing downstream calls into an earlier stage)."""
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+
+    async def __call__(self, epochs: range, run: Run, from_position: bool = True) -> AsyncGenerator[Group, None]:
+        c, plan = self.chain, self.chain.plan
+        first = plan.first(from_position) if epochs.start == plan.start.epoch else plan.whole
+        if first.read_again:
+            c.s.stats.replayed(0, first.read_again)
+        ramp = Ramp()
+        read = _reader_stage(c.s, c.runner, ramp)
+        items = read.iterate(self._items(epochs, first), c.tasks)
+        cut = _batcher(c, read, first).iterate(items)
+        if first.drop:
+            cut = _skip(cut, plan.start, c.s.stats, whole=not c.s.sharding.active)
+        async for group in OrderedMap(run, c.s.concurrency, c.s.errors, c.s.stats, c.s.draws).iterate(cut, c.tasks):
+            ramp.set()
+            yield group
+
+    def _items(self, epochs: range, first: FirstEpoch) -> Iterator[SourceItem]:
+        """Stage 1: the files of ``epochs``; the first from ``read_from`` (past the rows handed out, where the
+        counts place them), or from where its stream rows are."""
+        source = self.chain.plan.source
+        if first.stream is not None:
+            assert isinstance(source, FileSource)
+            return first.stream.source(source, epochs.stop)
+        return source.iterate(epochs.start, first.read_from, epochs.stop)
+
+
+def _reader_stage(s: Settings, runner: Runner, ramp: Ramp) -> ReadFiles:
+    """Stage 2, reading few files ahead until ``ramp`` is set. Stream rows need several files before their
+    first batch (no ramp there), and rows whose files end at the same step all need a new one at once:
+    a file per row is read ahead."""
+    o = s.options
+    ahead = max(o.prefetch_files, s.batch_size) if o.stream else o.prefetch_files
+    buffered = o.shuffle_buffer > 0 or o.bucket_by is not None or s.mix is not None  # rows meet here
+    return ReadFiles(runner, o.stream or buffered, ahead, s.errors, s.stats,
+                     start_ahead=None if o.stream else max(0, s.num_workers - 1), ramp=ramp)
+
+
+def _batcher(c: Chain, read: ReadFiles, first: FirstEpoch) -> RowBatcher:
+    """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``); they take the
+    pieces of each file (and stream rows files read again) through callables, not the read stage."""
+    s, plan, o = c.s, c.plan, c.s.options
+    if o.stream:
+        shape = StreamShape(s.batch_size, o.seq_len, o.padding_mode, o.pad_value, o.time_major)
+        return StreamBatcher(s.files, read.pieces, read.open, shape, target=plan.steps, fallback=stream_fallback(s),
+                             start=first.stream)
+    # with rotation the steps are the rotated batches': a share short of samples is padded later (EvenSteps)
+    ranks = RankSteps(flag=s.sharding.active, steps=None if plan.mode is Mode.ROTATED else plan.steps)
+    return Batcher(s.files, read.pieces, s.errors, s.stats, cut=plan.cut, buffers=plan.buffers, ranks=ranks,
+                   resume=first.batcher)
+
+
+def _rotation(c: Chain) -> Rotation:
+    """The stage serving encoded samples several times, re-batched (``_stages.rotation``)."""
+    o, s = c.s.options, c.s
+    held = InMemory() if o.rotation_dir is None else OnDisk(str(o.rotation_dir))
+    return Rotation(o.rotation, resolved(o.rotation_size), s.batch_size, o.drop_last, o.random_seed,
+                    by_epoch=o.shuffle or o.file_order is not None, held=held, errors=s.errors, stats=s.stats,
+                    run_blocking=c.run_blocking, steps=c.plan.steps)
+
+
+def _rotated(c: Chain, rotation: Rotation, encoded: AsyncIterator[Group]) -> AsyncIterator[Group]:
+    """The encoded samples served again and batched again (those before a resumed position
+    dropped), then collated and pinned in this process."""
+    start = c.plan.start
+    rotated = rotation.iterate(encoded)
+    if start.skip:
+        rotated = _skip(rotated, start, c.s.stats, whole=not c.s.sharding.active)
+    collate = LocalSteps(split_steps(c.s).after_encode, c.lane, (c.s.options.datacollator,), c.s.stats.busy)
+    return OrderedMap(collate.run, _COLLATING, c.s.errors, c.s.stats, c.s.draws).iterate(rotated, c.tasks)
 
 
 async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats,
@@ -155,16 +223,23 @@ async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats,
     async for group in groups:
         if reach is not None:
             reach.see(group)
-        # batches replayed to rebuild the state are not encoded again
-        kept = [k for k, b in enumerate(group) if b.epoch != start.epoch or b.index >= start.skip]
-        if len(kept) < len(group):
-            stats.replayed(len(group) - len(kept), {p for b in group[:len(group) - len(kept)] for p in b.paths})
-        if len(kept) == len(group):
-            yield group
-        elif kept:
-            yield group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
+        kept = _past_position(group, start, stats)
+        if kept:
+            yield kept
     if reach is not None:
         reach.check()
+
+
+def _past_position(group: Group, start: Start, stats: Stats) -> Group:
+    """The batches of ``group`` past the position; those before it were replayed to rebuild the state,
+    and are not encoded again."""
+    kept = [k for k, b in enumerate(group) if b.epoch != start.epoch or b.index >= start.skip]
+    if len(kept) == len(group):
+        return group
+    stats.replayed(len(group) - len(kept), {p for b in group[:len(group) - len(kept)] for p in b.paths})
+    if not kept:
+        return []
+    return group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
 
 
 class _Reach:
@@ -184,219 +259,3 @@ class _Reach:
             raise ValueError(f"the state's batches_in_epoch {self.start.skip} is past the end of epoch "
                              f"{self.start.epoch}, which gave {self.reached} batches: it was not saved from "
                              f"this data and settings")
-
-
-def launch_workers(s: Settings, kept: Optional[KeptPool]) -> Optional[WorkerPool]:
-    """The run's worker processes, started now if they do not run (a pool ``kept`` across runs with
-    ``persistent_workers``, else one for this run); called before the run's threads start."""
-    if not s.num_workers:
-        return None
-    there, _, _ = split_steps(s)
-    readers = s.mix.readers.readers if s.mix is not None else [s.options.datareader]
-    objects = [*readers, s.options.dataset, s.options.datacollator]
-
-    def make_pool() -> WorkerPool:
-        return WorkerPool(s.num_workers, with_filter(s.reader, s.options.filter_fn), there, s.options.worker_init_fn,
-                          s.options.start_method, persistent=kept is not None,
-                          imports=tuple(needed_modules(objects)))
-
-    pool = make_pool() if kept is None else kept.get(make_pool)
-    pool.busy = s.stats.busy
-    try:
-        pool.launch()
-    except BaseException:
-        pool.close()
-        raise
-    return pool
-
-
-def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Runner:
-    """Where user methods run: the launched worker processes, or threads of this process."""
-    _, here, local = split_steps(s)
-    uses = (s.options.dataset, s.options.datacollator)
-    if s.pool is None:
-        reader = with_filter(s.reader, s.options.filter_fn)
-        return with_memory(ThreadRunner(reader, local, lane, readahead, uses=uses, busy=s.stats.busy), s.entries)
-    s.pool.attach()
-    runner = PoolRunner(s.pool, here, lane, readahead, all_steps=local, uses=uses, busy=s.stats.busy)
-    return with_memory(runner, s.entries)
-
-
-def resumes_past_files(s: Settings, start: Start) -> bool:
-    """Whether a resumed epoch can start past the files before its position (or past those before
-    where the buffers' state there is rebuilt from: ``_stages.shuffle``, ``_stages.bucket``; in stream mode, at the
-    rows' places there: ``_stages.stream_resume``), found from the counts: not when the counts cannot place
-    the position (mixing, samples filtered or errors skipped), nor with rotation (its batches are not
-    the files' in order): those replay it."""
-    o = s.options
-    return (start.skip > start.base and o.filter_fn is None and s.errors.policy is reraise and s.mix is None
-            and o.rotation == 1)
-
-
-def _source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Any:
-    """The plan of files of every epoch of the run (``FileSource``, or ``MixSource`` for sources)."""
-    o = s.options
-    if s.mix is not None:
-        return MixSource(s.mix, counts or [], o.stop, o.shuffle, o.random_seed, start.end, s.sharding, s.stats.sources)
-    elastic = Elastic(start.epoch, start.splits, s.reader.batch_size, o.seq_len or 1) if start.splits else None
-    return FileSource(s.files, start.end, o.shuffle, o.random_seed, s.sharding, counts, whole_files=o.stream,
-                      file_order=o.file_order, bounds=bounds_of(s.entries), elastic=elastic)
-
-
-def _fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
-    """Stream mode under ranks: the files a rank with none of its own replays (padding needs the fields)."""
-    if not s.sharding.active:
-        return None
-    o = s.options
-
-    def fallback(epoch: int) -> List[FileTask]:
-        return list(FileSource(s.files, o.num_epoch, o.shuffle, o.random_seed,
-                               file_order=o.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
-    return fallback
-
-
-def _stream_start(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]],
-                  past_files: bool) -> Optional[StreamStart]:
-    """Stream mode: where the first epoch's rows are, when it does not begin at its first step (a
-    resume past files, or an elastic one); the files read again to get there count in the stats."""
-    o = s.options
-    if not o.stream or not (past_files or start.splits):
-        return None
-    at = stream_start(source, start.epoch, start.base, start.skip - start.base if past_files else 0,
-                      s.reader.batch_size, o.seq_len or 1, o.padding_mode == "data",
-                      None if steps is None else steps(start.epoch), _fallback(s))
-    s.stats.replayed(0, at.read_again(edges=o.padding_mode == "edge"))
-    return at
-
-
-def _batcher(s: Settings, start: Start, source: Any, steps: Optional[Callable[[int], int]], skip_rows: int,
-             stream: Optional[StreamStart], read: ReadFiles) -> Any:
-    """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``); they take the
-    pieces of each file (and stream rows files read again) through callables, not the read stage."""
-    o = s.options
-    if o.stream:
-        return StreamBatcher(s.files, read.pieces, read.open, s.reader.batch_size, o.seq_len, o.padding_mode,
-                             o.pad_value, steps, _fallback(s), o.time_major, stream)
-    bucket = None if o.bucket_by is None else (Lengths(o.bucket_by), resolved(o.bucket_buffer))
-    if o.rotation > 1:  # the steps are the rotated batches': a share short of samples is padded later (EvenSteps)
-        steps = None
-    return Batcher(s.files, read.pieces, s.errors, s.stats, s.reader.batch_size, o.drop_last, o.shuffle_buffer,
-                   o.random_seed,
-                   flag_padding=s.sharding.active, steps=steps, bucket=bucket,
-                   resumed=(start.epoch, start.skip if skip_rows else start.base),
-                   mix=None if s.mix is None else source.buffer,
-                   resumed_rows=(skip_rows, source.rows(start.epoch) if skip_rows else 0))
-
-
-def _reader_stage(s: Settings, runner: Runner, ramp: Ramp) -> ReadFiles:
-    """Stage 2, reading few files ahead until ``ramp`` is set. Stream rows need several files before their
-    first batch (no ramp there), and rows whose files end at the same step all need a new one at once:
-    a file per row is read ahead."""
-    ahead = max(s.options.prefetch_files, s.reader.batch_size) if s.options.stream else s.options.prefetch_files
-    buffered = s.options.shuffle_buffer > 0 or s.options.bucket_by is not None or s.mix is not None  # rows meet here
-    return ReadFiles(runner, s.options.stream or buffered, ahead, s.errors, s.stats,
-                     start_ahead=None if s.options.stream else max(0, s.num_workers - 1), ramp=ramp)
-
-
-def _planned_steps(s: Settings, source: Any) -> Optional[Callable[[int], int]]:
-    """Under ranks, the steps every rank gives in an epoch (planned from the counts)."""
-    if not s.sharding.active:
-        return None
-    o = s.options
-    return lambda epoch: epoch_steps(source, epoch, s.reader.batch_size, o.drop_last, o.seq_len, o.rotation)
-
-
-def _rotation(s: Settings, run_blocking: Callable, steps: Optional[Callable[[int], int]]) -> Optional[Rotation]:
-    """With ``rotation`` > 1, the stage serving encoded samples several times, re-batched (``_stages.rotation``)."""
-    o = s.options
-    if o.rotation == 1:
-        return None
-    held = InMemory() if o.rotation_dir is None else OnDisk(str(o.rotation_dir))
-    return Rotation(o.rotation, resolved(o.rotation_size), s.reader.batch_size, o.drop_last, o.random_seed,
-                    o.shuffle or o.file_order is not None, held, s.errors, s.stats, run_blocking, steps)
-
-
-def _rotated(s: Settings, start: Start, rotation: Rotation, encoded: AsyncIterator[Group], lane: Lane,
-             tasks: asyncio.TaskGroup) -> AsyncIterator[Group]:
-    """The encoded samples served again and batched again (those before a resumed position
-    dropped), then collated and pinned in this process."""
-    rotated = rotation.iterate(encoded)
-    if start.skip:
-        rotated = _skip(rotated, start, s.stats, whole=not s.sharding.active)
-    collate = LocalSteps(split_steps(s)[2][1:], lane, (s.options.datacollator,), s.stats.busy)
-    return OrderedMap(collate.run, _COLLATING, s.errors, s.stats, s.draws).iterate(rotated, tasks)
-
-
-def _files(s: Settings, start: Start, source: Any, batcher: Any, skip_rows: int,
-           epochs: range) -> Iterator[SourceItem]:
-    """Stage 1: the files of ``epochs``, the first past its first ``skip_rows`` rows where the counts find
-    them: from the file they end inside of, or from where the buffers' state is rebuilt from."""
-    read_from = 0
-    if skip_rows:  # read again to find the place: the file it falls in, and what the buffers' state needs
-        read_from = batcher.reads_from()
-        s.stats.replayed(0, source.read_again(start.epoch, skip_rows, read_from))
-    return source.iterate(epochs.start, read_from, epochs.stop)
-
-
-async def _from_files(s: Settings, start: Start, source: Any, runner: Any, run: Callable, steps: Any,
-                      past_files: bool, epochs: range, from_position: bool,
-                      tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
-    """Stages 2 to 4 over ``epochs``: their files read, cut into batches, and ``run`` on each group
-    (``batch_encode`` and ``collate_batch``, or ``batch_encode`` alone); with ``from_position``, the run's
-    first epoch from the position it resumes at, else whole. The start-up ramp ends once the first group is
-    out (``ramp``: a signal the read stage observes; nothing downstream calls into an earlier stage)."""
-    resumed = from_position and epochs.start == start.epoch
-    past_files = past_files and resumed
-    ramp = Ramp()
-    read = _reader_stage(s, runner, ramp)
-    stream = _stream_start(s, start, source, steps, past_files) if resumed else None
-    skip_rows = (start.skip - start.base) * s.reader.batch_size if past_files and stream is None else 0
-    batcher = _batcher(s, start, source, steps, skip_rows, stream, read)
-    files = _files(s, start, source, batcher, skip_rows, epochs) if stream is None else stream.source(source,
-                                                                                                     epochs.stop)
-    raw = batcher.iterate(read.iterate(files, tasks))
-    if resumed and start.skip and not past_files:
-        raw = _skip(raw, start, s.stats, whole=not s.sharding.active)
-    async for group in OrderedMap(run, s.concurrency, s.errors, s.stats, s.draws).iterate(raw, tasks):
-        ramp.set()
-        yield group
-
-
-async def batches(s: Settings, start: Start, run_blocking: Callable,
-                  tasks: asyncio.TaskGroup) -> AsyncGenerator[Group, None]:
-    """The stages of one run, chained; ``run_blocking(fn, *args)`` runs ``fn`` off the loop.
-
-    User methods run in this process ``num_threads`` at a time (``Lane``).
-    """
-    o = s.options
-    lane = Lane(run_blocking, resolved(o.num_threads), s.exclusive)
-    rotation: Optional[Rotation] = None
-    try:
-        runner = _runner(s, lane, ReadAhead(run_blocking, s.reader, o.readahead_bytes, o.retries, s.cache))
-        past_files = resumes_past_files(s, start)
-        needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
-        source = _source(s, start, await count_samples(s, run_blocking) if needs_counts else None)
-        steps = _planned_steps(s, source)
-
-        def from_files(epochs: range, run: Callable, from_position: bool = True) -> AsyncGenerator[Group, None]:
-            return _from_files(s, start, source, runner, run, steps, past_files, epochs, from_position, tasks)
-
-        groups: AsyncIterator[Group]
-        rotation = _rotation(s, run_blocking, steps)
-        if s.encoded_cache is not None:
-            groups = CachedEpochs(s, start, source, from_files, runner.run, runner.encoding_only((o.dataset,)),
-                                  split_steps(s)[2][1:], lane, run_blocking, tasks).iterate()
-        elif rotation is not None:  # each epoch encoded whole, its samples served again, then collated
-            encoded = from_files(range(start.epoch, start.end), runner.encoding_only((o.dataset,)), False)
-            groups = _rotated(s, start, rotation, encoded, lane, tasks)
-        else:
-            groups = from_files(range(start.epoch, start.end), runner.run)
-        if steps is not None:  # a batch skipped after an error leaves a hole, padded there
-            groups = EvenSteps(steps, start.epoch, start.skip, start.end).iterate(groups)
-        async for group in groups:
-            yield attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
-    finally:
-        if rotation is not None:
-            rotation.close()
-        if s.pool is not None:
-            s.pool.finish()

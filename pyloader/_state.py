@@ -88,7 +88,7 @@ def old_files_digest(files: Sequence[str]) -> str:
     return hashlib.sha1("\n".join(files).encode()).hexdigest()
 
 
-def make_state(start: Start, settings: Mapping[str, Any], num_epoch: int) -> Dict[str, Any]:
+def make_state(start: Start, settings: Mapping[str, object], num_epoch: int) -> Dict[str, object]:
     """The state of ``start``, in an iteration of ``num_epoch`` epochs (it began at ``end - num_epoch``;
     not recorded where it cannot have: a state that recorded none was loaded, see ``_iteration_end``)."""
     recorded = num_epoch if 0 <= start.end - num_epoch <= start.epoch else None
@@ -97,7 +97,7 @@ def make_state(start: Start, settings: Mapping[str, Any], num_epoch: int) -> Dic
             "settings": dict(settings)}
 
 
-def shown(value: Any) -> str:
+def shown(value: object) -> str:
     """``value`` for an error message: its repr, cut to about ``SHOWN`` characters with a note of
     its full length (a saved value may be any size)."""
     text = _REPR.repr(value)
@@ -109,7 +109,7 @@ def shown(value: Any) -> str:
     return text
 
 
-def _check_depth(state: Any) -> None:
+def _check_depth(state: object) -> None:
     """Refuse a state nested deeper than ``MAX_DEPTH`` (walked without recursion)."""
     stack = [(state, 0)]
     while stack:
@@ -125,14 +125,14 @@ def _check_depth(state: Any) -> None:
 _PER_RANK = ("rank", "world_size")  # any rank's state resumes every rank, under any world size
 
 
-def _integer(state: Mapping[str, Any], name: str, least: int = 0) -> int:
+def _integer(state: Mapping[str, object], name: str, least: int = 0) -> int:
     value = state.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or not least <= value < LIMIT:
         raise ValueError(f"the state's {name} must be an integer >= {least} and < 2**63, got {shown(value)}")
     return value
 
 
-def read_state(state: Any, ours: Mapping[str, Any], old_files: str, num_epoch: int) -> Start:
+def read_state(state: object, ours: Mapping[str, object], old_files: str, num_epoch: int) -> Start:
     """The ``Start`` that ``state`` resumes, checked against ``ours`` (the loader's fingerprint), in an
     iteration of ``num_epoch`` epochs: the one the state was saved in, which began at its ``end_epoch``
     less the ``num_epoch`` it recorded (states that record none end where they were saved to end)."""
@@ -156,7 +156,7 @@ def read_state(state: Any, ours: Mapping[str, Any], old_files: str, num_epoch: i
     return _elastic(_position(state, epoch, skip, _iteration_end(state, epoch, num_epoch)), theirs, ours)
 
 
-def _position(state: Mapping[str, Any], epoch: int, skip: int, end: int) -> Start:
+def _position(state: Mapping[str, object], epoch: int, skip: int, end: int) -> Start:
     """The state's position, its splits and cache checked against it."""
     start = Start(epoch, skip, end, _splits(state.get("splits", [])), _optional(state, "cached_from"))
     if skip < start.base:
@@ -166,7 +166,7 @@ def _position(state: Mapping[str, Any], epoch: int, skip: int, end: int) -> Star
     return start
 
 
-def _differences(name: str, ours: Any, theirs: Any) -> List[str]:
+def _differences(name: str, ours: object, theirs: object) -> List[str]:
     """Each setting under ``name`` that differs, with both values; in a dict, each key that does."""
     if isinstance(ours, dict) and isinstance(theirs, dict):
         keys = [*ours, *(k for k in theirs if k not in ours)]
@@ -176,7 +176,7 @@ def _differences(name: str, ours: Any, theirs: Any) -> List[str]:
     return [f"{name} (saved {shown(theirs)}, now {shown(ours)})"]
 
 
-def _iteration_end(state: Mapping[str, Any], epoch: int, num_epoch: int) -> int:
+def _iteration_end(state: Mapping[str, object], epoch: int, num_epoch: int) -> int:
     """Where the resumed iteration ends: ``num_epoch`` epochs after the saved iteration began."""
     end = _integer(state, "end_epoch", least=1)
     if state.get("num_epoch") is None:  # saved before states recorded it: it ends where it was saved to end
@@ -195,7 +195,7 @@ def _iteration_end(state: Mapping[str, Any], epoch: int, num_epoch: int) -> int:
     return first + num_epoch
 
 
-def _optional(state: Mapping[str, Any], name: str) -> Optional[int]:
+def _optional(state: Mapping[str, object], name: str) -> Optional[int]:
     return None if state.get(name) is None else _integer(state, name)
 
 
@@ -211,7 +211,7 @@ def _splits(value: Any) -> Tuple[Tuple[int, int], ...]:
     return tuple((w, b) for w, b in value)
 
 
-def _elastic(start: Start, theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> Start:
+def _elastic(start: Start, theirs: Mapping[str, object], ours: Mapping[str, object]) -> Start:
     """``start`` for this world size: under another one than the state's, the rest of the epoch
     is shared out anew (what the saved ranks took becomes a split)."""
     saved_world, saved_rank = _integer(theirs, "world_size", least=1), theirs.get("rank", 0)

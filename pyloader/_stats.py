@@ -309,9 +309,9 @@ class Watch:
             f = self.figures.minus(self._epoch_figures)
             f.seconds = mark - self._epoch_mark
             counted = self.counting.seconds - self._counting_mark
-            logger.info("epoch %d: %d files, %d samples (%d batches) in %.2f s, %.1f samples/s, data stall %.1f%%%s",
-                        self._epoch, self.epoch_files.pop(self._epoch, 0), f.samples, f.batches, f.seconds,
-                        f.rate(), 100 * f.stall_share(), f", counting files {counted:.2f} s" if counted else "")
+            line = (f"{self.epoch_files.pop(self._epoch, 0)} files, {f.samples} samples ({f.batches} batches) in "
+                    f"{f.seconds:.2f} s, {f.rate():.1f} samples/s, data stall {100 * f.stall_share():.1f}%")
+            logger.info("epoch %d: %s%s", self._epoch, line, f", counting files {counted:.2f} s" if counted else "")
             self._counting_mark = self.counting.seconds
             self._epoch_mark = mark  # the first epoch counts from iter(): its start-up is part of it
         self._epoch = epoch

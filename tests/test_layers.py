@@ -24,7 +24,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pyloader"
-TOP = {"__init__", "__main__", "_loader", "_pipeline", "_options", "_compose", "_length", "_counts", "_cli",
+TOP = {"__init__", "__main__", "_loader", "_pipeline", "_plan", "_options", "_compose", "_length", "_counts", "_cli",
        "testing"}
 BASICS = {"_abc", "_columns", "_errors", "_stats", "_rng", "_state", "_paths", "_npy"}
 RANK = {"top": 4, "_stages": 3, "_execution": 2, "_storage": 1, "basics": 0}

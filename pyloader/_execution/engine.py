@@ -74,7 +74,7 @@ class Engine:
     idempotent and safe from a finalizer.
     """
 
-    def __init__(self, make: Callable[[Callable, asyncio.TaskGroup], AsyncGenerator[Any, None]],
+    def __init__(self, make: Callable[[Callable, asyncio.TaskGroup], AsyncGenerator[object, None]],
                  max_queue_size: int, threads: int, name: str = "pyloader") -> None:
         self._make = make
         self._executor = DaemonExecutor(threads, f"{name}-io")
@@ -111,7 +111,7 @@ class Engine:
     async def _main(self) -> None:
         loop = asyncio.get_running_loop()
 
-        def run_blocking(fn: Callable, *args: Any) -> asyncio.Future:
+        def run_blocking(fn: Callable, *args: object) -> asyncio.Future:
             return loop.run_in_executor(self._executor, fn, *args)
 
         try:
@@ -130,7 +130,7 @@ class Engine:
         await asyncio.Event().wait()  # keep the loop up until the consumer took the last item and stop()s
 
     # -- consumer side -------------------------------------------------------------
-    def _unpack(self, item: Any, join: float = 2.0) -> Any:
+    def _unpack(self, item: object, join: float = 2.0) -> object:
         """The item itself, or ``_END``; a failure is raised. The run stops at either, joining
         its threads for up to ``join`` seconds."""
         if item is _END:
@@ -153,7 +153,7 @@ class Engine:
         """The items' weight (batches) waiting for the consumer now."""
         return self._queue.size if self._queue is not None else 0
 
-    def _next(self) -> Any:
+    def _next(self) -> object:
         while self._pending():
             item = self._queue.get(_POLL_S)
             if item is not EMPTY:

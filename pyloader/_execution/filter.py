@@ -79,12 +79,12 @@ def unbundle(reader: Any) -> Tuple[DataReader, Optional[SampleFilter]]:
     return (reader.reader, reader.keep) if isinstance(reader, Filtered) else (reader, None)
 
 
-def with_filter(reader: DataReader, fn: Optional[Keep]) -> Any:
+def with_filter(reader: DataReader, fn: Optional[Keep]) -> object:
     """What reads files: the reader itself, or the reader bundled with ``filter_fn``."""
     return reader if fn is None else Filtered(reader, SampleFilter(fn))
 
 
-def check_filter(fn: Any, stream: bool) -> None:
+def check_filter(fn: object, stream: bool) -> None:
     if fn is None:
         return
     if not callable(fn):

@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-from typing import Any, Deque, List, Tuple
+from typing import Deque, List, Tuple
 
 EMPTY = object()  # get() timed out
 
 
-def _weight(item: Any) -> int:
+def _weight(item: object) -> int:
     return len(item) if isinstance(item, list) else 1
 
 
@@ -50,14 +50,14 @@ class HandOver:
     def __init__(self, maxsize: int, loop: asyncio.AbstractEventLoop) -> None:
         self._maxsize = maxsize
         self._loop = loop
-        self._items: Deque[Any] = collections.deque()
+        self._items: Deque[object] = collections.deque()
         self._size = 0  # summed weights of the items held
         self._cond = threading.Condition(threading.Lock())
         self._space = asyncio.Event()
         self._waiters: List[Waiter] = []  # aget()s waiting on their loops
         self._closed = False
 
-    async def put(self, item: Any) -> None:
+    async def put(self, item: object) -> None:
         weight = _weight(item)
         while True:
             with self._cond:
@@ -76,14 +76,14 @@ class HandOver:
         """The summed weights of the items held now (a snapshot, read without the lock)."""
         return self._size
 
-    def get(self, timeout: float) -> Any:
+    def get(self, timeout: float) -> object:
         """The next item, or ``EMPTY`` after ``timeout`` seconds or once closed."""
         with self._cond:
             if not self._items and not self._closed:
                 self._cond.wait_for(lambda: self._items or self._closed, timeout)
         return self._take()
 
-    async def aget(self, timeout: float) -> Any:
+    async def aget(self, timeout: float) -> object:
         """``get`` awaited on the calling event loop, with no thread blocked for it."""
         loop = asyncio.get_running_loop()
         entry = None
@@ -102,7 +102,7 @@ class HandOver:
                         self._waiters.remove(entry)
         return self._take()
 
-    def _take(self) -> Any:
+    def _take(self) -> object:
         """The first item (``EMPTY`` if none), and room made for the producer."""
         with self._cond:
             if not self._items:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator, Mapping, Optional, Sequence, Tuple, Union, cast
+from typing import Generator, Iterator, Mapping, Optional, Sequence, Tuple, Union, cast
 
 from .._abc import DataReader, read_result
 from .._columns import Columns, n_rows, slice_rows, take
@@ -58,10 +58,10 @@ class Readers(DataReader):
     def pick(self, path: str) -> DataReader:
         return self.readers[self.owner[path]]
 
-    def read_file(self, path: str) -> Tuple[Mapping[str, Any], int]:
+    def read_file(self, path: str) -> Tuple[Mapping[str, object], int]:
         return self.pick(path).read_file(path)
 
-    def iter_file(self, path: str) -> Iterator[Mapping[str, Any]]:
+    def iter_file(self, path: str) -> Iterator[Mapping[str, object]]:
         return self.pick(path).iter_file(path)
 
     def count(self, path: str) -> int:
@@ -122,7 +122,7 @@ def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Ser
                          f"ranks would take different numbers of steps")
 
 
-def pieces_with_end(reader: Any, task: FileTask, data: Union[None, bytes, Served] = None,
+def pieces_with_end(reader: object, task: FileTask, data: Union[None, bytes, Served] = None,
                     busy: Optional[BusySink] = None) -> Generator[Tuple[Columns, bool, int], None, None]:
     """``file_pieces`` as ``(piece, last, dropped)``: ``last`` is true when the file is known to end there,
     ``dropped`` counts the samples ``filter_fn`` dropped from it (``reader``: a ``DataReader``, or one
@@ -142,7 +142,7 @@ def pieces_with_end(reader: Any, task: FileTask, data: Union[None, bytes, Served
         for piece, dropped in gen:
             yield piece, False, dropped
         return
-    with contextlib.closing(cast(Generator[Any, None, None], gen)):
+    with contextlib.closing(cast(Generator[object, None, None], gen)):
         ahead = next(gen, None)
         while ahead is not None:
             (piece, dropped) = ahead

@@ -49,7 +49,7 @@ from .._storage.files import Served
 from .filter import unbundle
 from .pool import RemoteRef, WorkerPool, rebuild_error
 from .reading import FileTask, pieces_with_end
-from .steps import Key, Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
+from .steps import BatchData, Key, Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
 
 _DONE = object()
 
@@ -68,14 +68,14 @@ class Exclusive:
     (the lane's threads, or ``len()`` counting in the caller's thread). A forked
     child gets fresh locks: one held by a thread of the parent would never be released."""
 
-    def __init__(self, objects: Sequence[Any]) -> None:
+    def __init__(self, objects: Sequence[object]) -> None:
         self._locks = {id(obj): threading.Lock() for obj in objects if not is_thread_safe(obj)}
         _all_exclusive.add(self)
 
     def _renew(self) -> None:
         self._locks = {key: threading.Lock() for key in self._locks}
 
-    def keys(self, uses: Sequence[Any]) -> Tuple[int, ...]:
+    def keys(self, uses: Sequence[object]) -> Tuple[int, ...]:
         """The locks a call using ``uses`` needs, in the one order every call takes them in."""
         return tuple(sorted({id(obj) for obj in uses if id(obj) in self._locks}))
 
@@ -122,7 +122,7 @@ class Lane:
         self._free = threads
         self.exclusive = exclusive
         self._busy: Set[int] = set()  # the locks that calls now running hold
-        self._waiting: List[Tuple[Any, int, Tuple[int, ...], asyncio.Future]] = []
+        self._waiting: List[Tuple[object, int, Tuple[int, ...], asyncio.Future]] = []
         self._order = itertools.count()
 
     def idle(self, keys: Tuple[int, ...]) -> bool:
@@ -168,9 +168,6 @@ class Lane:
         self._waiting = kept
 
 
-BatchData = Union[Columns, Segments]
-
-
 def _local(data: BatchData) -> Columns:
     return data.local() if isinstance(data, Segments) else data
 
@@ -195,7 +192,7 @@ class LocalSteps:
     _WINDOW = 8
     _MEASURED = 3
 
-    def __init__(self, steps: List[Step], lane: Lane, uses: Sequence[Any], busy: Optional[Busy] = None) -> None:
+    def __init__(self, steps: List[Step], lane: Lane, uses: Sequence[object], busy: Optional[Busy] = None) -> None:
         self.steps = steps
         self.lane = lane
         self.uses = uses
@@ -222,7 +219,7 @@ class LocalSteps:
         return result
 
 
-Pieces = AsyncGenerator[Tuple[int, Optional[Columns], Any, int], None]  # (n, columns, ref, dropped) of each piece
+Pieces = AsyncGenerator[Tuple[int, Optional[Columns], object, int], None]  # (n, columns, ref, dropped) of each piece
 Run = Callable[..., Awaitable[Union[List[Outcome], StackedOutputs]]]  # (datas, keys=None)
 
 
@@ -236,15 +233,15 @@ class Runner(Protocol):
     def pieces(self, task: FileTask, fetch: bool, demand: asyncio.Event) -> Pieces:
         """The pieces of ``task``'s file, in order (``fetch``: their rows brought to this process)."""
 
-    def encoding_only(self, uses: Sequence[Any]) -> Run:
+    def encoding_only(self, uses: Sequence[object]) -> Run:
         """``run`` with ``batch_encode`` alone."""
 
 
 class ThreadRunner:
     """``num_workers=0``: everything in this process, off the event loop (see ``LocalSteps``)."""
 
-    def __init__(self, reader: Any, steps: List[Step], lane: Lane, readahead: ReadAhead,
-                 uses: Sequence[Any], busy: Optional[Busy] = None) -> None:
+    def __init__(self, reader: object, steps: List[Step], lane: Lane, readahead: ReadAhead,
+                 uses: Sequence[object], busy: Optional[Busy] = None) -> None:
         self.reader = reader  # a DataReader, or one bundled with filter_fn (``_execution.filter.Filtered``)
         self._reader_uses = (unbundle(reader)[0],)
         self.lane = lane
@@ -253,7 +250,7 @@ class ThreadRunner:
         self._steps, self._uses = steps, uses
         self.run = LocalSteps(steps, lane, uses, busy).run
 
-    def encoding_only(self, uses: Sequence[Any]) -> Run:
+    def encoding_only(self, uses: Sequence[object]) -> Run:
         """``run`` with the first step alone, ``batch_encode`` (``uses``: its object): an epoch whose
         encoded batches are cached (``_stages.cached_epochs``)."""
         return LocalSteps(self._steps[:1], self.lane, uses, self.busy).run
@@ -285,12 +282,12 @@ class _Stepped:
     with it: a close that comes while a step runs is made by that step's thread as it ends, so the
     reader's clean-up (closing its file) never waits for the garbage collector."""
 
-    def __init__(self, gen: Generator[Any, None, None]) -> None:
+    def __init__(self, gen: Generator[object, None, None]) -> None:
         self._gen = gen
         self._lock = threading.Lock()
         self._closing = False
 
-    def step(self) -> Any:
+    def step(self) -> object:
         with self._lock:
             item = next(self._gen, _DONE)
         if self._closing:
@@ -324,7 +321,7 @@ class PoolRunner:
     _REMEASURE = 64
 
     def __init__(self, pool: WorkerPool, finish: List[Step], lane: Lane, readahead: ReadAhead,
-                 all_steps: List[Step], uses: Sequence[Any], busy: Optional[Busy] = None, op: str = "run") -> None:
+                 all_steps: List[Step], uses: Sequence[object], busy: Optional[Busy] = None, op: str = "run") -> None:
         self.pool = pool
         self.op = op  # the workers' request: "run" (every step of theirs) or "encode" (batch_encode alone)
         self.finish = finish
@@ -336,11 +333,11 @@ class PoolRunner:
         self._turn = 0
         self._sent = 0  # groups of rows here that went to workers since the last measurement
 
-    def encoding_only(self, uses: Sequence[Any]) -> Run:
+    def encoding_only(self, uses: Sequence[object]) -> Run:
         """``run`` with ``batch_encode`` alone, in the workers (``uses``: its object): an epoch whose
         encoded batches are cached, then collated in this process (``_stages.cached_epochs``)."""
-        return PoolRunner(self.pool, [], self.lane, self.readahead, self.here.steps[:1], uses, self.busy,
-                          op="encode").run
+        return PoolRunner(self.pool, [], self.lane, self.readahead, all_steps=self.here.steps[:1], uses=uses,
+                          busy=self.busy, op="encode").run
 
     async def pieces(self, task: FileTask, fetch: bool,
                      demand: asyncio.Event) -> Pieces:
@@ -393,7 +390,7 @@ class PoolRunner:
 
     async def _gathered(self, data: BatchData, key: Optional[Key]) -> list:
         """Run a batch whose rows are not all in one worker: rows come here, then go to the least busy one."""
-        spec: List[Tuple[Any, int, int]] = []
+        spec: List[Tuple[object, int, int]] = []
         paths: Tuple[str, ...] = ()
         if not isinstance(data, Segments):
             spec = [(data, 0, n_rows(data))]

@@ -55,7 +55,8 @@ def step_key(name: str) -> int:
     return code
 
 
-def run_steps(steps: Sequence[Step], data: Any, spent: Optional[List[float]] = None, key: Optional[Key] = None) -> Any:
+def run_steps(steps: Sequence[Step], data: object, spent: Optional[List[float]] = None,
+              key: Optional[Key] = None) -> object:
     """Apply the steps in turn; one call off the loop for all of them, so a batch
     crosses threads once rather than once per step. Step ``i``'s seconds are added to
     ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range. With the
@@ -80,11 +81,11 @@ def run_steps(steps: Sequence[Step], data: Any, spent: Optional[List[float]] = N
     return data
 
 
-def _same(data: Any) -> Any:
+def _same(data: object) -> object:
     return data
 
 
-Outcome = Union[Any, StepFailed]  # a batch's result, or the step that failed on it
+Outcome = Union[object, StepFailed]  # a batch's result, or the step that failed on it
 
 
 def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = _same,
@@ -101,7 +102,7 @@ def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any
     return out
 
 
-def run_stacked(steps: Sequence[Step], datas: Sequence[Any],
+def run_stacked(steps: Sequence[Step], datas: Sequence[object],
                 busy: Optional[BusySink] = None) -> Optional[StackedOutputs]:
     """The outputs of ``steps`` on ``datas``, computed at once for the whole group when
     ``datas`` are ``StackedRows``, else (or when that cannot be) ``None``.
@@ -197,3 +198,6 @@ class Segments:
 
     def local(self) -> Columns:
         return assemble([(cast(Columns, p.columns), start, end) for p, start, end in self.parts], self.paths)
+
+
+BatchData = Union[Columns, Segments]  # a batch's rows as cut, before ``batch_encode``

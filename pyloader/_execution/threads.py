@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 _STOP = None
 EXIT_GRACE_S = 5.0
@@ -40,7 +40,7 @@ class DaemonExecutor(concurrent.futures.Executor):
         self._lock = threading.Lock()
         self._shutdown = False
 
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+    def submit(self, fn: Callable, /, *args: object, **kwargs: object) -> concurrent.futures.Future:
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot submit after shutdown")

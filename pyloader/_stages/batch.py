@@ -17,13 +17,27 @@ from __future__ import annotations
 import collections
 import contextlib
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    AsyncIterator,
+    Callable,
+    Deque,
+    Dict,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import numpy as np
 
 from .._columns import Provenance, Traced
 from .._errors import ErrorHandler, PipelineError
-from .._execution.steps import Segments, StackedOutputs, StackedRows, assemble
+from .._execution.steps import BatchData, Segments, StackedOutputs, StackedRows, assemble
 from .._stats import Stats
 from .bucket import BucketWindows, Lengths
 from .read import Piece, PiecesOf, ReadItem
@@ -121,45 +135,97 @@ class GroupSize:
         return n
 
 
+class Cut(NamedTuple):
+    """How the sample stream is cut: ``batch_size`` rows a batch, the short last one kept unless ``drop_last``."""
+
+    batch_size: int
+    drop_last: bool = False
+
+
+class Bucketing(NamedTuple):
+    """Length bucketing (``_stages.bucket``): each row's length, and the buffer's size in samples."""
+
+    lengths: Lengths
+    size: int
+
+
+class RowBuffer(Protocol):
+    """A buffer rows go through on their way to the batches (mix, shuffle, bucket), one per epoch."""
+
+    def feed(self, columns: Traced) -> Iterator[Traced]: ...
+
+    def drain(self) -> Iterator[Traced]: ...
+
+
+class BufferPlan(Protocol):
+    """An epoch's plan of a buffer (``Slots``, ``BucketWindows``): where it is fed from to let out its
+    ``out``-th sample, and the buffer itself (``resume``: samples handed out, samples of the epoch)."""
+
+    def reads_from(self, out: int, rows: int) -> int: ...
+
+    def buffer(self, resume: Optional[Tuple[int, int]] = None) -> RowBuffer: ...
+
+
+class Buffers(NamedTuple):
+    """The buffers rows meet in before they are cut, in turn: the weighted sources' mix (``mix(epoch)``),
+    the shuffle buffer (``shuffle`` samples, drawn from ``seed``), length bucketing."""
+
+    shuffle: int = 0
+    seed: int = 0
+    bucket: Optional[Bucketing] = None
+    mix: Optional[Callable[[int], RowBuffer]] = None
+
+    def __bool__(self) -> bool:
+        return bool(self.shuffle) or self.bucket is not None or self.mix is not None
+
+
+class RankSteps(NamedTuple):
+    """Under ranks: ``__padding__`` flags on each batch (``flag``), and ``steps(e)``, the batches every
+    rank gives in epoch ``e`` (a share short of them is topped up here)."""
+
+    flag: bool = False
+    steps: Optional[Callable[[int], int]] = None
+
+
+class ResumeRows(NamedTuple):
+    """Where the batcher's first epoch (``epoch``) begins: the index of its first batch, and with
+    buffers the samples of it handed out already (``handed``) and the samples it feeds (``rows``)."""
+
+    epoch: int = -1
+    first: int = 0
+    handed: int = 0
+    rows: int = 0
+
+
+NO_BUFFERS, NO_RANKS, FROM_START = Buffers(), RankSteps(), ResumeRows()
+
+
 class Batcher:
-    """Turns file pieces into ``Batch``es of ``batch_size`` rows.
+    """Turns file pieces into ``Batch``es (``cut``).
 
-    Without buffers a batch is a ``Segments`` of the pieces it spans; with a
-    shuffle buffer or bucketing (``bucket``: the lengths and the buffer size),
-    the buffers' output is joined here (they hold the rows anyway).
+    Without buffers a batch is a ``Segments`` of the pieces it spans; with
+    ``buffers`` (a shuffle buffer, bucketing, a mix) the buffers' output is
+    joined here (they hold the rows anyway).
 
-    ``resumed``: an epoch whose files start past its first batches (the index of
-    its first batch); ``resumed_rows``: the samples of it handed out already and
-    the samples it feeds: with buffers its stream is read from ``reads_from()``,
-    where their state at the position can be rebuilt (``_stages.shuffle``, ``_stages.bucket``).
+    ``resume``: an epoch whose files start past its first batches; with buffers its stream is read
+    from ``reads_from()``, where their state at the position can be rebuilt (``_stages.shuffle``,
+    ``_stages.bucket``).
 
     ``pieces``: a file's pieces, as the read stage delivers them; ``errors`` and ``stats``: the run's
     (lengths that fail count as a skipped file).
 
-    Under ranks ``steps(e)`` is the number of batches every rank gives in epoch
-    ``e``. A share that lost samples to a skipped error gives fewer; it is topped
-    up with copies of its epoch's last batch, flagged as padding (the rows of
+    Under ranks (``ranks``) a share that lost samples to a skipped error gives fewer batches than
+    planned; it is topped up with copies of its epoch's last batch, flagged as padding (the rows of
     that batch stay referenced until the epoch ends).
     """
 
-    def __init__(self, files: Sequence[str], pieces: PiecesOf, errors: ErrorHandler, stats: Stats,
-                 batch_size: int, drop_last: bool, shuffle_buffer: int, seed: int, flag_padding: bool = False,
-                 steps: Optional[Callable[[int], int]] = None,
-                 bucket: Optional[Tuple[Lengths, int]] = None, resumed: Tuple[int, int] = (-1, 0),
-                 mix: Optional[Callable[[int], Any]] = None, resumed_rows: Tuple[int, int] = (0, 0)) -> None:
+    def __init__(self, files: Sequence[str], pieces: PiecesOf, errors: ErrorHandler, stats: Stats, *,
+                 cut: Cut, buffers: Buffers = NO_BUFFERS, ranks: RankSteps = NO_RANKS,
+                 resume: ResumeRows = FROM_START) -> None:
         self.files = files
         self.pieces, self.errors, self.stats = pieces, errors, stats
-        self.mix = mix  # epoch -> the buffer interleaving weighted sources (``_stages.mix``), first of the buffers
-        self.bucket = bucket
-        self.resumed = resumed  # (epoch, first batch)
-        self.resumed_rows = resumed_rows
-        self.flag_padding = flag_padding
-        self.steps = steps
-        self._last: Optional[Tuple[Any, int, Tuple[str, ...]]] = None  # (data, rows, paths) of the last batch cut
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.shuffle_buffer = shuffle_buffer
-        self.seed = seed
+        self.cut, self.buffers, self.ranks, self.resume = cut, buffers, ranks, resume
+        self._last: Optional[Tuple[BatchData, int, Tuple[str, ...]]] = None  # (data, rows, paths) of the last batch
         # [rows, start]: pieces of files, or (with buffers) what the buffers let out, traced
         self._pending: Deque[List] = collections.deque()
         self._count = 0
@@ -169,7 +235,7 @@ class Batcher:
             self._pending.append([piece, 0])
             self._count += piece.n
 
-    def _take(self, size: int) -> List[Tuple[Any, int, int]]:
+    def _take(self, size: int) -> List[Tuple[Any, int, int]]:  # all pieces, or all traced rows
         parts = []
         while size:
             entry = self._pending[0]
@@ -195,68 +261,44 @@ class Batcher:
             paths = tuple(self.files[i] for i in np.unique(files))
             rows = assemble(parts, paths)
             batch = Batch(epoch, index, rows.columns, paths, self._meta(lambda: rows.provenance.padding))
-        if self.steps is not None:
+        if self.ranks.steps is not None:
             self._last = (_copy(batch.data), size, batch.paths)
         return batch
 
     def _padding(self, epoch: int, index: int) -> Iterator[Group]:
         """Copies of the epoch's last batch, flagged as padding, from batch ``index`` up to the
         batches planned for ``epoch`` (under ranks); in groups of at most ``GroupSize.LIMIT``."""
-        if self.steps is None or self._last is None:
+        if self.ranks.steps is None or self._last is None:
             return  # no batch this epoch: the padding is made later, from collated batches (``EvenSteps``)
         data, size, paths = self._last
-        end = self.steps(epoch)
+        end = self.ranks.steps(epoch)
         for start in range(index, end, GroupSize.LIMIT):
             yield [Batch(epoch, k, _copy(data), paths, self._meta(lambda: np.ones(size, dtype=bool)))
                    for k in range(start, min(end, start + GroupSize.LIMIT))]
 
     def _meta(self, pad: Callable[[], np.ndarray]) -> Optional[Dict[str, np.ndarray]]:
         """The ``__padding__`` flags, worked out only when ranks are padded."""
-        return {PADDING: np.asarray(pad(), dtype=bool)} if self.flag_padding else None
+        return {PADDING: np.asarray(pad(), dtype=bool)} if self.ranks.flag else None
 
     def _full(self, epoch: int, index: int, sizes: GroupSize) -> Iterator[Group]:
         """The full batches at hand, from batch ``index`` on, in groups."""
-        while self._count >= self.batch_size:
+        while self._count >= self.cut.batch_size:
             group: Group = []
-            for _ in range(min(sizes.take(), self._count // self.batch_size)):
-                group.append(self._batch(epoch, index + len(group), self.batch_size))
+            for _ in range(min(sizes.take(), self._count // self.cut.batch_size)):
+                group.append(self._batch(epoch, index + len(group), self.cut.batch_size))
             index += len(group)
             yield group
 
-    def _stages(self, epoch: int) -> List[Any]:
-        """The plans of this epoch's shuffle and bucket buffers (``Slots``, ``BucketWindows``), in turn."""
-        out: List[Any] = []
-        if self.shuffle_buffer:
-            out.append(Slots(self.shuffle_buffer, self.seed, epoch))
-        if self.bucket is not None:
-            out.append(BucketWindows.drawn(self.bucket[1], self.batch_size, self.seed, epoch))
-        return out
-
-    def _resumed(self, stages: List[Any]) -> Tuple[int, List[int]]:
-        """Where the resumed epoch's stream is read from, and the sample each buffer lets out first:
-        each buffer is fed from where the one before it must let out."""
-        handed, rows = self.resumed_rows
-        outs = []
-        for stage in reversed(stages):
-            outs.append(handed)
-            handed = stage.reads_from(handed, rows)
-        return handed, outs[::-1]
-
-    def reads_from(self) -> int:
-        """Where the resumed epoch's stream is read from (its samples handed out, or before: the
-        buffers rebuild their state from there)."""
-        return self._resumed(self._stages(self.resumed[0]))[0]
-
-    def _buffers(self, epoch: int) -> List[Any]:
+    def _buffers(self, epoch: int) -> List[RowBuffer]:
         """The buffers samples go through this epoch, in turn: the mix, the shuffle buffer, the bucket buffer."""
-        out: List[Any] = [] if self.mix is None else [self.mix(epoch)]
-        stages = self._stages(epoch)
-        if epoch == self.resumed[0] and self.resumed_rows[0]:
-            _, outs = self._resumed(stages)
-            return out + [stage.buffer((at, self.resumed_rows[1])) for stage, at in zip(stages, outs)]
+        out: List[RowBuffer] = [] if self.buffers.mix is None else [self.buffers.mix(epoch)]
+        stages = _plans(self.buffers, self.cut.batch_size, epoch)
+        if epoch == self.resume.epoch and self.resume.handed:
+            _, outs = _resumed(stages, self.resume)
+            return out + [stage.buffer((at, self.resume.rows)) for stage, at in zip(stages, outs)]
         return out + [stage.buffer() for stage in stages]
 
-    def _take_piece(self, piece: Piece, task: FileTask, buffers: List[Any]) -> bool:
+    def _take_piece(self, piece: Piece, task: FileTask, buffers: List[RowBuffer]) -> bool:
         """Move a piece's rows towards the batches (through the buffers, traced with their file, padding
         flag and length); False when the rest of its file is to be left: its lengths failed, and the
         error policy skipped the file."""
@@ -266,9 +308,9 @@ class Batcher:
         held = piece.columns
         assert held is not None, "a piece that goes through a buffer is held here"
         length = None
-        if self.bucket is not None:
+        if self.buffers.bucket is not None:
             try:
-                length = self.bucket[0](held, task.path, piece.offset)
+                length = self.buffers.bucket.lengths(held, task.path, piece.offset)
             except PipelineError as exc:
                 self.errors("bucket_by", [task.path], exc)  # raises unless the policy skips
                 self.stats.skipped_files += 1
@@ -279,30 +321,35 @@ class Batcher:
             self._push(part)
         return True
 
+    def _epoch_end(self, epoch: int, index: int, buffers: List[RowBuffer], sizes: GroupSize) -> Iterator[Group]:
+        """The rest of ``epoch`` from batch ``index`` on: what the buffers hold, the short last batch
+        (unless ``drop_last``), and under ranks the padding up to the planned steps."""
+        for rows in _drained(buffers):
+            self._push(rows)
+        for group in self._full(epoch, index, sizes):
+            yield group
+            index += len(group)
+        if self._count and not self.cut.drop_last:
+            yield [self._batch(epoch, index, self._count)]
+            index += 1
+        yield from self._padding(epoch, index)
+        self._pending.clear()
+        self._count = 0
+        self._last = None
+
     def _first_index(self, epoch: int) -> int:
-        return self.resumed[1] if epoch == self.resumed[0] else 0
+        return self.resume.first if epoch == self.resume.epoch else 0
 
     async def iterate(self, items: AsyncIterator[ReadItem]) -> AsyncIterator[Group]:
         epoch, index = None, 0
-        buffers: List[Any] = []
+        buffers: List[RowBuffer] = []
         sizes = GroupSize()
         async for item in items:
             if isinstance(item, EpochEnd):
-                if epoch is None:
-                    index = self._first_index(item.epoch)
-                for rows in _drained(buffers):
-                    self._push(rows)
-                for group in self._full(item.epoch, index, sizes):
+                for group in self._epoch_end(item.epoch, self._first_index(item.epoch) if epoch is None else index,
+                                             buffers, sizes):
                     yield group
-                    index += len(group)
-                if self._count and not self.drop_last:
-                    yield [self._batch(item.epoch, index, self._count)]
-                    index += 1
-                for group in self._padding(item.epoch, index):
-                    yield group
-                self._pending.clear()
-                self._count = 0
-                epoch, index, buffers, self._last = None, 0, [], None
+                epoch, index, buffers = None, 0, []
                 continue
             if epoch is None:
                 epoch = item.task.epoch
@@ -317,7 +364,39 @@ class Batcher:
                         index += len(group)
 
 
-def _through(buffers: List[Any], rows: Traced) -> Iterator[Traced]:
+def _plans(buffers: Buffers, batch_size: int, epoch: int) -> List[BufferPlan]:
+    """The plans of ``epoch``'s shuffle and bucket buffers (``Slots``, ``BucketWindows``), in turn."""
+    out: List[BufferPlan] = []
+    if buffers.shuffle:
+        out.append(Slots(buffers.shuffle, buffers.seed, epoch))
+    if buffers.bucket is not None:
+        out.append(BucketWindows.drawn(buffers.bucket.size, batch_size, buffers.seed, epoch))
+    return out
+
+
+def _resumed(stages: List[BufferPlan], resume: ResumeRows) -> Tuple[int, List[int]]:
+    """Where the resumed epoch's stream is read from, and the sample each buffer lets out first:
+    each buffer is fed from where the one before it must let out."""
+    handed, outs = resume.handed, []
+    for stage in reversed(stages):
+        outs.append(handed)
+        handed = stage.reads_from(handed, resume.rows)
+    return handed, outs[::-1]
+
+
+def reads_from(buffers: Buffers, batch_size: int, resume: ResumeRows) -> int:
+    """Where the resumed epoch's stream is read from (its samples handed out, or before: the
+    buffers rebuild their state from there)."""
+    return _resumed(_plans(buffers, batch_size, resume.epoch), resume)[0]
+
+
+class RowBatcher(Protocol):
+    """Stage 3: the read stage's items cut into groups of batches (``Batcher``, ``StreamBatcher``)."""
+
+    def iterate(self, items: AsyncIterator[ReadItem]) -> AsyncIterator[Group]: ...
+
+
+def _through(buffers: List[RowBuffer], rows: Traced) -> Iterator[Traced]:
     """``rows`` fed to the first buffer, what leaves it to the next, and so on."""
     if not buffers:
         yield rows
@@ -326,13 +405,13 @@ def _through(buffers: List[Any], rows: Traced) -> Iterator[Traced]:
         yield from _through(buffers[1:], part)
 
 
-def _drained(buffers: List[Any]) -> Iterator[Traced]:
+def _drained(buffers: List[RowBuffer]) -> Iterator[Traced]:
     """What the buffers hold at the end of an epoch: each one's rest, through the buffers after it."""
     for k, buffer in enumerate(buffers):
         for part in buffer.drain():
             yield from _through(buffers[k + 1:], part)
 
 
-def _copy(data: Any) -> Any:
+def _copy(data: BatchData) -> BatchData:
     """A batch's raw data for another batch: a ``Segments`` is never changed, columns may be (by ``batch_encode``)."""
     return dict(data) if isinstance(data, dict) else data

@@ -83,7 +83,7 @@ class Lengths:
         return _checked(values, path, first, f"field {key!r} holds")
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 

@@ -36,12 +36,13 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Any, AsyncGenerator, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import AsyncGenerator, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
+from .._abc import DataCollator, DataReader
 from .._errors import ErrorHandler
-from .._execution.runners import Lane, LocalSteps
+from .._execution.runners import Lane, LocalSteps, Run
 from .._execution.steps import Step
 from .._rng import CACHED_EPOCH, derive_rng
 from .._state import Start
@@ -50,12 +51,37 @@ from .._storage.epoch_cache import BatchEntry, CachedRef, EpochStore, EpochWrite
 from .batch import PADDING, Batch, Group, GroupSize
 from .map import OrderedMap
 from .shard import Sharding
+from .source import Source
+
+
+class _Options(Protocol):
+    """What this stage reads of the user's options (``_options.Options``)."""
+
+    @property
+    def random_seed(self) -> int: ...
+
+    @property
+    def shuffle(self) -> bool: ...
+
+    @property
+    def shuffle_buffer(self) -> int: ...
+
+    @property
+    def bucket_by(self) -> object: ...
+
+    @property
+    def datareader(self) -> DataReader: ...
+
+    @property
+    def datacollator(self) -> DataCollator: ...
 
 
 class Settings(Protocol):
-    """What this stage takes of the run's settings (``_pipeline.Settings``, made by the layer above)."""
+    """What this stage takes of the run's settings (``_plan.Settings``, made by the layer above)."""
 
-    options: Any  # ``_options.Options``: random_seed, shuffle, file_order, datareader, datacollator
+    @property
+    def options(self) -> _Options: ...
+
     encoded_cache: Optional[EpochStore]
     stats: Stats
     errors: ErrorHandler
@@ -67,8 +93,8 @@ class Settings(Protocol):
 
 
 logger = logging.getLogger("pyloader")
-# (epochs, run, from_position) -> the encoded groups of those epochs (``_pipeline._from_files``)
-FromFiles = Callable[[range, Callable, bool], AsyncGenerator[Group, None]]
+# (epochs, run, from_position) -> the encoded groups of those epochs (``_pipeline.FileStages``)
+FromFiles = Callable[[range, Run, bool], AsyncGenerator[Group, None]]
 
 
 def reorders(s: "Settings") -> bool:
@@ -114,8 +140,8 @@ class CachedEpochs:
     alone; ``after``: the steps after it (``collate_batch``, ``pin_memory``), run here.
     """
 
-    def __init__(self, s: "Settings", start: Start, source: Any, from_files: FromFiles, full: Callable,
-                 encode: Callable, after: List[Step], lane: Lane, run_blocking: Callable,
+    def __init__(self, s: "Settings", start: Start, source: Source, from_files: FromFiles, full: Run,
+                 encode: Run, after: List[Step], lane: Lane, run_blocking: Callable,
                  tasks: asyncio.TaskGroup) -> None:
         assert s.encoded_cache is not None
         self.s, self.start, self.source = s, start, source
@@ -311,6 +337,6 @@ async def _refs(epoch: int, manifest: Manifest, order: List[int], skip: int) -> 
                 break
             ref = CachedRef(os.path.join(manifest.folder, entry.name), entry.size, entry.sha256)
             meta = padding_flags(entry.padding, entry.rows) if manifest.flags else None
-            group.append(Batch(epoch, index, ref, entry.paths, meta, entry.rows, manifest.source_epoch))
+            group.append(Batch(epoch, index, ref, entry.paths, meta, rows=entry.rows, cached=manifest.source_epoch))
         k += len(group)
         yield group

@@ -43,7 +43,7 @@ class Entries:
     files: List[str]
     bounds: List[Bounds]
     memory: Optional[List[Columns]]
-    listed: List[Any]  # data_dir as given, made a list (an iterator is read once)
+    listed: List[object]  # data_dir as given, made a list (an iterator is read once)
 
     def known_counts(self) -> List[Optional[int]]:
         """Samples per stream where known without the reader (``None``: ask ``DataReader.count``)."""
@@ -60,11 +60,11 @@ class Entries:
         return hashlib.sha1(f"{files_digest(self.files)}\n{bounds}".encode()).hexdigest()
 
 
-def _is_path(item: Any) -> bool:
+def _is_path(item: object) -> bool:
     return isinstance(item, (str, os.PathLike))
 
 
-def _is_slice(item: Any) -> bool:
+def _is_slice(item: object) -> bool:
     return isinstance(item, tuple) and len(item) == 3 and _is_path(item[0])
 
 
@@ -88,7 +88,7 @@ def _memory(item: Any, k: int) -> Columns:
     return check_columns({FIELD: item}, None, where)
 
 
-def parse_entries(data_dir: Any, stream: bool) -> Optional[Entries]:
+def parse_entries(data_dir: object, stream: bool) -> Optional[Entries]:
     """The streams ``data_dir`` lists when it lists slices or in-memory streams; ``None`` when it is
     an ordinary ``data_dir`` (a folder, a glob, a URL, a list of paths), for ``list_files``."""
     if _is_path(data_dir) or not hasattr(data_dir, "__iter__"):
@@ -132,7 +132,7 @@ class MemoryRunner:
         self.run = runner.run
 
     async def pieces(self, task: FileTask, fetch: bool,
-                     demand: Any = None) -> AsyncIterator[Tuple[int, Columns, None, int]]:
+                     demand: object = None) -> AsyncIterator[Tuple[int, Columns, None, int]]:
         columns = self.memory[task.index]
         end = n_rows(columns) if task.end is None else task.end
         if end > task.start:

@@ -13,7 +13,7 @@ the uninterrupted run used.
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import AsyncIterator, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from .stream import FIRST, POSITION, REPLAY, STREAM_ID, VALID
 
 # what each metadata field says on a padding batch
 PAD_FLAGS = {PADDING: True, FIRST: False, VALID: False, REPLAY: False, STREAM_ID: -1, POSITION: -1}
-Sample = Tuple[Any, Dict[str, np.ndarray]]  # a batch's collated data (without metadata) and its metadata
+Sample = Tuple[object, Dict[str, np.ndarray]]  # a batch's collated data (without metadata) and its metadata
 Step = Tuple[int, int]  # (epoch, batch index)
 
 

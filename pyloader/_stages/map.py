@@ -15,7 +15,7 @@ from .batch import Group, Stacked
 _END = object()
 
 
-def batch_rows(data: Any) -> int:
+def batch_rows(data: object) -> int:
     """The samples of a batch not encoded yet (its rows, as cut), for ``loader.stats``."""
     if isinstance(data, Segments):
         parts = data.parts

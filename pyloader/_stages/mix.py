@@ -46,7 +46,7 @@ STOPS = ("first_exhausted", "all_exhausted")
 _CHUNK = 65536  # draws made at a time: fixed, so the plan does not depend on anything but the seed
 
 
-def check_stop(stop: Any) -> None:
+def check_stop(stop: object) -> None:
     if stop not in STOPS:
         raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
 
@@ -83,7 +83,7 @@ class MixSource:
 
     def __init__(self, mix: Mix, counts: Sequence[Optional[int]], stop: str, shuffle: bool, seed: int,
                  num_epoch: int, sharding: Optional[Sharding] = None,
-                 counted: Optional[List[Dict[str, Any]]] = None) -> None:
+                 counted: Optional[List[Dict[str, object]]] = None) -> None:
         self.mix = mix
         self.counted = counted  # per source, its "samples" batched are counted here (``loader.stats``)
         self.counts = [n or 0 for n in counts]
@@ -181,8 +181,8 @@ class MixSource:
             needs.extend(self._needs(epoch, k, first, len(positions), positions))
         needs.sort(key=lambda need: need[0])
         for pos, (_, index, start, end) in enumerate(needs):
-            yield FileTask(epoch, pos, index, self.mix.files[index], start, end, pad, self.counts[index],
-                           seed=self.seed)
+            yield FileTask(epoch, pos, index, self.mix.files[index], start=start, end=end, pad=pad,
+                           count=self.counts[index], seed=self.seed)
         yield from self._empty(epoch, len(needs))
 
     def _empty(self, epoch: int, pos: int) -> Iterator[FileTask]:
@@ -190,7 +190,7 @@ class MixSource:
         plan takes no row of them, so a count of 0 that is wrong would otherwise lose the file unseen."""
         for index, n in enumerate(self.counts):
             if not n and index % self.sharding.world_size == self.sharding.rank and index not in self.left_out:
-                yield FileTask(epoch, pos, index, self.mix.files[index], 0, 0, False, 0, seed=self.seed)
+                yield FileTask(epoch, pos, index, self.mix.files[index], start=0, end=0, count=0, seed=self.seed)
                 pos += 1
 
     def iterate(self, start_epoch: int = 0, skip_rows: int = 0, until: Optional[int] = None) -> Iterator[SourceItem]:
@@ -275,7 +275,7 @@ class MixBuffer:
         return concat(parts, "mix")
 
 
-def mix_fingerprint(mix: Optional[Mix], stop: str) -> Optional[Dict[str, Any]]:
+def mix_fingerprint(mix: Optional[Mix], stop: str) -> Optional[Dict[str, object]]:
     """The sources' part of the resume state: their files, weights and readers, and ``stop``."""
     if mix is None:
         return None

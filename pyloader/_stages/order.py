@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 from .._rng import FILE_ORDER, derive_rng
 
 DECLARATION = "drops_or_repeats"
-OrderFn = Callable[[List[str], int, Any], Sequence[str]]
+OrderFn = Callable[[List[str], int, object], Sequence[str]]
 
 
-def declares_drops_or_repeats(fn: Any) -> bool:
+def declares_drops_or_repeats(fn: object) -> bool:
     return bool(getattr(fn, DECLARATION, False))
 
 
@@ -108,7 +108,7 @@ class FileOrder:
                          f"{DECLARATION} = True)")
 
 
-def check_file_order(fn: Any, shuffle: bool) -> None:
+def check_file_order(fn: object, shuffle: bool) -> None:
     if fn is None:
         return
     if not callable(fn):

@@ -11,7 +11,7 @@ import asyncio
 import collections
 import contextlib
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, AsyncIterator, Callable, Deque, Iterator, List, Optional, Union
+from typing import AsyncGenerator, AsyncIterator, Callable, Deque, Iterator, List, Optional, Union
 
 from .._columns import Columns
 from .._errors import ErrorHandler, Failure
@@ -34,7 +34,7 @@ class Piece:
     offset: int
     n: int
     columns: Optional[Columns] = None
-    ref: Any = None
+    ref: object = None
     dropped: int = 0  # samples of the file that ``filter_fn`` dropped from this piece
 
 

@@ -63,7 +63,7 @@ _ROUNDS, _CYCLES = 0, 1  # the keys of the draws
 Entries = Tuple[np.ndarray, np.ndarray, np.ndarray]  # samples served: their window, their row there, their round
 
 
-def check_folder(name: str, value: Any) -> None:
+def check_folder(name: str, value: object) -> None:
     if not isinstance(value, str) and not hasattr(value, "__fspath__"):
         raise TypeError(f"{name} must be a folder's path, got {value!r}")
 
@@ -202,7 +202,7 @@ class _Epoch:
         self.windows: Dict[int, Any] = {}  # j: a Window filling, or sealed (``Held.seal``)
         self.orders: Dict[int, List[np.ndarray]] = {}  # j: its rows in each round, once sealed
         self.filling: Optional[int] = None
-        self.pending: Deque[Tuple[Any, Tuple[str, ...]]] = collections.deque()  # chunks (and their files)
+        self.pending: Deque[Tuple[object, Tuple[str, ...]]] = collections.deque()  # chunks (and their files)
         self.files: Dict[int, Dict[str, None]] = {}  # j: the files of its samples, for errors
         self.ended = False  # every sample of the epoch has arrived
         self.fields = _Fields()
@@ -305,7 +305,7 @@ class _Epoch:
         if window is not None:
             self.stage.held.drop(window)
 
-    def _chunks(self, group: Group) -> List[Tuple[Any, Tuple[str, ...]]]:
+    def _chunks(self, group: Group) -> List[Tuple[object, Tuple[str, ...]]]:
         """The samples of each encoded batch of ``group`` as a chunk to hold, with their files and
         metadata; a batch that cannot be cut into samples fails at stage ``rotation``."""
         chunks = []

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, Optional, Protocol, Sequence, Tuple, Union
 
 from .._execution.reading import FileTask
 from .._rng import FILE_ORDER, derive_rng
@@ -40,6 +40,22 @@ class EpochEnd:
 
 
 SourceItem = Union[FileTask, EpochEnd]
+
+
+class Source(Protocol):
+    """Stage 1, the plan of files of every epoch: ``FileSource``, or ``MixSource`` for weighted sources."""
+
+    def tasks(self, epoch: int) -> Iterator[FileTask]:
+        """The files this rank reads in ``epoch``, in order."""
+
+    def iterate(self, start_epoch: int = 0, skip_rows: int = 0, until: Optional[int] = None) -> Iterator[SourceItem]:
+        """Every epoch's tasks from ``start_epoch`` on, each epoch closed by an ``EpochEnd``."""
+
+    def samples(self, epoch: int) -> int:
+        """The samples this rank delivers in ``epoch`` (from the counts)."""
+
+    def steps(self, epoch: int, batch_size: int, seq_len: Optional[int], drop_last: bool) -> int:
+        """The batches (steps) of ``epoch`` on this rank, planned from the counts."""
 Bounds = Optional[Tuple[int, int]]  # a stream that is a slice of its file: rows start:end (``_stages.entries``)
 
 
@@ -99,11 +115,13 @@ class FileSource:
         share, padding = rank_ranges(order, self.counts, self.sharding, splits, batch_size)
         for pos, start, end in share:
             index = order[pos]
-            yield FileTask(epoch, pos, index, self.files[index], start, end, False, self.counts[index], self.seed)
+            yield FileTask(epoch, pos, index, self.files[index], start=start, end=end, count=self.counts[index],
+                           seed=self.seed)
         yield from self._empty(epoch, order)
         for pos, start, end in padding:
             index = order[pos]
-            yield FileTask(epoch, pos, index, self.files[index], start, end, True, self.counts[index], self.seed)
+            yield FileTask(epoch, pos, index, self.files[index], start=start, end=end, pad=True,
+                           count=self.counts[index], seed=self.seed)
 
     def _empty(self, epoch: int, order: Sequence[int]) -> Iterator[FileTask]:
         """The files counted empty that this rank reads to check they are (every ``world_size``-th one): no
@@ -112,7 +130,7 @@ class FileSource:
         for pos, index in enumerate(order):
             if pos % self.sharding.world_size == self.sharding.rank and not self.counts[index]:
                 if index not in self.left_out:
-                    yield FileTask(epoch, pos, index, self.files[index], 0, 0, False, 0, self.seed)
+                    yield FileTask(epoch, pos, index, self.files[index], start=0, end=0, count=0, seed=self.seed)
 
     def _whole(self, epoch: int, pos: int, index: int, count: Optional[int] = None) -> FileTask:
         """The task reading file ``index`` whole, or its slice (checked by its bounds, not a count)."""

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Callable, List, Optional, Sequence
 from .batch import Group, GroupSize
 from .read import FileStream, OpenFile, PiecesOf, ReadItem
 from .source import EpochEnd, FileTask
-from .stream_cut import FIRST, POSITION, REPLAY, STREAM_ID, VALID, Cutter
+from .stream_cut import FIRST, POSITION, REPLAY, STREAM_ID, VALID, Cutter, StreamShape
 from .stream_resume import StreamStart
 from .stream_rows import Rows
 
@@ -39,24 +39,23 @@ class StreamBatcher:
     GROUP_SAMPLES = 32768
     MAX_GROUP = 1024
 
-    def __init__(self, files: Sequence[str], pieces: PiecesOf, open_file: OpenFile, rows: int,
-                 seq_len: Optional[int], padding_mode: str,
-                 pad_value: Any, target: Optional[Callable[[int], int]] = None,
-                 fallback: Optional[Callable[[int], List[FileTask]]] = None, time_major: bool = False,
+    def __init__(self, files: Sequence[str], pieces: PiecesOf, open_file: OpenFile, shape: StreamShape, *,
+                 target: Optional[Callable[[int], int]] = None,
+                 fallback: Optional[Callable[[int], List[FileTask]]] = None,
                  start: Optional[StreamStart] = None) -> None:
         self.files = files
         self.pieces = pieces  # a file's pieces, as the read stage delivers them
         self.open_file = open_file  # a file read again now (a row's replay, a resumed row), outside the plan
-        self.rows = rows
-        self.seq_len = seq_len
-        self.padding_mode = padding_mode
-        self.cutter = Cutter(rows, seq_len, padding_mode, pad_value, time_major)
+        self.rows = shape.rows
+        self.seq_len = shape.seq_len
+        self.padding_mode = shape.padding_mode
+        self.cutter = Cutter(shape)
         # under ranks: the step count of epoch e every rank must give, and files to replay
         # for a rank that has none of its own (padding needs the fields' shapes)
         self.target = target
         self.fallback = fallback
         self.start = start  # where the first epoch begins, when not at its first step (``_stages.stream_resume``)
-        step = rows * (seq_len or 1)
+        step = shape.rows * (shape.seq_len or 1)
         self.group_limit = min(self.MAX_GROUP, max(GroupSize.LIMIT, self.GROUP_SAMPLES // step))
 
     async def iterate(self, items: AsyncIterator[ReadItem]) -> AsyncIterator[Group]:

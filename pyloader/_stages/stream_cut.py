@@ -19,7 +19,7 @@ float64); samples of different shapes and fields only some files have are a
 from __future__ import annotations
 
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -32,6 +32,17 @@ Rows = Sequence[Optional[Row]]
 Window = Optional[Sequence]  # a row's samples of one field in a step (``None``: a row without a file)
 
 
+class StreamShape(NamedTuple):
+    """What a stream batch looks like: ``rows`` rows, each a sample or a window of ``seq_len`` samples
+    (``[T, B, ...]`` with ``time_major``), a file's end padded by ``padding_mode`` (``pad_value``)."""
+
+    rows: int
+    seq_len: Optional[int] = None
+    padding_mode: str = "zeros"
+    pad_value: object = 0
+    time_major: bool = False
+
+
 class Cutter:
     """Cuts the batches of ``rows`` rows of ``seq_len`` samples (or one) from the rows' files.
 
@@ -41,16 +52,15 @@ class Cutter:
     alike whatever came before it, a resumed one too.
     """
 
-    def __init__(self, rows: int, seq_len: Optional[int], padding_mode: str, pad_value: Any,
-                 time_major: bool) -> None:
-        self.rows = rows
-        self.seq_len = seq_len
-        self.width = seq_len or 1
-        self.padding_mode = padding_mode
-        self.pad_value = pad_value
-        self.time_major = time_major  # [T, B, ...] rather than [B, T, ...] (with seq_len)
+    def __init__(self, shape: StreamShape) -> None:
+        self.rows = shape.rows
+        self.seq_len = shape.seq_len
+        self.width = shape.seq_len or 1
+        self.padding_mode = shape.padding_mode
+        self.pad_value = shape.pad_value
+        self.time_major = shape.time_major  # [T, B, ...] rather than [B, T, ...] (with seq_len)
         self.template: Optional[Columns] = None
-        self.edge: List[Optional[Dict[str, Any]]] = [None] * rows
+        self.edge: List[Optional[Dict[str, object]]] = [None] * self.rows
 
     def reset(self) -> None:
         self.template = None
@@ -164,7 +174,7 @@ class Cutter:
                                  f"{sorted(window)}): stream rows in one batch need the same fields")
         return template
 
-    def _field(self, key: str, columns: List[Window], files: Sequence[Optional[str]], like: Sequence) -> Any:
+    def _field(self, key: str, columns: List[Window], files: Sequence[Optional[str]], like: Sequence) -> object:
         """Field ``key`` of the batch from each row's window (``<= width`` samples of file
         ``files[r]``; ``None`` for a row without a file), padded to ``width``. ``like`` is the field in the
         epoch's template, which gives the layout when no row has a file.
@@ -215,10 +225,10 @@ class Cutter:
     def remember_edge(self, r: int, window: Columns) -> None:
         self.edge[r] = {key: _copy_sample(col[-1]) for key, col in window.items()}
 
-    def _pad(self, key: str) -> Any:
+    def _pad(self, key: str) -> object:
         return self.pad_value.get(key, 0) if isinstance(self.pad_value, abc.Mapping) else self.pad_value
 
-    def _fill(self, key: str, r: int, window: Window, pad: Any) -> Any:
+    def _fill(self, key: str, r: int, window: Window, pad: object) -> object:
         """What pads row ``r`` of field ``key``: ``pad``, or with ``padding_mode="edge"`` the row's
         last real sample (of this window, else of an earlier step; ``pad`` before it has any)."""
         if self.padding_mode != "edge":
@@ -260,6 +270,6 @@ def _common_layout(key: str, columns: Sequence[Tuple[str, np.ndarray]]) -> Tuple
     return dtype, sample
 
 
-def _copy_sample(sample: Any) -> Any:
+def _copy_sample(sample: object) -> object:
     """A sample kept beyond its batch: an array row is copied, so the piece it views can go."""
     return sample.copy() if isinstance(sample, np.ndarray) else sample

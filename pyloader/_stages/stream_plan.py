@@ -123,9 +123,9 @@ class Schedule:
         edges = [(r, held) for r, held in enumerate(self.last) if r in after.idle and held is not None]
         rows = [None if held is None or held.end(self.width) <= self.step else held.at(self.step, self.width)
                 for held in self.rows]
-        return RowsAt(self.step, rows, self.started, self.fresh_left, list(self.delivered), self.replays,
-                      self.cut, not goes_on, edges if goes_on else [],
-                      after.template if goes_on and not after.ends else None)
+        return RowsAt(self.step, rows, self.started, self.fresh_left, delivered=list(self.delivered),
+                      replays=self.replays, cut=self.cut, ended=not goes_on, edges=edges if goes_on else [],
+                      template=after.template if goes_on and not after.ends else None)
 
     def _goes_on(self) -> bool:
         return self.target is None or self.step < self.target
