@@ -60,6 +60,7 @@ from .worker import INIT_FAILED, READY, worker_main
 
 NEEDS_MAIN_GUARD = 86  # exit code of a process that was bootstrapping when it tried to start workers
 _DETACH_WAIT_S = 1.0
+_KILLED_EXIT_S = 10.0  # a SIGKILLed worker is gone by then even on a loaded machine
 
 
 _pools: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
@@ -367,8 +368,9 @@ class WorkerPool:
             worker.process.join(timeout)
             if worker.process.is_alive():
                 worker.process.kill()
-                worker.process.join(timeout)
-            worker.process.close()
+                worker.process.join(max(timeout, _KILLED_EXIT_S))
+            if not worker.process.is_alive():  # else multiprocessing reaps it later; close() would raise
+                worker.process.close()
 
     # -- requests --------------------------------------------------------------------
     # Once the run has ended (detached), its tasks still being cancelled may ask: they get
