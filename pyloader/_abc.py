@@ -76,6 +76,10 @@ class DataReader(abc.ABC):
                 with open_file(path, "rt") as f:
                     lines = [line.rstrip("\\n") for line in f]
                 return {"text": lines}, len(lines)   # a dict of equal-length lists, and their length
+
+
+        for batch in DataLoader(LinesReader(batch_size=16), IdentityDataset(), NumpyCollator(), "texts/"):
+            assert len(batch["text"]) <= 16      # a list of str: strings are not stacked
         ```
     """
 
@@ -155,6 +159,10 @@ class Dataset(abc.ABC):
         class WithLengths(Dataset):
             def batch_encode(self, batch_data):
                 return {**batch_data, "length": [len(text) for text in batch_data["text"]]}
+
+
+        for batch in DataLoader(JsonLinesReader(batch_size=16), WithLengths(), NumpyCollator(), "data/"):
+            assert batch["length"].tolist() == [len(text) for text in batch["text"]]
         ```
     """
 
@@ -189,11 +197,18 @@ class DataCollator(abc.ABC):
 
     Example:
         ```python
+        import torch
+
+
         class PadCollator(DataCollator):
             def collate_batch(self, features):
-                longest = max(len(ids) for ids in features["input_ids"])
-                ids = [ids + [0] * (longest - len(ids)) for ids in features["input_ids"]]
-                return {"input_ids": torch.tensor(ids), "label": torch.tensor(features["label"])}
+                longest = max(len(ids) for ids in features["tokens"])
+                ids = [ids + [0] * (longest - len(ids)) for ids in features["tokens"]]
+                return {"tokens": torch.tensor(ids), "label": torch.tensor(features["label"])}
+
+
+        for batch in DataLoader(JsonLinesReader(batch_size=16), IdentityDataset(), PadCollator(), "data/"):
+            assert batch["tokens"].dtype == torch.int64 and batch["tokens"].shape[0] == batch["label"].shape[0]
         ```
     """
 

@@ -106,6 +106,10 @@ def rng() -> np.random.Generator:
             def batch_encode(self, batch):
                 noise = pyloader.rng().normal(0, 0.1, size=len(batch["x"]))   # the same with any num_workers
                 return {**batch, "noise": noise.tolist()}
+
+
+        for batch in DataLoader(JsonLinesReader(batch_size=16), Noisy(), NumpyCollator(), "data/"):
+            assert batch["noise"].shape == batch["y"].shape
         ```
     """
     draws = _draws("rng")
@@ -121,11 +125,18 @@ def rng_seed() -> int:
 
     Example:
         ```python
+        import torch
+
+
         class TorchAugment(Dataset):
             def batch_encode(self, batch):
                 generator = torch.Generator().manual_seed(pyloader.rng_seed())
                 flips = torch.rand(len(batch["x"]), generator=generator) < 0.5
                 return {**batch, "flip": flips.tolist()}
+
+
+        for batch in DataLoader(JsonLinesReader(batch_size=16), TorchAugment(), TorchCollator(), "data/"):
+            assert batch["flip"].dtype == torch.bool
         ```
     """
     return int(derive_rng(*_draws("rng_seed")[0], _TORCH_SEED).integers(2 ** 63))

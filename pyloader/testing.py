@@ -79,7 +79,7 @@ def check_resume(make_loader: Callable[[], DataLoader],
 
     Example:
         ```python
-        check_resume(lambda: DataLoader(JsonLinesReader(batch_size=4), IdentityDataset(), NumpyCollator(),
+        check_resume(lambda: DataLoader(TextLinesReader(batch_size=4), IdentityDataset(), NumpyCollator(),
                                         "small_data/", shuffle=True, shuffle_buffer=8))
         ```
     """

@@ -229,6 +229,7 @@ def moto_server() -> Iterator[int]:
         port = probe.getsockname()[1]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    _forget_s3_filesystems()
     env = pytest.MonkeyPatch()
     for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                         ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")):
@@ -238,6 +239,15 @@ def moto_server() -> Iterator[int]:
     finally:
         env.undo()
         server.stop()
+        _forget_s3_filesystems()
+
+
+def _forget_s3_filesystems() -> None:
+    """fsspec keeps S3 filesystems by their options, not by the endpoint in the environment: one
+    made against another test's server would be used again, and could not connect."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 STOP_WAYS = ("break", "close", "exception", "drop")

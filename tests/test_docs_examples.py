@@ -22,13 +22,15 @@ import json
 import re
 import shutil
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
+
+from pyloader import DataLoader
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -44,27 +46,38 @@ pytestmark = pytest.mark.timeout(300)
 
 @dataclass(frozen=True)
 class Block:
-    page: str
+    page: str  # the file holding it
     line: int  # the fence's line, 1-based
     code: str
     kind: Optional[str]  # a marker's kind, or None
+    owner: Optional[str] = None  # the public name whose docstring holds it
 
     @property
     def where(self) -> str:
         return f"{self.page}:{self.line}"
 
+    @property
+    def note(self) -> str:
+        if self.owner:
+            return f"in the docstring example of {self.owner} at {self.where}"
+        return f"in the example at {self.where}"
+
 
 def blocks(path: Path, name: Optional[str] = None) -> List[Block]:
     """The Python blocks of a Markdown page; ``ValueError`` (naming the line) for a fence without a
     language, a Python block spelled otherwise, or an unknown or misplaced marker."""
-    name = name or str(path.relative_to(ROOT))
-    lines = path.read_text(encoding="utf-8").splitlines()
+    return parse(path.read_text(encoding="utf-8").splitlines(), name or str(path.relative_to(ROOT)))
+
+
+def parse(lines: List[str], name: str, first: int = 1, owner: Optional[str] = None) -> List[Block]:
+    """The Python blocks of ``lines`` (Markdown) whose first line is line ``first`` of the file ``name``."""
     found: List[Block] = []
     i = 0
     while i < len(lines):
+        at = first + i  # the file's line number of lines[i]
         marker = MARKER.match(lines[i].strip())
         if marker and marker.group(1) not in KINDS:
-            raise ValueError(f"{name}:{i + 1}: unknown example marker {marker.group(1)!r} (known: {sorted(KINDS)})")
+            raise ValueError(f"{name}:{at}: unknown example marker {marker.group(1)!r} (known: {sorted(KINDS)})")
         fence = FENCE.match(lines[i])
         if not fence:
             i += 1
@@ -73,29 +86,29 @@ def blocks(path: Path, name: Optional[str] = None) -> List[Block]:
         lang = info.strip().split(" ")[0] if info.strip() else ""
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == ticks), None)
         if end is None:
-            raise ValueError(f"{name}:{i + 1}: a code block that never ends")
+            raise ValueError(f"{name}:{at}: a code block that never ends")
         if not lang or lang in NOT_PYTHON:
-            raise ValueError(f"{name}:{i + 1}: a code block must name its language: ```python to run it, "
+            raise ValueError(f"{name}:{at}: a code block must name its language: ```python to run it, "
                              f"```bash, ```text, ```console ... for what does not run (got {lang or 'none'!r})")
         before = lines[i - 1].strip() if i else ""
         kind = MARKER.match(before).group(1) if MARKER.match(before) else None  # type: ignore[union-attr]
         if kind and lang != RUN:
-            raise ValueError(f"{name}:{i}: an example marker before a {lang!r} block, which does not run")
+            raise ValueError(f"{name}:{at - 1}: an example marker before a {lang!r} block, which does not run")
         if lang == RUN:
             code = "\n".join(line[len(indent):] for line in lines[i + 1:end])
-            found.append(Block(name, i + 1, "\n" * (i + 1) + code + "\n", kind))  # line numbers as in the page
+            found.append(Block(name, at, "\n" * at + code + "\n", kind, owner))  # line numbers as in the file
         i = end + 1
     return found
 
 
-def run_blocks(todo: List[Block]) -> None:
+def run_blocks(todo: List[Block], namespace: Optional[Dict[str, object]] = None) -> None:
     """Run ``todo`` in order in one namespace; an error is raised with a note naming its block."""
-    namespace: Dict[str, object] = {"__name__": "__docs_example__"}
+    namespace = {"__name__": "__docs_example__"} if namespace is None else namespace
     for block in todo:
         try:
             exec(compile(block.code, block.page, "exec"), namespace)
         except BaseException as error:
-            error.add_note(f"in the example at {block.where}")
+            error.add_note(block.note)
             raise
 
 
@@ -205,23 +218,32 @@ def run_page(page: str, root: Path, gpu_line: Optional[int] = None) -> None:
     todo = [b for b in blocks(ROOT / page) if b.kind != "gpu" or b.line == gpu_line]
     if gpu_line is not None:
         todo = [b for b in todo if b.line <= gpu_line]
+    run_where_they_need(todo, root)
+
+
+def run_where_they_need(todo: List[Block], root: Path, namespace: Optional[Dict[str, object]] = None) -> None:
+    """Run ``todo``; against the moto S3 server holding ``root``'s files if one of them is marked ``s3``."""
     if any(b.kind == "s3" for b in todo):
         sys.path.insert(0, str(ROOT / "tests"))
         from conftest import moto_server
 
         with moto_server():
             upload(root)
-            run_blocks(todo)
+            run_blocks(todo, namespace)
     else:
-        run_blocks(todo)
+        run_blocks(todo, namespace)
+
+
+def skip_without_cuda(where: str) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip(f"{where} needs a GPU: torch.cuda.is_available() is False here")
 
 
 @pytest.mark.parametrize("page,gpu_line", page_params())
 def test_the_examples_of_each_page_run_as_written(page: str, gpu_line: Optional[int], in_data_folder: Path) -> None:
     if gpu_line is not None:
-        torch = pytest.importorskip("torch")
-        if not torch.cuda.is_available():
-            pytest.skip(f"{page}:{gpu_line} needs a GPU: torch.cuda.is_available() is False here")
+        skip_without_cuda(f"{page}:{gpu_line}")
     run_page(page, in_data_folder, gpu_line)
 
 
@@ -256,23 +278,96 @@ def test_the_collector_finds_the_blocks_of_the_readme_and_the_docs_and_their_mar
     assert {b.kind for b in found} >= {"gpu", "s3"}
 
 
-def public_objects() -> Iterator[Tuple[str, object]]:
+# ---- the docstring examples (the API reference) ----
+
+def public_modules() -> List[ModuleType]:
     import pyloader
     import pyloader.collators
     import pyloader.readers
     import pyloader.testing
 
-    for module in (pyloader, pyloader.readers, pyloader.collators, pyloader.testing):
+    return [pyloader, pyloader.readers, pyloader.collators, pyloader.testing]
+
+
+def public_objects() -> Iterator[Tuple[str, object]]:
+    for module in public_modules():
         for name in module.__all__:
             yield f"{module.__name__}.{name}", getattr(module, name)
 
 
-def test_every_public_name_has_a_docstring_example_that_compiles() -> None:
-    without = []
-    for name, obj in public_objects():
-        examples = re.findall(r"Example:\n\s*```python\n(.*?)```", inspect.getdoc(obj) or "", re.S)
-        if not examples:
-            without.append(name)
-        for code in examples:
-            compile(textwrap.dedent(code), f"<docstring of {name}>", "exec")
-    assert without == []
+def docstring_blocks(name: str, obj: object) -> List[Block]:
+    """The Python blocks of ``obj``'s docstring, numbered by the lines of its source file."""
+    doc = obj.__doc__ or ""
+    try:
+        source, start = inspect.getsourcelines(obj)  # type: ignore[arg-type]
+        page = str(Path(inspect.getsourcefile(obj) or "").resolve().relative_to(ROOT))  # type: ignore[arg-type]
+        first = start + next(i for i, line in enumerate(source) if '"""' in line or "'''" in line)
+    except (OSError, TypeError, ValueError, StopIteration):  # not defined in a file of the repository
+        page, first = f"<docstring of {name}>", 1
+    return parse(doc.splitlines(), page, first, owner=name)
+
+
+def docstring_namespace() -> Dict[str, object]:
+    """What a docstring example may use without defining it (docs/contributing.md): the public names
+    of ``pyloader``, ``pyloader.readers``, ``pyloader.collators`` and ``pyloader.testing``, the module
+    ``pyloader``, and ``reader``, ``dataset``, ``collator``, ``loader`` (the four on ``data/``) and
+    ``model`` (returns its input)."""
+    import pyloader as pl
+    from pyloader.collators import NumpyCollator
+    from pyloader.readers import JsonLinesReader
+
+    namespace: Dict[str, object] = {"__name__": "__docs_example__", "pyloader": pl}
+    for module in public_modules():
+        namespace.update((name, getattr(module, name)) for name in module.__all__)
+    reader, dataset, collator = JsonLinesReader(batch_size=16), pl.IdentityDataset(), NumpyCollator()
+    namespace.update(reader=reader, dataset=dataset, collator=collator, model=lambda x: x,
+                     loader=pl.DataLoader(reader, dataset, collator, "data/"))
+    return namespace
+
+
+def run_docstring(name: str, obj: object, root: Path) -> None:
+    todo = docstring_blocks(name, obj)
+    assert todo, f"{name}'s docstring has no example (an Example: section with a ```python block)"
+    gpu = [b for b in todo if b.kind == "gpu"]
+    if gpu:
+        skip_without_cuda(f"the docstring example of {name} at {gpu[0].where}")
+    namespace = docstring_namespace()
+    try:
+        run_where_they_need(todo, root, namespace)
+    finally:
+        for value in namespace.values():
+            if isinstance(value, DataLoader):  # the examples' loaders too: nothing left running
+                value.close()
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, id=name) for name, _ in public_objects()])
+def test_the_docstring_examples_of_each_public_name_run(name: str, in_data_folder: Path) -> None:
+    run_docstring(name, dict(public_objects())[name], in_data_folder)
+
+
+class Broken:
+    """A public name whose example is wrong.
+
+    Example:
+        ```python
+        answer = 41
+        assert answer == 42, "the docstring is wrong"
+        ```
+    """
+
+
+def test_a_broken_docstring_example_fails_and_names_its_object_and_line(in_data_folder: Path) -> None:
+    with pytest.raises(AssertionError, match="the docstring is wrong") as caught:
+        run_docstring("tests.Broken", Broken, in_data_folder)
+    line = inspect.getsourcelines(Broken)[1] + 6
+    where = f"tests/test_docs_examples.py:{line - 2}"
+    assert caught.value.__notes__ == [f"in the docstring example of tests.Broken at {where}"]
+    assert caught.traceback[-1].lineno + 1 == line  # the traceback points at the file's own line
+
+
+def test_a_public_name_without_a_docstring_example_fails() -> None:
+    class Bare:
+        """No example."""
+
+    with pytest.raises(AssertionError, match="Bare's docstring has no example"):
+        run_docstring("Bare", Bare, ROOT)

@@ -67,8 +67,8 @@ class CacheEncoded:
 
     Example:
         ```python
-        loader = DataLoader(reader, tokenizer, collator, "data/", num_epoch=20,
-                            cache_encoded=CacheEncoded("/local/ssd/encoded", update_every=4))
+        loader = DataLoader(reader, dataset, collator, "data/", num_epoch=20,
+                            cache_encoded=CacheEncoded("encoded/", update_every=4))   # a fast local disk
         ```
     """
 

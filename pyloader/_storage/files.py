@@ -146,8 +146,9 @@ def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infe
     see ``_storage.compression``).
 
     Example:
+        <!-- example: s3 -->
         ```python
-        with open_file("s3://bucket/train/part-0.jsonl.gz", "rt") as f:   # decompressed as it is read
+        with open_file("s3://bucket/data/part-0.jsonl", "rt") as f:   # a .gz, .zst ... is decompressed as it is read
             first_line = f.readline()
         ```
     """

@@ -28,9 +28,10 @@ class Images:
 
     Example:
         ```python
-        collator = TorchCollator(images=Images(["jpg"], size=(224, 224), flip=True,
+        collator = TorchCollator(images=Images(["jpg"], size=(32, 32), flip=True,
                                                mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]))
-        # batch["jpg"]: float32 [B, 3, 224, 224], randomly cropped and flipped
+        for batch in DataLoader(TarReader(batch_size=16, keep=["jpg"]), IdentityDataset(), collator, "shards/"):
+            assert batch["jpg"].shape == (16, 3, 32, 32)    # float32, randomly cropped and flipped
         ```
     """
 

@@ -15,9 +15,10 @@ class NumpyCollator(ArrayCollator):
 
     Example:
         ```python
-        NumpyCollator().collate_batch({"ids": [[1, 2, 3], [4]], "y": [0, 1]})
-        # {'ids': array([[1, 2, 3], [4, 0, 0]]), 'ids_mask': array([[True, True, True], [True, False, False]]),
-        #  'y': array([0, 1])}
+        batch = NumpyCollator().collate_batch({"ids": [[1, 2, 3], [4]], "y": [0, 1]})
+        assert batch["ids"].tolist() == [[1, 2, 3], [4, 0, 0]]             # padded with 0
+        assert batch["ids_mask"].tolist() == [[True, True, True], [True, False, False]]
+        assert batch["y"].tolist() == [0, 1] and list(batch) == ["ids", "ids_mask", "y"]
         ```
     """
 

@@ -28,7 +28,7 @@ class TFCollator(ArrayCollator):
         ```python
         loader = DataLoader(JsonLinesReader(batch_size=64), IdentityDataset(), TFCollator(), "data/")
         for batch in loader:
-            logits = model(batch["x"])          # tf.Tensor [64, 4]
+            logits = model(batch["x"])          # batch["x"]: tf.Tensor, float32 [64, 4] (the last batch: fewer rows)
         ```
     """
 

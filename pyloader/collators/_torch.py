@@ -25,9 +25,9 @@ class TorchCollator(ArrayCollator):
 
     Example:
         ```python
-        collator = TorchCollator(pad_info="lengths")
-        collator.collate_batch({"ids": [[1, 2, 3], [4]], "y": [0, 1]})
-        # {'ids': tensor([[1, 2, 3], [4, 0, 0]]), 'ids_lengths': tensor([3, 1]), 'y': tensor([0, 1])}
+        batch = TorchCollator(pad_info="lengths").collate_batch({"ids": [[1, 2, 3], [4]], "y": [0, 1]})
+        assert batch["ids"].tolist() == [[1, 2, 3], [4, 0, 0]]             # torch.int64 tensors
+        assert batch["ids_lengths"].tolist() == [3, 1] and batch["y"].tolist() == [0, 1]
         ```
     """
 

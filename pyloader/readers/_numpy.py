@@ -44,8 +44,8 @@ class NumpyReader(DataReader):
 
     Example:
         ```python
-        reader = NumpyReader(batch_size=1024)          # a .npy gives the column "x"; a .npz one per array
-        loader = DataLoader(reader, IdentityDataset(), TorchCollator(), "features/")
+        reader = NumpyReader(batch_size=16)            # a .npy gives the column "x"; a .npz one per array
+        loader = DataLoader(reader, IdentityDataset(), TorchCollator(), "tokens/")
         ```
     """
 

@@ -43,9 +43,12 @@ class ParquetReader(DataReader):
     forked worker processes must not inherit a busy thread pool.
 
     Example:
+        <!-- example: s3 -->
         ```python
-        reader = ParquetReader(batch_size=256, columns=["input_ids", "label"])
+        reader = ParquetReader(batch_size=16, columns=["input_ids", "label"])
         loader = DataLoader(reader, IdentityDataset(), TorchCollator(), "s3://bucket/train/")
+        for batch in loader:
+            ...                                         # batch["input_ids"]: padded, with batch["input_ids_mask"]
         ```
     """
 

@@ -44,8 +44,9 @@ def decode_image(data: bytes, mode: Optional[str] = "RGB") -> np.ndarray:
 
     Example:
         ```python
-        with open_file("photos/cat.jpg", "rb") as f:
-            pixels = decode_image(f.read())     # uint8 [H, W, 3]
+        columns, n = TarReader(keep=["jpg"], decode=False).read_file("shards/shard-0000.tar")
+        pixels = decode_image(columns["jpg"][0])     # the JPEG's bytes, decoded
+        assert pixels.dtype == "uint8" and pixels.shape == (40, 40, 3)   # [H, W, 3]
         ```
     """
     try:
@@ -99,9 +100,10 @@ class TarReader(DataReader):
 
     Example:
         ```python
-        reader = TarReader(batch_size=16, keep=["jpg", "cls"])   # batch["jpg"]: uint8 [H, W, 3] arrays
-        collator = TorchCollator(images=Images(["jpg"], size=(224, 224)))
-        loader = DataLoader(reader, IdentityDataset(), collator, "shards/")
+        reader = TarReader(batch_size=16, keep=["jpg", "cls"])   # read: batch["jpg"] holds uint8 [H, W, 3] arrays
+        collator = TorchCollator(images=Images(["jpg"], size=(32, 32)))
+        for batch in DataLoader(reader, IdentityDataset(), collator, "shards/"):
+            assert batch["jpg"].shape == (16, 3, 32, 32) and batch["cls"].shape == (16,)
         ```
     """
 

@@ -21,8 +21,8 @@ class TextLinesReader(LineReader):
 
     Example:
         ```python
-        reader = TextLinesReader(batch_size=64, skip_blank=True)    # batch["text"]: 64 str
-        loader = DataLoader(reader, IdentityDataset(), NumpyCollator(), "corpus/*.txt.gz")
+        reader = TextLinesReader(batch_size=16, skip_blank=True)    # batch["text"]: a list of 16 str
+        loader = DataLoader(reader, IdentityDataset(), NumpyCollator(), "texts/*.tsv")   # or "*.txt.gz"...
         ```
     """
 
