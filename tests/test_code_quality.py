@@ -13,7 +13,7 @@ from radon.visitors import Function
 PACKAGE = Path(__file__).resolve().parent.parent / "pyloader"
 MAX_COMPLEXITY = 15
 MAX_POSITIONAL = 6  # arguments given by position in one call; more are named (issue 29)
-MAX_ANY_PER_1000_LINES = 34  # ``Any`` per 1,000 non-blank lines of pyloader/ (issue 29 asks 20: lower it as it falls)
+MAX_ANY_PER_1000_LINES = 28  # ``Any`` per 1,000 non-blank lines of pyloader/ (issue 29 asks 20: lower it as it falls)
 
 
 def too_complex(source: str, limit: int = MAX_COMPLEXITY) -> List[str]:

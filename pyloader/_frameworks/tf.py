@@ -1,15 +1,72 @@
 """``DataLoader.to_tf_dataset``: the loader as a ``tf.data.Dataset``."""
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional
+from types import ModuleType
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Protocol, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import tensorflow
 
 _PADDING_SUFFIXES = ("_mask", "_lengths")
 INFER_FROM = 8  # batches the signature is inferred from
 
 
-def _spec(tf: Any, key: str, value: Any, ragged: bool) -> Any:
+class _Shape(Protocol):
+    @property
+    def rank(self) -> Optional[int]: ...
+
+    def as_list(self) -> List[Optional[int]]: ...
+
+    def is_compatible_with(self, other: Sequence[int]) -> bool: ...
+
+
+class _DType(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Spec(Protocol):
+    """What is read of a ``tf.TensorSpec``."""
+
+    @property
+    def dtype(self) -> _DType: ...
+
+    @property
+    def shape(self) -> _Shape: ...
+
+
+Signature = Dict[str, _Spec]
+
+
+class _Run(Iterator[object], Protocol):
+    def close(self) -> None: ...
+
+
+class _Loader(Protocol):
+    """What is read of the ``DataLoader``."""
+
+    @property
+    def file_order(self) -> object: ...
+
+    @property
+    def stream(self) -> object: ...
+
+    @property
+    def shuffle(self) -> object: ...
+
+    @property
+    def on_error(self) -> object: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> _Run: ...
+
+    def _peek(self, limit: int) -> List[object]: ...
+
+
+def _spec(tf: ModuleType, key: str, value: object, ragged: bool) -> _Spec:
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], (str, bytes)):
         return tf.TensorSpec(shape=(None,), dtype=tf.string, name=key)
     tensor = tf.convert_to_tensor(value)
@@ -17,7 +74,7 @@ def _spec(tf: Any, key: str, value: Any, ragged: bool) -> Any:
     return tf.TensorSpec(shape=shape, dtype=tensor.dtype, name=key)
 
 
-def infer_signature(tf: Any, batch: Dict[str, Any]) -> Dict[str, Any]:
+def infer_signature(tf: ModuleType, batch: object) -> Signature:
     """Specs from one batch: the batch dimension is ``None``, and so is every
     dimension of a field that has a padding companion (``<key>_mask`` or
     ``<key>_lengths``) and of the companion itself, since padding varies per batch."""
@@ -28,7 +85,7 @@ def infer_signature(tf: Any, batch: Dict[str, Any]) -> Dict[str, Any]:
     return {k: _spec(tf, k, v, k in ragged) for k, v in batch.items()}
 
 
-def _merged(tf: Any, specs: List[Dict[str, Any]]) -> Dict[str, Any]:
+def _merged(tf: ModuleType, specs: List[Signature]) -> Signature:
     """One signature for several batches: a dimension that differs between them is ``None``."""
     out = dict(specs[0])
     for spec in specs[1:]:
@@ -42,13 +99,15 @@ def _merged(tf: Any, specs: List[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-def _as_numpy(value: Any) -> Any:
+def _as_numpy(value: object) -> object:
     return value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value
 
 
-def _check(batch: Dict[str, Any], signature: Dict[str, Any]) -> None:
+def _check(batch: Dict[str, object], signature: object) -> None:
+    if not isinstance(signature, dict):
+        return
     for key, value in batch.items():
-        spec = signature.get(key) if isinstance(signature, dict) else None
+        spec = signature.get(key)
         shape = getattr(value, "shape", None)
         if spec is None or shape is None or spec.shape.is_compatible_with(shape):
             continue
@@ -59,7 +118,7 @@ def _check(batch: Dict[str, Any], signature: Dict[str, Any]) -> None:
                          + ", ".join(f"{k!r}: {v}" for k, v in loose.items()) + "}")
 
 
-def cardinality(loader: Any) -> Optional[int]:
+def cardinality(loader: _Loader) -> Optional[int]:
     """The batches of every pass, when every pass has as many: not with stream mode's shuffled or
     custom file order (the step count depends on it), nor a ``file_order`` that drops or repeats
     files, nor when skipped errors can shorten a pass."""
@@ -75,7 +134,7 @@ def cardinality(loader: Any) -> Optional[int]:
         return None
 
 
-def to_tf_dataset(loader: Any, output_signature: Any = None) -> Any:
+def to_tf_dataset(loader: _Loader, output_signature: object = None) -> "tensorflow.data.Dataset":
     """A ``tf.data.Dataset`` built with ``from_generator``; each pass over it is the loader's
     next iteration (the next epoch). Without ``output_signature`` it is inferred from the
     first batches (up to ``INFER_FROM``, read in a short extra pass that leaves the loader's
@@ -91,7 +150,7 @@ def to_tf_dataset(loader: Any, output_signature: Any = None) -> Any:
             raise ValueError("cannot infer output_signature: the loader yields no batch")
         output_signature = _merged(tf, [infer_signature(tf, batch) for batch in first])
 
-    def generate() -> Iterator[Any]:
+    def generate() -> Iterator[object]:
         it = iter(loader)
         try:
             for batch in it:

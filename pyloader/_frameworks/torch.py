@@ -3,16 +3,23 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Callable, List, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, KeysView, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
 
-from .._stages.batch import Stacked
+from .._stages.batch import Batch, Group, Stacked
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger("pyloader")
 
+G = TypeVar("G", bound=Group)
+OnBatch = Callable[[object], object]  # what collate_batch returned -> the same with its tensors changed
+OnTensor = Callable[["torch.Tensor"], "torch.Tensor"]
 
-def map_tensors(obj: Any, fn: Callable[[Any], Any]) -> Any:
+
+def map_tensors(obj: object, fn: OnTensor) -> object:
     """Apply ``fn`` to every torch tensor inside dicts, lists and tuples."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
@@ -28,26 +35,26 @@ class TensorMap:
     """``fn`` on every torch tensor of a batch; the same on a stacked group (``run_stacked``):
     a tensor ``[K, ...]`` handled once, then split, gives what each batch would."""
 
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
+    def __init__(self, fn: OnTensor) -> None:
         self.fn = fn
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, batch: object) -> object:
         return map_tensors(batch, self.fn)
 
     on_stacked = __call__
 
 
-def pinner() -> Callable[[Any], Any]:
+def pinner() -> Optional[OnBatch]:
     """A function pinning a batch's tensors in page-locked memory, or ``None`` without an accelerator."""
     import torch
 
     if not torch.cuda.is_available():
         logger.warning("pin_memory=True but no CUDA device is available: batches are not pinned")
-        return None  # type: ignore[return-value]
+        return None
     return TensorMap(lambda t: t.pin_memory())
 
 
-def mover(device: Any, non_blocking: bool) -> Callable[[Any], Any]:
+def mover(device: "str | int | torch.device", non_blocking: bool) -> OnBatch:
     import torch
 
     device = torch.device(device)
@@ -57,7 +64,7 @@ def mover(device: Any, non_blocking: bool) -> Callable[[Any], Any]:
     return lambda batch: map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
 
 
-def unstack(value: Any) -> Sequence[Any]:
+def unstack(value: object) -> Sequence[object]:
     """``value`` (a NumPy array, torch or TF tensor ``[K, ...]``) as K values ``[...]`` of its
     type, sharing its memory where the framework allows; ``TypeError`` for anything else."""
     if isinstance(value, np.ndarray):
@@ -70,7 +77,7 @@ def unstack(value: Any) -> Sequence[Any]:
     raise TypeError(f"cannot split a {type(value).__name__} along its first axis")
 
 
-def _converter(batch: Mapping[str, Any]) -> Callable[[np.ndarray], Any]:
+def _converter(batch: Mapping[str, object]) -> Callable[[np.ndarray], object]:
     """Turns a NumPy array into a tensor of the type the collator chose for ``batch``."""
     torch, tf = sys.modules.get("torch"), sys.modules.get("tensorflow")
     for value in batch.values():
@@ -85,7 +92,7 @@ def _same(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def attach_meta(group: List[Any]) -> List[Any]:
+def attach_meta(group: G) -> G:
     """Each batch of ``group`` (changed in place) with its metadata (``Batch.meta``: stream flags, padding
     flags) added to its collated dict, as tensors of the collator's framework.
 
@@ -94,7 +101,9 @@ def attach_meta(group: List[Any]) -> List[Any]:
     they are, others stacked first).
     """
     stacked = group.meta if isinstance(group, Stacked) else None
-    names = (stacked or group[0].meta).keys()
+    meta = stacked or group[0].meta
+    assert meta is not None, "attach_meta takes groups that carry meta"
+    names = meta.keys()
     if isinstance(group, Stacked) and group.outputs is not None:  # made at once: its batches have no data yet
         assert stacked is not None
         _check_names(names, group.outputs)
@@ -105,7 +114,7 @@ def attach_meta(group: List[Any]) -> List[Any]:
     for batch in group:
         _check_names(names, batch.data)
     if stacked is None:
-        stacked = {key: np.stack([batch.meta[key] for batch in group]) for key in names}
+        stacked = {key: np.stack([_meta(batch)[key] for batch in group]) for key in names}
     convert = _converter(group[0].data)
     fields = [(key, unstack(convert(stacked[key]))) for key in names]
     for k, batch in enumerate(group):
@@ -116,7 +125,12 @@ def attach_meta(group: List[Any]) -> List[Any]:
     return group
 
 
-def _check_names(names: Any, data: Any) -> None:
+def _meta(batch: Batch) -> Dict[str, np.ndarray]:
+    assert batch.meta is not None, "a group's batches all carry meta or none"
+    return batch.meta
+
+
+def _check_names(names: KeysView[str], data: object) -> None:
     if not isinstance(data, dict):
         raise TypeError(f"collate_batch must return a dict to carry the batch's metadata, got {type(data).__name__}")
     if not names.isdisjoint(data):

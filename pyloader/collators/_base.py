@@ -2,18 +2,22 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from .._abc import DataCollator
 from ._image import Images
-from ._stack import StackOptions, stack_batch
+from ._stack import ItemColumn, StackOptions, stack_batch
 
 __all__ = ["ArrayCollator"]
 
+Convert = TypeVar("Convert", bound=Callable[..., object])
+Collated = Dict[str, object]  # a collated batch: arrays, tensors, or what convert_* return
 
-def row_wise(convert_array: Callable[..., Any]) -> Callable[..., Any]:
+
+def row_wise(convert_array: Convert) -> Convert:
     """Marks a ``convert_array`` that treats an array's first axis like the others: converting a
     stack of batches and splitting the result gives what converting each batch gives, so
     ``collate_stacked`` may convert a group of batches at once."""
@@ -59,10 +63,10 @@ class ArrayCollator(DataCollator):
     def __init__(
         self,
         *,
-        float_dtype: Any = np.float32,
-        int_dtype: Any = np.int64,
-        pad_value: Any = 0,
-        pad_values: Optional[Mapping[str, Any]] = None,
+        float_dtype: npt.DTypeLike = np.float32,
+        int_dtype: npt.DTypeLike = np.int64,
+        pad_value: object = 0,
+        pad_values: Optional[Mapping[str, object]] = None,
         pad_info: Optional[str] = "mask",
         keys: Optional[Iterable[str]] = None,
         passthrough: Iterable[str] = (),
@@ -87,15 +91,15 @@ class ArrayCollator(DataCollator):
     #: in a worker (set by collators whose tensors must not be made after a fork).
     converts_in_main = False
 
-    def collate_batch(self, features: Dict[str, Sequence]) -> Dict[str, Any]:
+    def collate_batch(self, features: Dict[str, Sequence]) -> Collated:
         """Collate ``features`` as the class docstring says."""
         return stack_batch(self._prepared(features), self.options, self.convert_array, self.convert_strings)
 
-    def _prepared(self, features: Mapping[str, Any]) -> Mapping[str, Any]:
+    def _prepared(self, features: Mapping[str, Sequence]) -> Mapping[str, ItemColumn]:
         """``features`` with the image columns made float arrays (``images``)."""
         return features if self.images is None else self.images.apply(features, self.options.float_dtype)
 
-    def collate_stacked(self, columns: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    def collate_stacked(self, columns: Mapping[str, np.ndarray]) -> Optional[Collated]:
         """``collate_batch`` on K batches at once: ``columns`` holds each field of the K batches
         stacked along a new first axis, and so does the result. ``None`` where that could differ
         from collating each batch: a subclass changing ``collate_batch`` or a ``convert_array``
@@ -110,29 +114,29 @@ class ArrayCollator(DataCollator):
                 return None
         return stack_batch(columns, self.options, self.convert_array, self.convert_strings)
 
-    def stack(self, features: Dict[str, Sequence]) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    def stack(self, features: Dict[str, Sequence]) -> Tuple[Collated, Dict[str, str]]:
         """The NumPy half of ``collate_batch``: the stacked batch, and which of its
         entries still need ``convert_array`` or ``convert_strings``."""
         pending: Dict[str, str] = {}
 
-        def keep(kind: str) -> Any:
-            def record(key: str, value: Any) -> Any:
+        def keep(kind: str) -> Callable[[str, object], object]:
+            def record(key: str, value: object) -> object:
                 pending[key] = kind
                 return value
             return record
 
         return stack_batch(self._prepared(features), self.options, keep("array"), keep("strings")), pending
 
-    def convert(self, stacked: Tuple[Dict[str, Any], Dict[str, str]]) -> Dict[str, Any]:
+    def convert(self, stacked: Tuple[Collated, Dict[str, str]]) -> Collated:
         """The framework half of ``collate_batch``: ``convert(stack(f)) == collate_batch(f)``."""
         batch, pending = stacked
-        convert: Dict[str, Callable[[str, Any], Any]] = {"array": self.convert_array, "strings": self.convert_strings}
+        convert: Dict[str, Callable[..., object]] = {"array": self.convert_array, "strings": self.convert_strings}
         return {key: convert[pending[key]](key, value) if key in pending else value for key, value in batch.items()}
 
     @abc.abstractmethod
-    def convert_array(self, key: str, array: np.ndarray) -> Any:
+    def convert_array(self, key: str, array: np.ndarray) -> object:
         """Turn the stacked ``array`` of ``key`` (or of a companion) into the output type."""
 
-    def convert_strings(self, key: str, values: Sequence) -> Any:
+    def convert_strings(self, key: str, values: ItemColumn) -> object:
         """Turn the string column ``key`` into the output type; the default returns it unchanged."""
         return values

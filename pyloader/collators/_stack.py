@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Union
+from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Union
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["PAD_INFO", "StackOptions", "stack_batch", "stack_column"]
 
@@ -23,8 +24,9 @@ _NUMERIC_KINDS = "biufc"
 _PY_BASES = (bool, int, float, complex)  # bool first: it is also an int
 _WEAK = {bool: False, int: 0, float: 0.0, complex: 0j}  # Python scalars promote NumPy dtypes weakly
 
-ArrayConverter = Callable[[str, np.ndarray], Any]
-StringConverter = Callable[[str, Sequence], Any]
+ItemColumn = Union[Sequence, np.ndarray]  # one item per sample: a list, or an array along its first axis
+ArrayConverter = Callable[[str, np.ndarray], object]
+StringConverter = Callable[[str, ItemColumn], object]
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,8 @@ class StackOptions:
 
     float_dtype: np.dtype = np.dtype(np.float32)
     int_dtype: np.dtype = np.dtype(np.int64)
-    pad_value: Any = 0
-    pad_values: Dict[str, Any] = field(default_factory=dict)
+    pad_value: object = 0
+    pad_values: Dict[str, object] = field(default_factory=dict)
     pad_info: Optional[str] = "mask"
     keys: Optional[FrozenSet[str]] = None
     passthrough: FrozenSet[str] = frozenset()
@@ -43,10 +45,10 @@ class StackOptions:
     @classmethod
     def create(
         cls,
-        float_dtype: Any = np.float32,
-        int_dtype: Any = np.int64,
-        pad_value: Any = 0,
-        pad_values: Optional[Mapping[str, Any]] = None,
+        float_dtype: npt.DTypeLike = np.float32,
+        int_dtype: npt.DTypeLike = np.int64,
+        pad_value: object = 0,
+        pad_values: Optional[Mapping[str, object]] = None,
         pad_info: Optional[str] = "mask",
         keys: Optional[Iterable[str]] = None,
         passthrough: Iterable[str] = (),
@@ -84,11 +86,11 @@ class StackOptions:
 
 
 def stack_batch(
-    features: Mapping[str, Sequence],
+    features: Mapping[str, ItemColumn],
     options: StackOptions,
     convert_array: ArrayConverter,
     convert_strings: StringConverter,
-) -> Dict[str, Any]:
+) -> Dict[str, object]:
     """Collate every column of ``features``; see ``stack_column`` for one column.
 
     Keys that ``options`` does not collate are copied through untouched. Each
@@ -102,7 +104,7 @@ def stack_batch(
         missing = sorted(options.keys.difference(features))
         if missing:
             raise ValueError(f"keys {missing} were asked for but are not in the batch")
-    out: Dict[str, Any] = {}
+    out: Dict[str, object] = {}
     first_key: Optional[str] = None
     for key, column in features.items():
         if not options.collates(key):
@@ -125,7 +127,7 @@ def stack_batch(
     return out
 
 
-def stack_column(key: str, column: Sequence, options: StackOptions) -> Optional[Dict[str, np.ndarray]]:
+def stack_column(key: str, column: ItemColumn, options: StackOptions) -> Optional[Dict[str, np.ndarray]]:
     """Stack one column into ``{key: array}`` plus its companion, or ``None`` for strings.
 
     * A non-object NumPy array is returned as is, never copied.
@@ -163,7 +165,7 @@ def stack_column(key: str, column: Sequence, options: StackOptions) -> Optional[
     return _stack_walked(key, column, layout, options)
 
 
-def _stack_walked(key: str, column: Sequence, layout: "_Layout", options: StackOptions) -> Dict[str, np.ndarray]:
+def _stack_walked(key: str, column: ItemColumn, layout: "_Layout", options: StackOptions) -> Dict[str, np.ndarray]:
     """``stack_column`` for a column of numbers, once ``layout`` has walked it: padded where it is ragged."""
     dtype = layout.dtype(options)
     depth = layout.depth if layout.depth is not None else len(layout.lens) - 1
@@ -196,7 +198,7 @@ def _companion(
     key: str,
     array: np.ndarray,
     options: StackOptions,
-    padded_column: Optional[Sequence] = None,
+    padded_column: Optional[ItemColumn] = None,
     mask: Optional[np.ndarray] = None,
 ) -> Dict[str, np.ndarray]:
     """The ``<key>_mask``/``<key>_lengths`` entry.
@@ -218,7 +220,7 @@ def _companion(
     return {f"{key}_mask": mask}
 
 
-def _holds_strings(column: Sequence) -> bool:
+def _holds_strings(column: ItemColumn) -> bool:
     """Whether the first non-empty leaf of ``column`` is a string."""
     for item in column:
         while isinstance(item, (list, tuple)) and item:
@@ -231,7 +233,7 @@ def _holds_strings(column: Sequence) -> bool:
     return False
 
 
-def _fill(node: Any, out: np.ndarray, mask: Optional[np.ndarray], axis: int, last: int) -> None:
+def _fill(node: ItemColumn, out: np.ndarray, mask: Optional[np.ndarray], axis: int, last: int) -> None:
     """Copy one item (``node``, whose first axis is ``axis``) into the top corner of ``out``."""
     if isinstance(node, np.ndarray) and node.dtype.kind != "O":
         region = tuple(slice(0, n) for n in node.shape)
@@ -265,7 +267,7 @@ class _Layout:
         self.py_types: Set[type] = set()
         self.np_dtypes: Set[np.dtype] = set()
 
-    def walk(self, node: Any, axis: int) -> None:
+    def walk(self, node: ItemColumn, axis: int) -> None:
         if isinstance(node, np.ndarray) and node.dtype.kind != "O":
             for offset, n in enumerate(node.shape):
                 self._see_len(axis + offset, n)

@@ -1,11 +1,15 @@
 """``TFCollator``: ``tf.Tensor`` values, strings included."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    import tensorflow
+
 from ._base import ArrayCollator, row_wise
+from ._stack import ItemColumn
 
 __all__ = ["TFCollator"]
 
@@ -34,12 +38,12 @@ class TFCollator(ArrayCollator):
     converts_in_main = True
 
     @row_wise
-    def convert_array(self, key: str, array: np.ndarray) -> Any:
+    def convert_array(self, key: str, array: np.ndarray) -> "tensorflow.Tensor":
         import tensorflow as tf
 
         return tf.convert_to_tensor(array)
 
-    def convert_strings(self, key: str, values: Sequence) -> Any:
+    def convert_strings(self, key: str, values: ItemColumn) -> "tensorflow.Tensor":
         import tensorflow as tf
 
         try:

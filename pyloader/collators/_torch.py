@@ -1,9 +1,12 @@
 """``TorchCollator``: CPU ``torch.Tensor`` values sharing memory with the stacked arrays."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 from ._base import ArrayCollator, row_wise
 
@@ -33,7 +36,7 @@ class TorchCollator(ArrayCollator):
     releases_gil = True  # NumPy/pyarrow work: num_workers="auto" keeps it in this process
 
     @row_wise
-    def convert_array(self, key: str, array: np.ndarray) -> Any:
+    def convert_array(self, key: str, array: np.ndarray) -> "torch.Tensor":
         import torch
 
         if not array.dtype.isnative or min(array.strides, default=0) < 0:
