@@ -29,12 +29,15 @@ import os
 import posixpath
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, TypedDict
 
 from .._paths import is_url
-from .files import _GLOB_CHARS, _local
+from .files import _GLOB_CHARS, DataDir, _local
+from .remote import Info, filesystem, version
 from .remote import _with_path as with_path
-from .remote import filesystem, version
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 logger = logging.getLogger("pyloader")
 
@@ -44,15 +47,26 @@ INDEX_NAME = "_pyloader_counts.json"  # starts with "_": folder walks and globs 
 _NOT_COUNTING = frozenset({"batch_size", "shuffle", "random_seed", "piece_size"})
 
 Stamp = Tuple[int, str]  # (size in bytes, version)
-Entries = Dict[str, Dict[str, Any]]  # name -> {"size", "version", "count"}
+IndexKey = Dict[str, object]  # what an index is made for (``count_key``), as JSON
 
 
-def _filesystem(url: str) -> Tuple[Any, str]:
+class Entry(TypedDict):
+    """What an index holds for one file."""
+
+    size: int
+    version: str
+    count: int
+
+
+Entries = Dict[str, Entry]  # by the file's name
+
+
+def _filesystem(url: str) -> Tuple[AbstractFileSystem, str]:
     """``url``'s filesystem, its calls retried by s3fs (none of them is retried here)."""
     return filesystem(url, retried_here=False)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """``value`` as JSON keeps it, or its type's name when it is no plain value (a tokenizer, a function)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -64,7 +78,7 @@ def _plain(value: Any) -> Any:
     return f"<{cls.__module__}.{cls.__qualname__}>"
 
 
-def count_key(reader: Any) -> Dict[str, Any]:
+def count_key(reader: object) -> IndexKey:
     """What an index is made for: the reader's class and its public settings, less those that
     never change a count (``batch_size``, ``shuffle``, ``random_seed``, ``piece_size``)."""
     cls = type(reader)
@@ -81,7 +95,7 @@ def _parent(path: str) -> str:
     return posixpath.dirname(path) if is_url(path) else os.path.dirname(path)
 
 
-def index_folder(data_dir: Any, files: Sequence[str]) -> str:
+def index_folder(data_dir: DataDir, files: Sequence[str]) -> str:
     """Where the index of ``data_dir``'s ``files`` lives: the folder ``data_dir`` names, the folder
     of a glob before its first wildcard, or the folder holding every file of a list (or the file)."""
     if isinstance(data_dir, (str, os.PathLike)):
@@ -118,7 +132,7 @@ def name_in(folder: str, path: str) -> str:
     return path if relative.startswith("..") else relative.replace(os.sep, "/")
 
 
-def cache_index_path(cache_folder: str, key: Dict[str, Any], folder: str) -> str:
+def cache_index_path(cache_folder: str, key: IndexKey, folder: str) -> str:
     """The index the loader keeps in ``cache_dir`` for the data of ``folder`` and ``key``."""
     digest = hashlib.sha256(json.dumps([key, folder], sort_keys=True).encode()).hexdigest()[:32]
     return os.path.join(cache_folder, f"counts-{digest}.json")
@@ -137,7 +151,7 @@ def _remote_stamps(paths: Sequence[str], folder: str) -> List[Optional[Stamp]]:
     """One listing of ``folder`` with details (one request per page of names), then ``info`` for any
     file the listing did not give."""
     fs, root = _filesystem(folder)
-    listed: Dict[str, Dict[str, Any]] = {}
+    listed: Dict[str, Info] = {}
     with contextlib.suppress(Exception):  # a folder that cannot be listed: each file is asked for itself
         listed = {fs._strip_protocol(name): info for name, info in fs.find(root, detail=True).items()}
     out: List[Optional[Stamp]] = []
@@ -172,7 +186,7 @@ def _read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def _valid(found: Any) -> bool:
+def _valid(found: object) -> bool:
     if not isinstance(found, dict) or found.get("format") != FORMAT or not isinstance(found.get("files"), dict):
         return False
     return all(isinstance(e, dict) and isinstance(e.get("size"), int) and isinstance(e.get("version"), str)
@@ -180,7 +194,7 @@ def _valid(found: Any) -> bool:
                for e in found["files"].values())
 
 
-def read_index(path: str, key: Dict[str, Any]) -> Optional[Entries]:
+def read_index(path: str, key: IndexKey) -> Optional[Entries]:
     """The entries of the index at ``path`` (one read), or ``None``: there is none, it cannot be
     read or parsed (logged), or it was made for another reader or other settings (logged)."""
     try:
@@ -214,7 +228,7 @@ def _write_local(path: str, data: bytes) -> None:
         raise
 
 
-def write_index(path: str, key: Dict[str, Any], entries: Entries, keep_found: bool = True) -> None:
+def write_index(path: str, key: IndexKey, entries: Entries, keep_found: bool = True) -> None:
     """Write ``entries`` as the index at ``path``, atomically; with ``keep_found``, the entries of the
     index found there (same key) that ``entries`` does not hold are kept."""
     merged = dict(read_index(path, key) or {}) if keep_found else {}
@@ -228,7 +242,7 @@ def write_index(path: str, key: Dict[str, Any], entries: Entries, keep_found: bo
         _write_local(path, data)
 
 
-def entry(stamp: Stamp, count: int) -> Dict[str, Any]:
+def entry(stamp: Stamp, count: int) -> Entry:
     return {"size": stamp[0], "version": stamp[1], "count": count}
 
 
