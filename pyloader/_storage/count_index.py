@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, TypedDict
 
 from .._paths import is_url
-from .files import _GLOB_CHARS, DataDir, _local
+from .files import _GLOB_CHARS, _local
 from .remote import Info, filesystem, version
 from .remote import _with_path as with_path
 
@@ -95,7 +95,7 @@ def _parent(path: str) -> str:
     return posixpath.dirname(path) if is_url(path) else os.path.dirname(path)
 
 
-def index_folder(data_dir: DataDir, files: Sequence[str]) -> str:
+def index_folder(data_dir: object, files: Sequence[str]) -> str:
     """Where the index of ``data_dir``'s ``files`` lives: the folder ``data_dir`` names, the folder
     of a glob before its first wildcard, or the folder holding every file of a list (or the file)."""
     if isinstance(data_dir, (str, os.PathLike)):
