@@ -20,7 +20,7 @@ import io
 import json
 import tarfile
 import zlib
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from ._base import FileFormatError, check_fields, check_piece_size, file_error
 
 __all__ = ["TarReader", "decode_image", "DECODERS"]
 
-Decoder = Callable[[bytes], Any]
+Decoder = Callable[[bytes], object]
 KEY = "__key__"
 _CORRUPT = (tarfile.TarError, EOFError, zlib.error, DecompressionError)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "bmp", "gif", "tif", "tiff", "webp")
@@ -128,8 +128,8 @@ class TarReader(DataReader):
         self.image_mode = image_mode
         self.piece_size = check_piece_size(piece_size)
 
-    def read_file(self, path: str) -> Tuple[Dict[str, List[Any]], int]:
-        columns: Dict[str, List[Any]] = {}
+    def read_file(self, path: str) -> Tuple[Dict[str, List[object]], int]:
+        columns: Dict[str, List[object]] = {}
         n = 0
         for piece in self.iter_file(path):
             for name, values in piece.items():
@@ -138,7 +138,7 @@ class TarReader(DataReader):
         return columns, n
 
     def iter_file(self, path: str) -> Iterator[Columns]:
-        piece: Dict[str, List[Any]] = {}
+        piece: Dict[str, List[object]] = {}
         for sample in _samples(path, self.keep, self._decoded(path)):
             for name, value in sample.items():
                 piece.setdefault(name, []).append(value)
@@ -152,8 +152,8 @@ class TarReader(DataReader):
         """The samples of the shard, from its members' headers alone."""
         return sum(1 for _ in _samples(path, self.keep, None))
 
-    def _decoded(self, path: str) -> Callable[[str, str, bytes], Any]:
-        def decode(name: str, ext: str, data: bytes) -> Any:
+    def _decoded(self, path: str) -> Callable[[str, str, bytes], object]:
+        def decode(name: str, ext: str, data: bytes) -> object:
             fn = self.decoders[ext] if ext in self.decoders else self.decoders.get(ext.rpartition(".")[2].lower())
             if fn is None:
                 return data
@@ -179,7 +179,7 @@ class _Shard:
     def error(self, what: str) -> FileFormatError:
         return FileFormatError(f"shard {self.path!r}: {what}")
 
-    def finished(self, key: str, members: Dict[str, str], sample: Dict[str, Any]) -> Dict[str, Any]:
+    def finished(self, key: str, members: Dict[str, str], sample: Dict[str, object]) -> Dict[str, object]:
         """A sample whose members are all read, its columns in one order (``__key__``, then the extensions
         sorted): its extensions must be those every sample has."""
         self.check(key, members)
@@ -207,12 +207,12 @@ class _Shard:
 
 
 def _samples(path: str, keep: Optional[List[str]],
-             decode: Optional[Callable[[str, str, bytes], Any]]) -> Iterator[Dict[str, Any]]:
+             decode: Optional[Callable[[str, str, bytes], object]]) -> Iterator[Dict[str, object]]:
     """Each sample as ``{__key__, ext: value}`` (``decode``: ``None`` reads no data, for counting)."""
     shard = _Shard(path, keep)
     key: Optional[str] = None
     members: Dict[str, str] = {}  # ext -> member name, of the sample being read
-    sample: Dict[str, Any] = {}
+    sample: Dict[str, object] = {}
     last = None
     try:
         with open_file(path, "rb") as f, tarfile.open(fileobj=f, mode="r|*") as tar:
