@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, fields
 from operator import itemgetter
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TypeVar, final
+from typing import Any, Callable, Dict, Optional, Sequence, TypeVar, final
 
 import numpy as np
 
@@ -57,7 +57,7 @@ class Traced:
 Rows = TypeVar("Rows", Columns, Traced)  # what the row helpers below take: plain columns, or traced ones
 
 
-def check_columns(columns: Mapping[str, Sequence], n_sample: Optional[int], where: str) -> Columns:
+def check_columns(columns: object, n_sample: Optional[int], where: str) -> Columns:
     """Check that ``columns`` is a dict of sequences of one length; return it as a dict.
 
     ``n_sample`` is the length the caller announced (``None``: take the first

@@ -171,7 +171,7 @@ class _Fields:
     def __init__(self) -> None:
         self.first: Optional[Dict[str, Optional[Tuple[Tuple[int, ...], str]]]] = None
 
-    def check(self, data: Any) -> Columns:
+    def check(self, data: object) -> Columns:
         columns = check_columns(data, None, "batch_encode's output, cut into samples by rotation")
         seen = {key: (col.shape[1:], col.dtype.kind) if isinstance(col, np.ndarray) else None
                 for key, col in columns.items()}
