@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 
 import numpy as np
 
+from .._columns import Columns
 from .._npy import HEADER_PARSE
 from .codec import pack, unpack
 from .files import is_url
@@ -77,14 +78,14 @@ class CacheEncoded:
     limit: Optional[int] = None
 
 
-def check_cache_encoded(name: str, value: Any) -> None:
+def check_cache_encoded(name: str, value: object) -> None:
     """The option ``cache_encoded`` (``None``, a dict or a ``CacheEncoded``), checked alone."""
     checked = as_cache_encoded(value)
     if checked is not None:
         _check_values(checked)
 
 
-def as_cache_encoded(value: Any) -> Optional[CacheEncoded]:
+def as_cache_encoded(value: object) -> Optional[CacheEncoded]:
     """``cache_encoded`` as a ``CacheEncoded`` (a dict's keys checked)."""
     if value is None:
         return None
@@ -101,7 +102,7 @@ def as_cache_encoded(value: Any) -> Optional[CacheEncoded]:
     return value
 
 
-def resume_key(value: Optional[CacheEncoded]) -> Optional[Dict[str, Any]]:
+def resume_key(value: Optional[CacheEncoded]) -> Optional[Dict[str, Optional[int]]]:
     """What a state records of ``cache_encoded``: ``update_every`` (the folder and limit may change)."""
     return None if value is None else {"update_every": value.update_every}
 
@@ -140,7 +141,7 @@ class BatchEntry:
     size: int = 0
     sha256: str = ""
 
-    def as_json(self, files: Mapping[str, int]) -> List[Any]:
+    def as_json(self, files: Mapping[str, int]) -> List[object]:
         return [self.name, self.rows, [files[p] for p in self.paths], self.padding, self.size, self.sha256]
 
 
@@ -189,7 +190,7 @@ class EpochStore:
                            block, self.folder, exc)
             return None
 
-    def _checked(self, meta: Any, block: int) -> Manifest:
+    def _checked(self, meta: object, block: int) -> Manifest:
         if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("key") != self.key \
                 or meta.get("block") != block:
             raise ValueError("the manifest is of another format, key or block")
@@ -226,7 +227,7 @@ class EpochStore:
 class ToWrite:
     """An encoded batch on its way to the cache (``EpochWriter.write``), then to ``collate_batch``."""
 
-    data: Any
+    data: Columns
     name: str
 
 
@@ -257,7 +258,7 @@ class EpochWriter:
     def expect(self, entry: BatchEntry) -> None:
         self.entries.append(entry)
 
-    def write(self, item: ToWrite) -> Any:
+    def write(self, item: ToWrite) -> Columns:
         """Store one encoded batch (``NotCacheable`` for a column that cannot be); hand it on unchanged."""
         if self.failed is not None:
             return item.data
@@ -309,7 +310,7 @@ class EpochWriter:
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
-def load(ref: CachedRef) -> Dict[str, Any]:
+def load(ref: CachedRef) -> Columns:
     """A cached batch, checked against its manifest entry (a step run in the lane's threads)."""
     with open(ref.path, "rb") as f:
         data = f.read()
