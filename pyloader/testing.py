@@ -32,10 +32,10 @@ if TYPE_CHECKING:
 __all__ = ["LatencyFileSystem", "check_resume"]
 
 # one batch handed out: the loader's ``epoch`` then, and a copy of the batch's data
-_Step = Tuple[Optional[int], Any]
+_Step = Tuple[Optional[int], object]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type[LatencyFileSystem]:
     if name == "LatencyFileSystem":  # imported on first use: fsspec is an optional dependency
         from ._storage.latency import LatencyFileSystem
 
@@ -127,7 +127,7 @@ def _check_position(make_loader: Callable[[], DataLoader], first: List[_Step], s
         loader.close()
 
 
-def _take(loader: DataLoader, k: int, n: int) -> Tuple[List[_Step], Dict[str, Any], Dict[str, Any]]:
+def _take(loader: DataLoader, k: int, n: int) -> Tuple[List[_Step], Dict[str, object], Dict[str, object]]:
     """The first ``k`` batches of an iteration, the state at ``k``, and the state once the loop is left."""
     where = f"state_dict() at position {k} of {n}"
     head: List[_Step] = []
@@ -145,7 +145,7 @@ def _take(loader: DataLoader, k: int, n: int) -> Tuple[List[_Step], Dict[str, An
     return head, state, _json(loader.state_dict(), f"{where}, after leaving the loop")
 
 
-def _json(state: Any, where: str) -> Dict[str, Any]:
+def _json(state: object, where: str) -> Dict[str, object]:
     try:
         text = json.dumps(state, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -160,7 +160,7 @@ def _run(loader: DataLoader) -> List[_Step]:
     return [(loader.epoch, _copy(batch)) for batch in loader]
 
 
-def _copy(value: Any) -> Any:
+def _copy(value: object) -> object:
     """``value`` with every array and tensor copied to a NumPy array (tagged with its type), so
     that the batches kept share no memory with the loader."""
     if isinstance(value, abc.Mapping):
