@@ -32,19 +32,19 @@ import subprocess
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, TypedDict, Union
 
 import numpy as np
 
-from ._abc import DataReader, IdentityDataset
+from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._counts import Counter, IndexPlaces
-from ._errors import PipelineError, describe
+from ._errors import ErrorPolicy, PipelineError, describe
 from ._execution import auto_workers
 from ._execution.runners import Exclusive
 from ._length import checked_count
 from ._loader import DataLoader
 from ._storage import count_index as ix
-from ._storage.files import _local, is_url, list_files
+from ._storage.files import DataDir, _local, is_url, list_files
 
 READERS = {
     "jsonl": ("pyloader.readers", "JsonLinesReader"),
@@ -71,14 +71,15 @@ def make_reader(name: str, batch_size: int) -> DataReader:
     return cls(batch_size=batch_size)
 
 
-def user_objects(reader: DataReader) -> List[Any]:
+def user_objects(reader: DataReader) -> Tuple[DataReader, Dataset, DataCollator]:
     """The reader, dataset and collator every command's loader holds (``auto``'s rule looks at them)."""
     from .collators import NumpyCollator
 
-    return [reader, IdentityDataset(), NumpyCollator()]
+    return reader, IdentityDataset(), NumpyCollator()
 
 
-def make_loader(reader: DataReader, data: Any, num_workers: Any = 0, on_error: Any = "raise") -> DataLoader:
+def make_loader(reader: DataReader, data: DataDir, num_workers: Union[int, str] = 0,
+                on_error: ErrorPolicy = "raise") -> DataLoader:
     _, dataset, collator = user_objects(reader)
     return DataLoader(reader, dataset, collator, data, num_workers=num_workers, on_error=on_error)
 
@@ -109,7 +110,7 @@ def human(n: Optional[float]) -> str:
     return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
 
 
-def describe_value(value: Any) -> str:
+def describe_value(value: object) -> str:
     """A field of a batch in one line: its type, shape and first values."""
     short = reprlib.Repr()
     short.maxlist = short.maxother = 4
@@ -160,6 +161,16 @@ def inspect(args: argparse.Namespace, out: Callable[[str], None]) -> int:
 
 
 # -- bench -----------------------------------------------------------------------------
+class Setting(TypedDict):
+    """One ``bench`` setting, as ``_measure`` takes it (JSON)."""
+
+    data: str
+    reader: str
+    batch_size: int
+    workers: int
+    max_batches: Optional[int]
+
+
 @dataclass
 class Result:
     workers: int
@@ -232,7 +243,7 @@ class TreeMemory:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
 
@@ -254,7 +265,7 @@ def own_peak_bytes() -> int:
                    + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 
 
-def measure(spec: Dict[str, Any]) -> Result:
+def measure(spec: Setting) -> Result:
     """One setting, in this process: the loader's rates over one epoch (or ``max_batches``)."""
     reader = make_reader(spec["reader"], spec["batch_size"])
     with make_loader(reader, spec["data"], spec["workers"]) as loader:
@@ -267,7 +278,7 @@ def measure(spec: Dict[str, Any]) -> Result:
                   memory="peak RSS of the process plus its largest worker's (the tree could not be sampled)")
 
 
-def run_setting(spec: Dict[str, Any], timeout: float) -> Result:
+def run_setting(spec: Setting, timeout: float) -> Result:
     """``measure(spec)`` in a fresh Python process running this same pyloader, its tree's memory
     sampled from here."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -336,7 +347,7 @@ def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     results = []
     out(f"{'workers':>7}  {'samples/s':>12}  {'samples':>9}  {'first batch':>11}  {'peak memory':>11}  processes")
     for workers in settings:
-        spec = {"data": args.data, "reader": args.reader, "batch_size": args.batch_size, "workers": workers,
+        spec: Setting = {"data": args.data, "reader": args.reader, "batch_size": args.batch_size, "workers": workers,
                 "max_batches": args.max_batches}
         r = run_setting(spec, args.timeout)
         results.append(r)
@@ -387,7 +398,7 @@ def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     return _report_index(kept.stale, sorted(set(found or {}) - set(names)), counted.failures, out)
 
 
-def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[Any],
+def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[Tuple[int, PipelineError]],
                   out: Callable[[str], None]) -> int:
     for path in stale:
         out(f"changed since the index was written, counted again: {path}")
