@@ -67,12 +67,7 @@ def check_columns(columns: object, n_sample: Optional[int], where: str) -> Colum
         raise ValueError(f"{where}: expected a dict of lists, got {type(columns).__name__}")
     out: Columns = {}
     for key, col in columns.items():
-        if not isinstance(key, str):
-            raise ValueError(f"{where}: keys must be strings, got {key!r}")
-        if isinstance(col, (str, bytes)) or not hasattr(col, "__len__") or not hasattr(col, "__getitem__"):
-            raise ValueError(f"{where}: key {key!r} holds {type(col).__name__}, expected a list or array")
-        if isinstance(col, np.ndarray) and col.ndim == 0:
-            raise ValueError(f"{where}: key {key!r} holds a 0-d array, expected one item per sample")
+        _check_column(key, col, where)
         if n_sample is None:
             n_sample = len(col)
         elif len(col) != n_sample:
@@ -81,6 +76,16 @@ def check_columns(columns: object, n_sample: Optional[int], where: str) -> Colum
     if n_sample is not None and (not isinstance(n_sample, (int, np.integer)) or n_sample < 0):
         raise ValueError(f"{where}: n_sample must be a non-negative integer, got {n_sample!r}")
     return out
+
+
+def _check_column(key: object, col: object, where: str) -> None:
+    """``ValueError`` unless ``key`` is a string and ``col`` a sequence (of one item per sample)."""
+    if not isinstance(key, str):
+        raise ValueError(f"{where}: keys must be strings, got {key!r}")
+    if isinstance(col, (str, bytes)) or not hasattr(col, "__len__") or not hasattr(col, "__getitem__"):
+        raise ValueError(f"{where}: key {key!r} holds {type(col).__name__}, expected a list or array")
+    if isinstance(col, np.ndarray) and col.ndim == 0:
+        raise ValueError(f"{where}: key {key!r} holds a 0-d array, expected one item per sample")
 
 
 def n_rows(columns: Any) -> int:
