@@ -127,25 +127,7 @@ def describe_value(value: object) -> str:
 def inspect(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     reader = make_reader(args.reader, args.batch_size)
     files = list_files(args.data)
-    failed: List[str] = []
-    sizes, counts = 0, 0
-    out(f"{'size':>10}  {'samples':>10}  file")
-    for k, path in enumerate(files):
-        size = file_size(path)
-        try:
-            n: Optional[int] = checked_count(reader, path)
-        except PipelineError as exc:
-            n = None
-            failed.append(str(exc))
-        sizes += size or 0
-        counts += n or 0
-        if k < args.max_files:
-            out(f"{human(size):>10}  {'error' if n is None else n:>10}  {path}")
-    if len(files) > args.max_files:
-        out(f"... and {len(files) - args.max_files} more files")
-    out(f"{len(files)} files, {human(sizes)}, {counts} samples" + (f", {len(failed)} not counted" if failed else ""))
-    for message in failed:
-        out(f"error: {message}")
+    failed = _list_files(reader, files, args.max_files, out)
     skipped: List[PipelineError] = []  # files that fail to read: listed, and the batch is made of the others
     with make_loader(reader, files, on_error=skipped.append) as loader:
         batch = next(iter(loader), None)
@@ -158,6 +140,30 @@ def inspect(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     for key, value in batch.items():
         out(f"  {key}: {describe_value(value)}")
     return 1 if failed or skipped else 0
+
+
+def _list_files(reader: DataReader, files: List[str], max_files: int, out: Callable[[str], None]) -> List[str]:
+    """The first ``max_files`` files with their sizes and counts, then the totals; the counts that failed."""
+    failed: List[str] = []
+    sizes, counts = 0, 0
+    out(f"{'size':>10}  {'samples':>10}  file")
+    for k, path in enumerate(files):
+        size = file_size(path)
+        try:
+            n: Optional[int] = checked_count(reader, path)
+        except PipelineError as exc:
+            n = None
+            failed.append(str(exc))
+        sizes += size or 0
+        counts += n or 0
+        if k < max_files:
+            out(f"{human(size):>10}  {'error' if n is None else n:>10}  {path}")
+    if len(files) > max_files:
+        out(f"... and {len(files) - max_files} more files")
+    out(f"{len(files)} files, {human(sizes)}, {counts} samples" + (f", {len(failed)} not counted" if failed else ""))
+    for message in failed:
+        out(f"error: {message}")
+    return failed
 
 
 # -- bench -----------------------------------------------------------------------------
@@ -347,22 +353,31 @@ def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     results = []
     out(f"{'workers':>7}  {'samples/s':>12}  {'samples':>9}  {'first batch':>11}  {'peak memory':>11}  processes")
     for workers in settings:
-        spec: Setting = {"data": args.data, "reader": args.reader, "batch_size": args.batch_size, "workers": workers,
-                "max_batches": args.max_batches}
+        spec: Setting = {"data": args.data, "reader": args.reader, "batch_size": args.batch_size,
+                         "workers": workers, "max_batches": args.max_batches}
         r = run_setting(spec, args.timeout)
         results.append(r)
-        mark = '  <- num_workers="auto"' if workers == placement.num_workers else ""
-        if r.error is not None:
-            out(f"{workers:>7}  failed: {r.error}{mark}")
-        else:
-            out(f"{workers:>7}  {r.samples_per_s:>12,.0f}  {r.samples:>9}  {r.first_batch_s:>10.3f}s  "
-                f"{r.peak_mib:>7.0f} MiB  {r.processes or '?':>9}{mark}")
+        out(_result_line(r, '  <- num_workers="auto"' if workers == placement.num_workers else ""))
     if all(r.error is not None for r in results):
         out("no setting ran: nothing to recommend")
         return 1
+    _recommend(results, placement, args.tolerance, out)
+    return 1 if any(r.error is not None for r in results) else 0
+
+
+def _result_line(r: Result, mark: str) -> str:
+    if r.error is not None:
+        return f"{r.workers:>7}  failed: {r.error}{mark}"
+    return (f"{r.workers:>7}  {r.samples_per_s:>12,.0f}  {r.samples:>9}  {r.first_batch_s:>10.3f}s  "
+            f"{r.peak_mib:>7.0f} MiB  {r.processes or '?':>9}{mark}")
+
+
+def _recommend(results: List[Result], placement: auto_workers.Placement, tolerance: float,
+               out: Callable[[str], None]) -> None:
+    """How memory was measured, a setting faster than the default's if one was, and the recommendation."""
     memory = next(r.memory for r in results if r.error is None)
     out(f"memory: {memory}")
-    faster = faster_than_default(results, placement.num_workers, args.tolerance)
+    faster = faster_than_default(results, placement.num_workers, tolerance)
     if faster is not None:
         default_rate = next(r.samples_per_s for r in results if r.workers == placement.num_workers)
         out(f"measured: num_workers={faster.workers} was {faster.samples_per_s / default_rate - 1:.0%} faster than "
@@ -370,7 +385,6 @@ def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     source = "the default's rule" if placement.decided else "set for the default"
     out(f'recommended: num_workers="auto" (the default), which runs {placement.num_workers} worker processes here '
         f"({source}: {placement.why})")
-    return 1 if any(r.error is not None for r in results) else 0
 
 
 # -- index -----------------------------------------------------------------------------
