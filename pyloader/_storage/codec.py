@@ -127,27 +127,39 @@ def _pack_items(items: Column, name: str, arrays: Arrays) -> Spec:
         flat = list(itertools.chain.from_iterable(items))
         return {"kind": "nested", "container": kind.__name__, "items": _pack_items(flat, name + "i", arrays)}
     if kind in (str, bytes):
-        encoded = [s.encode("utf-8", "surrogatepass") for s in items] if kind is str else list(items)
-        arrays[name + "o"] = _offsets(list(map(len, encoded)))
-        arrays[name] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        return {"kind": kind.__name__}
+        return _pack_strings(items, kind, name, arrays)
     if kind in _SCALARS:
-        label, dtype = _SCALARS[kind]
-        try:
-            arrays[name] = np.array(items, dtype=dtype)
-        except OverflowError:
-            raise _Unsupported("an int beyond 64 bits") from None
-        return {"kind": label}
+        return _pack_scalars(items, kind, name, arrays)
     if kind is np.ndarray:
         return _pack_arrays(items, name, arrays)
     if issubclass(kind, np.generic) and kind.__module__ == "numpy":
-        dtypes = {item.dtype for item in items}
-        dtype = dtypes.pop()
-        if dtypes or dtype.kind in "OUSV":
-            raise _Unsupported(f"NumPy scalars of type {kind.__name__} (of several dtypes, or strings or objects)")
-        arrays[name] = np.array(items, dtype=dtype)
-        return {"kind": "scalar"}
+        return _pack_numpy_scalars(items, kind, name, arrays)
     raise _Unsupported(f"items of type {kind.__name__}")
+
+
+def _pack_strings(items: Column, kind: type, name: str, arrays: Arrays) -> Spec:
+    encoded = [s.encode("utf-8", "surrogatepass") for s in items] if kind is str else list(items)
+    arrays[name + "o"] = _offsets(list(map(len, encoded)))
+    arrays[name] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    return {"kind": kind.__name__}
+
+
+def _pack_scalars(items: Column, kind: type, name: str, arrays: Arrays) -> Spec:
+    label, dtype = _SCALARS[kind]
+    try:
+        arrays[name] = np.array(items, dtype=dtype)
+    except OverflowError:
+        raise _Unsupported("an int beyond 64 bits") from None
+    return {"kind": label}
+
+
+def _pack_numpy_scalars(items: Column, kind: type, name: str, arrays: Arrays) -> Spec:
+    dtypes = {item.dtype for item in items}
+    dtype = dtypes.pop()
+    if dtypes or dtype.kind in "OUSV":
+        raise _Unsupported(f"NumPy scalars of type {kind.__name__} (of several dtypes, or strings or objects)")
+    arrays[name] = np.array(items, dtype=dtype)
+    return {"kind": "scalar"}
 
 
 def _pack_arrays(items: Sequence[np.ndarray], name: str, arrays: Arrays) -> Spec:
@@ -197,19 +209,29 @@ def _unpack_items(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
     if kind == "empty":
         return []
     if kind == "nested":
-        starts, ends = _spans(arrays[name + "o"], rows)
-        flat = _unpack_items(spec["items"], arrays, name + "i", None if rows is None else _ranges(starts, ends))
-        make: Callable[[Sequence[object]], object] = tuple if spec["container"] == "tuple" else list
-        edges = np.cumsum(np.concatenate([[0], ends - starts])).tolist()
-        return [make(flat[a:b]) for a, b in zip(edges[:-1], edges[1:])]
+        return _unpack_nested(spec, arrays, name, rows)
     if kind in ("str", "bytes"):
-        starts, ends = _spans(arrays[name + "o"], rows)
-        data = arrays[name]
-        parts = [bytes(data[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
-        return [p.decode("utf-8", "surrogatepass") for p in parts] if kind == "str" else parts
+        return _unpack_strings(kind, arrays, name, rows)
     if kind == "arrays":
         return _unpack_arrays(arrays, name, rows)
     values = arrays[name] if rows is None else np.array(arrays[name][rows])
     if kind == "scalar":
         return list(values)
     return values.tolist()  # bool, int, float, complex: the Python types they were
+
+
+def _unpack_nested(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
+                   rows: Optional[np.ndarray]) -> Sequence[object]:
+    starts, ends = _spans(arrays[name + "o"], rows)
+    flat = _unpack_items(spec["items"], arrays, name + "i", None if rows is None else _ranges(starts, ends))
+    make: Callable[[Sequence[object]], object] = tuple if spec["container"] == "tuple" else list
+    edges = np.cumsum(np.concatenate([[0], ends - starts])).tolist()
+    return [make(flat[a:b]) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def _unpack_strings(kind: str, arrays: Mapping[str, np.ndarray], name: str,
+                    rows: Optional[np.ndarray]) -> Sequence[object]:
+    starts, ends = _spans(arrays[name + "o"], rows)
+    data = arrays[name]
+    parts = [bytes(data[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
+    return [p.decode("utf-8", "surrogatepass") for p in parts] if kind == "str" else parts
