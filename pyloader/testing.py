@@ -171,6 +171,11 @@ def _copy(value: object) -> object:
         return tuple(_copy(item) for item in value)
     if isinstance(value, np.ndarray):
         return _Array("ndarray", value.copy())
+    return _copy_tensor(value)
+
+
+def _copy_tensor(value: object) -> object:
+    """A torch or TensorFlow tensor as a copied ``_Array``; anything else as it is."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch
         tensor = value.detach().cpu()
         try:
