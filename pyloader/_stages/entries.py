@@ -108,9 +108,14 @@ def parse_entries(data_dir: object, stream: bool) -> Optional[Entries]:
         raise ValueError(f"data_dir item {k} is a {type(item).__name__}: outside stream mode data_dir lists paths "
                          f"((path, start, end) slices and in-memory streams are streams of stream=True)")
     if not any(_is_path(item) or _is_slice(item) for item in listed):
-        memory = [_memory(item, k) for k, item in enumerate(listed)]
-        return Entries([f"<memory {k}>" for k in range(len(memory))], [None] * len(memory), memory, listed)
+        return _memory_entries(listed)
     return _file_entries(listed)
+
+
+def _memory_entries(listed: List[object]) -> Entries:
+    """In-memory streams: dicts of columns, or sequences (one field, ``FIELD``)."""
+    memory = [_memory(item, k) for k, item in enumerate(listed)]
+    return Entries([f"<memory {k}>" for k in range(len(memory))], [None] * len(memory), memory, listed)
 
 
 def _file_entries(listed: List[object]) -> Entries:
