@@ -134,15 +134,18 @@ def concat(pieces: Sequence[Rows], where: str = "batch") -> Rows:
         if set(piece) != set(keys):
             raise ValueError(f"{where}: pieces have different keys: {sorted(keys)} vs {sorted(piece)}")
     for key in keys:
-        cols = [p[key] for p in pieces]
-        if all(isinstance(c, np.ndarray) for c in cols):
-            out[key] = np.concatenate(cols)
-        else:
-            joined: list = []
-            for c in cols:
-                joined.extend(c.tolist() if isinstance(c, np.ndarray) else c)
-            out[key] = joined
+        out[key] = _joined([p[key] for p in pieces])
     return out
+
+
+def _joined(cols: Sequence[Column]) -> Column:
+    """Columns end to end: one array when all are arrays, else a list."""
+    if all(isinstance(c, np.ndarray) for c in cols):
+        return np.concatenate(cols)
+    joined: list = []
+    for c in cols:
+        joined.extend(c.tolist() if isinstance(c, np.ndarray) else c)
+    return joined
 
 
 def interleave(labels: np.ndarray, part: Callable[[int, np.ndarray], Rows], where: str) -> Rows:

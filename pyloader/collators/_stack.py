@@ -65,10 +65,7 @@ class StackOptions:
         for name, value in (("keys", keys), ("passthrough", passthrough), ("ragged_keys", ragged_keys)):
             if isinstance(value, (str, bytes)):
                 raise ValueError(f"{name} must be a collection of keys, not the string {value!r}")
-        ragged = dict(ragged_keys) if isinstance(ragged_keys, abc.Mapping) else dict.fromkeys(ragged_keys, 1)
-        for key, n_axes in ragged.items():
-            if not isinstance(n_axes, int) or isinstance(n_axes, bool) or n_axes < 1:
-                raise ValueError(f"ragged_keys[{key!r}] must be an integer >= 1, got {n_axes!r}")
+        ragged = _ragged_axes(ragged_keys)
         return cls(
             float_dtype=float_dt,
             int_dtype=int_dt,
@@ -83,6 +80,15 @@ class StackOptions:
     def collates(self, key: str) -> bool:
         """Whether ``key`` is collated (rather than returned untouched)."""
         return key not in self.passthrough and (self.keys is None or key in self.keys)
+
+
+def _ragged_axes(ragged_keys: Union[Mapping[str, int], Iterable[str]]) -> Dict[str, int]:
+    """``ragged_keys`` as ``{key: ragged axes}`` (a key alone: one axis); ``ValueError`` names a bad count."""
+    ragged = dict(ragged_keys) if isinstance(ragged_keys, abc.Mapping) else dict.fromkeys(ragged_keys, 1)
+    for key, n_axes in ragged.items():
+        if not isinstance(n_axes, int) or isinstance(n_axes, bool) or n_axes < 1:
+            raise ValueError(f"ragged_keys[{key!r}] must be an integer >= 1, got {n_axes!r}")
+    return ragged
 
 
 def stack_batch(
