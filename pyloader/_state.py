@@ -144,16 +144,22 @@ def read_state(state: object, ours: Mapping[str, object], old_files: str, num_ep
         raise ValueError("the state has no settings fingerprint")
     if state["format"] == OLD_FORMAT:
         ours = {**ours, "files": old_files}
-    differ = [line for k in ours if k not in _PER_RANK and (k in theirs or state["format"] == FORMAT)
-              for line in _differences(k, ours[k], theirs.get(k))]
-    if differ:
-        raise ValueError(f"the state was saved with other data or settings: {'; '.join(differ)}")
+    _check_fingerprint(theirs, ours, every=state["format"] == FORMAT)
     epoch, skip = _integer(state, "epoch"), _integer(state, "batches_in_epoch")
     if state["format"] == OLD_FORMAT:
         if epoch > num_epoch:
             raise ValueError(f"the state's epoch {epoch} is beyond num_epoch={num_epoch}")
         return Start(epoch, skip, num_epoch)
     return _elastic(_position(state, epoch, skip, _iteration_end(state, epoch, num_epoch)), theirs, ours)
+
+
+def _check_fingerprint(theirs: Mapping[str, object], ours: Mapping[str, object], every: bool) -> None:
+    """``ValueError`` naming each setting of ``ours`` that the state's ``theirs`` differs in (the settings
+    of one rank aside); ``every=False`` (a state of the old format): only those it recorded."""
+    differ = [line for k in ours if k not in _PER_RANK and (k in theirs or every)
+              for line in _differences(k, ours[k], theirs.get(k))]
+    if differ:
+        raise ValueError(f"the state was saved with other data or settings: {'; '.join(differ)}")
 
 
 def _position(state: Mapping[str, object], epoch: int, skip: int, end: int) -> Start:

@@ -252,17 +252,23 @@ def _glob_aligns(pattern: Sequence[str], names: Sequence[str], strict: bool) -> 
         return not names
     part, rest = pattern[0], pattern[1:]
     if part == "**":
-        for k in range(len(names) + 1):
-            if _glob_aligns(rest, names[k:], strict):
-                return True
-            if k < len(names) and strict and _hidden(names[k]):
-                return False
-        return False
+        return _globstar_aligns(rest, names, strict)
     if not names or not fnmatch.fnmatch(names[0], part):
         return False
     if strict and _hidden(names[0]) and part[0] != names[0][0]:
         return False
     return _glob_aligns(rest, names[1:], strict)
+
+
+def _globstar_aligns(rest: Sequence[str], names: Sequence[str], strict: bool) -> bool:
+    """``_glob_aligns`` for a pattern that starts with ``**`` (then ``rest``): it takes any number of
+    names, none of them hidden when ``strict``."""
+    for k in range(len(names) + 1):
+        if _glob_aligns(rest, names[k:], strict):
+            return True
+        if k < len(names) and strict and _hidden(names[k]):
+            return False
+    return False
 
 
 def _glob_keeps(spec: str, path: str) -> bool:
