@@ -81,18 +81,8 @@ def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1) -> 
                 raise file_error(path, e.what, number + 1) from e.__cause__
             if raw is None:
                 break
-            state, error = decoder.getstate(), None
-            try:
-                text = decoder.decode(raw)
-            except UnicodeDecodeError:
-                decoder.setstate(state)
-                text, error = _decode_by_line(decoder, raw)
-            if not pending and text.endswith("\n"):
-                block = text
-            else:
-                pending += text
-                cut = pending.rfind("\n") + 1
-                block, pending = pending[:cut], pending[cut:]
+            text, error = _decoded(decoder, raw)
+            block, pending = _whole_lines(pending, text)
             if block:
                 yield number, block
                 number += block.count("\n")
@@ -104,6 +94,25 @@ def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1) -> 
             raise file_error(path, f"not valid {shown}: {e}", number + 1) from e
     if pending:
         yield number, pending
+
+
+def _decoded(decoder: codecs.IncrementalDecoder, raw: bytes) -> Tuple[str, Optional[UnicodeDecodeError]]:
+    """``raw`` decoded, or (when it fails to) decoded a line at a time up to the line at fault, and the error."""
+    state = decoder.getstate()
+    try:
+        return decoder.decode(raw), None
+    except UnicodeDecodeError:
+        decoder.setstate(state)
+        return _decode_by_line(decoder, raw)
+
+
+def _whole_lines(pending: str, text: str) -> Tuple[str, str]:
+    """The whole lines of ``pending + text``, and what follows the last of them."""
+    if not pending and text.endswith("\n"):
+        return text, ""
+    pending += text
+    cut = pending.rfind("\n") + 1
+    return pending[:cut], pending[cut:]
 
 
 def _raw_blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
