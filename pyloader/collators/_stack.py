@@ -104,12 +104,7 @@ def stack_batch(
     array)``; each string column through ``convert_strings(key, column)``.
     Companions follow their key in the result. ``ValueError`` names the key at fault.
     """
-    if not isinstance(features, abc.Mapping):
-        raise ValueError(f"expected a dict of columns, got {type(features).__name__}")
-    if options.keys is not None:
-        missing = sorted(options.keys.difference(features))
-        if missing:
-            raise ValueError(f"keys {missing} were asked for but are not in the batch")
+    _check_keys(features, options)
     out: Dict[str, object] = {}
     first_key: Optional[str] = None
     for key, column in features.items():
@@ -131,6 +126,16 @@ def stack_batch(
                 raise ValueError(f"key {key!r}: its companion {name!r} clashes with a key already in the batch")
             out[name] = convert_array(name, array)
     return out
+
+
+def _check_keys(features: Mapping[str, ItemColumn], options: StackOptions) -> None:
+    """``ValueError`` unless ``features`` is a dict of columns holding every key ``options`` asks for."""
+    if not isinstance(features, abc.Mapping):
+        raise ValueError(f"expected a dict of columns, got {type(features).__name__}")
+    if options.keys is not None:
+        missing = sorted(options.keys.difference(features))
+        if missing:
+            raise ValueError(f"keys {missing} were asked for but are not in the batch")
 
 
 def stack_column(key: str, column: ItemColumn, options: StackOptions) -> Optional[Dict[str, np.ndarray]]:
@@ -242,10 +247,7 @@ def _holds_strings(column: ItemColumn) -> bool:
 def _fill(node: ItemColumn, out: np.ndarray, mask: Optional[np.ndarray], axis: int, last: int) -> None:
     """Copy one item (``node``, whose first axis is ``axis``) into the top corner of ``out``."""
     if isinstance(node, np.ndarray) and node.dtype.kind != "O":
-        region = tuple(slice(0, n) for n in node.shape)
-        out[region] = node
-        if mask is not None:
-            mask[region[: last - axis + 1]] = True
+        _fill_array(node, out, mask, axis, last)
         return
     if isinstance(node, np.ndarray):
         node = node.tolist()
@@ -258,6 +260,14 @@ def _fill(node: ItemColumn, out: np.ndarray, mask: Optional[np.ndarray], axis: i
         return
     for j, child in enumerate(node):
         _fill(child, out[j], None if mask is None else mask[j], axis + 1, last)
+
+
+def _fill_array(node: np.ndarray, out: np.ndarray, mask: Optional[np.ndarray], axis: int, last: int) -> None:
+    """``_fill`` for an item that is a (non-object) array: one copy, its ragged axes masked at once."""
+    region = tuple(slice(0, n) for n in node.shape)
+    out[region] = node
+    if mask is not None:
+        mask[region[: last - axis + 1]] = True
 
 
 class _Layout:
