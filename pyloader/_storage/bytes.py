@@ -334,12 +334,17 @@ class ReadAhead:
         if size is None or size <= self.budget.limit:
             return await self._whole(path, source, demand, remote)
         if isinstance(source, _RemoteFile) and (not streams or _reads_ranges(self._reader, path)):
-            if self.cache is not None and self.cache.fits(size):
-                return await self._cached(source, demand)
-            await source.close(False)
-            return None
+            return await self._by_ranges(source, size, demand)
         block_size = source.block_size(self.block_size) if isinstance(source, _RemoteFile) else self.block_size
         return BlockStream(path, source, size, self.budget, block_size)
+
+    async def _by_ranges(self, source: _RemoteFile, size: int, demand: asyncio.Event) -> Optional[ServedEntry]:
+        """A large remote file read by byte ranges: from its cache entry when the cache can hold it,
+        else (``None``) by the reader itself."""
+        if self.cache is not None and self.cache.fits(size):
+            return await self._cached(source, demand)
+        await source.close(False)
+        return None
 
     async def _open_remote(self, path: str, demand: asyncio.Event) -> _RemoteFile:
         """With a cache, a file already being fetched (the same file of the next epoch, read ahead
