@@ -285,10 +285,7 @@ class _Layout:
 
     def walk(self, node: ItemColumn, axis: int) -> None:
         if isinstance(node, np.ndarray) and node.dtype.kind != "O":
-            for offset, n in enumerate(node.shape):
-                self._see_len(axis + offset, n)
-            self._see_depth(axis + node.ndim - 1)
-            self.np_dtypes.add(node.dtype)
+            self._see_array(node, axis)
             return
         if isinstance(node, np.ndarray):
             node = node.tolist()
@@ -316,11 +313,13 @@ class _Layout:
         bases = {next(b for b in _PY_BASES if issubclass(t, b)) for t in self.py_types}
         if self.np_dtypes:
             return np.result_type(*self.np_dtypes, *(_WEAK[b] for b in bases))
-        if complex in bases:
-            return np.result_type(options.float_dtype, 0j)
-        if float in bases or not bases:
-            return options.float_dtype
-        return options.int_dtype if int in bases else np.dtype(bool)
+        return _python_dtype(bases, options)
+
+    def _see_array(self, node: np.ndarray, axis: int) -> None:
+        for offset, n in enumerate(node.shape):
+            self._see_len(axis + offset, n)
+        self._see_depth(axis + node.ndim - 1)
+        self.np_dtypes.add(node.dtype)
 
     def _see_len(self, axis: int, n: int) -> None:
         if axis == len(self.lens):
@@ -346,3 +345,12 @@ class _Layout:
                 self.py_types.add(t)
             else:
                 raise ValueError(f"key {self.key!r} holds {t.__name__} values, which cannot be collated")
+
+
+def _python_dtype(bases: Set[type], options: StackOptions) -> np.dtype:
+    """The dtype of a column of Python scalars of these kinds (``bool``, ``int``, ``float``, ``complex``)."""
+    if complex in bases:
+        return np.result_type(options.float_dtype, 0j)
+    if float in bases or not bases:
+        return options.float_dtype
+    return options.int_dtype if int in bases else np.dtype(bool)
