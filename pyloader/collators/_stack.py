@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
-from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Union
+from typing import AbstractSet, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -347,7 +347,7 @@ class _Layout:
                 raise ValueError(f"key {self.key!r} holds {t.__name__} values, which cannot be collated")
 
 
-def _python_dtype(bases: Set[type], options: StackOptions) -> np.dtype:
+def _python_dtype(bases: AbstractSet[type], options: StackOptions) -> np.dtype:
     """The dtype of a column of Python scalars of these kinds (``bool``, ``int``, ``float``, ``complex``)."""
     if complex in bases:
         return np.result_type(options.float_dtype, 0j)
