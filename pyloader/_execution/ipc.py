@@ -197,14 +197,7 @@ def recv(sock: socket.socket) -> Tuple[int, int, Any]:
     if kind == b"I":
         return tag, gen, _loads(tag, gen, body, [])
     if kind == b"P":
-        chunks, got = [], 0
-        while got < length:
-            chunk = sock.recv(_RECV_SIZE)
-            if not chunk:
-                raise EOFError("peer closed mid-message")
-            chunks.append(chunk)
-            got += len(chunk)
-        return tag, gen, _loads(tag, gen, b"".join(chunks), [])
+        return tag, gen, _loads(tag, gen, _recv_rest(sock, length), [])
     fd = _take_fd(ancdata)
     if fd is None:
         if flags & socket.MSG_CTRUNC:  # the kernel dropped the descriptor: no free one here
@@ -218,6 +211,18 @@ def recv(sock: socket.socket) -> Tuple[int, int, Any]:
     finally:
         os.close(fd)
     return tag, gen, _loads(tag, gen, view[:length], [view[s:s + n] for s, n in spans])
+
+
+def _recv_rest(sock: socket.socket, length: int) -> bytes:
+    """The ``length`` bytes of a pickle sent in several packets (``_send_fd_less``)."""
+    chunks, got = [], 0
+    while got < length:
+        chunk = sock.recv(_RECV_SIZE)
+        if not chunk:
+            raise EOFError("peer closed mid-message")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 def _loads(tag: int, gen: int, data: Union[bytes, memoryview], buffers: List[memoryview]) -> Any:

@@ -90,16 +90,21 @@ def as_cache_encoded(value: object) -> Optional[CacheEncoded]:
     if value is None:
         return None
     if isinstance(value, Mapping):
-        names = [f.name for f in dataclasses.fields(CacheEncoded)]
-        unknown, missing = sorted(set(value) - set(names)), [n for n in ("dir", "update_every") if n not in value]
-        if unknown or missing:
-            wrong = ([f"unknown {unknown}"] if unknown else []) + ([f"missing {missing}"] if missing else [])
-            raise ValueError(f"cache_encoded takes the keys {names} (dir and update_every required): "
-                             f"{'; '.join(wrong)}")
+        _check_keys(value)
         value = CacheEncoded(**value)
     if not isinstance(value, CacheEncoded):
         raise TypeError(f"cache_encoded must be a dict or a pyloader.CacheEncoded, got {type(value).__name__}")
     return value
+
+
+def _check_keys(value: Mapping[str, object]) -> None:
+    """The keys of ``cache_encoded`` given as a dict: ``CacheEncoded``'s fields, ``dir`` and ``update_every`` required."""
+    names = [f.name for f in dataclasses.fields(CacheEncoded)]
+    unknown, missing = sorted(set(value) - set(names)), [n for n in ("dir", "update_every") if n not in value]
+    if unknown or missing:
+        wrong = ([f"unknown {unknown}"] if unknown else []) + ([f"missing {missing}"] if missing else [])
+        raise ValueError(f"cache_encoded takes the keys {names} (dir and update_every required): "
+                         f"{'; '.join(wrong)}")
 
 
 def resume_key(value: Optional[CacheEncoded]) -> Optional[Dict[str, Optional[int]]]:
