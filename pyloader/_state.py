@@ -20,7 +20,7 @@ import json
 import os
 import reprlib
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._paths import is_url
 
@@ -205,16 +205,19 @@ def _optional(state: Mapping[str, object], name: str) -> Optional[int]:
     return None if state.get(name) is None else _integer(state, name)
 
 
-def _splits(value: Any) -> Tuple[Tuple[int, int], ...]:
+def _splits(value: object) -> Tuple[Tuple[int, int], ...]:
     """Each split: a world size and the batches every rank of it took (at least one: a split is
     made only where its ranks took some). Their sizes are checked against the data by the loader."""
-    ok = isinstance(value, list) and all(
-        isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
-        and 1 <= s[0] < LIMIT and 1 <= s[1] < LIMIT for s in value)
-    if not ok:
+    if not (isinstance(value, list) and all(_is_split(s) for s in value)):
         raise ValueError(f"the state's splits must be a list of [world_size, batches] (integers >= 1), "
                          f"got {shown(value)}")
     return tuple((w, b) for w, b in value)
+
+
+def _is_split(s: object) -> bool:
+    """Whether ``s`` is ``[world_size, batches]``, two integers in ``1 .. LIMIT - 1``."""
+    return isinstance(s, list) and len(s) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v < LIMIT for v in s)
 
 
 def _elastic(start: Start, theirs: Mapping[str, object], ours: Mapping[str, object]) -> Start:
@@ -231,12 +234,18 @@ def _elastic(start: Start, theirs: Mapping[str, object], ours: Mapping[str, obje
         raise ValueError(f"the state was saved mid-epoch under world_size={saved_world}, not {ours['world_size']}, "
                          f"in an epoch read from the cache of encoded batches (cache_encoded), which holds "
                          f"the saved rank's share only: resume it under world_size={saved_world}")
-    if ours["shuffle_buffer"] or ours.get("filter_fn") or ours.get("bucket_by") or ours.get("rotation"):
+    if _reorders(ours):
         raise ValueError(f"the state was saved mid-epoch under world_size={saved_world}, not {ours['world_size']}: "
                          f"resuming under another world size is not supported with a shuffle or bucket buffer, "
                          f"with filter_fn, or with rotation (the samples a rank delivered are then not the first "
                          f"ones of its share)")
     return Start(start.epoch, start.skip, start.end, (*start.splits, (saved_world, taken)))
+
+
+def _reorders(ours: Mapping[str, object]) -> bool:
+    """Whether a rank's delivered samples may not be the first of its share: a shuffle or bucket buffer,
+    ``filter_fn``, or rotation."""
+    return bool(ours["shuffle_buffer"] or ours.get("filter_fn") or ours.get("bucket_by") or ours.get("rotation"))
 
 
 def after(last_epoch: Optional[int], start: Start, num_epoch: int) -> Start:

@@ -98,7 +98,8 @@ def as_cache_encoded(value: object) -> Optional[CacheEncoded]:
 
 
 def _check_keys(value: Mapping[str, object]) -> None:
-    """The keys of ``cache_encoded`` given as a dict: ``CacheEncoded``'s fields, ``dir`` and ``update_every`` required."""
+    """The keys of ``cache_encoded`` given as a dict: ``CacheEncoded``'s fields (``dir`` and
+    ``update_every`` required)."""
     names = [f.name for f in dataclasses.fields(CacheEncoded)]
     unknown, missing = sorted(set(value) - set(names)), [n for n in ("dir", "update_every") if n not in value]
     if unknown or missing:
