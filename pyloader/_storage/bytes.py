@@ -229,15 +229,9 @@ class _RemoteFile:
 
     async def whole(self) -> bytes:
         if self.entry is not None:
-            try:
-                data = await self._cached.whole()
-                why = "" if await self._run_io(_all_blocks_check, self.entry, data) else "a block failed its check"
-            except OSError as exc:  # gone meanwhile (room made for another file), or not a file
-                data, why = b"", f"reading it failed ({exc})"
-            if not why:
-                return data
-            await self._run_io(self._cache.drop, self.entry, why)  # type: ignore[union-attr]
-            self.entry = None
+            cached = await self._cached_whole(self.entry)
+            if cached is not None:
+                return cached
         data = await self._call(self._fs.cat_file, self._path)
         if self._cache is not None and self.size == len(data) and self._cache.fits(len(data)):
             await self._run_io(_store, self._cache, self.url, data, self._version)
@@ -245,18 +239,9 @@ class _RemoteFile:
 
     async def read(self, start: int, n: int) -> bytes:
         if self.entry is not None:
-            index = start // self.entry.block_size
-            try:
-                block = await self._cached.read(start, n)
-                why = "" if start % self.entry.block_size == 0 and await self._run_io(self.entry.check, index, block) \
-                    else f"block {index} failed its check"
-            except OSError as exc:  # gone meanwhile (room made for another file), or not a file
-                block, why = b"", f"reading block {index} failed ({exc})"
-            if not why:
-                return block
-            await self._run_io(self._cache.drop, self.entry, why)  # type: ignore[union-attr]
-            self.entry = None  # the rest comes from the remote file; the blocks before were sound
-            await self._cached.close(False)
+            cached = await self._cached_block(self.entry, start, n)
+            if cached is not None:
+                return cached
         # by keyword: some filesystems (s3fs) take other arguments before them
         block = await self._call(functools.partial(self._fs.cat_file, self._path, start=start, end=start + n))
         if start == 0 and self._cache is not None and self.size is not None and self._cache.fits(self.size):
@@ -264,6 +249,35 @@ class _RemoteFile:
         if self._writer is not None:
             await self._run_io(self._writer.add, block)
         return block
+
+    async def _cached_whole(self, entry: Entry) -> Optional[bytes]:
+        """The file from its cache entry, every block checked; ``None`` (the entry dropped) when it fails."""
+        try:
+            data = await self._cached.whole()
+            why = "" if await self._run_io(_all_blocks_check, entry, data) else "a block failed its check"
+        except OSError as exc:  # gone meanwhile (room made for another file), or not a file
+            data, why = b"", f"reading it failed ({exc})"
+        if not why:
+            return data
+        await self._run_io(self._cache.drop, entry, why)  # type: ignore[union-attr]
+        self.entry = None
+        return None
+
+    async def _cached_block(self, entry: Entry, start: int, n: int) -> Optional[bytes]:
+        """Bytes ``start:start + n`` from the cache entry, checked; ``None`` (the entry dropped) when that fails."""
+        index = start // entry.block_size
+        try:
+            block = await self._cached.read(start, n)
+            why = "" if start % entry.block_size == 0 and await self._run_io(entry.check, index, block) \
+                else f"block {index} failed its check"
+        except OSError as exc:  # gone meanwhile (room made for another file), or not a file
+            block, why = b"", f"reading block {index} failed ({exc})"
+        if not why:
+            return block
+        await self._run_io(self._cache.drop, entry, why)  # type: ignore[union-attr]
+        self.entry = None  # the rest comes from the remote file; the blocks before were sound
+        await self._cached.close(False)
+        return None
 
     async def close(self, complete: bool) -> None:
         try:

@@ -71,12 +71,20 @@ def _status(exc: BaseException) -> Optional[int]:
 
 
 def _one_is_transient(exc: BaseException) -> bool:
+    return _transient_kind(exc) or _transient_answer(exc)
+
+
+def _transient_kind(exc: BaseException) -> bool:
+    """Whether ``exc`` is of a transient kind: by its class, a class's name, or its ``errno``."""
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
     if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__):
         return True
-    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
-        return True
+    return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
+
+
+def _transient_answer(exc: BaseException) -> bool:
+    """Whether ``exc`` carries a server's temporary failure: an HTTP 5xx or 429, or an S3 error code."""
     status = _status(exc)
     if status is not None and (status >= 500 or status == 429):
         return True
