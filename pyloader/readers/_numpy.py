@@ -176,10 +176,7 @@ def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...
     read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
     with HEADER_PARSE:  # reads the header's few bytes, then parses them
         shape, fortran_order, dtype = read_header(fp)
-    if not all(type(d) is int and d >= 0 for d in shape):
-        raise ValueError(f"invalid header: shape {shape!r} is not a tuple of integers >= 0")
-    if dtype.hasobject:
-        raise ValueError("arrays of Python objects (pickled data) are not supported")
+    _check_layout(shape, dtype)
     if start is None or size is None:  # a stream of unknown size: reading finds a short one
         return shape, fortran_order, dtype
     needed, held = math.prod(shape) * dtype.itemsize, size - (fp.tell() - start)
@@ -187,6 +184,14 @@ def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...
         raise ValueError(f"truncated array data: the header's shape {shape} and dtype {dtype} "
                          f"need {needed} bytes, only {max(held, 0)} follow the header")
     return shape, fortran_order, dtype
+
+
+def _check_layout(shape: Tuple[int, ...], dtype: np.dtype) -> None:
+    """``ValueError`` unless the header's ``shape`` is of integers >= 0 and its ``dtype`` holds no objects."""
+    if not all(type(d) is int and d >= 0 for d in shape):
+        raise ValueError(f"invalid header: shape {shape!r} is not a tuple of integers >= 0")
+    if dtype.hasobject:
+        raise ValueError("arrays of Python objects (pickled data) are not supported")
 
 
 def _fill(fp: Any, out: np.ndarray) -> None:
