@@ -189,9 +189,13 @@ def _read_bytes(path: str) -> bytes:
 def _valid(found: object) -> bool:
     if not isinstance(found, dict) or found.get("format") != FORMAT or not isinstance(found.get("files"), dict):
         return False
-    return all(isinstance(e, dict) and isinstance(e.get("size"), int) and isinstance(e.get("version"), str)
-               and isinstance(e.get("count"), int) and not isinstance(e.get("count"), bool) and e["count"] >= 0
-               for e in found["files"].values())
+    return all(_is_entry(e) for e in found["files"].values())
+
+
+def _is_entry(e: object) -> bool:
+    """Whether ``e`` is an ``Entry``: an integer size, a version string and a count (an integer >= 0)."""
+    return isinstance(e, dict) and isinstance(e.get("size"), int) and isinstance(e.get("version"), str) \
+        and isinstance(e.get("count"), int) and not isinstance(e.get("count"), bool) and e["count"] >= 0
 
 
 def read_index(path: str, key: IndexKey) -> Optional[Entries]:
