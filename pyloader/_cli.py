@@ -394,22 +394,27 @@ def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     reader = make_reader(args.reader, args.batch_size)
     files = list_files(args.data)
     places = IndexPlaces.of(reader, args.data, files, None)
-    now = ix.stamps(files, places.folder)
-    missing = [f for f, stamp in zip(files, now) if stamp is None]
-    if missing:
-        raise FileNotFoundError(f"{missing[0]!r} was listed but is gone" + (f" (and {len(missing) - 1} more)"
-                                                                            if len(missing) > 1 else ""))
+    now = _stamps(files, places.folder)
     names = [ix.name_in(places.folder, f) for f in files]
     found = ix.read_index(places.data_index, places.key)
     kept = ix.lookup(files, names, now, [found] if found else [])
     counted = Counter(reader, files, Exclusive([reader]), None).count(kept.counts, first_failure_stops=False,
                                                                        progress=args.progress)
-    entries = {name: ix.entry(stamp, n) for name, stamp, n in zip(names, now, counted.counts)
-               if stamp is not None and n is not None}
+    entries = {name: ix.entry(stamp, n) for name, stamp, n in zip(names, now, counted.counts) if n is not None}
     ix.write_index(places.data_index, places.key, entries, keep_found=False)
     out(f"{places.data_index}: {len(entries)} files, {sum(e['count'] for e in entries.values())} samples "
         f"({len(files) - counted.counted} from the index there, {counted.counted} counted, in {counted.seconds:.2f} s)")
     return _report_index(kept.stale, sorted(set(found or {}) - set(names)), counted.failures, out)
+
+
+def _stamps(files: List[str], folder: str) -> List[ix.Stamp]:
+    """Each file's size and version now; ``FileNotFoundError`` naming the first that is gone."""
+    now = ix.stamps(files, folder)
+    missing = [f for f, stamp in zip(files, now) if stamp is None]
+    if missing:
+        raise FileNotFoundError(f"{missing[0]!r} was listed but is gone" + (f" (and {len(missing) - 1} more)"
+                                                                            if len(missing) > 1 else ""))
+    return [stamp for stamp in now if stamp is not None]
 
 
 def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[Tuple[int, PipelineError]],
