@@ -199,6 +199,21 @@ class _Shard:
         raise self.error(f"member {members[extra[0]]!r}: sample {key!r} has extension {extra[0]!r}, which the "
                          f"shard's first sample has not (expected {', '.join(sorted(self.expected))}; pass keep=)")
 
+    def split(self, name: str) -> Tuple[str, str]:
+        """A member's name as ``(key, extension)``."""
+        parts = split_name(name)
+        if parts is None:
+            raise self.error(f"member {name!r} has no extension: members are named <key>.<ext>")
+        return parts
+
+    def wanted(self, ext: str, key: str, members: Dict[str, str], name: str) -> bool:
+        """Whether member ``name`` of sample ``key`` is kept (``keep``); a second one of an extension is an error."""
+        if self.keep is not None and ext not in self.keep:
+            return False
+        if ext in members:
+            raise self.error(f"member {name!r}: sample {key!r} has two members of extension {ext!r}")
+        return True
+
     def start(self, key: str, name: str) -> None:
         if key in self.seen:
             raise self.error(f"member {name!r}: key {key!r} comes again after other keys (a sample's members "
@@ -220,19 +235,14 @@ def _samples(path: str, keep: Optional[List[str]],
                 last = member.name
                 if not member.isfile():
                     continue
-                parts = split_name(member.name)
-                if parts is None:
-                    raise shard.error(f"member {member.name!r} has no extension: members are named <key>.<ext>")
-                if parts[0] != key:
+                member_key, ext = shard.split(member.name)
+                if member_key != key:
                     if key is not None:
                         yield shard.finished(key, members, sample)
-                    key, members, sample = parts[0], {}, {KEY: parts[0]}
+                    key, members, sample = member_key, {}, {KEY: member_key}
                     shard.start(key, member.name)
-                ext = parts[1]
-                if shard.keep is not None and ext not in shard.keep:
+                if not shard.wanted(ext, member_key, members, member.name):
                     continue
-                if ext in members:
-                    raise shard.error(f"member {member.name!r}: sample {key!r} has two members of extension {ext!r}")
                 members[ext] = member.name
                 if decode is not None:
                     sample[ext] = decode(member.name, ext, _read(tar, member))
