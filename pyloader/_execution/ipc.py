@@ -158,6 +158,11 @@ def send(sock: socket.socket, obj: object, tag: int = -1, gen: int = 0) -> None:
         else:
             _send_fd_less(sock, data, tag, gen)
         return
+    _send_memfd(sock, data, raws, tag, gen)
+
+
+def _send_memfd(sock: socket.socket, data: bytes, raws: List[memoryview], tag: int, gen: int) -> None:
+    """The pickle and its buffers written into an anonymous memory file, whose descriptor is sent."""
     spans, offset = [], _aligned(len(data))
     for raw in raws:
         spans.append((offset, len(raw)))

@@ -111,6 +111,12 @@ def attach_meta(group: G) -> G:
         _check_names(names, batch.data)
     if stacked is None:
         stacked = {key: np.stack([_meta(batch)[key] for batch in group]) for key in names}
+    _attach_to_batches(group, names, stacked)
+    return group
+
+
+def _attach_to_batches(group: Group, names: KeysView[str], stacked: Dict[str, np.ndarray]) -> None:
+    """Each batch's data with its row of the group's metadata, converted once per field."""
     convert = _converter(group[0].data)
     fields = [(key, unstack(convert(stacked[key]))) for key in names]
     for k, batch in enumerate(group):
@@ -118,7 +124,6 @@ def attach_meta(group: G) -> G:
         for key, values in fields:
             data[key] = values[k]
         batch.data, batch.meta = data, None
-    return group
 
 
 def _attach_to_outputs(group: Stacked, outputs: Dict[str, object], names: KeysView[str],
