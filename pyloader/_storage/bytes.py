@@ -536,9 +536,7 @@ class BlockStream(Served, SeekableRaw):
         while True:
             if self._pos >= self.size:
                 return None
-            while self._blocks and self._blocks[0][0] + len(self._blocks[0][1]) <= self._pos:
-                _, _, taken = self._blocks.popleft()
-                _give_back(self._loop, self._budget, taken)
+            self._let_go_before_pos()
             if self._blocks and self._blocks[0][0] <= self._pos:
                 return self._blocks[0][:2]
             if self._blocks or self._released:  # the position is before the blocks held
@@ -547,6 +545,12 @@ class BlockStream(Served, SeekableRaw):
             if self._ended:
                 raise self._error if self._error is not None else ValueError(f"read-ahead of {self.path!r} ended early")
             self._wait()
+
+    def _let_go_before_pos(self) -> None:
+        """Give back the budget of the held blocks that end before the position."""
+        while self._blocks and self._blocks[0][0] + len(self._blocks[0][1]) <= self._pos:
+            _, _, taken = self._blocks.popleft()
+            _give_back(self._loop, self._budget, taken)
 
     def _wait(self) -> None:
         try:
