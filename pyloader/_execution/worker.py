@@ -302,6 +302,17 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
         except OSError:
             pass
 
+    _settle()
+    _initialize(worker_id, sock, worker_init_fn)
+    busy = RowBusy(busy_row) if busy_row is not None else None  # read by loader.stats
+    server = _Server(sock, current, generation, reader, steps, busy)
+    server.serve()
+    server.close()
+    os._exit(0)
+
+
+def _settle() -> None:
+    """The process's own settings, before any user code runs in it."""
     gc.freeze()  # inherited objects: never scanned here, so forked pages stay shared
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
@@ -310,6 +321,11 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
         torch.set_num_threads(1)  # N workers with a thread pool each would oversubscribe the cores
     if "tokenizers" in sys.modules:  # its thread pool, used before a fork, does not exist here: it would hang
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _initialize(worker_id: int, sock: socket.socket, worker_init_fn: Optional[Callable[[int], None]]) -> None:
+    """Run ``worker_init_fn`` and tell the loader the worker is ready; the process ends if it raised
+    (its error sent first) or if the loader has gone."""
     try:
         if worker_init_fn is not None:
             worker_init_fn(worker_id)
@@ -322,8 +338,3 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
         _ipc.send(sock, (True, None), tag=READY)
     except OSError:
         os._exit(0)  # the loader has gone already
-    busy = RowBusy(busy_row) if busy_row is not None else None  # read by loader.stats
-    server = _Server(sock, current, generation, reader, steps, busy)
-    server.serve()
-    server.close()
-    os._exit(0)
