@@ -98,24 +98,13 @@ class NumpyReader(DataReader):
             return {self.key: _Rows.from_stream(f, None)}
         f.seek(0)
         if head.startswith(b"PK"):
-            archive = stack.enter_context(zipfile.ZipFile(f))
-            arrays = {}
-            for info in archive.infolist():
-                if not info.filename.endswith(".npy"):
-                    raise file_error(path, f"archive member {info.filename!r} is not a .npy array")
-                member = stack.enter_context(archive.open(info))
-                arrays[info.filename[:-4]] = _Rows.from_stream(member, info.file_size)
-            return arrays
+            return _archive_rows(path, f, stack)
         size = f.seek(0, 2)
         f.seek(0)
         if self.mmap and not is_url(path):
             _header(f, size)  # the streamed path's checks and messages; NumPy's differ
             f.close()
-            with HEADER_PARSE:
-                mapped = npformat.open_memmap(_local(path), mode="c")
-            start = mapped.__array_interface__["data"][0]  # its batches cross processes as spans of the file
-            register_mapped(mapped, start, mapped.nbytes, os.path.abspath(_local(path)), int(mapped.offset))
-            return {self.key: _Rows(mapped)}
+            return {self.key: _mapped_rows(path)}
         return {self.key: _Rows.from_stream(f, size)}
 
 
@@ -161,6 +150,27 @@ class _Rows:
             _fill(self.stream, out)
         self.pos += k
         return out
+
+
+def _archive_rows(path: str, f: IO[bytes], stack: contextlib.ExitStack) -> Dict[str, "_Rows"]:
+    """The arrays of an ``.npz`` archive (uncompressed), by name, each streamed from its member."""
+    archive = stack.enter_context(zipfile.ZipFile(f))
+    arrays = {}
+    for info in archive.infolist():
+        if not info.filename.endswith(".npy"):
+            raise file_error(path, f"archive member {info.filename!r} is not a .npy array")
+        member = stack.enter_context(archive.open(info))
+        arrays[info.filename[:-4]] = _Rows.from_stream(member, info.file_size)
+    return arrays
+
+
+def _mapped_rows(path: str) -> "_Rows":
+    """A local ``.npy`` mapped copy-on-write; its batches cross processes as spans of the file."""
+    with HEADER_PARSE:
+        mapped = npformat.open_memmap(_local(path), mode="c")
+    start = mapped.__array_interface__["data"][0]
+    register_mapped(mapped, start, mapped.nbytes, os.path.abspath(_local(path)), int(mapped.offset))
+    return _Rows(mapped)
 
 
 def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...], bool, np.dtype]]:

@@ -117,14 +117,7 @@ class TarReader(DataReader):
         self.keep = check_fields(keep, "keep")
         if self.keep is not None and KEY in self.keep:
             raise ValueError(f"keep lists extensions; {KEY!r} is always a column")
-        if not isinstance(decode, (bool, Mapping)):
-            raise ValueError(f"decode must be True, False or a mapping of extension to decoder, got {decode!r}")
-        self.decoders: Dict[str, Optional[Decoder]] = {} if decode is False else dict(DECODERS)
-        if isinstance(decode, Mapping):
-            for ext, fn in decode.items():
-                if fn is not None and not callable(fn):
-                    raise ValueError(f"decode[{ext!r}] must be callable or None, got {fn!r}")
-            self.decoders.update(decode)
+        self.decoders = _decoders(decode)
         self.image_mode = image_mode
         self.piece_size = check_piece_size(piece_size)
 
@@ -165,6 +158,19 @@ class TarReader(DataReader):
                 raise file_error(path, f"member {name!r}: cannot decode {ext!r}: {type(exc).__name__}: {exc}") \
                     from exc
         return decode
+
+
+def _decoders(decode: Union[bool, Mapping[str, Optional[Decoder]]]) -> Dict[str, Optional[Decoder]]:
+    """The decoder of each extension: ``DECODERS`` (``True``), none (``False``), or those updated by a mapping."""
+    if not isinstance(decode, (bool, Mapping)):
+        raise ValueError(f"decode must be True, False or a mapping of extension to decoder, got {decode!r}")
+    decoders: Dict[str, Optional[Decoder]] = {} if decode is False else dict(DECODERS)
+    if isinstance(decode, Mapping):
+        for ext, fn in decode.items():
+            if fn is not None and not callable(fn):
+                raise ValueError(f"decode[{ext!r}] must be callable or None, got {fn!r}")
+        decoders.update(decode)
+    return decoders
 
 
 class _Shard:
