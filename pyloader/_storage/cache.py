@@ -131,8 +131,21 @@ class DiskCache:
     def _make_room(self, incoming: int) -> None:
         """Remove least recently used entries until ``incoming`` more bytes fit the limit; and
         temporary files that a writer which died left behind."""
+        entries = self._entries()
+        used = sum(size for _, size, _, _ in entries)
+        if self.limit is None:
+            return
+        for _, size, data_path, meta_path in sorted(entries):
+            if used + incoming <= self.limit:
+                break
+            self.drop_paths(meta_path, data_path)
+            used -= size
+
+
+    def _entries(self) -> List[Tuple[float, int, str, str]]:
+        """Each entry as ``(last use, size, data path, description path)``; temporary files that a
+        writer which died (or went quiet) left behind are removed on the way."""
         entries = []
-        used = 0
         now = time.time()
         with os.scandir(self.folder) as it:
             for item in it:
@@ -141,17 +154,9 @@ class DiskCache:
                         if writers.dead(item.name) or now - item.stat().st_mtime > _STALE_TMP_S:
                             self.drop_paths(item.path)
                     elif item.name.endswith(".data"):
-                        size = item.stat().st_size
                         meta = item.path[:-len(".data")] + ".json"
-                        used += size
-                        entries.append((_mtime(meta), size, item.path, meta))
-        if self.limit is None:
-            return
-        for _, size, data_path, meta_path in sorted(entries):
-            if used + incoming <= self.limit:
-                break
-            self.drop_paths(meta_path, data_path)
-            used -= size
+                        entries.append((_mtime(meta), item.stat().st_size, item.path, meta))
+        return entries
 
 
 def _blocks(meta: object, url: str, size: int, version: str) -> Optional[List[str]]:

@@ -209,10 +209,7 @@ class EpochStore:
         files = meta["files"]
         batches = [BatchEntry(name, rows, tuple(files[i] for i in paths), padding, size, sha)
                    for name, rows, paths, padding, size, sha in meta["batches"]]
-        for entry in batches:
-            found = os.stat(os.path.join(folder, entry.name)).st_size
-            if found != entry.size:
-                raise ValueError(f"{entry.name} holds {found} bytes, not {entry.size}")
+        _check_sizes(folder, batches)
         return Manifest(block, int(meta["source_epoch"]), folder, batches, bool(meta["flags"]))
 
     def writer(self, epoch: int) -> "EpochWriter":
@@ -232,6 +229,14 @@ class EpochStore:
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
+
+
+def _check_sizes(folder: str, batches: List[BatchEntry]) -> None:
+    """``ValueError`` unless each batch's file in ``folder`` has the size its entry says."""
+    for entry in batches:
+        found = os.stat(os.path.join(folder, entry.name)).st_size
+        if found != entry.size:
+            raise ValueError(f"{entry.name} holds {found} bytes, not {entry.size}")
 
 
 @dataclass
