@@ -265,8 +265,14 @@ def lookup(files: Sequence[str], names: Sequence[str], stamps_now: Sequence[Opti
     stale = []
     for path, name, stamp in zip(files, names, stamps_now):
         entries = [found[name] for found in indexes if name in found]
-        match = next((e for e in entries if (e["size"], e["version"]) == stamp), None)
-        counts.append(None if match is None else match["count"])
-        if match is None and entries and stamp is not None:
+        count = _matching_count(entries, stamp)
+        counts.append(count)
+        if count is None and entries and stamp is not None:
             stale.append(path)
     return Lookup(counts, stale)
+
+
+def _matching_count(entries: List[Entry], stamp: Optional[Stamp]) -> Optional[int]:
+    """The count of the first entry made for the file as it is now (its ``stamp``), if one was."""
+    match = next((e for e in entries if (e["size"], e["version"]) == stamp), None)
+    return None if match is None else match["count"]

@@ -154,6 +154,14 @@ def _save(arrays: Dict[str, np.ndarray], folder: str) -> Dict[str, str]:
     return paths
 
 
+def _loaded(folder: str, n: int, paths: Dict[str, str]) -> _OnDiskWindow:
+    """A sealed window's arrays, read back memory-mapped from their ``paths`` (never unpickled)."""
+    with HEADER_PARSE:
+        loaded = {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in paths.items()}
+    provenance = {k[len(PROVENANCE):]: loaded.pop(k) for k in list(loaded) if k.startswith(PROVENANCE)}
+    return _OnDiskWindow(folder, n, loaded, Provenance(**provenance))
+
+
 class OnDisk(InMemory):
     """The window being filled in memory; sealed windows as ``.npy`` files under a folder of the run's."""
 
@@ -195,10 +203,7 @@ class OnDisk(InMemory):
                     shutil.rmtree(str(self.root), ignore_errors=True)
         if closed:
             return window
-        with HEADER_PARSE:
-            loaded = {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in paths.items()}
-        provenance = {k[len(PROVENANCE):]: loaded.pop(k) for k in list(loaded) if k.startswith(PROVENANCE)}
-        return _OnDiskWindow(folder, window.n, loaded, Provenance(**provenance))
+        return _loaded(folder, window.n, paths)
 
     def drop(self, window: HeldRows) -> None:
         if isinstance(window, _OnDiskWindow):
