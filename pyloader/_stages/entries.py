@@ -104,12 +104,17 @@ def parse_entries(data_dir: object, stream: bool) -> Optional[Entries]:
     if all(_is_path(item) for item in listed):
         return None
     if not stream:
-        k, item = next((k, item) for k, item in enumerate(listed) if not _is_path(item))
-        raise ValueError(f"data_dir item {k} is a {type(item).__name__}: outside stream mode data_dir lists paths "
-                         f"((path, start, end) slices and in-memory streams are streams of stream=True)")
+        raise _not_paths(listed)
     if not any(_is_path(item) or _is_slice(item) for item in listed):
         return _memory_entries(listed)
     return _file_entries(listed)
+
+
+def _not_paths(listed: List[object]) -> ValueError:
+    """The error for a ``data_dir`` that lists streams outside stream mode, naming its first non-path."""
+    k, item = next((k, item) for k, item in enumerate(listed) if not _is_path(item))
+    return ValueError(f"data_dir item {k} is a {type(item).__name__}: outside stream mode data_dir lists paths "
+                      f"((path, start, end) slices and in-memory streams are streams of stream=True)")
 
 
 def _memory_entries(listed: List[object]) -> Entries:

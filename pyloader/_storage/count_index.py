@@ -101,11 +101,16 @@ def index_folder(data_dir: object, files: Sequence[str]) -> str:
     if isinstance(data_dir, (str, os.PathLike)):
         spec = os.fspath(data_dir)
         if any(c in spec for c in _GLOB_CHARS):
-            parts = spec.split("/")
-            static = next(k for k, part in enumerate(parts) if any(c in part for c in _GLOB_CHARS))
-            return _as_listed("/".join(parts[:static]) or ".")
+            return _as_listed(_glob_root(spec))
         return _parent(spec) if list(files) == [spec] else _as_listed(spec.rstrip("/") or "/")
     return _common_folder(files)
+
+
+def _glob_root(spec: str) -> str:
+    """The folder of a glob before its first wildcard (``.`` when the first part has one)."""
+    parts = spec.split("/")
+    static = next(k for k, part in enumerate(parts) if any(c in part for c in _GLOB_CHARS))
+    return "/".join(parts[:static]) or "."
 
 
 def _common_folder(files: Sequence[str]) -> str:
