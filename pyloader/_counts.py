@@ -118,17 +118,19 @@ class Counter:
         counts: List[Optional[int]] = list(known) if known is not None else [None] * len(self.files)
         need = [i for i, n in enumerate(counts) if n is None]
         out = Counted(counts)
-        stamps: Dict[int, ix.Stamp] = {}
-        if self.places is not None and need:
-            stamps = self._from_indexes(need, out)
+        stamps = self._from_indexes(need, out) if self.places is not None and need else {}
         left = [i for i in need if counts[i] is None]
         self._count(left, out, first_failure_stops, stop or threading.Event(), progress)
         out.counted = len(left)
-        if self.places is not None and self.places.cache_index is not None and left:
+        if left and self._keeps_counts():
             self._keep(need, counts, stamps)
         out.seconds = time.perf_counter() - began
         self.counting.add(out.counted, out.indexed, len(out.stale), out.seconds)
         return out
+
+    def _keeps_counts(self) -> bool:
+        """Whether what is counted goes to an index in ``cache_dir``."""
+        return self.places is not None and self.places.cache_index is not None
 
     def _from_indexes(self, need: List[int], out: Counted) -> Dict[int, ix.Stamp]:
         """Fill ``out.counts`` from the indexes; the stamps of the files (those found now)."""
