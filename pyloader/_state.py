@@ -74,14 +74,20 @@ def _strip_scheme(path: str) -> str:
 def files_digest(files: Sequence[str]) -> str:
     """The files' names relative to their common folder, and the sizes of local ones."""
     names = [_strip_scheme(p) for p in files]
-    root = os.path.commonpath(names) if len(names) > 1 else os.path.dirname(names[0])
-    if len(names) > 1 and root in names:  # one path is the other's folder: cannot happen with files
-        root = os.path.dirname(root)
+    root = _common_root(names)
     lines = []
     for path, name in zip(files, names):
         size = "" if is_url(path) else str(os.path.getsize(path[7:] if path.startswith("file://") else path))
         lines.append(f"{os.path.relpath(name, root) if root else name}\t{size}")
     return hashlib.sha1("\n".join(lines).encode()).hexdigest()
+
+
+def _common_root(names: List[str]) -> str:
+    """The folder the files ``names`` have in common (a single file's own folder)."""
+    if len(names) == 1:
+        return os.path.dirname(names[0])
+    root = os.path.commonpath(names)
+    return os.path.dirname(root) if root in names else root  # one path is the other's folder: not with files
 
 
 def old_files_digest(files: Sequence[str]) -> str:
