@@ -91,12 +91,18 @@ def test_a_place_clearly_faster_is_kept_after_one_round(short: None) -> None:
     assert isinstance(figures, dict) and figures[THERE] == pytest.approx(2 * figures[HERE], rel=0.01)
 
 
-def test_close_figures_take_a_second_round_and_a_tie_stays_in_threads(short: None) -> None:
+def test_threads_within_the_margin_of_the_fastest_are_kept_after_one_round(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    places = run_schedule(m, clock, {HERE: 0.0100, THERE: 0.0098, SPLIT: 0.0099}, 8)
-    assert places[:6] == [THERE, HERE, SPLIT, THERE, HERE, SPLIT]
-    assert places[6:] == [HERE, HERE] and m.kept == HERE
+    places = run_schedule(m, clock, {HERE: 0.0100, THERE: 0.0098, SPLIT: 0.0099}, 5)
+    assert places == [THERE, HERE, SPLIT, HERE, HERE] and m.kept == HERE
+
+
+def test_two_close_places_faster_than_threads_take_a_second_round(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    places = run_schedule(m, clock, {HERE: 0.02, THERE: 0.0100, SPLIT: 0.0105}, 8)
+    assert places == [THERE, HERE, SPLIT, THERE, HERE, SPLIT, THERE, THERE] and m.kept == THERE
 
 
 def test_a_probe_that_measures_faster_changes_the_place(short: None) -> None:
@@ -181,16 +187,18 @@ def pids_by_file(batches: List[Dict[str, list]]) -> Dict[int, int]:
 @pytest.mark.parametrize("slow_in, expected", [("main", (THERE, SPLIT)), ("worker", (HERE,))])
 def test_the_place_that_delivers_faster_is_kept(tmp_path: Path, short: None, slow_in: str,
                                                 expected: Tuple[str, ...]) -> None:
-    write_chunks(tmp_path, [20] * 60)
-    loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), slow_in, delay=0.1), pl.IdentityDataset(), ListCollator(),
+    files = 150
+    write_chunks(tmp_path, [20] * files)
+    loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), slow_in, delay=0.05), pl.IdentityDataset(), ListCollator(),
                            str(tmp_path))
     batches = [b for b in loader]  # not list(): it asks len(), which reads every file here
-    assert sorted(i for b in batches for i in b["id"]) == list(range(1200))
+    assert sorted(i for b in batches for i in b["id"]) == list(range(20 * files))
     measured = loader.stats["placement"]["measured"]
-    assert measured["trial_over"] and measured["place"] in expected
-    assert measured["changes"][0]["to"] in expected
     in_main = sum(p == os.getpid() for p in pids_by_file(batches).values())  # files read here
-    assert in_main >= 40 if expected == (HERE,) else in_main <= 20  # of 60 files: the trial, probes, the rest kept
+    assert measured["trial_over"] and measured["place"] in expected, measured
+    assert measured["changes"][0]["to"] in expected, measured
+    # the rest: the trial's windows, the probes, the files read ahead as a window closes
+    assert in_main >= 0.6 * files if expected == (HERE,) else in_main <= 0.4 * files, (in_main, measured)
 
 
 def reference(folder: Path, num_workers: int, **options: Any) -> List[List[int]]:

@@ -23,8 +23,9 @@ Contract:
   holds everything a place costs: copies between processes, the GIL shared with the training
   step, a thread pool of the user's own, a slow consumer (then both places measure alike).
 * **Schedule.** Trial windows take the places in turn (``TRIAL``); the fastest is kept unless
-  ``HERE`` is within ``MARGIN`` of it (nothing is copied between processes there), and when the
-  first round's two best differ by less than ``CLEAR`` a second round is tried. Then the kept
+  ``HERE`` is within ``MARGIN`` of it (nothing is copied between processes there); when
+  another place leads after the first round by less than ``CLEAR`` over the next best, a second
+  round is tried. Then the kept
   place runs in windows of ``STEADY_S``, with a probe window of another place (in turn) after
   every ``PROBE_AFTER`` of them; a probe faster by more than ``MARGIN`` than the kept place's
   last window changes the place.
@@ -183,11 +184,11 @@ class Measured:
         if len(rates) < len(self.TRIAL):
             return self.TRIAL[len(done) % len(self.TRIAL)]
         first, second = sorted(rates.values(), reverse=True)[:2]
-        rounds = min(len(ws) for ws in _windows_by_place(recent).values())
-        if rounds < 2 and first < second * (1 + self.CLEAR):
-            return self.TRIAL[len(done) % len(self.TRIAL)]
         best = max(rates, key=lambda p: rates[p])
-        kept = HERE if rates[best] <= rates[HERE] * (1 + self.MARGIN) else best
+        kept = HERE if first <= rates[HERE] * (1 + self.MARGIN) else best
+        rounds = min(len(ws) for ws in _windows_by_place(recent).values())
+        if rounds < 2 and kept != HERE and first < second * (1 + self.CLEAR):
+            return self.TRIAL[len(done) % len(self.TRIAL)]
         self._change(kept, rates, "trial")
         return kept
 
