@@ -11,7 +11,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import psutil
 import pytest
@@ -19,7 +19,7 @@ from conftest import IdReader, ListCollator, _is_mp_infrastructure, write_chunks
 
 import pyloader as pl
 from pyloader._execution.auto_workers import cpu_share
-from pyloader._execution.measured import HERE, THERE, Measured
+from pyloader._execution.measured import HERE, SPLIT, THERE, Measured
 
 needs_workers = pytest.mark.skipif(cpu_share() < 2, reason="'auto' starts no worker on 1 CPU")
 
@@ -73,17 +73,17 @@ def new_measured(clock: Clock) -> Measured:
     return m
 
 
-def test_the_trial_starts_in_the_workers_then_tries_threads(short: None) -> None:
+def test_the_trial_starts_in_the_workers_then_tries_threads_then_reading_in_workers(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    assert run_schedule(m, clock, {HERE: 0.01, THERE: 0.01}, 2) == [THERE, HERE]
+    assert run_schedule(m, clock, {HERE: 0.01, THERE: 0.01, SPLIT: 0.01}, 3) == [THERE, HERE, SPLIT]
 
 
 def test_a_place_clearly_faster_is_kept_after_one_round(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    places = run_schedule(m, clock, {HERE: 0.02, THERE: 0.01}, 5)
-    assert places == [THERE, HERE, THERE, THERE, THERE]
+    places = run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02}, 5)
+    assert places == [THERE, HERE, SPLIT, THERE, THERE]
     assert m.kept == THERE
     [change] = m.changes
     assert change["to"] == THERE and change["by"] == "trial"
@@ -91,20 +91,26 @@ def test_a_place_clearly_faster_is_kept_after_one_round(short: None) -> None:
     assert isinstance(figures, dict) and figures[THERE] == pytest.approx(2 * figures[HERE], rel=0.01)
 
 
-def test_close_figures_take_a_second_round_and_a_tie_stays_in_threads(short: None) -> None:
+def test_threads_within_the_margin_of_the_fastest_are_kept_after_one_round(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    places = run_schedule(m, clock, {HERE: 0.0100, THERE: 0.0098}, 6)
-    assert places[:4] == [THERE, HERE, THERE, HERE]
-    assert places[4:] == [HERE, HERE] and m.kept == HERE
+    places = run_schedule(m, clock, {HERE: 0.0100, THERE: 0.0098, SPLIT: 0.0099}, 5)
+    assert places == [THERE, HERE, SPLIT, HERE, HERE] and m.kept == HERE
+
+
+def test_two_close_places_faster_than_threads_take_a_second_round(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    places = run_schedule(m, clock, {HERE: 0.02, THERE: 0.0100, SPLIT: 0.0105}, 8)
+    assert places == [THERE, HERE, SPLIT, THERE, HERE, SPLIT, THERE, THERE] and m.kept == THERE
 
 
 def test_a_probe_that_measures_faster_changes_the_place(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    speed = {HERE: 0.01, THERE: 0.02}
-    places = run_schedule(m, clock, speed, 3)
-    assert m.kept == HERE and places == [THERE, HERE, HERE]
+    speed = {HERE: 0.01, THERE: 0.02, SPLIT: 0.02}
+    places = run_schedule(m, clock, speed, 4)
+    assert m.kept == HERE and places == [THERE, HERE, SPLIT, HERE]
     speed.update({HERE: 0.03, THERE: 0.01})  # the workload changed: threads got slower
     later = run_schedule(m, clock, speed, 2 * (Measured.PROBE_AFTER + 1))
     assert THERE in later and m.kept == THERE
@@ -114,8 +120,9 @@ def test_a_probe_that_measures_faster_changes_the_place(short: None) -> None:
 def test_a_probe_that_is_slower_keeps_the_place(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    places = run_schedule(m, clock, {HERE: 0.01, THERE: 0.02}, 3 + 3 * (Measured.PROBE_AFTER + 1))
-    assert places.count(THERE) == 1 + 3  # the trial's window, then one probe after every PROBE_AFTER
+    places = run_schedule(m, clock, {HERE: 0.01, THERE: 0.02, SPLIT: 0.02}, 4 + 3 * (Measured.PROBE_AFTER + 1))
+    assert [p for p in places if p != HERE] == [THERE, SPLIT, THERE, SPLIT, THERE]  # the trial, then a probe
+    # after every PROBE_AFTER windows, of the other places in turn
     assert m.kept == HERE and len(m.changes) == 1
 
 
@@ -149,7 +156,7 @@ def test_the_first_quarter_of_a_window_is_left_out() -> None:
 def test_a_new_iteration_goes_on_from_the_decision(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    run_schedule(m, clock, {HERE: 0.02, THERE: 0.01}, 3)
+    run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02}, 4)
     m.new_run()
     assert m.place(1, "f0") == THERE
     report = m.report()
@@ -177,18 +184,21 @@ def pids_by_file(batches: List[Dict[str, list]]) -> Dict[int, int]:
 
 @needs_workers
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("slow_in, expected", [("main", THERE), ("worker", HERE)])
-def test_the_place_that_delivers_faster_is_kept(tmp_path: Path, short: None, slow_in: str, expected: str) -> None:
-    write_chunks(tmp_path, [20] * 60)
-    loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), slow_in, delay=0.1), pl.IdentityDataset(), ListCollator(),
+@pytest.mark.parametrize("slow_in, expected", [("main", (THERE, SPLIT)), ("worker", (HERE,))])
+def test_the_place_that_delivers_faster_is_kept(tmp_path: Path, short: None, slow_in: str,
+                                                expected: Tuple[str, ...]) -> None:
+    files = 150
+    write_chunks(tmp_path, [20] * files)
+    loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), slow_in, delay=0.05), pl.IdentityDataset(), ListCollator(),
                            str(tmp_path))
     batches = [b for b in loader]  # not list(): it asks len(), which reads every file here
-    assert sorted(i for b in batches for i in b["id"]) == list(range(1200))
+    assert sorted(i for b in batches for i in b["id"]) == list(range(20 * files))
     measured = loader.stats["placement"]["measured"]
-    assert measured["trial_over"] and measured["place"] == expected
-    assert measured["changes"][0]["to"] == expected
-    in_main = sum(p == os.getpid() for p in pids_by_file(batches).values())
-    assert in_main >= 40 if expected == HERE else in_main <= 20  # of 60 files: the trial, probes, the rest kept
+    in_main = sum(p == os.getpid() for p in pids_by_file(batches).values())  # files read here
+    assert measured["trial_over"] and measured["place"] in expected, measured
+    assert measured["changes"][0]["to"] in expected, measured
+    # the rest: the trial's windows, the probes, the files read ahead as a window closes
+    assert in_main >= 0.6 * files if expected == (HERE,) else in_main <= 0.4 * files, (in_main, measured)
 
 
 def reference(folder: Path, num_workers: int, **options: Any) -> List[List[int]]:
@@ -213,7 +223,7 @@ def test_files_changing_place_give_the_batches_of_a_run_in_threads(tmp_path: Pat
     got = [list(b["id"]) for b in loader]
     assert got == expected
     windows = loader.stats["placement"]["measured"]["windows"]
-    assert {w["place"] for w in windows} == {HERE, THERE}
+    assert len({w["place"] for w in windows}) >= 2
 
 
 @needs_workers
@@ -264,16 +274,13 @@ def test_an_explicit_choice_or_stream_mode_is_not_measured(tmp_path: Path, optio
     assert "measured" not in loader.stats["placement"]
 
 
-@needs_workers
-@pytest.mark.timeout(240)
-def test_a_change_of_place_is_logged(tmp_path: Path, short: None, caplog: pytest.LogCaptureFixture) -> None:
-    write_chunks(tmp_path, [20] * 60)
-    loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), "main", delay=0.1), pl.IdentityDataset(), ListCollator(),
-                           str(tmp_path))
+def test_a_change_of_place_is_logged_with_its_figures(short: None, caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    m = new_measured(clock)
     with caplog.at_level(logging.INFO, logger="pyloader"):
-        for _ in loader:
-            pass
-    assert any("user code now runs in workers" in r.getMessage() for r in caplog.records)
+        run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02}, 4)
+    [record] = [r.getMessage() for r in caplog.records]
+    assert "user code now runs in workers (trial measured" in record and "'threads': 526.3" in record
 
 
 @needs_workers

@@ -20,7 +20,9 @@ So ``"auto"`` runs user methods in this process (``num_workers=0``, threads) whe
   fails there), pickle every user object, and take seconds to start with
   TensorFlow imported;
 
-and otherwise starts one worker per CPU of that share, at most ``MAX_WORKERS``.
+and otherwise starts one worker per CPU of that share, at most ``MAX_WORKERS``; each
+file then runs where the consumer measured it faster, in those workers or in threads
+(``_execution.measured``; not with a ``worker_init_fn``, nor in stream mode).
 The environment variable ``PYLOADER_NUM_WORKERS`` (an integer, or ``auto``)
 replaces the decision where it is set, for every loader left at ``"auto"``: a
 cluster's or a test suite's choice, made without touching the code.

@@ -10,7 +10,9 @@ and then measures both places as the consumer sees them.
 Contract:
 
 * **Placed per file.** As a file's reading starts (``place``), it is given a place: ``HERE``
-  (read, encoded and collated in threads of this process) or ``THERE`` (in a worker). A file's
+  (read, encoded and collated in threads of this process), ``THERE`` (all in a worker) or
+  ``SPLIT`` (read in a worker, encoded and collated here: a Python parse beside a
+  ``batch_encode`` that releases the GIL or runs its own thread pool, as a tokenizer). A file's
   place never changes once its reading began, and the batches are the same in both places (their
   cut, order, positions and ``pyloader.rng()`` draws do not depend on where they ran), so a change
   of place loses, repeats and reorders nothing, and resume is unaffected.
@@ -20,12 +22,13 @@ Contract:
   first quarter is left out (batches made while the previous window was consumed). The figure
   holds everything a place costs: copies between processes, the GIL shared with the training
   step, a thread pool of the user's own, a slow consumer (then both places measure alike).
-* **Schedule.** Trial windows alternate ``THERE``, ``HERE`` (``TRIAL``); the place that measured
-  faster by more than ``MARGIN`` is kept, ties go ``HERE`` (nothing copied between processes), and
-  when the first two windows differ by less than ``CLEAR`` a second round is tried. Then the kept
-  place runs in windows of ``STEADY_S``, with one probe window of the other place after every
-  ``PROBE_AFTER`` of them; a probe faster by more than ``MARGIN`` than the kept place's last
-  window changes the place.
+* **Schedule.** Trial windows take the places in turn (``TRIAL``); the fastest is kept unless
+  ``HERE`` is within ``MARGIN`` of it (nothing is copied between processes there); when
+  another place leads after the first round by less than ``CLEAR`` over the next best, a second
+  round is tried. Then the kept
+  place runs in windows of ``STEADY_S``, with a probe window of another place (in turn) after
+  every ``PROBE_AFTER`` of them; a probe faster by more than ``MARGIN`` than the kept place's
+  last window changes the place.
 * **Carried over.** A loader's next iteration goes on from the decision (and the schedule) of the
   one before, so a run of one epoch per ``iter()`` pays for the trial once.
 * **Shown.** ``report()`` (in ``loader.stats["placement"]["measured"]``): the place now, whether the
@@ -43,8 +46,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-HERE = "threads"
-THERE = "workers"
+HERE = "threads"  # read, encoded and collated in threads of this process
+THERE = "workers"  # ... in a worker process
+SPLIT = "workers, then threads"  # read in a worker, its rows brought here, encoded and collated in threads
 
 _log = logging.getLogger("pyloader")
 
@@ -86,7 +90,7 @@ class Window:
 class Measured:
     """The places of one loader's files, decided by measuring both (see the module's docstring)."""
 
-    TRIAL = (THERE, HERE)  # the workers were started for this run: a short one runs where the rule put it
+    TRIAL = (THERE, HERE, SPLIT)  # the workers were started for this run: a short one runs where the rule put it
     TRIAL_S = 0.5  # the least measured span of a trial window
     STEADY_S = 8.0  # ... of a window of the kept place
     MIN_BATCHES = 8
@@ -103,6 +107,7 @@ class Measured:
         self._windows: List[Window] = []
         self._files: Dict[Key, Window] = {}
         self._steady = 0  # windows of the kept place since the last probe
+        self._probes = 0  # probes so far: they take the other places in turn
 
     @property
     def current(self) -> Window:
@@ -165,30 +170,35 @@ class Measured:
             self._after_probe()
             return self.kept
         self._steady += 1
-        if self._steady >= self.PROBE_AFTER:
-            self._steady = 0
-            return HERE if self.kept == THERE else THERE
-        return self.kept
+        if self._steady < self.PROBE_AFTER:
+            return self.kept
+        self._steady = 0
+        others = [p for p in self.TRIAL if p != self.kept]
+        self._probes += 1
+        return others[(self._probes - 1) % len(others)]
 
     def _trial_step(self) -> str:
         done = [w for w in self._windows if w.rate() is not None]
-        rates = _by_place(done[-2 * len(self.TRIAL):])
+        recent = done[-2 * len(self.TRIAL):]
+        rates = _by_place(recent)
         if len(rates) < len(self.TRIAL):
             return self.TRIAL[len(done) % len(self.TRIAL)]
-        here, there = rates[HERE], rates[THERE]
-        rounds = min(len(w) for w in _windows_by_place(done).values())
-        if rounds < 2 and max(here, there) < min(here, there) * (1 + self.CLEAR):
+        first, second = sorted(rates.values(), reverse=True)[:2]
+        best = max(rates, key=lambda p: rates[p])
+        kept = HERE if first <= rates[HERE] * (1 + self.MARGIN) else best
+        rounds = min(len(ws) for ws in _windows_by_place(recent).values())
+        if rounds < 2 and kept != HERE and first < second * (1 + self.CLEAR):
             return self.TRIAL[len(done) % len(self.TRIAL)]
-        self._change(THERE if there > here * (1 + self.MARGIN) else HERE, rates, "trial")
-        return self.kept or HERE
+        self._change(kept, rates, "trial")
+        return kept
 
     def _after_probe(self) -> None:
         probe, kept = self.current, self._last_of(self.kept)
-        if probe.rate() is None or kept is None or kept.rate() is None:
+        probe_rate, kept_rate = probe.rate(), None if kept is None else kept.rate()
+        if probe_rate is None or kept is None or kept_rate is None:
             return
-        rates = {probe.place: probe.rate() or 0.0, kept.place: kept.rate() or 0.0}
-        if rates[probe.place] > rates[kept.place] * (1 + self.MARGIN):
-            self._change(probe.place, rates, "probe")
+        if probe_rate > kept_rate * (1 + self.MARGIN):
+            self._change(probe.place, {probe.place: probe_rate, kept.place: kept_rate}, "probe")
 
     def _last_of(self, place: Optional[str]) -> Optional[Window]:
         return next((w for w in reversed(self._windows[:-1]) if w.place == place), None)

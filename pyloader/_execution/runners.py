@@ -47,7 +47,7 @@ from .._storage.bytes import ReadAhead
 from .._storage.cached_file import ServedEntry
 from .._storage.files import Served
 from .filter import unbundle
-from .measured import HERE, Measured
+from .measured import HERE, SPLIT, Measured
 from .pool import RemoteRef, WorkerPool, rebuild_error
 from .reading import FileTask, pieces_with_end
 from .steps import BatchData, Key, Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
@@ -490,9 +490,10 @@ def _finish_each(steps: Sequence[Step], outcomes: List[Outcome], busy: Optional[
 
 class MeasuredRunner:
     """``num_workers="auto"`` with workers started: each file read, and its batches encoded and collated,
-    where ``measured`` places it (``_execution.measured``): in this process (``here``) or in the workers
-    (``there``). A group whose rows were all read in this process by files placed here runs here; any
-    other goes through ``there``, which gathers rows where they must meet."""
+    where ``measured`` places it (``_execution.measured``): in this process (``here``), in the workers
+    (``there``), or read there and its rows fetched here. A group whose rows are all here, of files
+    placed here or fetched, runs here; any other goes through ``there``, which gathers rows where they
+    must meet."""
 
     def __init__(self, here: ThreadRunner, there: PoolRunner, measured: Measured) -> None:
         self.here, self.there, self.measured = here, there, measured
@@ -503,8 +504,9 @@ class MeasuredRunner:
 
     async def pieces(self, task: FileTask, fetch: bool, demand: asyncio.Event) -> Pieces:
         self.there.pool.check(f"reading {task.path!r}")
-        pieces: Pieces = (self.here.pieces(task, fetch, demand) if self.measured.place(task.epoch, task.path) == HERE
-                          else self.there.pieces(task, fetch, demand))
+        place = self.measured.place(task.epoch, task.path)
+        pieces: Pieces = (self.here.pieces(task, fetch, demand) if place == HERE
+                          else self.there.pieces(task, fetch or place == SPLIT, demand))
         async with contextlib.aclosing(pieces):  # closed as soon as this is: the file's clean-up does not wait
             async for piece in pieces:
                 yield piece
@@ -522,4 +524,4 @@ class MeasuredRunner:
         if not all(_rows_here(data) for data in datas):
             return False
         files = [(p.task.epoch, p.task.path) for d in datas if isinstance(d, Segments) for p, _, _ in d.parts]
-        return (self.measured.window_of(files) if files else self.measured.current.place) == HERE
+        return (self.measured.window_of(files) if files else self.measured.current.place) in (HERE, SPLIT)
