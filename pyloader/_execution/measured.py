@@ -32,8 +32,8 @@ Contract:
 * **Carried over.** A loader's next iteration goes on from the decision (and the schedule) of the
   one before, so a run of one epoch per ``iter()`` pays for the trial once.
 * **Shown.** ``report()`` (in ``loader.stats["placement"]["measured"]``): the place now (a probe's,
-  during one), the place kept (``None`` during the trial), the last windows' figures, and each change with its figures. Changes are logged
-  (INFO, logger ``pyloader``).
+  during one), the place kept (``None`` during the trial), the last windows' figures, and each
+  change with its figures. Changes are logged (INFO, logger ``pyloader``).
 
 ``place`` and ``window_of`` run on the run's event loop, ``handed`` in the consumer's thread;
 one lock keeps them apart. Nothing here runs user code or waits.
