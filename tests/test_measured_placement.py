@@ -160,18 +160,18 @@ def test_a_new_iteration_goes_on_from_the_decision(short: None) -> None:
     m.new_run()
     assert m.place(1, "f0") == THERE
     report = m.report()
-    assert report["trial_over"] is True and report["place"] == THERE
+    assert report["trial_over"] is True and report["place"] == report["kept"] == THERE
 
 
 class SlowSomewhere(pl.DataReader):
-    """Reads ids; ``read_file`` sleeps ``delay`` seconds in the process ``slow_in`` ("main" or "worker")."""
+    """Reads ids; ``read_file`` sleeps ``delay`` seconds in the process ``slow_in`` ("main", "worker" or "both")."""
 
     def __init__(self, batch_size: int, main_pid: int, slow_in: str, delay: float) -> None:
         super().__init__(batch_size)
         self.main_pid, self.slow_in, self.delay = main_pid, slow_in, delay
 
     def read_file(self, path: str) -> Any:
-        if (os.getpid() == self.main_pid) == (self.slow_in == "main"):
+        if self.slow_in == "both" or (os.getpid() == self.main_pid) == (self.slow_in == "main"):
             time.sleep(self.delay)
         with open(path) as f:
             ids = [int(line) for line in f]
@@ -185,9 +185,10 @@ def pids_by_file(batches: List[Dict[str, list]]) -> Dict[int, int]:
 @needs_workers
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("slow_in, expected", [("main", (THERE, SPLIT)), ("worker", (HERE,))])
-def test_the_place_that_delivers_faster_is_kept(tmp_path: Path, short: None, slow_in: str,
-                                                expected: Tuple[str, ...]) -> None:
-    files = 150
+def test_the_place_that_delivers_faster_is_kept(tmp_path: Path, short: None, monkeypatch: pytest.MonkeyPatch,
+                                                slow_in: str, expected: Tuple[str, ...]) -> None:
+    monkeypatch.setattr(Measured, "PROBE_AFTER", 1000)  # no probe: each would read many files in the slow place
+    files = 300
     write_chunks(tmp_path, [20] * files)
     loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), slow_in, delay=0.05), pl.IdentityDataset(), ListCollator(),
                            str(tmp_path))
@@ -195,10 +196,10 @@ def test_the_place_that_delivers_faster_is_kept(tmp_path: Path, short: None, slo
     assert sorted(i for b in batches for i in b["id"]) == list(range(20 * files))
     measured = loader.stats["placement"]["measured"]
     in_main = sum(p == os.getpid() for p in pids_by_file(batches).values())  # files read here
-    assert measured["trial_over"] and measured["place"] in expected, measured
+    assert measured["trial_over"] and measured["kept"] in expected, measured
     assert measured["changes"][0]["to"] in expected, measured
-    # the rest: the trial's windows, the probes, the files read ahead as a window closes
-    assert in_main >= 0.6 * files if expected == (HERE,) else in_main <= 0.4 * files, (in_main, measured)
+    # the rest: the trial's windows, and the files read ahead as each window closes
+    assert in_main >= 0.7 * files if expected == (HERE,) else in_main <= 0.3 * files, (in_main, measured)
 
 
 def reference(folder: Path, num_workers: int, **options: Any) -> List[List[int]]:
@@ -253,9 +254,12 @@ def test_a_run_resumed_after_its_files_changed_place_goes_on_exactly(tmp_path: P
 
 @needs_workers
 @pytest.mark.timeout(240)
-def test_files_placed_in_threads_run_in_this_process_and_the_others_in_workers(tmp_path: Path, short: None) -> None:
-    write_chunks(tmp_path, [20] * 40)
-    loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), "none", 0.0), pl.IdentityDataset(), ListCollator(),
+def test_files_placed_in_threads_run_in_this_process_and_the_others_in_workers(tmp_path: Path, short: None,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Measured, "TRIAL_S", 0.0)  # a window measures two batches: the trial ends early
+    monkeypatch.setattr(Measured, "MIN_BATCHES", 2)
+    write_chunks(tmp_path, [20] * 60)
+    loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), "both", 0.01), pl.IdentityDataset(), ListCollator(),
                            str(tmp_path))
     pids = pids_by_file([b for b in loader])
     assert os.getpid() in pids.values() and set(pids.values()) - {os.getpid()}

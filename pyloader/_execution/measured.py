@@ -31,9 +31,9 @@ Contract:
   last window changes the place.
 * **Carried over.** A loader's next iteration goes on from the decision (and the schedule) of the
   one before, so a run of one epoch per ``iter()`` pays for the trial once.
-* **Shown.** ``report()`` (in ``loader.stats["placement"]["measured"]``): the place now, whether the
-  trial is over, the last windows' figures, and each change with its figures. Changes are logged
-  (INFO, logger ``pyloader``).
+* **Shown.** ``report()`` (in ``loader.stats["placement"]["measured"]``): the place now (a probe's,
+  during one), the place kept (``None`` during the trial), the last windows' figures, and each
+  change with its figures. Changes are logged (INFO, logger ``pyloader``).
 
 ``place`` and ``window_of`` run on the run's event loop, ``handed`` in the consumer's thread;
 one lock keeps them apart. Nothing here runs user code or waits.
@@ -147,7 +147,7 @@ class Measured:
 
     def report(self) -> Dict[str, object]:
         with self._lock:
-            return {"place": self.current.place, "trial_over": self.kept is not None,
+            return {"place": self.current.place, "kept": self.kept, "trial_over": self.kept is not None,
                 "windows": [w.as_dict() for w in self._windows[-self._KEPT_WINDOWS:]],
                 "changes": list(self.changes)}
 
