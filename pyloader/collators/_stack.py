@@ -10,7 +10,20 @@ from __future__ import annotations
 
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
-from typing import AbstractSet, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Union
+from typing import (
+    AbstractSet,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 import numpy as np
 import numpy.typing as npt
@@ -159,11 +172,8 @@ def stack_column(key: str, column: ItemColumn, options: StackOptions) -> Optiona
     if isinstance(column, np.ndarray):
         if column.ndim == 0:
             raise ValueError(f"key {key!r} holds a 0-d array, expected one item per sample")
-        if column.dtype.kind in "US":
-            return None
         if column.dtype.kind != "O":
-            _check_declared(key, column.ndim - 1, options)
-            return {key: column, **_companion(key, column, options)}
+            return _stacked_array(key, column, options)
         column = column.tolist()
     if isinstance(column, _STRING) or not isinstance(column, abc.Sequence):
         raise ValueError(f"key {key!r} holds {type(column).__name__}, expected a list or an array")
@@ -174,6 +184,14 @@ def stack_column(key: str, column: ItemColumn, options: StackOptions) -> Optiona
     layout = _Layout(key)
     layout.walk(column, 0)
     return _stack_walked(key, column, layout, options)
+
+
+def _stacked_array(key: str, column: np.ndarray, options: StackOptions) -> Optional[Dict[str, np.ndarray]]:
+    """``stack_column`` for a column that is an array of one dtype: strings pass (``None``), others as they are."""
+    if column.dtype.kind in "US":
+        return None
+    _check_declared(key, column.ndim - 1, options)
+    return {key: column, **_companion(key, column, options)}
 
 
 def _stack_walked(key: str, column: ItemColumn, layout: "_Layout", options: StackOptions) -> Dict[str, np.ndarray]:
@@ -187,14 +205,21 @@ def _stack_walked(key: str, column: ItemColumn, layout: "_Layout", options: Stac
         if not ragged:
             array = np.array(column, dtype=dtype)
             return {key: array, **_companion(key, array, options)}
-        array = np.full(shape, options.pad_values.get(key, options.pad_value), dtype=dtype)
-        last = max(ragged[-1], declared)
-        mask = np.zeros(shape[: last + 1], dtype=bool) if options.pad_info == "mask" else None
-        for i, item in enumerate(column):
-            _fill(item, array[i], None if mask is None else mask[i], 1, last)
+        array, mask = _padded(key, column, options, dtype, shape, max(ragged[-1], declared))
     except (OverflowError, TypeError, ValueError) as exc:
         raise ValueError(f"key {key!r}: cannot stack as {dtype}: {exc}") from exc
     return {key: array, **_companion(key, array, options, column, mask)}
+
+
+def _padded(key: str, column: ItemColumn, options: StackOptions, dtype: np.dtype, shape: Tuple[int, ...],
+            last: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """The ragged ``column`` in an array of the batch's longest ``shape``, padded, and its mask (``pad_info="mask"``:
+    true on real values, up to the ``last`` ragged axis)."""
+    array = np.full(shape, options.pad_values.get(key, options.pad_value), dtype=dtype)
+    mask = np.zeros(shape[: last + 1], dtype=bool) if options.pad_info == "mask" else None
+    for i, item in enumerate(column):
+        _fill(item, array[i], None if mask is None else mask[i], 1, last)
+    return array, mask
 
 
 def _check_declared(key: str, depth: int, options: StackOptions) -> int:
