@@ -89,6 +89,15 @@ def check_resume(make_loader: Callable[[], DataLoader],
     finally:
         loader.close()
     _expect(bool(first), "the uninterrupted iteration yielded no batch: there is no position to resume at")
+    for k in _chosen(positions, first):
+        _check_position(make_loader, first, second, k)
+    return len(first)
+
+
+def _chosen(positions: Union[None, Iterable[int], Callable[[List[Optional[int]]], Iterable[int]]],
+            first: List[_Step]) -> List[int]:
+    """The positions to check, of the ``n`` batches of the uninterrupted iteration ``first``: every one
+    (``0..n``), those given, or those a callable picks from the batches' epochs."""
     n = len(first)
     if callable(positions):
         positions = positions([epoch for epoch, _ in first])
@@ -96,9 +105,7 @@ def check_resume(make_loader: Callable[[], DataLoader],
     outside = [k for k in chosen if not 0 <= k <= n]
     if outside:
         raise ValueError(f"positions {outside} are outside the uninterrupted iteration's 0..{n} batches")
-    for k in chosen:
-        _check_position(make_loader, first, second, k)
-    return n
+    return chosen
 
 
 def _check_position(make_loader: Callable[[], DataLoader], first: List[_Step], second: List[_Step],
