@@ -374,6 +374,7 @@ def test_letters_example_prints_continuing_rows():
     assert lines[11] == "a_3;a_4;a_5;" and lines[21] == "a_6;a_7;a_8;"
 
 
+@pytest.mark.timeout(400)
 def test_gru_example_learns():
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, str(root / "examples" / "stream_gru.py"), "--epochs", "1", "--rows", "8",
