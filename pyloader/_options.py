@@ -267,8 +267,9 @@ def moved_to(old: str) -> str:
     keyword, field = OLD_KEYWORDS[old]
     group = MOVED[keyword].group.__name__
     first = dataclasses.fields(MOVED[keyword].group)[0]  # type: ignore[arg-type]
-    inside = "..." if field == first.name and not first.kw_only else f"{field}=..."
-    return f"{keyword}={group}({inside})"
+    if first.kw_only:
+        return f"{keyword}={group}({field}=...)"
+    return f"{keyword}={group}(...)" if field == first.name else f"{keyword}={group}({first.name}, {field}=...)"
 
 
 def _signature() -> inspect.Signature:
@@ -371,8 +372,9 @@ def _regrouped(owner: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
             raise TypeError(f"{owner}() got {written} and {keyword}={given!r}: give "
                             f"{', '.join(moved.fields[k] for k in old)} inside the {moved.group.__name__} only")
         out[keyword] = _group(keyword, moved, given, {moved.fields[k]: v for k, v in old.items()}, written)
-        warnings.warn(f"{written} is now {keyword}={out[keyword]!r} (the flat keyword goes in a later release)",
-                      FutureWarning, stacklevel=4)
+        now = f"{keyword}={out[keyword]!r}" if isinstance(out[keyword], Group) else \
+            f"left out (no effect with {keyword}={out[keyword]!r})"
+        warnings.warn(f"{written} is now {now}; the flat keyword goes in a later release", FutureWarning, stacklevel=4)
     return out
 
 
