@@ -339,7 +339,7 @@ def bind(owner: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str,
     keyword: with the nearest option)."""
     for key in kwargs:
         if key not in OPTIONS and key not in OLD_KEYWORDS:
-            near = difflib.get_close_matches(key, [*OPTIONS, *OLD_KEYWORDS], n=1)
+            near = difflib.get_close_matches(key, OPTIONS, n=1) or difflib.get_close_matches(key, OLD_KEYWORDS, n=1)
             hint = "" if not near else f"; did you mean {near[0]!r}?" if near[0] in OPTIONS else \
                 f"; did you mean {moved_to(near[0])}?"
             raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}{hint}")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import pyloader as pl
-from pyloader._rng import derive_rng
 from pyloader._compose import check_rotation
+from pyloader._rng import derive_rng
 from pyloader._stages.rotation import WINDOW_BATCHES, held_samples, round_orders
 
 pytestmark = pytest.mark.timeout(30)
