@@ -142,7 +142,7 @@ def test_rank_and_world_size_are_resolved_when_an_iteration_starts(tmp_path, mon
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     got = [b["id"] for b in loader]
-    reference = make(tmp_path / "d", batch_size=2, rank=1, world_size=2)
+    reference = make(tmp_path / "d", batch_size=2, ranks=pl.Ranks(rank=1, world_size=2))
     assert got == [b["id"] for b in reference]
     assert sorted(i for b in got for i in b) == list(range(10, 20))
     assert loader.state_dict()["settings"]["rank"] == 1
@@ -220,7 +220,7 @@ def test_a_state_of_the_previous_format_still_loads(tmp_path):
 def test_max_errors_counts_per_iteration(tmp_path):
     write_chunks(tmp_path / "d", [4, 4, 4])
     loader = pl.DataLoader(IdReader(2, fail_on={"part-0001.txt"}), pl.IdentityDataset(), ListCollator(),
-                           str(tmp_path / "d"), on_error="skip", max_errors=1)
+                           str(tmp_path / "d"), on_error=pl.OnError("skip", max_errors=1))
     for _ in range(3):
         assert len(ids_of(loader)) == 8
     assert len(loader.stats["errors"]) == 3  # the stats count over the loader's life
