@@ -356,7 +356,7 @@ def _is_old(key: str, value: object) -> bool:
     """Whether ``key=value`` is a flat keyword of 0.1 (``rotation=3``: a number of times, not a ``Rotation``)."""
     if key not in OLD_KEYWORDS:
         return False
-    return key not in OPTIONS or not (value is None or isinstance(value, MOVED[key].group))
+    return key not in OPTIONS or isinstance(value, int) and not isinstance(value, bool)
 
 
 def _regrouped(owner: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
@@ -404,7 +404,8 @@ def taking(options: Callable[P, object]) -> Callable[[Callable[..., None]], Call
     which then checks callers' keywords and types, and for ``inspect.signature`` and ``help``."""
     def typed(init: Callable[..., None]) -> Callable[Concatenate[object, P], None]:
         self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        init.__signature__ = SIGNATURE.replace(parameters=[self, *SIGNATURE.parameters.values()])  # type: ignore[attr-defined]
+        init.__signature__ = SIGNATURE.replace(parameters=[self,
+                                                           *SIGNATURE.parameters.values()])  # type: ignore[attr-defined]
         # as an explicit signature would have them (read by code that inspects the defaults)
         init.__kwdefaults__ = {p.name: p.default for p in SIGNATURE.parameters.values()
                                if p.kind is p.KEYWORD_ONLY}

@@ -164,7 +164,7 @@ def test_update_every_none_writes_once_then_only_reads(tmp_path):
 # -- what a cached epoch delivers -----------------------------------------------------------------
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("settings", [{}, {"shuffle": True}, {"shuffle": True, "shuffle_buffer": 5},
-                                      {"drop_last": True, "shuffle": True}, {"bucket_by": "id"}])
+                                      {"drop_last": True, "shuffle": True}, {"bucket": pl.Bucket("id")}])
 def test_cached_epochs_deliver_the_samples_of_uncached_ones(tmp_path, workers, settings):
     write_chunks(tmp_path / "data", SIZES)
     cached = make(tmp_path / "data", tmp_path / "cache", K=3, num_epoch=6, batch_size=5, num_workers=workers,

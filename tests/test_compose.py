@@ -78,7 +78,7 @@ def test_with_workers_the_filter_runs_in_the_workers(tmp_path):
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("settings", [{}, {"shuffle": True, "num_epoch": 2}, {"drop_last": True},
-                                      {"even_batches": "drop", "shuffle_buffer": 6}])
+                                      {"ranks": pl.Ranks(even_batches="drop"), "shuffle_buffer": 6}])
 def test_under_ranks_a_filter_leaves_every_rank_the_planned_steps(tmp_path, workers, settings):
     """Whatever the filter drops on each rank, every rank gives the steps planned from the counts
     (``len``), topping a share that lost samples up with flagged padding batches."""
@@ -165,7 +165,7 @@ def test_a_failing_filter_under_the_skip_policy_drops_the_rest_of_that_file(tmp_
 
 @pytest.mark.parametrize("settings", [{"shuffle": True, "num_epoch": 2},
                                       {"shuffle": True, "shuffle_buffer": 5, "num_epoch": 2, "drop_last": True},
-                                      {"rank": 1, "world_size": 2, "shuffle": True, "num_epoch": 2}])
+                                      {"ranks": pl.Ranks(rank=1, world_size=2), "shuffle": True, "num_epoch": 2}])
 def test_a_filtered_run_resumes_exactly_at_every_position(tmp_path, settings):
     write_chunks(tmp_path, SIZES)
     check_resume(lambda: loader_over(tmp_path, 3, IdReader(3, shuffle=True), filter_fn=even, **settings))
@@ -309,8 +309,8 @@ def test_under_ranks_a_file_order_splits_its_samples_with_equal_steps(tmp_path, 
 
 
 @pytest.mark.parametrize("settings", [{"num_epoch": 3, "shuffle_buffer": 4},
-                                      {"num_epoch": 3, "rank": 0, "world_size": 2},
-                                      {"num_epoch": 2, "drop_last": True, "rank": 1, "world_size": 2}])
+                                      {"num_epoch": 3, "ranks": pl.Ranks(rank=0, world_size=2)},
+                                      {"num_epoch": 2, "drop_last": True, "ranks": pl.Ranks(rank=1, world_size=2)}])
 def test_a_run_with_a_file_order_resumes_exactly_at_every_position(tmp_path, settings):
     write_chunks(tmp_path, [3, 5, 2, 4])
     check_resume(lambda: loader_over(tmp_path, 2, IdReader(2, shuffle=True), file_order=curriculum, **settings))
@@ -399,9 +399,9 @@ def padding_fraction(batches) -> float:
     return 1 - real / padded
 
 
-BUCKET_SETTINGS = [{"bucket_by": length_of, "bucket_buffer": 32},
-                   {"bucket_by": length_of, "shuffle": True, "shuffle_buffer": 20, "drop_last": True},
-                   {"bucket_by": length_of, "bucket_buffer": 13, "shuffle": True, "num_workers": 2}]
+BUCKET_SETTINGS = [{"bucket": pl.Bucket(length_of, buffer=32)},
+                   {"bucket": pl.Bucket(length_of), "shuffle": True, "shuffle_buffer": 20, "drop_last": True},
+                   {"bucket": pl.Bucket(length_of, buffer=13), "shuffle": True, "num_workers": 2}]
 
 
 @pytest.mark.parametrize("settings", BUCKET_SETTINGS)
@@ -458,7 +458,7 @@ def test_bucketing_under_ranks_keeps_shares_and_steps(tmp_path, workers, even_ba
     write_chunks(tmp_path, sizes)
     runs, plain = [], []
     for rank in range(2):
-        common = dict(rank=rank, world_size=2, shuffle=True, num_epoch=2, even_batches=even_batches)
+        common = dict(ranks=pl.Ranks(rank=rank, world_size=2, even_batches=even_batches), shuffle=True, num_epoch=2)
         loader = loader_over(tmp_path, bucket=pl.Bucket(length_of, buffer=16), num_workers=workers, **common)
         planned = len(loader)
         runs.append(run(loader))
@@ -471,7 +471,7 @@ def test_bucketing_under_ranks_keeps_shares_and_steps(tmp_path, workers, even_ba
 
 @pytest.mark.parametrize("settings", [{"shuffle": True, "num_epoch": 2},
                                       {"shuffle": True, "shuffle_buffer": 6, "num_epoch": 2, "drop_last": True},
-                                      {"rank": 1, "world_size": 2, "shuffle": True, "num_epoch": 2}])
+                                      {"ranks": pl.Ranks(rank=1, world_size=2), "shuffle": True, "num_epoch": 2}])
 def test_a_bucketed_run_resumes_exactly_at_every_position(tmp_path, settings):
     write_chunks(tmp_path, SIZES)
     check_resume(lambda: loader_over(tmp_path, 3, IdReader(3, shuffle=True), bucket=pl.Bucket(length_of, buffer=10),
@@ -529,15 +529,16 @@ def test_a_state_saved_with_other_bucketing_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
-    ({"bucket_buffer": 64}, ValueError, "bucket_buffer .* needs bucket_by"),
-    ({"bucket_by": "id", "bucket_buffer": 3}, ValueError, r"bucket_buffer must be an integer >= batch_size \(4\)"),
-    ({"bucket_by": 3}, TypeError, "bucket_by must be a field name or a callable"),
-    ({"bucket_by": "id", "stream": True}, ValueError, "stream mode keeps each row in file order"),
+    ({"bucket": lambda: pl.Bucket("id", buffer=3)}, ValueError,
+     r"Bucket.buffer must be an integer >= batch_size \(4\)"),
+    ({"bucket": lambda: pl.Bucket(3)}, TypeError, "Bucket.by must be a field name or a callable"),
+    ({"bucket": lambda: pl.Bucket("id"), "stream": True}, ValueError, "stream mode keeps each row in file order"),
+    ({"bucket": lambda: "id"}, TypeError, "bucket must be a pyloader.Bucket, got str"),
 ])
 def test_bucketing_arguments_are_checked(tmp_path, kwargs, error, match):
     write_chunks(tmp_path, [4])
     with pytest.raises(error, match=match):
-        loader_over(tmp_path, **kwargs)
+        loader_over(tmp_path, **{k: v() if callable(v) else v for k, v in kwargs.items()})
 
 
 # -- all together ----------------------------------------------------------------------------------
@@ -546,7 +547,8 @@ def every_feature(tmp_path, **kwargs: Any) -> pl.DataLoader:
                        bucket=pl.Bucket(length_of, buffer=7), shuffle_buffer=5, num_epoch=2, **kwargs)
 
 
-@pytest.mark.parametrize("ranks", [{}, {"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}])
+@pytest.mark.parametrize("ranks", [{}, {"ranks": pl.Ranks(rank=0, world_size=2)}, {"ranks": pl.Ranks(rank=1,
+                                                                                                     world_size=2)}])
 def test_filter_order_and_bucketing_together_give_the_same_batches_with_workers(tmp_path, ranks):
     write_chunks(tmp_path, SIZES)
     plain = run(every_feature(tmp_path, **ranks))

@@ -51,12 +51,17 @@ def test_rank_from_environment(tmp_path, monkeypatch):
     loader.close()
 
 
-@pytest.mark.parametrize("kwargs", [{"rank": 2, "world_size": 2}, {"rank": -1, "world_size": 2},
-                                    {"rank": 0, "world_size": 0}, {"even_batches": "repeat"}])
-def test_bad_rank_settings(tmp_path, kwargs):
+@pytest.mark.parametrize("kwargs, match", [
+    ({"rank": 2, "world_size": 2}, r"Ranks needs 0 <= rank < world_size, got rank=2, world_size=2"),
+    ({"rank": -1, "world_size": 2}, r"Ranks.rank must be an integer >= 0, got -1"),
+    ({"rank": 0, "world_size": 0}, r"Ranks.world_size must be an integer >= 1, got 0"),
+    ({"even_batches": "repeat"}, r"Ranks.even_batches must be one of \('pad', 'drop'\), got 'repeat'")])
+def test_bad_rank_settings(tmp_path, kwargs, match):
     write_chunks(tmp_path, [4])
-    with pytest.raises(ValueError):
-        pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), **kwargs)
+    with pytest.raises(ValueError, match=match):
+        pl.Ranks(**kwargs)
+    with pytest.raises(ValueError, match=r"need 0 <= rank < world_size, got rank=3, world_size=1"):
+        pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), ranks=pl.Ranks(rank=3))
 
 
 # -- shares --------------------------------------------------------------------------------
@@ -382,7 +387,8 @@ def real(run, stream):
 
 
 SKIP_SETTINGS = [{}, {"shuffle": True, "shuffle_buffer": 5}, {"num_workers": 2},
-                 {"drop_last": True}, {"even_batches": "drop"}, {"stream": True, "seq_len": 2, "shuffle": True}]
+                 {"drop_last": True}, {"ranks": pl.Ranks(even_batches="drop")}, {"stream": pl.Stream(seq_len=2),
+                                                                                 "shuffle": True}]
 
 
 @pytest.mark.parametrize("settings", SKIP_SETTINGS)
@@ -403,7 +409,7 @@ def test_a_file_skipped_after_a_bad_line_leaves_every_rank_the_planned_steps(tmp
             assert any(np.all(pads) for _, pads in run)
 
 
-@pytest.mark.parametrize("settings", [{}, {"num_workers": 2}, {"stream": True, "seq_len": 3}])
+@pytest.mark.parametrize("settings", [{}, {"num_workers": 2}, {"stream": pl.Stream(seq_len=3)}])
 def test_a_batch_skipped_after_batch_encode_failed_becomes_a_padding_batch(tmp_path, settings):
     """The failed batch's step is kept: a copy of the next batch, flagged as padding."""
     write_jsonl(tmp_path, [9, 4, 15, 2, 7])
@@ -435,7 +441,7 @@ def test_a_count_that_fails_is_skipped_under_the_skip_policy(tmp_path, stream):
             columns, _ = self.read_file(path)
             yield columns
 
-    settings = {"stream": True, "seq_len": 2} if stream else {}
+    settings = {"stream": pl.Stream(seq_len=2)} if stream else {}
     with pytest.raises(pl.PipelineError, match="count failed on .*part-0001.txt"):
         list(pl.DataLoader(NoCount(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), ranks=pl.Ranks(rank=0,
                                                                                                            world_size=2),
@@ -451,7 +457,7 @@ def test_a_count_that_fails_is_skipped_under_the_skip_policy(tmp_path, stream):
     assert all(s["skipped_files"] == 1 and "part-0001.txt" in s["errors"][0] for s in stats)
 
 
-@pytest.mark.parametrize("settings", [{"shuffle": True, "num_epoch": 2}, {"stream": True, "seq_len": 2}])
+@pytest.mark.parametrize("settings", [{"shuffle": True, "num_epoch": 2}, {"stream": pl.Stream(seq_len=2)}])
 def test_resume_after_errors_skipped_under_ranks_is_exact(tmp_path, settings):
     """Wherever the checkpoint falls (among padding too), the rest is what the run would have given."""
     write_jsonl(tmp_path, [9, 4, 15, 2, 7], bad=(2, 6))

@@ -91,8 +91,9 @@ def test_len_is_the_number_of_batches_an_iteration_yields(tmp_path, num_workers)
     sizes = [5, 0, 9, 3, 7, 1, 6]
     write_chunks(tmp_path / "d", sizes)
     settings = [dict(), dict(drop_last=True), dict(num_epoch=3), dict(batch_size=7, shuffle=True),
-                dict(rank=1, world_size=3), dict(rank=2, world_size=3, even_batches="drop"),
-                dict(rank=0, world_size=4, drop_last=True, batch_size=3)]
+                dict(ranks=pl.Ranks(rank=1, world_size=3)), dict(ranks=pl.Ranks(rank=2, world_size=3,
+                                                                                even_batches="drop")),
+                dict(ranks=pl.Ranks(rank=0, world_size=4), drop_last=True, batch_size=3)]
     for kwargs in settings:
         loader = make(tmp_path / "d", num_workers=num_workers, **kwargs)
         n = len(loader)
@@ -101,7 +102,9 @@ def test_len_is_the_number_of_batches_an_iteration_yields(tmp_path, num_workers)
 
 
 @pytest.mark.parametrize("settings", [dict(), dict(seq_len=3), dict(shuffle=True, seq_len=2),
-                                      dict(rank=1, world_size=2), dict(rank=0, world_size=3, even_batches="drop")])
+                                      dict(ranks=pl.Ranks(rank=1, world_size=2)), dict(ranks=pl.Ranks(rank=0,
+                                                                                                      world_size=3,
+                                                                                                      even_batches="drop"))])
 def test_len_counts_the_steps_of_stream_mode(tmp_path, settings):
     sizes = [5, 0, 9, 3, 7, 1, 6, 11]
     write_chunks(tmp_path / "d", sizes)

@@ -324,7 +324,7 @@ def test_on_disk_a_field_is_stored_one_way_in_every_batch_and_a_folder_that_cann
 @pytest.mark.parametrize("dataset, ranks, match", [
     (UnevenDataset(), {}, "key 'extra' has 3 items but n_sample is 4"),
     (PaddedPerBatchDataset(), {}, "field 'x' holds arrays of"),
-    (ShrinkingDataset(), {"rank": 0, "world_size": 2}, "batch_encode gave 3 samples for 4 rows"),
+    (ShrinkingDataset(), {"ranks": pl.Ranks(rank=0, world_size=2)}, "batch_encode gave 3 samples for 4 rows"),
 ])
 def test_samples_that_cannot_be_rotated_fail_their_batch_at_stage_rotation(tmp_path, dataset, ranks, match):
     with pytest.raises(ValueError, match=match) as caught:
@@ -411,21 +411,21 @@ def test_under_ranks_a_batch_skipped_after_an_error_still_leaves_every_rank_its_
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"rotation": 0}, "rotation must be an integer >= 1"),
-    ({"rotation": True}, "rotation must be an integer >= 1"),
-    ({"rotation": 3, "rotation_size": 2}, r"rotation_size \(the samples held\) must be >= rotation \(3\), got 2"),
-    ({"rotation": 3, "rotation_size": 2.5}, "rotation_size must be an integer >= 1"),
-    ({"rotation": 2, "cache_encoded": {"dir": "cache", "update_every": 2}}, "use one of them"),
-    ({"rotation_dir": "somewhere"}, "they need rotation >= 2"),
-    ({"rotation_size": 100}, "they need rotation >= 2"),
-    ({"rotation": 2, "stream": True}, "stream mode keeps each row in file order"),
-    ({"rotation": 2, "bucket_by": "id"}, "bucket_by"),
+    ({"rotation": lambda: pl.Rotation(0)}, "Rotation.times must be an integer >= 2"),
+    ({"rotation": lambda: pl.Rotation(True)}, "Rotation.times must be an integer >= 2"),
+    ({"rotation": lambda: pl.Rotation(3, size=2)}, r"Rotation.size \(the samples held\) must be >= times \(3\), got 2"),
+    ({"rotation": lambda: pl.Rotation(3, size=2.5)}, "Rotation.size must be an integer >= 1"),
+    ({"rotation": lambda: pl.Rotation(2), "cache_encoded": {"dir": "cache", "update_every": 2}}, "use one of them"),
+    ({"rotation": lambda: pl.Rotation(2), "stream": True}, "stream mode keeps each row in file order"),
+    ({"rotation": lambda: pl.Rotation(2), "bucket": pl.Bucket("id")}, "the batches of similar lengths bucket makes"),
 ])
 def test_settings_that_make_no_sense_are_refused(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        make(tmp_path, **kwargs)
-    with pytest.raises(TypeError, match="rotation_dir must be a folder's path, got 3"):
-        make(tmp_path, rotation=pl.Rotation(2, folder=3))
+        make(tmp_path, **{k: v() if callable(v) else v for k, v in kwargs.items()})
+    with pytest.raises(TypeError, match="Rotation.folder must be a folder's path, got 3"):
+        pl.Rotation(2, folder=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="rotation must be a pyloader.Rotation, got Ranks"):
+        pl.DataLoader(IdReader(B), pl.IdentityDataset(), ListCollator(), str(tmp_path), rotation=pl.Ranks())
 
 
 def test_a_state_saved_with_other_rotation_settings_or_mid_epoch_under_another_world_size_is_refused(tmp_path):

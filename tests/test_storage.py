@@ -496,9 +496,11 @@ def test_transient_errors_are_told_from_lasting_ones():
 
 def test_storage_arguments_are_checked(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(jsonl(0, 2))
-    for bad in ({"retries": -1}, {"retries": 1.5}, {"cache_limit": 0}, {"readahead_bytes": -1}):
-        with pytest.raises(ValueError, match=next(iter(bad))):
-            loader_over(str(tmp_path), **bad)
+    for bad in ({"retries": -1}, {"retries": 1.5}, {"cache_limit": 0, "cache_dir": "c"}, {"readahead_bytes": -1}):
+        with pytest.raises(ValueError, match=f"Storage.{next(iter(bad))} must be an integer"):
+            pl.Storage(**bad)
+    with pytest.raises(TypeError, match="storage must be a pyloader.Storage, got dict"):
+        loader_over(str(tmp_path), storage={"retries": 1})
 
 
 def test_a_large_remote_npy_streams_through_the_cache(s3, tmp_path):

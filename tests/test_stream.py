@@ -226,13 +226,15 @@ def test_metadata_names_cannot_collide(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"stream": True, "shuffle_buffer": 4}, "shuffle_buffer"), ({"seq_len": 3}, "stream"),
-    ({"stream": True, "seq_len": 0}, "seq_len"), ({"stream": True, "padding_mode": "repeat"}, "padding_mode"),
+    ({"stream": True, "shuffle_buffer": 4}, "shuffle_buffer must be 0"),
+    ({"stream": lambda: pl.Stream(seq_len=0)}, "Stream.seq_len must be an integer >= 1"),
+    ({"stream": lambda: pl.Stream(padding_mode="repeat")}, "Stream.padding_mode must be one of"),
 ])
 def test_stream_arguments_are_checked(tmp_path, kwargs, match):
     write_streams(tmp_path, [3])
     with pytest.raises(ValueError, match=match):
-        pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), **kwargs)
+        pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                      **{k: v() if callable(v) else v for k, v in kwargs.items()})
 
 
 def test_stream_read_error_names_the_file(tmp_path):

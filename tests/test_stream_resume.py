@@ -92,7 +92,7 @@ AHEAD = 12  # steps the pipeline may cut past the first batch while the others w
 
 
 @pytest.mark.parametrize("where", [0.02, 0.5, 0.97])
-@pytest.mark.parametrize("kwargs", [dict(), dict(num_workers=2), dict(rank=1, world_size=2)],
+@pytest.mark.parametrize("kwargs", [dict(), dict(num_workers=2), dict(ranks=pl.Ranks(rank=1, world_size=2))],
                          ids=["plain", "workers", "ranks"])
 def test_a_stream_resume_reads_only_the_files_in_progress_and_the_read_ahead(tmp_path, where, kwargs):
     write_streams(tmp_path / "data", LENGTHS)
@@ -132,7 +132,7 @@ def positions(every: bool) -> Optional[Callable[[List[Optional[int]]], List[int]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("ranks", [{}, dict(rank=1, world_size=3)], ids=["one", "ranks"])
+@pytest.mark.parametrize("ranks", [{}, dict(ranks=pl.Ranks(rank=1, world_size=3))], ids=["one", "ranks"])
 @pytest.mark.parametrize("padding_mode,time_major,arrays", [("zeros", False, True), ("data", False, False),
                                                              ("edge", True, True), ("edge", False, False)])
 def test_a_resumed_stream_run_gives_the_uninterrupted_runs_batches(tmp_path, workers, ranks, padding_mode,
@@ -149,7 +149,7 @@ def test_a_resumed_stream_run_gives_the_uninterrupted_runs_batches(tmp_path, wor
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("ranks", [{}, dict(rank=0, world_size=2)], ids=["one", "ranks"])
+@pytest.mark.parametrize("ranks", [{}, dict(ranks=pl.Ranks(rank=0, world_size=2))], ids=["one", "ranks"])
 @pytest.mark.parametrize("kind", ["slices", "memory"])
 def test_resumed_slices_and_in_memory_streams_give_the_uninterrupted_runs_batches(tmp_path, workers, ranks, kind):
     data: Any = sliced(tmp_path)[0] if kind == "slices" else memory_streams([7, 12, 3, 9, 15])
@@ -217,7 +217,7 @@ def real_ids(batch: Dict[str, Any]) -> List[int]:
 
 def elastic_make(folder: Path, **kwargs: Any) -> Callable[[int, int], pl.DataLoader]:
     def make(rank: int, world_size: int) -> pl.DataLoader:
-        settings = {**dict(stream=True, seq_len=3, shuffle=True, num_epoch=2), **kwargs}
+        settings = {**dict(stream=pl.Stream(seq_len=3), shuffle=True, num_epoch=2), **kwargs}
         return pl.DataLoader(PieceReader(2, 4, arrays=True), pl.IdentityDataset(), NumpyCollator(), str(folder),
                              ranks=pl.Ranks(rank=rank, world_size=world_size), **settings)
     return make
