@@ -6,6 +6,7 @@ at every position, equal steps under ranks, and the same batches with workers.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -76,6 +77,12 @@ def test_with_workers_the_filter_runs_in_the_workers(tmp_path):
     assert run(loader_over(tmp_path, filter_fn=outside, num_workers=0)) == []
 
 
+def on_rank(settings: Dict[str, Any], rank: int, world_size: int) -> Dict[str, Any]:
+    """``settings`` on ``rank`` of ``world_size`` (keeping their ``Ranks.even_batches``)."""
+    ranks = dataclasses.replace(settings.get("ranks", pl.Ranks()), rank=rank, world_size=world_size)
+    return {**settings, "ranks": ranks}
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("settings", [{}, {"shuffle": True, "num_epoch": 2}, {"drop_last": True},
                                       {"ranks": pl.Ranks(even_batches="drop"), "shuffle_buffer": 6}])
@@ -87,11 +94,10 @@ def test_under_ranks_a_filter_leaves_every_rank_the_planned_steps(tmp_path, work
     for rank in range(2):
         def keep(sample: Dict[str, Any]) -> bool:
             return sample["id"] < 20 or sample["id"] % 3 == 0  # rank 1's share loses far more
-        loader = loader_over(tmp_path, filter_fn=keep, ranks=pl.Ranks(rank=rank, world_size=2), num_workers=workers,
-                             **settings)
+        loader = loader_over(tmp_path, filter_fn=keep, num_workers=workers, **on_rank(settings, rank, 2))
         lengths.append(len(loader))
         runs.append(run(loader))
-    unfiltered = [run(loader_over(tmp_path, ranks=pl.Ranks(rank=rank, world_size=2), **settings)) for rank in range(2)]
+    unfiltered = [run(loader_over(tmp_path, **on_rank(settings, rank, 2))) for rank in range(2)]
     assert [len(r) for r in runs] == lengths == [len(r) for r in unfiltered]
     got = sorted(i for r in runs for i in real_ids(r))
     planned = sorted(i for r in unfiltered for i in real_ids(r))

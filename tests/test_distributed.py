@@ -1,6 +1,7 @@
 """Multi-node training: disjoint, complete rank shares with equal step counts; torchrun and tf.distribute."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -25,9 +26,10 @@ PADDING = "__padding__"
 def rank_runs(data, world_size, **kwargs):
     """Each rank's batches, as if run on ``world_size`` machines."""
     runs = []
+    ranks = kwargs.pop("ranks", pl.Ranks())  # its even_batches
     for rank in range(world_size):
         loader = pl.DataLoader(IdReader(kwargs.pop("batch_size", 4)), pl.IdentityDataset(), ListCollator(), data,
-                               ranks=pl.Ranks(rank=rank, world_size=world_size), **kwargs)
+                               ranks=dataclasses.replace(ranks, rank=rank, world_size=world_size), **kwargs)
         runs.append(list(loader))
     return runs
 
