@@ -10,12 +10,20 @@ and everything else is derived from it, at import or at construction:
   (``taking``) and signed as ``Options``' (so ``inspect.signature``, ``help`` and mypy
   see every option, its type and its default; an unknown keyword is a ``TypeError``
   naming it, with the nearest option);
-* the attributes users read (``loader.num_workers``...): the fields themselves, read-only;
+* the attributes users read (``loader.num_workers``, ``loader.stream``...): the fields themselves, read-only;
 * validation: each option's ``check(name, value)``, in declaration order, then the
   rules between options (``_check_together``); bool options are stored as ``bool``,
-  and three defaults are resolved from others (``num_threads``, ``bucket_buffer``, ``rotation_size``);
+  ``stream`` as ``False`` or a ``Stream``, ``on_error`` as an ``OnError``, and three defaults
+  are resolved from others (``num_threads``, ``bucket.buffer``, ``rotation.size``);
+* the groups (``_groups``): a feature with settings of its own takes one frozen object
+  (``stream=Stream(seq_len=8)``) that checks its fields itself; ``stream_of``,
+  ``seq_len_of``, ``times_of`` and ``errors_of`` read them typed;
+* the flat keywords of 0.1 (``seq_len=8``): ``MOVED``, the one table of old -> new; ``bind``
+  moves them into their groups with a ``FutureWarning`` naming the new form (an old keyword
+  with its group is a ``TypeError``), and the CHANGELOG lists the table (a test says so);
 * the resume fingerprint (``fingerprint``): the options declared with ``resume``, under
-  their names: ``True`` keeps the value, a callable maps it to what the state records.
+  their names: ``True`` keeps the value, a callable maps it to what the state records
+  (a group's maps it to a dict: its fields under the flat names states recorded).
   Keys and values must stay as older states recorded them, and a new option that
   changes the batch sequence must record ``None`` at its default (as ``time_major``
   does), so that states saved before it existed still load;
@@ -33,8 +41,9 @@ the user all see the values that were checked. ``Annotated`` keeps the metadata 
 to the type without changing it for mypy or for users.
 
 Adding an option is one place: a field here (after ``_: KW_ONLY``, keyword-only),
-with its doc, its check (reuse ``positive``, ``at_least_zero``, ``optional``,
-``one_of``...), and ``resume=`` when it changes the batch sequence; then a row in
+or in its feature's group (``_groups``), with its doc, its check (reuse ``positive``,
+``at_least_zero``, ``optional``, ``one_of``... from ``_checks``), and ``resume=`` when it
+changes the batch sequence (a group's field: in its group's ``resume``); then a row in
 the README's table (the test says so), and the pipeline reads it as
 ``settings.options.<name>``. A rule between options goes in ``_check_together``.
 Changing a default (e.g. ``num_workers="auto"``) is the field's default, type and
@@ -404,8 +413,7 @@ def taking(options: Callable[P, object]) -> Callable[[Callable[..., None]], Call
     which then checks callers' keywords and types, and for ``inspect.signature`` and ``help``."""
     def typed(init: Callable[..., None]) -> Callable[Concatenate[object, P], None]:
         self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        init.__signature__ = SIGNATURE.replace(parameters=[self,
-                                                           *SIGNATURE.parameters.values()])  # type: ignore[attr-defined]
+        init.__signature__ = SIGNATURE.replace(parameters=[self, *SIGNATURE.parameters.values()])  # type: ignore[attr-defined]
         # as an explicit signature would have them (read by code that inspects the defaults)
         init.__kwdefaults__ = {p.name: p.default for p in SIGNATURE.parameters.values()
                                if p.kind is p.KEYWORD_ONLY}
