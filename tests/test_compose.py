@@ -353,8 +353,8 @@ def test_stream_rows_take_the_files_in_the_file_order(tmp_path, workers):
     write_streams(tmp_path, lengths)
     for rank, world_size in ((0, 1), (0, 2), (1, 2)):
         loader = pl.DataLoader(PieceReader(1), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
-                               file_order=curriculum, num_epoch=2, num_workers=workers, ranks=pl.Ranks(rank=rank,
-                                                                                                       world_size=world_size))
+                               file_order=curriculum, num_epoch=2, num_workers=workers,
+                               ranks=pl.Ranks(rank=rank, world_size=world_size))
         planned = len(loader)
         got: Dict[int, List[int]] = {}
         steps = 0
@@ -553,8 +553,8 @@ def every_feature(tmp_path, **kwargs: Any) -> pl.DataLoader:
                        bucket=pl.Bucket(length_of, buffer=7), shuffle_buffer=5, num_epoch=2, **kwargs)
 
 
-@pytest.mark.parametrize("ranks", [{}, {"ranks": pl.Ranks(rank=0, world_size=2)}, {"ranks": pl.Ranks(rank=1,
-                                                                                                     world_size=2)}])
+@pytest.mark.parametrize("ranks", [{}, {"ranks": pl.Ranks(rank=0, world_size=2)},
+                                   {"ranks": pl.Ranks(rank=1, world_size=2)}])
 def test_filter_order_and_bucketing_together_give_the_same_batches_with_workers(tmp_path, ranks):
     write_chunks(tmp_path, SIZES)
     plain = run(every_feature(tmp_path, **ranks))

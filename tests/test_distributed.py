@@ -116,8 +116,8 @@ def test_stream_mode_under_ranks(tmp_path):
         steps, seen = [], []
         for rank in range(3):
             loader = pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                                   stream=pl.Stream(seq_len=3), ranks=pl.Ranks(rank=rank, world_size=3,
-                                                                               even_batches=even), shuffle=True)
+                                   stream=pl.Stream(seq_len=3),
+                                   ranks=pl.Ranks(rank=rank, world_size=3, even_batches=even), shuffle=True)
             batches = list(loader)
             steps.append(len(batches))
             seen += [int(i) for b in batches for i in b["id"][b["__valid__"] & ~b["__replay__"][:, None]]]
@@ -271,8 +271,8 @@ def test_a_count_that_understates_the_file_is_an_error(tmp_path, rank, piece):
             for start in range(0, n, step):
                 yield {"id": columns["id"][start:start + step]}
 
-    loader = pl.DataLoader(Modest(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), ranks=pl.Ranks(rank=rank,
-                                                                                                          world_size=2))
+    loader = pl.DataLoader(Modest(2), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                           ranks=pl.Ranks(rank=rank, world_size=2))
     with pytest.raises(pl.PipelineError, match="more samples than the 4 DataReader.count said"):
         list(loader)
 
@@ -285,8 +285,8 @@ def test_a_count_that_overstates_the_file_is_an_error(tmp_path):
             return 10
 
     with pytest.raises(pl.PipelineError, match="DataReader.count"):
-        list(pl.DataLoader(Boastful(4), pl.IdentityDataset(), ListCollator(), str(tmp_path), ranks=pl.Ranks(rank=1,
-                                                                                                            world_size=2)))
+        list(pl.DataLoader(Boastful(4), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                           ranks=pl.Ranks(rank=1, world_size=2)))
 
 
 class CountsOneFileEmpty(IdReader):
@@ -445,8 +445,8 @@ def test_a_count_that_fails_is_skipped_under_the_skip_policy(tmp_path, stream):
 
     settings = {"stream": pl.Stream(seq_len=2)} if stream else {}
     with pytest.raises(pl.PipelineError, match="count failed on .*part-0001.txt"):
-        list(pl.DataLoader(NoCount(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), ranks=pl.Ranks(rank=0,
-                                                                                                           world_size=2),
+        list(pl.DataLoader(NoCount(2), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                           ranks=pl.Ranks(rank=0, world_size=2),
                            **settings))
     runs, stats = [], []
     for rank in range(2):
@@ -503,8 +503,8 @@ def test_an_epoch_left_without_batches_is_padded_from_the_next_real_batch(tmp_pa
             return super().read_file(path)
 
     # FailsOnce keeps its state on self: one copy, in this process
-    loader = pl.DataLoader(FailsOnce(3), pl.IdentityDataset(), ListCollator(), str(tmp_path), ranks=pl.Ranks(rank=0,
-                                                                                                             world_size=2),
+    loader = pl.DataLoader(FailsOnce(3), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                           ranks=pl.Ranks(rank=0, world_size=2),
                            num_epoch=2, on_error="skip", num_workers=0)
     got = [(loader.epoch, b["id"], b[PADDING].tolist()) for b in loader]
     assert got == [(0, [0, 1, 2], [True] * 3), (1, [0, 1, 2], [False] * 3)]
@@ -583,8 +583,8 @@ def test_a_state_resumes_exactly_under_another_world_size(tmp_path, old, new, wh
 
     def make(rank, world_size):
         return pl.DataLoader(IdReader(3, shuffle=shuffled, random_seed=4), pl.IdentityDataset(), ListCollator(),
-                             str(tmp_path / "data"), num_epoch=2, shuffle=shuffled, ranks=pl.Ranks(rank=rank,
-                                                                                                   world_size=world_size))
+                             str(tmp_path / "data"), num_epoch=2, shuffle=shuffled,
+                             ranks=pl.Ranks(rank=rank, world_size=world_size))
 
     per_epoch = len(make(0, old)) // 2
     k = max(1, int(where * per_epoch))

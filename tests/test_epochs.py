@@ -91,8 +91,8 @@ def test_len_is_the_number_of_batches_an_iteration_yields(tmp_path, num_workers)
     sizes = [5, 0, 9, 3, 7, 1, 6]
     write_chunks(tmp_path / "d", sizes)
     settings = [dict(), dict(drop_last=True), dict(num_epoch=3), dict(batch_size=7, shuffle=True),
-                dict(ranks=pl.Ranks(rank=1, world_size=3)), dict(ranks=pl.Ranks(rank=2, world_size=3,
-                                                                                even_batches="drop")),
+                dict(ranks=pl.Ranks(rank=1, world_size=3)),
+                dict(ranks=pl.Ranks(rank=2, world_size=3, even_batches="drop")),
                 dict(ranks=pl.Ranks(rank=0, world_size=4), drop_last=True, batch_size=3)]
     for kwargs in settings:
         loader = make(tmp_path / "d", num_workers=num_workers, **kwargs)
@@ -101,15 +101,14 @@ def test_len_is_the_number_of_batches_an_iteration_yields(tmp_path, num_workers)
         assert len(loader) == len(list(loader)), kwargs  # the next iteration too
 
 
-@pytest.mark.parametrize("settings", [dict(), dict(seq_len=3), dict(shuffle=True, seq_len=2),
-                                      dict(ranks=pl.Ranks(rank=1, world_size=2)), dict(ranks=pl.Ranks(rank=0,
-                                                                                                      world_size=3,
-                                                                                                      even_batches="drop"))])
+@pytest.mark.parametrize("settings", [
+    dict(stream=True), dict(stream=pl.Stream(seq_len=3)), dict(shuffle=True, stream=pl.Stream(seq_len=2)),
+    dict(stream=True, ranks=pl.Ranks(rank=1, world_size=2)),
+    dict(stream=True, ranks=pl.Ranks(rank=0, world_size=3, even_batches="drop"))])
 def test_len_counts_the_steps_of_stream_mode(tmp_path, settings):
     sizes = [5, 0, 9, 3, 7, 1, 6, 11]
     write_chunks(tmp_path / "d", sizes)
-    loader = pl.DataLoader(IdReader(3), pl.IdentityDataset(), NumpyCollator(), str(tmp_path / "d"), stream=True,
-                           **settings)
+    loader = pl.DataLoader(IdReader(3), pl.IdentityDataset(), NumpyCollator(), str(tmp_path / "d"), **settings)
     for _ in range(3):  # every epoch's file order has its own step count
         assert len(loader) == len(list(loader))
 

@@ -644,8 +644,8 @@ def test_a_loader_over_parquet_files_gives_every_row_once_with_workers_and_ranks
     assert sorted(got) == sorted([(i, f"row {i}") for i in range(total)] * 2)
     seen = []
     for rank in range(2):
-        with pl.DataLoader(reader, pl.IdentityDataset(), ListCollator(), str(folder), ranks=pl.Ranks(rank=rank,
-                                                                                                     world_size=2),
+        with pl.DataLoader(reader, pl.IdentityDataset(), ListCollator(), str(folder),
+                           ranks=pl.Ranks(rank=rank, world_size=2),
                            num_workers=num_workers) as loader:
             assert len(loader) == len(list(loader))
             seen += [i for b in loader for i, pad in zip(b["id"], b["__padding__"]) if not pad]

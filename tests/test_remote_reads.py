@@ -95,8 +95,8 @@ def test_a_large_remote_parquet_file_is_fetched_once_into_the_cache_and_then_rea
 
     def run() -> list:
         loader = pl.DataLoader(ParquetReader(256, columns=["id"]), pl.IdentityDataset(), NumpyCollator(),
-                               f"s3://store/{key}", storage=pl.Storage(readahead_bytes=2**18,
-                                                                       cache_dir=str(tmp_path / "cache")),
+                               f"s3://store/{key}",
+                               storage=pl.Storage(readahead_bytes=2**18, cache_dir=str(tmp_path / "cache")),
                                num_epoch=2, **workers(num_workers))
         return sorted(int(i) for batch in loader for i in batch["id"])
 

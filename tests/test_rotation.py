@@ -440,5 +440,5 @@ def test_a_state_saved_with_other_rotation_settings_or_mid_epoch_under_another_w
         make(tmp_path, rotation=pl.Rotation(3, size=48), ranks=pl.Ranks(rank=0, world_size=2)).load_state_dict(state)
     with pytest.raises(ValueError, match="not supported .* with rotation"):
         make(tmp_path, rotation=pl.Rotation(3), ranks=pl.Ranks(rank=0, world_size=3)).load_state_dict(state)
-    make(tmp_path, rotation=pl.Rotation(3), ranks=pl.Ranks(rank=1,
-                                                           world_size=2)).load_state_dict(state)  # another rank's: fine
+    make(tmp_path, rotation=pl.Rotation(3),
+         ranks=pl.Ranks(rank=1, world_size=2)).load_state_dict(state)  # another rank's: fine

@@ -209,15 +209,15 @@ def test_a_second_epoch_over_s3_fetches_nothing_that_fits_in_the_cache(s3, tmp_p
     plain = loader_over(url, num_epoch=3, storage=pl.Storage(readahead_bytes=readahead_bytes))
     assert ids(plain) == sorted(list(range(40)) * 3)
     without = s3.proxy.gets(url[len("s3:/"):])
-    cached = loader_over(url, num_epoch=3, storage=pl.Storage(cache_dir=str(tmp_path / "cache"),
-                                                              readahead_bytes=readahead_bytes))
+    cached = loader_over(url, num_epoch=3,
+                         storage=pl.Storage(cache_dir=str(tmp_path / "cache"), readahead_bytes=readahead_bytes))
     assert ids(cached) == sorted(list(range(40)) * 3)
     with_cache = s3.proxy.gets(url[len("s3:/"):]) - without
     first_file_gets = s3.proxy.gets("/part-0.jsonl")
     assert first_file_gets >= 2  # one per epoch without the cache, more in blocks
     assert without == 3 * (with_cache)  # 4 files (or their blocks) per epoch, against once in all
-    again = loader_over(url, num_epoch=2, storage=pl.Storage(cache_dir=str(tmp_path / "cache"),
-                                                             readahead_bytes=readahead_bytes))
+    again = loader_over(url, num_epoch=2,
+                        storage=pl.Storage(cache_dir=str(tmp_path / "cache"), readahead_bytes=readahead_bytes))
     assert ids(again) == sorted(list(range(40)) * 2)
     assert s3.proxy.gets(url[len("s3:/"):]) == without + with_cache  # a new loader, a new run: still nothing
 
@@ -255,12 +255,12 @@ def test_the_cache_lets_the_least_recently_used_entries_go_beyond_its_limit(s3, 
         list(range(int(used[-7]) * 10, int(used[-7]) * 10 + 10))
     assert s3.proxy.gets("/lru/") == gets  # served from the cache, and now the most recently used
     s3.put_object(Bucket="store", Key="lru-new/part-9.jsonl", Body=jsonl(90, 10))
-    assert ids(loader_over("s3://store/lru-new", storage=pl.Storage(cache_dir=str(cache),
-                                                                    cache_limit=2 * size + 10))) == \
+    assert ids(loader_over("s3://store/lru-new",
+                           storage=pl.Storage(cache_dir=str(cache), cache_limit=2 * size + 10))) == \
         list(range(90, 100))
     assert kept() == {used, "s3://store/lru-new/part-9.jsonl"}  # the least recently used one went
-    too_big = loader_over("s3://store/lru", storage=pl.Storage(cache_dir=str(tmp_path / "small"),
-                                                               cache_limit=size - 20))
+    too_big = loader_over("s3://store/lru",
+                          storage=pl.Storage(cache_dir=str(tmp_path / "small"), cache_limit=size - 20))
     assert ids(too_big) == list(range(40))
     assert not list((tmp_path / "small").glob("*.data"))  # larger than the limit: never cached
 
@@ -279,8 +279,8 @@ def test_a_corrupt_or_truncated_cache_entry_is_detected_and_fetched_again(s3, tm
     with open(entries[f"{url}/part-1.jsonl"], "r+b") as f:
         f.truncate(100)  # a partial entry
     gets = {i: s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(3)}
-    assert ids(loader_over(url, storage=pl.Storage(cache_dir=str(cache),
-                                                   readahead_bytes=readahead_bytes))) == list(range(60))
+    storage = pl.Storage(cache_dir=str(cache), readahead_bytes=readahead_bytes)
+    assert ids(loader_over(url, storage=storage)) == list(range(60))
     after = {i: s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(3)}
     assert after[0] > gets[0] and after[1] > gets[1]  # both fetched again
     assert after[2] == gets[2]  # the sound one was not
@@ -332,12 +332,12 @@ def test_a_cache_entry_with_a_malformed_description_is_a_miss_fetched_again(s3, 
                     for p in cache.glob("*.data")}
     MALFORMED[damage](descriptions[f"{url}/part-0.jsonl"])
     gets = [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)]
-    assert ids(loader_over(url, storage=pl.Storage(cache_dir=str(cache),
-                                                   readahead_bytes=readahead_bytes))) == list(range(40))
+    storage = pl.Storage(cache_dir=str(cache), readahead_bytes=readahead_bytes)
+    assert ids(loader_over(url, storage=storage)) == list(range(40))
     after = [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)]
     assert after[0] > gets[0] and after[1] == gets[1]  # the malformed entry fetched again, the sound one not
-    assert ids(loader_over(url, storage=pl.Storage(cache_dir=str(cache),
-                                                   readahead_bytes=readahead_bytes))) == list(range(40))
+    storage = pl.Storage(cache_dir=str(cache), readahead_bytes=readahead_bytes)
+    assert ids(loader_over(url, storage=storage)) == list(range(40))
     assert [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)] == after  # and cached again
     assert all(p.is_file() for p in cache.iterdir()) and len(list(cache.glob("*.data"))) == 2
 
@@ -356,8 +356,8 @@ def test_two_loaders_sharing_a_cache_dir_never_see_a_torn_entry(s3, tmp_path):
     results: Dict[int, list] = {}
 
     def run(k: int) -> None:
-        results[k] = ids(loader_over("s3://store/shared", storage=pl.Storage(cache_dir=cache,
-                                                                             readahead_bytes=4096 if k else 2**20),
+        results[k] = ids(loader_over("s3://store/shared",
+                                     storage=pl.Storage(cache_dir=cache, readahead_bytes=4096 if k else 2**20),
                                                                              num_epoch=3, shuffle=True,
                                      random_seed=k))
 
@@ -388,8 +388,8 @@ def test_dropped_and_reset_connections_are_retried_and_every_sample_arrives_once
     prefix = f"flaky{num_workers}-{readahead_bytes}"
     put_files(s3, prefix, 8, rows=25)
     s3.proxy.share = 0.3
-    loader = loader_over(f"s3://store/{prefix}", num_epoch=2, storage=pl.Storage(retries=12,
-                                                                                 readahead_bytes=readahead_bytes),
+    loader = loader_over(f"s3://store/{prefix}", num_epoch=2,
+                         storage=pl.Storage(retries=12, readahead_bytes=readahead_bytes),
                                                                                  num_workers=num_workers)
     got = [int(i) for batch in loader for i in batch["id"]]
     assert sorted(got) == sorted(list(range(200)) * 2)  # every sample once per epoch, none twice

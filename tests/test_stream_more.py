@@ -122,8 +122,8 @@ def test_edge_padding_keeps_ranks_equal_and_resumes_exactly(tmp_path, seq_len):
 
     def make(rank):
         return pl.DataLoader(PieceReader(2, 5, arrays=True), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                             stream=pl.Stream(seq_len=seq_len, padding_mode="edge"), ranks=pl.Ranks(rank=rank,
-                                                                                                    world_size=2),
+                             stream=pl.Stream(seq_len=seq_len, padding_mode="edge"),
+                             ranks=pl.Ranks(rank=rank, world_size=2),
                              shuffle=True, num_epoch=2)
 
     runs = [run_epochs(make(rank)) for rank in range(2)]
@@ -374,8 +374,8 @@ def test_in_memory_streams_resume_exactly_and_refuse_other_data():
     data = memory_streams([7, 12, 3, 9])
 
     def make(streams=data):
-        return pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), streams, stream=pl.Stream(seq_len=2,
-                                                                                                         padding_mode="edge"),
+        return pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), streams,
+                             stream=pl.Stream(seq_len=2, padding_mode="edge"),
                              shuffle=True, num_epoch=2)
 
     check_resume(make)

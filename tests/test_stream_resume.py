@@ -277,7 +277,7 @@ def test_a_file_in_progress_goes_on_from_its_rows_position_as_a_new_stream(tmp_p
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_elastic_stream_resume_resumes_again_under_the_same_and_a_third_world_size(tmp_path, workers):
     write_streams(tmp_path, LENGTHS_ELASTIC)
-    make = elastic_make(tmp_path, num_workers=workers, padding_mode="data")
+    make = elastic_make(tmp_path, num_workers=workers, stream=pl.Stream(seq_len=3, padding_mode="data"))
     delivered, state = take_steps(make, 2, 3, real_ids)
     # under the new world size, a resume mid-way gives the batches of the run it interrupts
     for rank in range(3):
