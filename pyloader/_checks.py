@@ -15,6 +15,10 @@ from typing import Callable, Dict, Optional, Sequence, Union
 Check = Callable[[str, object], object]  # raises naming the option when the value is bad
 
 
+class Recorded(Dict[str, object]):
+    """What a group's ``resume`` gives: several entries of the fingerprint, under the keys states record."""
+
+
 @dataclass(frozen=True)
 class Option:
     """What a declaration says of one option besides its name, type and default."""

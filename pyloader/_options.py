@@ -75,7 +75,7 @@ from typing import (
 )
 
 from ._abc import DataCollator, DataReader, Dataset
-from ._checks import Option, at_least_zero, declared, instance_of, one_of, optional, positive
+from ._checks import Option, Recorded, at_least_zero, declared, instance_of, one_of, optional, positive
 from ._compose import callable_name, check_compose
 from ._errors import ErrorPolicy
 from ._execution.auto_workers import check as check_workers
@@ -117,27 +117,27 @@ def _on_error(name: str, value: object) -> None:
         OnError(value, max_errors=None)  # type: ignore[arg-type]  # a policy alone: checked as the group's
 
 
-def _stream_record(value: object) -> Dict[str, object]:
+def _stream_record(value: object) -> Recorded:
     s = value if isinstance(value, Stream) else None
-    return {"stream": s is not None, "seq_len": None if s is None else s.seq_len,
+    return Recorded({"stream": s is not None, "seq_len": None if s is None else s.seq_len,
             "padding_mode": "zeros" if s is None else s.padding_mode,
-            "time_major": True if s is not None and s.time_major else None}  # None at the default: older states
+            "time_major": True if s is not None and s.time_major else None})  # None at the default: older states
 
 
-def _ranks_record(value: object) -> Dict[str, object]:
+def _ranks_record(value: object) -> Recorded:
     r = cast(Ranks, value)
-    return {"rank": r.rank, "world_size": r.world_size, "even_batches": r.even_batches}
+    return Recorded(rank=r.rank, world_size=r.world_size, even_batches=r.even_batches)
 
 
-def _bucket_record(value: object) -> Dict[str, object]:
+def _bucket_record(value: object) -> Recorded:
     b = cast(Optional[Bucket], value)
-    return {"bucket_by": None if b is None else b.by if isinstance(b.by, str) else callable_name(b.by),
-            "bucket_buffer": None if b is None else b.buffer}
+    return Recorded(bucket_by=None if b is None else b.by if isinstance(b.by, str) else callable_name(b.by),
+                    bucket_buffer=None if b is None else b.buffer)
 
 
-def _rotation_record(value: object) -> Dict[str, object]:
+def _rotation_record(value: object) -> Recorded:
     r = cast(Optional[Rotation], value)
-    return {"rotation": None if r is None else r.times, "rotation_size": None if r is None else r.size}
+    return Recorded(rotation=None if r is None else r.times, rotation_size=None if r is None else r.size)
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def fingerprint(options: Options, **resolved: object) -> Dict[str, object]:
             continue
         value = getattr(options, name)
         recorded = option.resume(value) if callable(option.resume) else value
-        for key, kept in (recorded.items() if isinstance(recorded, dict) else [(name, recorded)]):
+        for key, kept in (recorded.items() if isinstance(recorded, Recorded) else [(name, recorded)]):
             out[key] = resolved[key] if key in resolved else kept
     return out
 

@@ -181,3 +181,29 @@ def test_the_changelog_lists_every_moved_keyword_with_its_new_form():
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     listed = re.findall(r"^  - `(\w+)=` → `(.*)`$", text, re.M)
     assert listed == [(old, moved_to(old)) for old in OLD_KEYWORDS]
+
+
+KEYS = ["files", "num_files", "batch_size", "shuffle", "random_seed", "reader_shuffle", "reader_seed", "shuffle_buffer",
+        "drop_last", "stream", "seq_len", "padding_mode", "rank", "world_size", "even_batches", "filter_fn",
+        "file_order", "time_major", "bucket_by", "bucket_buffer", "mix", "cache_encoded", "rotation", "rotation_size"]
+
+
+@pytest.mark.parametrize("given, recorded", [
+    ({"stream": pl.Stream(seq_len=2, padding_mode="edge", time_major=True),
+      "ranks": pl.Ranks(rank=0, world_size=2, even_batches="drop")},
+     {"stream": True, "seq_len": 2, "padding_mode": "edge", "time_major": True, "rank": 0, "world_size": 2,
+      "even_batches": "drop", "bucket_by": None, "rotation": None, "cache_encoded": None}),
+    ({"bucket": pl.Bucket("id", buffer=4), "cache_encoded": {"dir": "CACHE", "update_every": 2}},
+     {"stream": False, "seq_len": None, "padding_mode": "zeros", "time_major": None, "bucket_by": "id",
+      "bucket_buffer": 4, "cache_encoded": {"update_every": 2}, "rotation": None, "rotation_size": None}),
+    ({"rotation": pl.Rotation(3, size=12), "storage": pl.Storage(retries=0), "on_error": pl.OnError("skip")},
+     {"rotation": 3, "rotation_size": 12, "bucket_by": None, "bucket_buffer": None, "rank": 0, "world_size": 1}),
+])
+def test_a_state_records_each_group_under_the_keys_and_values_older_states_recorded(tmp_path, given, recorded):
+    write_chunks(tmp_path / "data", [4, 4])
+    if "cache_encoded" in given:
+        given = {**given, "cache_encoded": {**given["cache_encoded"], "dir": str(tmp_path / "cache")}}
+    settings = pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path / "data"),
+                             num_workers=0, **given).state_dict()["settings"]
+    assert sorted(settings) == sorted(KEYS)
+    assert {k: settings[k] for k in recorded} == recorded
