@@ -65,7 +65,7 @@ def _bucket_by(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a field name or a callable giving a sample's length, got {value!r}")
 
 
-def _policy(name: str, value: object) -> None:
+def check_policy(name: str, value: object) -> None:
     if not callable(value) and value not in ("raise", "skip"):
         raise ValueError(f"{name} must be 'raise', 'skip' or a callable taking the PipelineError, got {value!r}")
 
@@ -207,7 +207,7 @@ class OnError(Group):
 
     policy: Annotated[ErrorPolicy, Option(
         '"raise", "skip" or a callable taking the PipelineError (raise to stop, return to skip)',
-        check=_policy)] = "raise"
+        check=check_policy)] = "raise"
     _: KW_ONLY
     max_errors: Annotated[Optional[int], Option(
         "with skipping: raise TooManyErrors once more errors than this were skipped in an iteration",

@@ -80,7 +80,19 @@ from ._compose import callable_name, check_compose
 from ._errors import ErrorPolicy
 from ._execution.auto_workers import check as check_workers
 from ._frameworks.progress import check as check_progress
-from ._groups import Bucket, Group, OnError, Ranks, Rotation, Storage, Stream, as_on_error, as_stream, differs
+from ._groups import (
+    Bucket,
+    Group,
+    OnError,
+    Ranks,
+    Rotation,
+    Storage,
+    Stream,
+    as_on_error,
+    as_stream,
+    check_policy,
+    differs,
+)
 from ._stages.bucket import buffer_size
 from ._stages.mix import check_stop
 from ._stages.rotation import held_samples
@@ -114,7 +126,7 @@ def _stream(name: str, value: object) -> None:
 
 def _on_error(name: str, value: object) -> None:
     if not isinstance(value, OnError):
-        OnError(value, max_errors=None)  # type: ignore[arg-type]  # a policy alone: checked as the group's
+        check_policy(name, value)  # a policy alone
 
 
 def _stream_record(value: object) -> Recorded:

@@ -363,11 +363,12 @@ class FailOn(pl.Dataset):
 def each_rank(folder, world_size=2, dataset=None, **kwargs):
     """Each rank's batches (JSON lines, 3 samples or rows), as ``flagged`` gives them."""
     stream = kwargs.get("stream", False)
+    ranks = kwargs.pop("ranks", pl.Ranks())  # its even_batches
     runs = []
     for rank in range(world_size):
         loader = pl.DataLoader(JsonLinesReader(3, piece_size=2), dataset or pl.IdentityDataset(),
                                NumpyCollator() if stream else ListCollator(), str(folder),
-                               ranks=pl.Ranks(rank=rank, world_size=world_size), **kwargs)
+                               ranks=dataclasses.replace(ranks, rank=rank, world_size=world_size), **kwargs)
         runs.append([flagged(b, stream) for b in loader])
     return runs
 
