@@ -8,9 +8,10 @@
   done to the batches; it reports samples/s (from ``loader.stats``), the time to the
   first batch and the peak memory of that process's whole tree (it and its workers:
   summed RSS, sampled from this process, so the measured one runs no thread of ours).
-  Its advice is what ``num_workers="auto"`` decides for these objects
-  (``_execution.auto_workers.place``, the default's own rule, called here): the setting
-  it picks is always timed, and a setting measured faster than it by more than
+  The default itself (``num_workers="auto"``) is always timed too, as the row ``auto``,
+  with where it ran the files: with workers started it places each file by measurement
+  (``_execution.measured``), so its row says what it settled on. The advice is the
+  default, with what it did here; a setting measured faster than it by more than
   ``--tolerance`` is named as such, not recommended by a rule of its own.
 
 * ``index DATA --reader R``: count every file and write the index of counts next to the data
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -162,7 +163,7 @@ def inspect(args: argparse.Namespace, out: Callable[[str], None]) -> int:
 # -- bench -----------------------------------------------------------------------------
 @dataclass
 class Result:
-    workers: int
+    workers: Union[int, str]  # a number, or "auto"
     samples_per_s: float = 0.0
     samples: int = 0
     batches: int = 0
@@ -171,6 +172,8 @@ class Result:
     memory: str = ""  # how the peak was measured
     error: Optional[str] = None
     processes: int = 0  # the most processes of the tree seen at once (0: not sampled)
+    placed: str = ""  # where the run's files ran: "workers", "threads"... (from ``loader.stats["placement"]``)
+    why: str = ""  # how that was decided
 
 
 def tree_pids(root: int) -> List[int]:
@@ -261,10 +264,23 @@ def measure(spec: Dict[str, Any]) -> Result:
         for k, _ in enumerate(loader, 1):
             if spec["max_batches"] and k >= spec["max_batches"]:
                 break
-        seen = loader.stats["iteration"]
+        seen, placement = loader.stats["iteration"], loader.stats["placement"]
+    placed, why = placed_by(placement)
     return Result(spec["workers"], seen["samples_per_s"], seen["samples"], seen["batches"],
                   first_batch_s=seen["first_batch_s"] or 0.0, peak_mib=own_peak_bytes() / 2**20,
-                  memory="peak RSS of the process plus its largest worker's (the tree could not be sampled)")
+                  memory="peak RSS of the process plus its largest worker's (the tree could not be sampled)",
+                  placed=placed, why=why)
+
+
+def placed_by(placement: Dict[str, Any]) -> Tuple[str, str]:
+    """Where a run's files ran, and how that was decided, from its ``stats["placement"]``."""
+    measured = placement.get("measured")
+    if measured is None:
+        return ("workers" if placement["num_workers"] else "threads"), placement["why"]
+    rates = next((c["samples_per_s"] for c in reversed(measured["changes"])), None)
+    how = f"measured: {', '.join(f'{p} {r:,.0f}' for p, r in rates.items())} samples/s" if rates else \
+        "measuring: the run ended before the trial did"
+    return measured["place"], f"{placement['num_workers']} workers started; {how}"
 
 
 def run_setting(spec: Dict[str, Any], timeout: float) -> Result:
@@ -303,16 +319,10 @@ def _kill_tree(child: "subprocess.Popen[str]") -> None:
     child.communicate()
 
 
-def default_placement(args: argparse.Namespace) -> auto_workers.Placement:
-    """What ``num_workers="auto"`` decides for this command's loader: the default's own rule."""
-    reader = make_reader(args.reader, args.batch_size)
-    return auto_workers.place(auto_workers.AUTO, user_objects(reader), None)
-
-
-def faster_than_default(results: Sequence[Result], default: int, tolerance: float) -> Optional[Result]:
-    """The fastest setting, when it beats the default's by more than ``tolerance`` (else None)."""
+def faster_than_default(results: Sequence[Result], tolerance: float) -> Optional[Result]:
+    """The fastest setting, when it beats the default's (``auto``) by more than ``tolerance`` (else None)."""
     ran = [r for r in results if r.error is None and r.samples_per_s > 0]
-    mine = [r for r in ran if r.workers == default]
+    mine = [r for r in ran if r.workers == auto_workers.AUTO]
     if not mine or not ran:
         return None
     best = max(ran, key=lambda r: r.samples_per_s)
@@ -330,19 +340,18 @@ def parse_workers(text: str) -> List[int]:
 
 
 def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
-    placement = default_placement(args)  # an unknown or missing reader fails here, once
+    make_reader(args.reader, args.batch_size)  # an unknown or missing reader fails here, once
     list_files(args.data)
-    settings = list(dict.fromkeys([*args.workers, placement.num_workers]))  # the default's is always timed
     results = []
     out(f"{'workers':>7}  {'samples/s':>12}  {'samples':>9}  {'first batch':>11}  {'peak memory':>11}  processes")
-    for workers in settings:
+    for workers in [*dict.fromkeys(args.workers), auto_workers.AUTO]:  # the default is always timed
         spec = {"data": args.data, "reader": args.reader, "batch_size": args.batch_size, "workers": workers,
                 "max_batches": args.max_batches}
         r = run_setting(spec, args.timeout)
         results.append(r)
-        mark = '  <- num_workers="auto"' if workers == placement.num_workers else ""
+        mark = f"  <- the default: ran in {r.placed}" if workers == auto_workers.AUTO and r.error is None else ""
         if r.error is not None:
-            out(f"{workers:>7}  failed: {r.error}{mark}")
+            out(f"{workers:>7}  failed: {r.error}")
         else:
             out(f"{workers:>7}  {r.samples_per_s:>12,.0f}  {r.samples:>9}  {r.first_batch_s:>10.3f}s  "
                 f"{r.peak_mib:>7.0f} MiB  {r.processes or '?':>9}{mark}")
@@ -351,14 +360,14 @@ def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         return 1
     memory = next(r.memory for r in results if r.error is None)
     out(f"memory: {memory}")
-    faster = faster_than_default(results, placement.num_workers, args.tolerance)
+    faster = faster_than_default(results, args.tolerance)
+    default = results[-1]
     if faster is not None:
-        default_rate = next(r.samples_per_s for r in results if r.workers == placement.num_workers)
-        out(f"measured: num_workers={faster.workers} was {faster.samples_per_s / default_rate - 1:.0%} faster than "
-            f"the default's {placement.num_workers} on this data (the default's rule does not measure yet)")
-    source = "the default's rule" if placement.decided else "set for the default"
-    out(f'recommended: num_workers="auto" (the default), which runs {placement.num_workers} worker processes here '
-        f"({source}: {placement.why})")
+        out(f"measured: num_workers={faster.workers} was {faster.samples_per_s / default.samples_per_s - 1:.0%} "
+            f"faster than the default on this data")
+    ran = f"which ran in {default.placed} here ({default.why})" if default.error is None else \
+        f"which failed here: {default.error}"
+    out(f'recommended: num_workers="auto" (the default), {ran}')
     return 1 if any(r.error is not None for r in results) else 0
 
 

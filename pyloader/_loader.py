@@ -15,6 +15,7 @@ from ._counts import Counter, IndexPlaces
 from ._errors import PipelineError, Stats
 from ._execution.auto_workers import Placement, Placer
 from ._execution.engine import Engine
+from ._execution.measured import Measured
 from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Exclusive
 from ._frameworks.progress import progress_bar
@@ -128,7 +129,7 @@ class DataLoader(Options):
         self._arguments = bind("DataLoader", args, kwargs)
         super().__init__(**self._arguments)  # checks every option, resolves num_threads, bucket_buffer, rotation_size
         self.options = Options(**values_of(self))  # the options alone (not the loader), for the pipeline
-        self._placer = Placer(self.num_workers, self.start_method)
+        self._placer = Placer(self.num_workers, self.start_method, self.worker_init_fn)
         self._count_cache: Dict[str, object] = {}
         self._mix = _weighted_sources(self.data_dir, self.datareader, bool(self.stream), self.storage.retries)
         self._reader = self.datareader if self._mix is None else self._mix.readers
@@ -231,10 +232,12 @@ class DataLoader(Options):
         self._stats.placement = placement.as_dict()
         return placement
 
-    def _engine(self, start: Start) -> Tuple[Engine, Optional[WorkerPool]]:
-        """A run from ``start``, and its worker processes unless they are kept across runs. The workers
-        are started here, in the thread calling ``iter()``, before the run's own threads."""
-        num_workers = self._placement().num_workers
+    def _engine(self, start: Start) -> Tuple[Engine, Optional[WorkerPool], Optional[Measured]]:
+        """A run from ``start``, its worker processes unless they are kept across runs, and the measure of
+        where its files run (``"auto"`` with workers). The workers are started here, in the thread calling
+        ``iter()``, before the run's own threads."""
+        placement = self._placement()
+        num_workers = placement.num_workers
         settings = Settings(
             options=self.options, files=self.files, reader=self._reader, num_workers=num_workers,
             concurrency=GROUPS_PER_WORKER * num_workers or GROUPS_IN_FLIGHT,
@@ -245,10 +248,13 @@ class DataLoader(Options):
         settings.pool = launch_workers(settings, self._kept_workers)
         if settings.pool is not None:
             self._stats.placement = {**self._stats.placement, "start_method": settings.pool.method}
+            settings.measured = self._placer.measured(placement, self.stream)
+        self._stats.measured = settings.measured
         own = settings.pool if self._kept_workers is None else None
         try:
             return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
-                          self.max_queue_size, threads=self.prefetch_files + resolved(self.num_threads)), own
+                          self.max_queue_size, threads=self.prefetch_files + resolved(self.num_threads)), own, \
+                settings.measured
         except BaseException:
             if own is not None:
                 own.close()
@@ -485,7 +491,7 @@ class LoaderIterator:
             self._watch.bar = progress_bar(loader, record.start.skip)
 
     def _start_engine(self, start: Start) -> None:
-        self._engine, pool = self._loader._engine(start)
+        self._engine, pool, self._measured = self._loader._engine(start)
         self._finalizer = weakref.finalize(self, _stop, self._engine, self._record, pool)
 
     def __iter__(self) -> Iterator[object]:
@@ -543,6 +549,8 @@ class LoaderIterator:
         data = self._loader._consumed(batch, self._record)
         if self._watch is not None:
             self._watch.handed(batch.epoch, batch.rows, began, got)
+        if self._measured is not None:
+            self._measured.handed(batch.epoch, batch.paths, batch.rows)
         return data
 
     def _asking(self) -> None:

@@ -27,7 +27,7 @@ from ._errors import Stats
 from ._execution.filter import with_filter
 from ._execution.forking import needed_modules
 from ._execution.pool import KeptPool, WorkerPool
-from ._execution.runners import Lane, LocalSteps, PoolRunner, Run, Runner, ThreadRunner
+from ._execution.runners import Lane, LocalSteps, MeasuredRunner, PoolRunner, Run, Runner, ThreadRunner
 from ._frameworks.torch import attach_meta
 from ._options import resolved, stream_of
 from ._plan import FirstEpoch, Mode, RunBlocking, RunPlan, Settings, plan_run, split_steps, stream_fallback
@@ -123,7 +123,8 @@ async def batches(s: Settings, start: Start, run_blocking: RunBlocking,
 
 
 def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Runner:
-    """Where user methods run: the launched worker processes, or threads of this process."""
+    """Where user methods run: the launched worker processes, threads of this process, or, file by
+    file, where they measured faster (``_execution.measured``)."""
     steps = split_steps(s)
     uses = (s.options.dataset, s.options.datacollator)
     if s.pool is None:
@@ -131,8 +132,12 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Runner:
         return with_memory(ThreadRunner(reader, steps.local, lane, readahead, uses=uses, busy=s.stats.busy),
                            s.entries)
     s.pool.attach()
-    runner = PoolRunner(s.pool, steps.here, lane, readahead, all_steps=steps.local, uses=uses, busy=s.stats.busy)
-    return with_memory(runner, s.entries)
+    there = PoolRunner(s.pool, steps.here, lane, readahead, all_steps=steps.local, uses=uses, busy=s.stats.busy)
+    if s.measured is None:
+        return with_memory(there, s.entries)
+    here = ThreadRunner(with_filter(s.reader, s.options.filter_fn), steps.local, lane, readahead, uses=uses,
+                        busy=s.stats.busy)
+    return with_memory(MeasuredRunner(here, there, s.measured), s.entries)
 
 
 class FileStages:

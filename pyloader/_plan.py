@@ -18,6 +18,7 @@ from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._columns import Columns
 from ._counts import Counted, Counter
 from ._errors import ErrorHandler, Stats, reraise
+from ._execution.measured import Measured
 from ._execution.pool import WorkerPool
 from ._execution.runners import Exclusive
 from ._execution.steps import Step
@@ -66,6 +67,7 @@ class Settings:
     mix: Optional[Mix] = None  # weighted sources (``_stages.mix``): their files, each read by its own reader
     encoded_cache: Optional[EpochStore] = None  # ``cache_encoded``: this rank's share (``_stages.cached_epochs``)
     counter: Optional[Counter] = None  # counts the files, from and into the count indexes (``_counts``)
+    measured: Optional[Measured] = None  # ``"auto"`` with workers: each file placed by measurement
 
     @property
     def draws(self) -> Tuple[int, int]:

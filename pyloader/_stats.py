@@ -66,6 +66,10 @@ def profiled(name: str) -> ContextManager[Any]:
     return sys.modules["torch.autograd.profiler"].record_function(f"pyloader::{name}")
 
 
+class Reporting(Protocol):
+    def report(self) -> Dict[str, object]: ...
+
+
 class BusySink(Protocol):
     def add_all(self, spent: Iterable[Tuple[str, float]]) -> None: ...
 
@@ -337,6 +341,7 @@ class Stats:
         self.sources: List[Dict[str, Any]] = []  # a mixed loader's: each source's samples batched (``_stages.mix``)
         self.cache: Optional[Dict[str, int]] = None  # with cache_encoded: its counters (``_stages.cached_epochs``)
         self.placement: Dict[str, Any] = {}  # where the latest iteration ran user methods (``_execution.auto_workers``)
+        self.measured: Optional[Reporting] = None  # ... and, file by file, where they measured faster
         self.busy = Busy()
         self.counting = Counting()
         self.epoch_files: Dict[int, int] = {}  # files read per epoch, until its log line takes them
@@ -377,6 +382,8 @@ class Stats:
         if self.cache is not None:
             out["cache_encoded"] = dict(self.cache)
         out["placement"] = dict(self.placement)
+        if self.measured is not None:
+            out["placement"]["measured"] = self.measured.report()
         out["counting"] = dataclasses.asdict(self.counting)
         counters, busy = self._counters(), self.busy.seconds()
         watch = self._watch

@@ -170,25 +170,27 @@ def default_script(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, A
 
 
 @pytest.mark.timeout(240)
-def test_a_user_script_with_python_code_runs_it_in_worker_processes(default_script: List[Dict[str, Any]]) -> None:
+def test_a_user_script_with_python_code_starts_workers_and_places_its_files_by_measurement(
+        default_script: List[Dict[str, Any]]) -> None:
     got = default_script[0]
     expected = 0 if cpu_share() < 2 else min(cpu_share(), MAX_WORKERS)
     assert got["placement"]["num_workers"] == expected
     for epoch in got["epochs"]:
         assert epoch["ids"] == list(range(31))  # every sample once, every epoch
-        if expected:
-            assert got["main"] not in epoch["pids"] and 1 <= len(epoch["pids"]) <= expected
+        if expected:  # five small files: the trial's first window, in threads (tests/test_measured_placement.py)
+            assert len(set(epoch["pids"]) - {got["main"]}) <= expected
         else:
             assert epoch["pids"] == [got["main"]]
+    if expected:
+        assert got["placement"]["measured"]["place"] in ("threads", "workers")
 
 
 @pytest.mark.timeout(240)
 def test_persistent_workers_follow_the_default(default_script: List[Dict[str, Any]]) -> None:
     got = default_script[1]
-    assert got["placement"] == default_script[0]["placement"]
+    decided = ("num_workers", "why", "start_method")
+    assert {k: got["placement"].get(k) for k in decided} == {k: default_script[0]["placement"].get(k) for k in decided}
     assert all(epoch["ids"] == list(range(31)) for epoch in got["epochs"])
-    if got["placement"]["num_workers"]:  # the same processes serve both epochs
-        assert got["epochs"][0]["pids"] == got["epochs"][1]["pids"]
 
 
 @pytest.mark.timeout(240)

@@ -20,7 +20,9 @@ So ``"auto"`` runs user methods in this process (``num_workers=0``, threads) whe
   fails there), pickle every user object, and take seconds to start with
   TensorFlow imported;
 
-and otherwise starts one worker per CPU of that share, at most ``MAX_WORKERS``.
+and otherwise starts one worker per CPU of that share, at most ``MAX_WORKERS``; each
+file then runs where the consumer measured it faster, in those workers or in threads
+(``_execution.measured``; not with a ``worker_init_fn``, nor in stream mode).
 The environment variable ``PYLOADER_NUM_WORKERS`` (an integer, or ``auto``)
 replaces the decision where it is set, for every loader left at ``"auto"``: a
 cluster's or a test suite's choice, made without touching the code.
@@ -36,6 +38,7 @@ from typing import Any, Iterable, Optional
 
 from .._abc import releases_gil
 from . import forking
+from .measured import Measured
 
 AUTO = "auto"
 ENV = "PYLOADER_NUM_WORKERS"
@@ -113,9 +116,23 @@ def place(num_workers: Any, objects: Iterable[Any], start_method: Optional[str])
 class Placer:
     """``place`` for one loader, logging each new decision once."""
 
-    def __init__(self, num_workers: Any, start_method: Optional[str]) -> None:
+    def __init__(self, num_workers: Any, start_method: Optional[str], worker_init_fn: Optional[object] = None) -> None:
         self.num_workers, self.start_method = num_workers, start_method
+        self.worker_init_fn = worker_init_fn  # given: the user's code expects to run in workers
         self.last: Optional[Placement] = None
+        self._measured: Optional[Measured] = None
+
+    def measured(self, placement: Placement, stream: bool) -> Optional[Measured]:
+        """Where each file of an iteration runs, measured (``_execution.measured``), when ``"auto"`` gave it
+        workers; kept across the loader's iterations. Stream mode keeps the rule: each of its batches
+        takes rows from as many files as it has rows, so no window of files can be measured alone; a
+        ``worker_init_fn`` prepares each worker for the user's code, which then must run there."""
+        if not placement.decided or not placement.num_workers or stream or self.worker_init_fn is not None:
+            return None
+        if self._measured is None:
+            self._measured = Measured()
+        self._measured.new_run()
+        return self._measured
 
     def __call__(self, objects: Iterable[Any]) -> Placement:
         placement = place(self.num_workers, objects, self.start_method)

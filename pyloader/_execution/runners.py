@@ -47,6 +47,7 @@ from .._storage.bytes import ReadAhead
 from .._storage.cached_file import ServedEntry
 from .._storage.files import Served
 from .filter import unbundle
+from .measured import HERE, SPLIT, Measured
 from .pool import RemoteRef, WorkerPool, rebuild_error
 from .reading import FileTask, pieces_with_end
 from .steps import BatchData, Key, Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
@@ -485,3 +486,42 @@ def _finish_each(steps: Sequence[Step], outcomes: List[Outcome], busy: Optional[
     """The steps run here after the worker's, on the batches that did not fail there."""
     done = iter(run_each(steps, [o for o in outcomes if not isinstance(o, StepFailed)], busy=busy))
     return [o if isinstance(o, StepFailed) else next(done) for o in outcomes]
+
+
+class MeasuredRunner:
+    """``num_workers="auto"`` with workers started: each file read, and its batches encoded and collated,
+    where ``measured`` places it (``_execution.measured``): in this process (``here``), in the workers
+    (``there``), or read there and its rows fetched here. A group whose rows are all here, of files
+    placed here or fetched, runs here; any other goes through ``there``, which gathers rows where they
+    must meet."""
+
+    def __init__(self, here: ThreadRunner, there: PoolRunner, measured: Measured) -> None:
+        self.here, self.there, self.measured = here, there, measured
+        self.run: Run = self._routed(here.run, there.run)
+
+    def encoding_only(self, uses: Sequence[object]) -> Run:
+        return self._routed(self.here.encoding_only(uses), self.there.encoding_only(uses))
+
+    async def pieces(self, task: FileTask, fetch: bool, demand: asyncio.Event) -> Pieces:
+        self.there.pool.check(f"reading {task.path!r}")
+        place = self.measured.place(task.epoch, task.path)
+        pieces: Pieces = (self.here.pieces(task, fetch, demand) if place == HERE
+                          else self.there.pieces(task, fetch or place == SPLIT, demand))
+        async with contextlib.aclosing(pieces):  # closed as soon as this is: the file's clean-up does not wait
+            async for piece in pieces:
+                yield piece
+
+    def _routed(self, here: Run, there: Run) -> Run:
+        async def run(datas: Sequence[BatchData],
+                      keys: Optional[Sequence[Key]] = None) -> Union[List[Outcome], StackedOutputs]:
+            if self._placed_here(datas):
+                self.there.pool.check(_doing(_jobs_of(datas)))
+                return await here(datas, keys)
+            return await there(datas, keys)
+        return run
+
+    def _placed_here(self, datas: Sequence[BatchData]) -> bool:
+        if not all(_rows_here(data) for data in datas):
+            return False
+        files = [(p.task.epoch, p.task.path) for d in datas if isinstance(d, Segments) for p, _, _ in d.parts]
+        return (self.measured.window_of(files) if files else self.measured.current.place) in (HERE, SPLIT)

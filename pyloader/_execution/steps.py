@@ -167,6 +167,9 @@ class _Path(Protocol):
     @property
     def path(self) -> str: ...
 
+    @property
+    def epoch(self) -> int: ...
+
 
 class PieceRows(Protocol):
     """What a runner needs of a piece of a file (``_stages.read.Piece``): its file, and its rows

@@ -1,0 +1,224 @@
+"""Placement by measurement: with ``num_workers="auto"`` and worker processes started, each file's
+user code runs where the consumer measured it faster, in threads of this process or in the workers.
+
+Where user code is cheapest depends on more than the code: a Python parse holds the GIL (workers
+pay), a tokenizer with its own thread pool or a pyarrow read does not (the copies between
+processes cost more than they save), and the training step shares the GIL with threads of this
+process. So ``"auto"`` starts the workers (before any thread of the run, ``_execution.forking``)
+and then measures both places as the consumer sees them.
+
+Contract:
+
+* **Placed per file.** As a file's reading starts (``place``), it is given a place: ``HERE``
+  (read, encoded and collated in threads of this process), ``THERE`` (all in a worker) or
+  ``SPLIT`` (read in a worker, encoded and collated here: a Python parse beside a
+  ``batch_encode`` that releases the GIL or runs its own thread pool, as a tokenizer). A file's
+  place never changes once its reading began, and the batches are the same in both places (their
+  cut, order, positions and ``pyloader.rng()`` draws do not depend on where they ran), so a change
+  of place loses, repeats and reorders nothing, and resume is unaffected.
+* **Measured by the consumer.** Consecutive files placed alike form a window. A window's figure
+  is the samples handed over per second (``handed``), from its first batch handed over to the
+  moment the next window's first file starts (after that the other place's work overlaps); its
+  first quarter is left out (batches made while the previous window was consumed). The figure
+  holds everything a place costs: copies between processes, the GIL shared with the training
+  step, a thread pool of the user's own, a slow consumer (then both places measure alike).
+* **Schedule.** Trial windows take the places in turn (``TRIAL``); the fastest is kept unless
+  ``HERE`` is within ``MARGIN`` of it (nothing is copied between processes there); when
+  another place leads after the first round by less than ``CLEAR`` over the next best, a second
+  round is tried. Then the kept
+  place runs in windows of ``STEADY_S``, with a probe window of another place (in turn) after
+  every ``PROBE_AFTER`` of them; a probe faster by more than ``MARGIN`` than the kept place's
+  last window changes the place.
+* **Carried over.** A loader's next iteration goes on from the decision (and the schedule) of the
+  one before, so a run of one epoch per ``iter()`` pays for the trial once.
+* **Shown.** ``report()`` (in ``loader.stats["placement"]["measured"]``): the place now (a probe's,
+  during one), the place kept (``None`` during the trial), the last windows' figures, and each
+  change with its figures. Changes are logged (INFO, logger ``pyloader``).
+
+``place`` and ``window_of`` run on the run's event loop, ``handed`` in the consumer's thread;
+one lock keeps them apart. Nothing here runs user code or waits.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
+
+HERE = "threads"  # read, encoded and collated in threads of this process
+THERE = "workers"  # ... in a worker process
+SPLIT = "workers, then threads"  # read in a worker, its rows brought here, encoded and collated in threads
+
+_log = logging.getLogger("pyloader")
+
+Key = Tuple[int, str]  # (epoch, path) of a file read in a run
+
+
+@dataclass
+class Window:
+    """Consecutive files placed alike, and what the consumer measured of them."""
+
+    place: str
+    number: int
+    min_s: float
+    handed: List[Tuple[float, int]] = field(default_factory=list)  # (when, samples) of its batches
+    closed_at: Optional[float] = None  # when the next window's first file was placed
+
+    def measured_s(self) -> float:
+        return self.handed[-1][0] - self.handed[0][0] if len(self.handed) > 1 else 0.0
+
+    def enough(self) -> bool:
+        return len(self.handed) >= Measured.MIN_BATCHES and self.measured_s() >= self.min_s
+
+    def rate(self) -> Optional[float]:
+        """Samples per second over the window's measured span, less its first quarter."""
+        if len(self.handed) < 2:
+            return None
+        first, last = self.handed[0][0], self.handed[-1][0]
+        cut = first + 0.25 * (last - first)
+        kept = [(t, n) for t, n in self.handed if t > cut]
+        span = last - cut
+        return sum(n for _, n in kept) / span if kept and span > 0 else None
+
+    def as_dict(self) -> Dict[str, object]:
+        rate = self.rate()
+        return {"place": self.place, "batches": len(self.handed), "seconds": round(self.measured_s(), 3),
+                "samples_per_s": None if rate is None else round(rate, 1)}
+
+
+class Measured:
+    """The places of one loader's files, decided by measuring both (see the module's docstring)."""
+
+    TRIAL = (THERE, HERE, SPLIT)  # the workers were started for this run: a short one runs where the rule put it
+    TRIAL_S = 0.5  # the least measured span of a trial window
+    STEADY_S = 8.0  # ... of a window of the kept place
+    MIN_BATCHES = 8
+    MARGIN = 0.05  # a place is faster when it measured more than this share faster
+    CLEAR = 0.25  # after one round, a difference this large decides at once
+    PROBE_AFTER = 3  # windows of the kept place between two probes of the other
+    _KEPT_WINDOWS = 8  # in ``report()``
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.kept: Optional[str] = None  # the place decided on, once the trial is over
+        self.changes: List[Dict[str, object]] = []
+        self._windows: List[Window] = []
+        self._files: Dict[Key, Window] = {}
+        self._steady = 0  # windows of the kept place since the last probe
+        self._probes = 0  # probes so far: they take the other places in turn
+
+    @property
+    def current(self) -> Window:
+        return self._windows[-1]
+
+    def new_run(self) -> None:
+        """A new iteration: its files are new, the decision and the schedule go on."""
+        with self._lock:
+            self._files.clear()
+            self._open(self.current.place if self._windows else self.TRIAL[0])
+
+    def place(self, epoch: int, path: str) -> str:
+        """The place of a file whose reading starts now."""
+        with self._lock:
+            if self.current.enough():
+                self._open(self._next_place())
+            window = self.current
+            self._files[(epoch, path)] = window
+            return window.place
+
+    def window_of(self, keys: Iterable[Key]) -> Optional[str]:
+        """The place of files already placed, if they all have the same one."""
+        with self._lock:
+            places = {self._files[k].place if k in self._files else None for k in keys}
+        return places.pop() if len(places) == 1 else None
+
+    def handed(self, epoch: int, paths: Iterable[str], samples: int) -> None:
+        """A batch of ``paths`` (of ``epoch``) was handed over to the consumer."""
+        now = self._clock()
+        with self._lock:
+            windows = [self._files.get((epoch, p)) for p in paths]
+            window = windows[0] if windows else None
+            if window is None or any(w is not window for w in windows):
+                return  # rows of files placed in different windows, or of no placed file
+            if window.closed_at is None or now <= window.closed_at:
+                window.handed.append((now, samples))
+
+    def report(self) -> Dict[str, object]:
+        with self._lock:
+            return {"place": self.current.place, "kept": self.kept, "trial_over": self.kept is not None,
+                "windows": [w.as_dict() for w in self._windows[-self._KEPT_WINDOWS:]],
+                "changes": list(self.changes)}
+
+    def _open(self, place: str) -> None:
+        now = self._clock()
+        if self._windows:
+            self.current.closed_at = now
+        trial = self.kept is None
+        self._windows.append(Window(place, len(self._windows), self.TRIAL_S if trial or place != self.kept
+                                    else self.STEADY_S))
+        del self._windows[:-2 * self._KEPT_WINDOWS]
+        live = {id(w) for w in self._windows[-3:]}  # files of older windows are no longer handed over
+        self._files = {k: w for k, w in self._files.items() if id(w) in live}
+
+    def _next_place(self) -> str:
+        """The place of the window after the current one (which measured enough)."""
+        if self.kept is None:
+            return self._trial_step()
+        if self.current.place != self.kept:  # a probe ended
+            self._after_probe()
+            return self.kept
+        self._steady += 1
+        if self._steady < self.PROBE_AFTER:
+            return self.kept
+        self._steady = 0
+        others = [p for p in self.TRIAL if p != self.kept]
+        self._probes += 1
+        return others[(self._probes - 1) % len(others)]
+
+    def _trial_step(self) -> str:
+        done = [w for w in self._windows if w.rate() is not None]
+        recent = done[-2 * len(self.TRIAL):]
+        rates = _by_place(recent)
+        if len(rates) < len(self.TRIAL):
+            return self.TRIAL[len(done) % len(self.TRIAL)]
+        first, second = sorted(rates.values(), reverse=True)[:2]
+        best = max(rates, key=lambda p: rates[p])
+        kept = HERE if first <= rates[HERE] * (1 + self.MARGIN) else best
+        rounds = min(len(ws) for ws in _windows_by_place(recent).values())
+        if rounds < 2 and kept != HERE and first < second * (1 + self.CLEAR):
+            return self.TRIAL[len(done) % len(self.TRIAL)]
+        self._change(kept, rates, "trial")
+        return kept
+
+    def _after_probe(self) -> None:
+        probe, kept = self.current, self._last_of(self.kept)
+        probe_rate, kept_rate = probe.rate(), None if kept is None else kept.rate()
+        if probe_rate is None or kept is None or kept_rate is None:
+            return
+        if probe_rate > kept_rate * (1 + self.MARGIN):
+            self._change(probe.place, {probe.place: probe_rate, kept.place: kept_rate}, "probe")
+
+    def _last_of(self, place: Optional[str]) -> Optional[Window]:
+        return next((w for w in reversed(self._windows[:-1]) if w.place == place), None)
+
+    def _change(self, place: str, rates: Dict[str, float], by: str) -> None:
+        figures = {p: round(r, 1) for p, r in rates.items()}
+        if place != self.kept:
+            self.changes.append({"to": place, "by": by, "window": len(self._windows), "samples_per_s": figures})
+            _log.info("num_workers='auto': user code now runs in %s (%s measured %s samples/s)", place, by, figures)
+        self.kept = place
+        self._steady = 0
+
+
+def _windows_by_place(windows: List[Window]) -> Dict[str, List[Window]]:
+    out: Dict[str, List[Window]] = {}
+    for w in windows:
+        out.setdefault(w.place, []).append(w)
+    return out
+
+
+def _by_place(windows: List[Window]) -> Dict[str, float]:
+    """Each place's mean rate over ``windows`` (those with a rate)."""
+    return {place: sum(w.rate() or 0.0 for w in ws) / len(ws) for place, ws in _windows_by_place(windows).items()}

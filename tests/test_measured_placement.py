@@ -1,0 +1,306 @@
+"""``num_workers="auto"`` with workers started: each file runs where the consumer measured it faster.
+
+The schedule's rules are checked on ``Measured`` alone with a made-up clock; the loader's tests
+run real worker processes, with windows shortened so that files change place often, and compare
+every batch with a run in threads.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import psutil
+import pytest
+from conftest import IdReader, ListCollator, _is_mp_infrastructure, write_chunks
+
+import pyloader as pl
+from pyloader._execution.auto_workers import cpu_share
+from pyloader._execution.measured import HERE, SPLIT, THERE, Measured
+
+needs_workers = pytest.mark.skipif(cpu_share() < 2, reason="'auto' starts no worker on 1 CPU")
+
+
+@pytest.fixture(autouse=True)
+def no_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYLOADER_NUM_WORKERS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def measure_window(m: Measured, clock: Clock, file: int, seconds_per_batch: float, batches: int = 20) -> str:
+    """Place file ``file``, then hand over ``batches`` of its 10 samples, ``seconds_per_batch`` apart."""
+    place = m.place(0, f"f{file}")
+    for _ in range(batches):
+        clock.now += seconds_per_batch
+        m.handed(0, (f"f{file}",), 10)
+    return place
+
+
+def run_schedule(m: Measured, clock: Clock, speed: Dict[str, float], files: int) -> List[str]:
+    """The places of ``files`` files, each taking ``speed[place]`` seconds per batch."""
+    places = []
+    for k in range(files):
+        place = m.place(0, f"f{k}")
+        places.append(place)
+        for _ in range(20):
+            clock.now += speed[place]
+            m.handed(0, (f"f{k}",), 10)
+    return places
+
+
+@pytest.fixture
+def short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows measured over a few batches, so that one window is about one file here."""
+    monkeypatch.setattr(Measured, "TRIAL_S", 0.05)
+    monkeypatch.setattr(Measured, "STEADY_S", 0.1)
+    monkeypatch.setattr(Measured, "MIN_BATCHES", 4)
+
+
+def new_measured(clock: Clock) -> Measured:
+    m = Measured(clock)
+    m.new_run()
+    return m
+
+
+def test_the_trial_starts_in_the_workers_then_tries_threads_then_reading_in_workers(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    assert run_schedule(m, clock, {HERE: 0.01, THERE: 0.01, SPLIT: 0.01}, 3) == [THERE, HERE, SPLIT]
+
+
+def test_a_place_clearly_faster_is_kept_after_one_round(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    places = run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02}, 5)
+    assert places == [THERE, HERE, SPLIT, THERE, THERE]
+    assert m.kept == THERE
+    [change] = m.changes
+    assert change["to"] == THERE and change["by"] == "trial"
+    figures = change["samples_per_s"]
+    assert isinstance(figures, dict) and figures[THERE] == pytest.approx(2 * figures[HERE], rel=0.01)
+
+
+def test_threads_within_the_margin_of_the_fastest_are_kept_after_one_round(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    places = run_schedule(m, clock, {HERE: 0.0100, THERE: 0.0098, SPLIT: 0.0099}, 5)
+    assert places == [THERE, HERE, SPLIT, HERE, HERE] and m.kept == HERE
+
+
+def test_two_close_places_faster_than_threads_take_a_second_round(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    places = run_schedule(m, clock, {HERE: 0.02, THERE: 0.0100, SPLIT: 0.0105}, 8)
+    assert places == [THERE, HERE, SPLIT, THERE, HERE, SPLIT, THERE, THERE] and m.kept == THERE
+
+
+def test_a_probe_that_measures_faster_changes_the_place(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    speed = {HERE: 0.01, THERE: 0.02, SPLIT: 0.02}
+    places = run_schedule(m, clock, speed, 4)
+    assert m.kept == HERE and places == [THERE, HERE, SPLIT, HERE]
+    speed.update({HERE: 0.03, THERE: 0.01})  # the workload changed: threads got slower
+    later = run_schedule(m, clock, speed, 2 * (Measured.PROBE_AFTER + 1))
+    assert THERE in later and m.kept == THERE
+    assert [c["to"] for c in m.changes] == [HERE, THERE] and m.changes[1]["by"] == "probe"
+
+
+def test_a_probe_that_is_slower_keeps_the_place(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    places = run_schedule(m, clock, {HERE: 0.01, THERE: 0.02, SPLIT: 0.02}, 4 + 3 * (Measured.PROBE_AFTER + 1))
+    assert [p for p in places if p != HERE] == [THERE, SPLIT, THERE, SPLIT, THERE]  # the trial, then a probe
+    # after every PROBE_AFTER windows, of the other places in turn
+    assert m.kept == HERE and len(m.changes) == 1
+
+
+def test_batches_of_files_in_two_windows_or_after_the_next_window_opened_are_not_counted(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    measure_window(m, clock, 0, 0.01, batches=2)
+    first = m.current
+    clock.now += 5.0
+    m.handed(0, ("f0", "f1"), 10)  # f1 was not placed: a batch of two places says nothing of either
+    assert len(first.handed) == 2
+    measure_window(m, clock, 0, 0.01, batches=10)  # the same file again, long enough: the next file opens a window
+    m.place(0, "f1")
+    assert m.current is not first
+    clock.now += 0.01
+    m.handed(0, ("f0",), 10)  # handed after the next window opened: the other place's work overlaps it
+    assert len(first.handed) == 12
+
+
+def test_the_first_quarter_of_a_window_is_left_out() -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    m.place(0, "f0")
+    for gap in [0.001] * 10 + [0.01] * 30:  # a backlog handed at once, then the place's own pace
+        clock.now += gap
+        m.handed(0, ("f0",), 10)
+    rate = m.current.rate()
+    assert rate is not None and rate == pytest.approx(1000, rel=0.05)
+
+
+def test_a_new_iteration_goes_on_from_the_decision(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02}, 4)
+    m.new_run()
+    assert m.place(1, "f0") == THERE
+    report = m.report()
+    assert report["trial_over"] is True and report["place"] == report["kept"] == THERE
+
+
+class SlowSomewhere(pl.DataReader):
+    """Reads ids; ``read_file`` sleeps ``delay`` seconds in the process ``slow_in`` ("main", "worker" or "both")."""
+
+    def __init__(self, batch_size: int, main_pid: int, slow_in: str, delay: float) -> None:
+        super().__init__(batch_size)
+        self.main_pid, self.slow_in, self.delay = main_pid, slow_in, delay
+
+    def read_file(self, path: str) -> Any:
+        if self.slow_in == "both" or (os.getpid() == self.main_pid) == (self.slow_in == "main"):
+            time.sleep(self.delay)
+        with open(path) as f:
+            ids = [int(line) for line in f]
+        return {"id": ids, "pid": [os.getpid()] * len(ids)}, len(ids)
+
+
+def pids_by_file(batches: List[Dict[str, list]]) -> Dict[int, int]:
+    return {i // 20: p for b in batches for i, p in zip(b["id"], b["pid"])}
+
+
+@needs_workers
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("slow_in, expected", [("main", (THERE, SPLIT)), ("worker", (HERE,))])
+def test_the_place_that_delivers_faster_is_kept(tmp_path: Path, short: None, monkeypatch: pytest.MonkeyPatch,
+                                                slow_in: str, expected: Tuple[str, ...]) -> None:
+    monkeypatch.setattr(Measured, "PROBE_AFTER", 1000)  # no probe: each would read many files in the slow place
+    files = 300
+    write_chunks(tmp_path, [20] * files)
+    loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), slow_in, delay=0.05), pl.IdentityDataset(), ListCollator(),
+                           str(tmp_path))
+    batches = [b for b in loader]  # not list(): it asks len(), which reads every file here
+    assert sorted(i for b in batches for i in b["id"]) == list(range(20 * files))
+    measured = loader.stats["placement"]["measured"]
+    in_main = sum(p == os.getpid() for p in pids_by_file(batches).values())  # files read here
+    assert measured["trial_over"] and measured["kept"] in expected, measured
+    assert measured["changes"][0]["to"] in expected, measured
+    # the rest: the trial's windows, and the files read ahead as each window closes
+    assert in_main >= 0.7 * files if expected == (HERE,) else in_main <= 0.3 * files, (in_main, measured)
+
+
+def reference(folder: Path, num_workers: int, **options: Any) -> List[List[int]]:
+    loader = pl.DataLoader(IdReader(7, shuffle=True), pl.IdentityDataset(), ListCollator(), str(folder),
+                           num_workers=num_workers, shuffle=True, num_epoch=2, **options)
+    return [list(b["id"]) for b in loader]
+
+
+@needs_workers
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("options", [{}, {"shuffle_buffer": 30}, {"drop_last": True}],
+                         ids=["files", "shuffle_buffer", "drop_last"])
+def test_files_changing_place_give_the_batches_of_a_run_in_threads(tmp_path: Path, short: None,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   options: Dict[str, Any]) -> None:
+    monkeypatch.setattr(Measured, "PROBE_AFTER", 1)  # every other window a probe: places change all along
+    monkeypatch.setattr(Measured, "MIN_BATCHES", 2)
+    write_chunks(tmp_path, [13, 7, 22, 9, 16, 11, 5, 18, 14, 10] * 3)
+    expected = reference(tmp_path, 0, **options)
+    loader = pl.DataLoader(IdReader(7, shuffle=True, delay=0.005), pl.IdentityDataset(), ListCollator(),
+                           str(tmp_path), shuffle=True, num_epoch=2, **options)
+    got = [list(b["id"]) for b in loader]
+    assert got == expected
+    windows = loader.stats["placement"]["measured"]["windows"]
+    assert len({w["place"] for w in windows}) >= 2
+
+
+@needs_workers
+@pytest.mark.timeout(240)
+def test_a_run_resumed_after_its_files_changed_place_goes_on_exactly(tmp_path: Path, short: None,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Measured, "PROBE_AFTER", 1)
+    monkeypatch.setattr(Measured, "MIN_BATCHES", 2)
+    write_chunks(tmp_path, [13, 7, 22, 9, 16, 11, 5, 18, 14, 10] * 3)
+    expected = reference(tmp_path, 0)
+
+    def make() -> pl.DataLoader:
+        return pl.DataLoader(IdReader(7, shuffle=True), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                             shuffle=True, num_epoch=2)
+
+    for stop_at in (9, 40):
+        first = make()
+        it = iter(first)
+        head = [list(next(it)["id"]) for _ in range(stop_at)]
+        state = first.state_dict()
+        first.close()
+        second = make()
+        second.load_state_dict(state)
+        assert head + [list(b["id"]) for b in second] == expected
+        second.close()
+
+
+@needs_workers
+@pytest.mark.timeout(240)
+def test_files_placed_in_threads_run_in_this_process_and_the_others_in_workers(tmp_path: Path, short: None,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Measured, "TRIAL_S", 0.0)  # a window measures two batches: the trial ends early
+    monkeypatch.setattr(Measured, "MIN_BATCHES", 2)
+    write_chunks(tmp_path, [20] * 60)
+    loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), "both", 0.01), pl.IdentityDataset(), ListCollator(),
+                           str(tmp_path))
+    pids = pids_by_file([b for b in loader])
+    assert os.getpid() in pids.values() and set(pids.values()) - {os.getpid()}
+    assert pids[0] != os.getpid()  # the trial starts in the workers
+
+
+@needs_workers
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("options", [{"num_workers": 2}, {"worker_init_fn": print}, {"stream": True}],
+                         ids=["num_workers_given", "worker_init_fn", "stream"])
+def test_an_explicit_choice_or_stream_mode_is_not_measured(tmp_path: Path, options: Dict[str, Any]) -> None:
+    write_chunks(tmp_path, [20] * 4)
+    loader = pl.DataLoader(IdReader(5), pl.IdentityDataset(), ListCollator(), str(tmp_path), **options)
+    for _ in loader:
+        pass
+    assert "measured" not in loader.stats["placement"]
+
+
+def test_a_change_of_place_is_logged_with_its_figures(short: None, caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    with caplog.at_level(logging.INFO, logger="pyloader"):
+        run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02}, 4)
+    [record] = [r.getMessage() for r in caplog.records]
+    assert "user code now runs in workers (trial measured" in record and "'threads': 526.3" in record
+
+
+@needs_workers
+@pytest.mark.timeout(240)
+def test_a_worker_dying_while_files_run_in_threads_is_reported(tmp_path: Path, short: None) -> None:
+    write_chunks(tmp_path, [20] * 200)
+    loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), "worker", delay=0.1), pl.IdentityDataset(), ListCollator(),
+                           str(tmp_path))
+    it = iter(loader)
+    measured: Dict[str, Any] = {}
+    while not (measured.get("trial_over") and measured["place"] == HERE):
+        next(it)
+        measured = loader.stats["placement"]["measured"]
+    [worker, _] = [p for p in psutil.Process().children() if not _is_mp_infrastructure(p)]
+    os.kill(worker.pid, signal.SIGKILL)
+    with pytest.raises(pl.WorkerDied, match="killed by SIGKILL"):
+        for _ in it:
+            pass
+    loader.close()
