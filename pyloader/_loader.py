@@ -99,9 +99,9 @@ class DataLoader(Options):
     ``prefetch_files`` files read ahead (in stream mode ``max(prefetch_files,
     batch_size)``: one per row) (each holding at most 2 pieces from
     ``iter_file``, or the whole file when ``read_file`` is used), the bytes
-    read ahead of the readers (``readahead_bytes``, exceeded by at most one file or
-    block per file the consumer waits for), ``shuffle_buffer`` and ``bucket_buffer`` samples,
-    and with ``rotation`` ``rotation_size`` encoded samples (on disk with ``rotation_dir``) and
+    read ahead of the readers (``Storage.readahead_bytes``, exceeded by at most one file or
+    block per file the consumer waits for), ``shuffle_buffer`` and ``Bucket.buffer`` samples,
+    and with ``rotation`` ``Rotation.size`` encoded samples (on disk with ``Rotation.folder``) and
     2 groups of rotated batches being collated.
 
     User methods that run in this process (all of them without ``num_workers``)
@@ -111,7 +111,7 @@ class DataLoader(Options):
 
     Randomness is a pure function of ``random_seed`` (file order, ``file_order``'s
     ``rng``, shuffle buffer, bucketing), ``datareader.random_seed`` (in-file order)
-    and the epoch. Composing data (``filter_fn``, ``file_order``, ``bucket_by``,
+    and the epoch. Composing data (``filter_fn``, ``file_order``, ``bucket``,
     stream slices and in-memory streams, ``rotation``): see ``_compose`` and the modules it names.
 
     Example:
