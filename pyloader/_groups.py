@@ -18,7 +18,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Annotated, Optional, Union
 
 from ._checks import Option, a_folder, as_path, at_least_zero, declared, one_of, optional, positive
-from ._errors import ErrorHandler, ErrorPolicy, Stats
+from ._errors import ErrorPolicy
 from ._stages.bucket import BucketBy
 from ._stages.shard import EVEN_BATCHES
 from ._stages.stream import PADDING_MODES
@@ -212,17 +212,6 @@ class OnError(Group):
     max_errors: Annotated[Optional[int], Option(
         "with skipping: raise TooManyErrors once more errors than this were skipped in an iteration",
         check=optional(at_least_zero))] = None
-
-    def _check(self) -> None:
-        ErrorHandler(self.policy, self.max_errors, Stats())
-
-    def handler(self, stats: Stats) -> ErrorHandler:
-        """The handler of one iteration (it counts the errors it skipped)."""
-        return ErrorHandler(self.policy, self.max_errors, stats)
-
-
-GROUPS = (Stream, Ranks, Storage, Rotation, Bucket, OnError)
-
 
 def as_stream(value: object) -> Union[bool, Stream]:
     """``stream=`` as stored: ``False``, or a ``Stream`` (``True`` is ``Stream()``)."""

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Union
 from ._abc import DataReader
 from ._compose import callable_name
 from ._counts import Counter, IndexPlaces
-from ._errors import PipelineError, Stats
+from ._errors import ErrorHandler, PipelineError, Stats
 from ._execution.auto_workers import Placement, Placer
 from ._execution.engine import Engine
 from ._execution.measured import Measured
@@ -238,10 +238,11 @@ class DataLoader(Options):
         ``iter()``, before the run's own threads."""
         placement = self._placement()
         num_workers = placement.num_workers
+        errors = errors_of(self)
         settings = Settings(
             options=self.options, files=self.files, reader=self._reader, num_workers=num_workers,
             concurrency=GROUPS_PER_WORKER * num_workers or GROUPS_IN_FLIGHT,
-            errors=errors_of(self).handler(self._stats), stats=self._stats,
+            errors=ErrorHandler(errors.policy, errors.max_errors, self._stats), stats=self._stats,
             finish=self._finish, sharding=self.sharding,
             count_cache=self._count_cache, exclusive=self._exclusive, cache=self._cache, entries=self._entries,
             mix=self._mix, encoded_cache=self._epoch_store(), counter=self._counter)
