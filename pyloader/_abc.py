@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Mapping, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Mapping, NoReturn, Tuple
 
-from ._columns import Columns, check_columns, n_rows
+from ._columns import Column, Columns, check_columns, n_rows
 
 __all__ = ["DataReader", "Dataset", "DataCollator", "IdentityDataset"]
 
 
-def declared(obj: Any, flag: str) -> bool:
+def declared(obj: object, flag: str) -> bool:
     """Whether ``obj``'s class says ``flag = True`` for all the methods it has.
 
     Only a class can say so, and the word holds for the methods of that class
@@ -26,20 +26,20 @@ def declared(obj: Any, flag: str) -> bool:
     return value
 
 
-def is_thread_safe(obj: Any) -> bool:
+def is_thread_safe(obj: object) -> bool:
     """Whether the loader may call ``obj``'s methods from several threads at once: its class
     says ``thread_safe = True`` (see ``declared``)."""
     return declared(obj, "thread_safe")
 
 
-def releases_gil(obj: Any) -> bool:
+def releases_gil(obj: object) -> bool:
     """Whether ``obj``'s methods spend their time outside the GIL (NumPy, pyarrow, I/O), so
     threads of this process run them side by side: its class says ``releases_gil = True``
     (see ``declared``). ``num_workers="auto"`` keeps such objects in this process."""
     return declared(obj, "releases_gil")
 
 
-def read_result(path: str, result: Any) -> Tuple[Mapping[str, Any], int]:
+def read_result(path: str, result: object) -> Tuple[Mapping[str, Column], int]:
     """Split what ``read_file`` returned into ``(columns, n_sample)``.
 
     The two common slips (a list of samples; the dict alone, without its count)
@@ -91,7 +91,7 @@ class DataReader(abc.ABC):
         self.random_seed = int(random_seed)
 
     if not TYPE_CHECKING:  # for mypy, a missing attribute stays an error in the user's code
-        def __getattr__(self, name: str) -> Any:
+        def __getattr__(self, name: str) -> NoReturn:
             # only reached for attributes that are missing: say why these three are
             if name in _INIT_ATTRIBUTES:
                 raise AttributeError(
@@ -101,7 +101,7 @@ class DataReader(abc.ABC):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
 
     @abc.abstractmethod
-    def read_file(self, path: str) -> Tuple[Mapping[str, Any], int]:
+    def read_file(self, path: str) -> Tuple[Mapping[str, Column], int]:
         """Read the file at ``path``.
 
         Returns ``(dict_samples, n_sample)``: every value of ``dict_samples`` is a
@@ -109,7 +109,7 @@ class DataReader(abc.ABC):
         a local path or an fsspec URL; ``pyloader.open_file(path)`` opens either.
         """
 
-    def iter_file(self, path: str) -> Iterator[Mapping[str, Any]]:
+    def iter_file(self, path: str) -> Iterator[Mapping[str, Column]]:
         """Yield the samples of ``path`` in order, as dict-of-lists pieces.
 
         Override it for files too large to hold in memory: when the reader does not
@@ -143,7 +143,7 @@ class DataReader(abc.ABC):
         """
         return sum(n_rows(dict(piece)) for piece in self.iter_file(path))
 
-    def checked(self, path: str, columns: Mapping[str, Any], n_sample: int | None = None) -> Columns:
+    def checked(self, path: str, columns: Mapping[str, Column], n_sample: int | None = None) -> Columns:
         """Validate what ``read_file``/``iter_file`` returned; ``ValueError`` names the file and key."""
         return check_columns(columns, n_sample, f"file {path!r}")
 
@@ -169,7 +169,7 @@ class Dataset(abc.ABC):
     thread_safe = False
 
     @abc.abstractmethod
-    def batch_encode(self, batch_data: Dict[str, Any]) -> Dict[str, Any]:
+    def batch_encode(self, batch_data: Columns) -> Columns:
         """Encode ``batch_data``; every returned value has one item per sample."""
 
 
@@ -185,7 +185,7 @@ class IdentityDataset(Dataset):
     thread_safe = True
     releases_gil = True
 
-    def batch_encode(self, batch_data: Dict[str, Any]) -> Dict[str, Any]:
+    def batch_encode(self, batch_data: Columns) -> Columns:
         return batch_data
 
 
@@ -215,5 +215,5 @@ class DataCollator(abc.ABC):
     thread_safe = False
 
     @abc.abstractmethod
-    def collate_batch(self, features: Dict[str, Any]) -> Dict[str, Any]:
+    def collate_batch(self, features: Columns) -> Dict[str, Any]:
         """Collate ``features`` (dict of lists, one item per sample) into a dict of tensors."""

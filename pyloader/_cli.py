@@ -33,19 +33,19 @@ import subprocess
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union
 
 import numpy as np
 
-from ._abc import DataReader, IdentityDataset
+from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._counts import Counter, IndexPlaces
-from ._errors import PipelineError, describe
+from ._errors import ErrorPolicy, PipelineError, describe
 from ._execution import auto_workers
 from ._execution.runners import Exclusive
 from ._length import checked_count
 from ._loader import DataLoader
 from ._storage import count_index as ix
-from ._storage.files import _local, is_url, list_files
+from ._storage.files import DataDir, _local, is_url, list_files
 
 READERS = {
     "jsonl": ("pyloader.readers", "JsonLinesReader"),
@@ -72,14 +72,15 @@ def make_reader(name: str, batch_size: int) -> DataReader:
     return cls(batch_size=batch_size)
 
 
-def user_objects(reader: DataReader) -> List[Any]:
+def user_objects(reader: DataReader) -> Tuple[DataReader, Dataset, DataCollator]:
     """The reader, dataset and collator every command's loader holds (``auto``'s rule looks at them)."""
     from .collators import NumpyCollator
 
-    return [reader, IdentityDataset(), NumpyCollator()]
+    return reader, IdentityDataset(), NumpyCollator()
 
 
-def make_loader(reader: DataReader, data: Any, num_workers: Any = 0, on_error: Any = "raise") -> DataLoader:
+def make_loader(reader: DataReader, data: DataDir, num_workers: Union[int, str] = 0,
+                on_error: ErrorPolicy = "raise") -> DataLoader:
     _, dataset, collator = user_objects(reader)
     return DataLoader(reader, dataset, collator, data, num_workers=num_workers, on_error=on_error)
 
@@ -110,7 +111,7 @@ def human(n: Optional[float]) -> str:
     return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
 
 
-def describe_value(value: Any) -> str:
+def describe_value(value: object) -> str:
     """A field of a batch in one line: its type, shape and first values."""
     short = reprlib.Repr()
     short.maxlist = short.maxother = 4
@@ -127,25 +128,7 @@ def describe_value(value: Any) -> str:
 def inspect(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     reader = make_reader(args.reader, args.batch_size)
     files = list_files(args.data)
-    failed: List[str] = []
-    sizes, counts = 0, 0
-    out(f"{'size':>10}  {'samples':>10}  file")
-    for k, path in enumerate(files):
-        size = file_size(path)
-        try:
-            n: Optional[int] = checked_count(reader, path)
-        except PipelineError as exc:
-            n = None
-            failed.append(str(exc))
-        sizes += size or 0
-        counts += n or 0
-        if k < args.max_files:
-            out(f"{human(size):>10}  {'error' if n is None else n:>10}  {path}")
-    if len(files) > args.max_files:
-        out(f"... and {len(files) - args.max_files} more files")
-    out(f"{len(files)} files, {human(sizes)}, {counts} samples" + (f", {len(failed)} not counted" if failed else ""))
-    for message in failed:
-        out(f"error: {message}")
+    failed = _list_files(reader, files, args.max_files, out)
     skipped: List[PipelineError] = []  # files that fail to read: listed, and the batch is made of the others
     with make_loader(reader, files, on_error=skipped.append) as loader:
         batch = next(iter(loader), None)
@@ -160,7 +143,41 @@ def inspect(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     return 1 if failed or skipped else 0
 
 
+def _list_files(reader: DataReader, files: List[str], max_files: int, out: Callable[[str], None]) -> List[str]:
+    """The first ``max_files`` files with their sizes and counts, then the totals; the counts that failed."""
+    failed: List[str] = []
+    sizes, counts = 0, 0
+    out(f"{'size':>10}  {'samples':>10}  file")
+    for k, path in enumerate(files):
+        size = file_size(path)
+        try:
+            n: Optional[int] = checked_count(reader, path)
+        except PipelineError as exc:
+            n = None
+            failed.append(str(exc))
+        sizes += size or 0
+        counts += n or 0
+        if k < max_files:
+            out(f"{human(size):>10}  {'error' if n is None else n:>10}  {path}")
+    if len(files) > max_files:
+        out(f"... and {len(files) - max_files} more files")
+    out(f"{len(files)} files, {human(sizes)}, {counts} samples" + (f", {len(failed)} not counted" if failed else ""))
+    for message in failed:
+        out(f"error: {message}")
+    return failed
+
+
 # -- bench -----------------------------------------------------------------------------
+class Setting(TypedDict):
+    """One ``bench`` setting, as ``_measure`` takes it (JSON)."""
+
+    data: str
+    reader: str
+    batch_size: int
+    workers: Union[int, str]  # a number, or "auto"
+    max_batches: Optional[int]
+
+
 @dataclass
 class Result:
     workers: Union[int, str]  # a number, or "auto"
@@ -235,7 +252,7 @@ class TreeMemory:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
 
@@ -257,7 +274,7 @@ def own_peak_bytes() -> int:
                    + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 
 
-def measure(spec: Dict[str, Any]) -> Result:
+def measure(spec: Setting) -> Result:
     """One setting, in this process: the loader's rates over one epoch (or ``max_batches``)."""
     reader = make_reader(spec["reader"], spec["batch_size"])
     with make_loader(reader, spec["data"], spec["workers"]) as loader:
@@ -283,7 +300,7 @@ def placed_by(placement: Dict[str, Any]) -> Tuple[str, str]:
     return measured["place"], f"{placement['num_workers']} workers started; {how}"
 
 
-def run_setting(spec: Dict[str, Any], timeout: float) -> Result:
+def run_setting(spec: Setting, timeout: float) -> Result:
     """``measure(spec)`` in a fresh Python process running this same pyloader, its tree's memory
     sampled from here."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -345,22 +362,31 @@ def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     results = []
     out(f"{'workers':>7}  {'samples/s':>12}  {'samples':>9}  {'first batch':>11}  {'peak memory':>11}  processes")
     for workers in [*dict.fromkeys(args.workers), auto_workers.AUTO]:  # the default is always timed
-        spec = {"data": args.data, "reader": args.reader, "batch_size": args.batch_size, "workers": workers,
-                "max_batches": args.max_batches}
+        spec: Setting = {"data": args.data, "reader": args.reader, "batch_size": args.batch_size,
+                         "workers": workers, "max_batches": args.max_batches}
         r = run_setting(spec, args.timeout)
         results.append(r)
-        mark = f"  <- the default: ran in {r.placed}" if workers == auto_workers.AUTO and r.error is None else ""
-        if r.error is not None:
-            out(f"{workers:>7}  failed: {r.error}")
-        else:
-            out(f"{workers:>7}  {r.samples_per_s:>12,.0f}  {r.samples:>9}  {r.first_batch_s:>10.3f}s  "
-                f"{r.peak_mib:>7.0f} MiB  {r.processes or '?':>9}{mark}")
+        out(_result_line(r, f"  <- the default: ran in {r.placed}" if workers == auto_workers.AUTO else ""))
     if all(r.error is not None for r in results):
         out("no setting ran: nothing to recommend")
         return 1
+    _recommend(results, args.tolerance, out)
+    return 1 if any(r.error is not None for r in results) else 0
+
+
+def _result_line(r: Result, mark: str) -> str:
+    """A setting's row of the table (``mark``: what follows the row of a setting that ran)."""
+    if r.error is not None:
+        return f"{r.workers:>7}  failed: {r.error}"
+    return (f"{r.workers:>7}  {r.samples_per_s:>12,.0f}  {r.samples:>9}  {r.first_batch_s:>10.3f}s  "
+            f"{r.peak_mib:>7.0f} MiB  {r.processes or '?':>9}{mark}")
+
+
+def _recommend(results: List[Result], tolerance: float, out: Callable[[str], None]) -> None:
+    """How memory was measured, a setting faster than the default (the last) if one was, and the recommendation."""
     memory = next(r.memory for r in results if r.error is None)
     out(f"memory: {memory}")
-    faster = faster_than_default(results, args.tolerance)
+    faster = faster_than_default(results, tolerance)
     default = results[-1]
     if faster is not None:
         out(f"measured: num_workers={faster.workers} was {faster.samples_per_s / default.samples_per_s - 1:.0%} "
@@ -368,7 +394,6 @@ def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     ran = f"which ran in {default.placed} here ({default.why})" if default.error is None else \
         f"which failed here: {default.error}"
     out(f'recommended: num_workers="auto" (the default), {ran}')
-    return 1 if any(r.error is not None for r in results) else 0
 
 
 # -- index -----------------------------------------------------------------------------
@@ -378,25 +403,30 @@ def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     reader = make_reader(args.reader, args.batch_size)
     files = list_files(args.data)
     places = IndexPlaces.of(reader, args.data, files, None)
-    now = ix.stamps(files, places.folder)
-    missing = [f for f, stamp in zip(files, now) if stamp is None]
-    if missing:
-        raise FileNotFoundError(f"{missing[0]!r} was listed but is gone" + (f" (and {len(missing) - 1} more)"
-                                                                            if len(missing) > 1 else ""))
+    now = _stamps(files, places.folder)
     names = [ix.name_in(places.folder, f) for f in files]
     found = ix.read_index(places.data_index, places.key)
     kept = ix.lookup(files, names, now, [found] if found else [])
     counted = Counter(reader, files, Exclusive([reader]), None).count(kept.counts, first_failure_stops=False,
                                                                        progress=args.progress)
-    entries = {name: ix.entry(stamp, n) for name, stamp, n in zip(names, now, counted.counts)
-               if stamp is not None and n is not None}
+    entries = {name: ix.entry(stamp, n) for name, stamp, n in zip(names, now, counted.counts) if n is not None}
     ix.write_index(places.data_index, places.key, entries, keep_found=False)
     out(f"{places.data_index}: {len(entries)} files, {sum(e['count'] for e in entries.values())} samples "
         f"({len(files) - counted.counted} from the index there, {counted.counted} counted, in {counted.seconds:.2f} s)")
     return _report_index(kept.stale, sorted(set(found or {}) - set(names)), counted.failures, out)
 
 
-def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[Any],
+def _stamps(files: List[str], folder: str) -> List[ix.Stamp]:
+    """Each file's size and version now; ``FileNotFoundError`` naming the first that is gone."""
+    now = ix.stamps(files, folder)
+    missing = [f for f, stamp in zip(files, now) if stamp is None]
+    if missing:
+        raise FileNotFoundError(f"{missing[0]!r} was listed but is gone" + (f" (and {len(missing) - 1} more)"
+                                                                            if len(missing) > 1 else ""))
+    return [stamp for stamp in now if stamp is not None]
+
+
+def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[Tuple[int, PipelineError]],
                   out: Callable[[str], None]) -> int:
     for path in stale:
         out(f"changed since the index was written, counted again: {path}")

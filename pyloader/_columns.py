@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, fields
 from operator import itemgetter
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TypeVar, final
+from typing import Any, Callable, Dict, Optional, Sequence, TypeVar, final
 
 import numpy as np
 
@@ -57,7 +57,7 @@ class Traced:
 Rows = TypeVar("Rows", Columns, Traced)  # what the row helpers below take: plain columns, or traced ones
 
 
-def check_columns(columns: Mapping[str, Sequence], n_sample: Optional[int], where: str) -> Columns:
+def check_columns(columns: object, n_sample: Optional[int], where: str) -> Columns:
     """Check that ``columns`` is a dict of sequences of one length; return it as a dict.
 
     ``n_sample`` is the length the caller announced (``None``: take the first
@@ -67,12 +67,7 @@ def check_columns(columns: Mapping[str, Sequence], n_sample: Optional[int], wher
         raise ValueError(f"{where}: expected a dict of lists, got {type(columns).__name__}")
     out: Columns = {}
     for key, col in columns.items():
-        if not isinstance(key, str):
-            raise ValueError(f"{where}: keys must be strings, got {key!r}")
-        if isinstance(col, (str, bytes)) or not hasattr(col, "__len__") or not hasattr(col, "__getitem__"):
-            raise ValueError(f"{where}: key {key!r} holds {type(col).__name__}, expected a list or array")
-        if isinstance(col, np.ndarray) and col.ndim == 0:
-            raise ValueError(f"{where}: key {key!r} holds a 0-d array, expected one item per sample")
+        _check_column(key, col, where)
         if n_sample is None:
             n_sample = len(col)
         elif len(col) != n_sample:
@@ -81,6 +76,16 @@ def check_columns(columns: Mapping[str, Sequence], n_sample: Optional[int], wher
     if n_sample is not None and (not isinstance(n_sample, (int, np.integer)) or n_sample < 0):
         raise ValueError(f"{where}: n_sample must be a non-negative integer, got {n_sample!r}")
     return out
+
+
+def _check_column(key: object, col: object, where: str) -> None:
+    """``ValueError`` unless ``key`` is a string and ``col`` a sequence (of one item per sample)."""
+    if not isinstance(key, str):
+        raise ValueError(f"{where}: keys must be strings, got {key!r}")
+    if isinstance(col, (str, bytes)) or not hasattr(col, "__len__") or not hasattr(col, "__getitem__"):
+        raise ValueError(f"{where}: key {key!r} holds {type(col).__name__}, expected a list or array")
+    if isinstance(col, np.ndarray) and col.ndim == 0:
+        raise ValueError(f"{where}: key {key!r} holds a 0-d array, expected one item per sample")
 
 
 def n_rows(columns: Any) -> int:
@@ -129,15 +134,18 @@ def concat(pieces: Sequence[Rows], where: str = "batch") -> Rows:
         if set(piece) != set(keys):
             raise ValueError(f"{where}: pieces have different keys: {sorted(keys)} vs {sorted(piece)}")
     for key in keys:
-        cols = [p[key] for p in pieces]
-        if all(isinstance(c, np.ndarray) for c in cols):
-            out[key] = np.concatenate(cols)
-        else:
-            joined: list = []
-            for c in cols:
-                joined.extend(c.tolist() if isinstance(c, np.ndarray) else c)
-            out[key] = joined
+        out[key] = _joined([p[key] for p in pieces])
     return out
+
+
+def _joined(cols: Sequence[Column]) -> Column:
+    """Columns end to end: one array when all are arrays, else a list."""
+    if all(isinstance(c, np.ndarray) for c in cols):
+        return np.concatenate(cols)
+    joined: list = []
+    for c in cols:
+        joined.extend(c.tolist() if isinstance(c, np.ndarray) else c)
+    return joined
 
 
 def interleave(labels: np.ndarray, part: Callable[[int, np.ndarray], Rows], where: str) -> Rows:

@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from ._abc import DataReader
 from ._errors import PipelineError
@@ -30,6 +30,9 @@ from ._execution.runners import Exclusive
 from ._length import checked_count
 from ._stats import Counting
 from ._storage import count_index as ix
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 logger = logging.getLogger("pyloader")
 
@@ -53,13 +56,14 @@ class Counted:
 class IndexPlaces:
     """Where the indexes of a loader's data are: next to the data, and in ``cache_dir``."""
 
-    key: Dict[str, Any]
+    key: ix.IndexKey
     folder: str  # the data's folder: names in the index next to the data are relative to it
     data_index: str
     cache_index: Optional[str]
 
     @classmethod
-    def of(cls, reader: DataReader, data_dir: Any, files: Sequence[str], cache_folder: Optional[str]) -> "IndexPlaces":
+    def of(cls, reader: DataReader, data_dir: object, files: Sequence[str],
+           cache_folder: Optional[str]) -> "IndexPlaces":
         key = ix.count_key(reader)
         folder = ix.index_folder(data_dir, files)
         cache = None if cache_folder is None else ix.cache_index_path(cache_folder, key, folder)
@@ -114,17 +118,19 @@ class Counter:
         counts: List[Optional[int]] = list(known) if known is not None else [None] * len(self.files)
         need = [i for i, n in enumerate(counts) if n is None]
         out = Counted(counts)
-        stamps: Dict[int, ix.Stamp] = {}
-        if self.places is not None and need:
-            stamps = self._from_indexes(need, out)
+        stamps = self._from_indexes(need, out) if self.places is not None and need else {}
         left = [i for i in need if counts[i] is None]
         self._count(left, out, first_failure_stops, stop or threading.Event(), progress)
         out.counted = len(left)
-        if self.places is not None and self.places.cache_index is not None and left:
+        if left and self._keeps_counts():
             self._keep(need, counts, stamps)
         out.seconds = time.perf_counter() - began
         self.counting.add(out.counted, out.indexed, len(out.stale), out.seconds)
         return out
+
+    def _keeps_counts(self) -> bool:
+        """Whether what is counted goes to an index in ``cache_dir``."""
+        return self.places is not None and self.places.cache_index is not None
 
     def _from_indexes(self, need: List[int], out: Counted) -> Dict[int, ix.Stamp]:
         """Fill ``out.counts`` from the indexes; the stamps of the files (those found now)."""
@@ -197,7 +203,7 @@ def _warn_stale(index: str, stale: List[str]) -> None:
                    index, len(stale), named, more)
 
 
-def _bar(total: int) -> Any:
+def _bar(total: int) -> tqdm:
     from ._frameworks.progress import counting_bar
 
     return counting_bar(total)

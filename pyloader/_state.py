@@ -20,7 +20,7 @@ import json
 import os
 import reprlib
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._paths import is_url
 
@@ -74,14 +74,20 @@ def _strip_scheme(path: str) -> str:
 def files_digest(files: Sequence[str]) -> str:
     """The files' names relative to their common folder, and the sizes of local ones."""
     names = [_strip_scheme(p) for p in files]
-    root = os.path.commonpath(names) if len(names) > 1 else os.path.dirname(names[0])
-    if len(names) > 1 and root in names:  # one path is the other's folder: cannot happen with files
-        root = os.path.dirname(root)
+    root = _common_root(names)
     lines = []
     for path, name in zip(files, names):
         size = "" if is_url(path) else str(os.path.getsize(path[7:] if path.startswith("file://") else path))
         lines.append(f"{os.path.relpath(name, root) if root else name}\t{size}")
     return hashlib.sha1("\n".join(lines).encode()).hexdigest()
+
+
+def _common_root(names: List[str]) -> str:
+    """The folder the files ``names`` have in common (a single file's own folder)."""
+    if len(names) == 1:
+        return os.path.dirname(names[0])
+    root = os.path.commonpath(names)
+    return os.path.dirname(root) if root in names else root  # one path is the other's folder: not with files
 
 
 def old_files_digest(files: Sequence[str]) -> str:
@@ -144,16 +150,22 @@ def read_state(state: object, ours: Mapping[str, object], old_files: str, num_ep
         raise ValueError("the state has no settings fingerprint")
     if state["format"] == OLD_FORMAT:
         ours = {**ours, "files": old_files}
-    differ = [line for k in ours if k not in _PER_RANK and (k in theirs or state["format"] == FORMAT)
-              for line in _differences(k, ours[k], theirs.get(k))]
-    if differ:
-        raise ValueError(f"the state was saved with other data or settings: {'; '.join(differ)}")
+    _check_fingerprint(theirs, ours, every=state["format"] == FORMAT)
     epoch, skip = _integer(state, "epoch"), _integer(state, "batches_in_epoch")
     if state["format"] == OLD_FORMAT:
         if epoch > num_epoch:
             raise ValueError(f"the state's epoch {epoch} is beyond num_epoch={num_epoch}")
         return Start(epoch, skip, num_epoch)
     return _elastic(_position(state, epoch, skip, _iteration_end(state, epoch, num_epoch)), theirs, ours)
+
+
+def _check_fingerprint(theirs: Mapping[str, object], ours: Mapping[str, object], every: bool) -> None:
+    """``ValueError`` naming each setting of ``ours`` that the state's ``theirs`` differs in (the settings
+    of one rank aside); ``every=False`` (a state of the old format): only those it recorded."""
+    differ = [line for k in ours if k not in _PER_RANK and (k in theirs or every)
+              for line in _differences(k, ours[k], theirs.get(k))]
+    if differ:
+        raise ValueError(f"the state was saved with other data or settings: {'; '.join(differ)}")
 
 
 def _position(state: Mapping[str, object], epoch: int, skip: int, end: int) -> Start:
@@ -199,16 +211,19 @@ def _optional(state: Mapping[str, object], name: str) -> Optional[int]:
     return None if state.get(name) is None else _integer(state, name)
 
 
-def _splits(value: Any) -> Tuple[Tuple[int, int], ...]:
+def _splits(value: object) -> Tuple[Tuple[int, int], ...]:
     """Each split: a world size and the batches every rank of it took (at least one: a split is
     made only where its ranks took some). Their sizes are checked against the data by the loader."""
-    ok = isinstance(value, list) and all(
-        isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
-        and 1 <= s[0] < LIMIT and 1 <= s[1] < LIMIT for s in value)
-    if not ok:
+    if not (isinstance(value, list) and all(_is_split(s) for s in value)):
         raise ValueError(f"the state's splits must be a list of [world_size, batches] (integers >= 1), "
                          f"got {shown(value)}")
     return tuple((w, b) for w, b in value)
+
+
+def _is_split(s: object) -> bool:
+    """Whether ``s`` is ``[world_size, batches]``, two integers in ``1 .. LIMIT - 1``."""
+    return isinstance(s, list) and len(s) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v < LIMIT for v in s)
 
 
 def _elastic(start: Start, theirs: Mapping[str, object], ours: Mapping[str, object]) -> Start:
@@ -225,12 +240,18 @@ def _elastic(start: Start, theirs: Mapping[str, object], ours: Mapping[str, obje
         raise ValueError(f"the state was saved mid-epoch under world_size={saved_world}, not {ours['world_size']}, "
                          f"in an epoch read from the cache of encoded batches (cache_encoded), which holds "
                          f"the saved rank's share only: resume it under world_size={saved_world}")
-    if ours["shuffle_buffer"] or ours.get("filter_fn") or ours.get("bucket_by") or ours.get("rotation"):
+    if _reorders(ours):
         raise ValueError(f"the state was saved mid-epoch under world_size={saved_world}, not {ours['world_size']}: "
                          f"resuming under another world size is not supported with a shuffle or bucket buffer, "
                          f"with filter_fn, or with rotation (the samples a rank delivered are then not the first "
                          f"ones of its share)")
     return Start(start.epoch, start.skip, start.end, (*start.splits, (saved_world, taken)))
+
+
+def _reorders(ours: Mapping[str, object]) -> bool:
+    """Whether a rank's delivered samples may not be the first of its share: a shuffle or bucket buffer,
+    ``filter_fn``, or rotation."""
+    return bool(ours["shuffle_buffer"] or ours.get("filter_fn") or ours.get("bucket_by") or ours.get("rotation"))
 
 
 def after(last_epoch: Optional[int], start: Start, num_epoch: int) -> Start:

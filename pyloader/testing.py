@@ -32,10 +32,10 @@ if TYPE_CHECKING:
 __all__ = ["LatencyFileSystem", "check_resume"]
 
 # one batch handed out: the loader's ``epoch`` then, and a copy of the batch's data
-_Step = Tuple[Optional[int], Any]
+_Step = Tuple[Optional[int], object]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type[LatencyFileSystem]:
     if name == "LatencyFileSystem":  # imported on first use: fsspec is an optional dependency
         from ._storage.latency import LatencyFileSystem
 
@@ -89,6 +89,15 @@ def check_resume(make_loader: Callable[[], DataLoader],
     finally:
         loader.close()
     _expect(bool(first), "the uninterrupted iteration yielded no batch: there is no position to resume at")
+    for k in _chosen(positions, first):
+        _check_position(make_loader, first, second, k)
+    return len(first)
+
+
+def _chosen(positions: Union[None, Iterable[int], Callable[[List[Optional[int]]], Iterable[int]]],
+            first: List[_Step]) -> List[int]:
+    """The positions to check, of the ``n`` batches of the uninterrupted iteration ``first``: every one
+    (``0..n``), those given, or those a callable picks from the batches' epochs."""
     n = len(first)
     if callable(positions):
         positions = positions([epoch for epoch, _ in first])
@@ -96,9 +105,7 @@ def check_resume(make_loader: Callable[[], DataLoader],
     outside = [k for k in chosen if not 0 <= k <= n]
     if outside:
         raise ValueError(f"positions {outside} are outside the uninterrupted iteration's 0..{n} batches")
-    for k in chosen:
-        _check_position(make_loader, first, second, k)
-    return n
+    return chosen
 
 
 def _check_position(make_loader: Callable[[], DataLoader], first: List[_Step], second: List[_Step],
@@ -127,7 +134,7 @@ def _check_position(make_loader: Callable[[], DataLoader], first: List[_Step], s
         loader.close()
 
 
-def _take(loader: DataLoader, k: int, n: int) -> Tuple[List[_Step], Dict[str, Any], Dict[str, Any]]:
+def _take(loader: DataLoader, k: int, n: int) -> Tuple[List[_Step], Dict[str, object], Dict[str, object]]:
     """The first ``k`` batches of an iteration, the state at ``k``, and the state once the loop is left."""
     where = f"state_dict() at position {k} of {n}"
     head: List[_Step] = []
@@ -145,7 +152,7 @@ def _take(loader: DataLoader, k: int, n: int) -> Tuple[List[_Step], Dict[str, An
     return head, state, _json(loader.state_dict(), f"{where}, after leaving the loop")
 
 
-def _json(state: Any, where: str) -> Dict[str, Any]:
+def _json(state: object, where: str) -> Dict[str, object]:
     try:
         text = json.dumps(state, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -160,7 +167,7 @@ def _run(loader: DataLoader) -> List[_Step]:
     return [(loader.epoch, _copy(batch)) for batch in loader]
 
 
-def _copy(value: Any) -> Any:
+def _copy(value: object) -> object:
     """``value`` with every array and tensor copied to a NumPy array (tagged with its type), so
     that the batches kept share no memory with the loader."""
     if isinstance(value, abc.Mapping):
@@ -171,6 +178,11 @@ def _copy(value: Any) -> Any:
         return tuple(_copy(item) for item in value)
     if isinstance(value, np.ndarray):
         return _Array("ndarray", value.copy())
+    return _copy_tensor(value)
+
+
+def _copy_tensor(value: object) -> object:
+    """A torch or TensorFlow tensor as a copied ``_Array``; anything else as it is."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch
         tensor = value.detach().cpu()
         try:

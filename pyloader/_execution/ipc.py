@@ -47,7 +47,7 @@ import struct
 import sys
 import threading
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -60,6 +60,7 @@ _HEAD = struct.Struct("<cQIqq")  # kind, pickle length, number of buffers, tag, 
 _SPAN = struct.Struct("<QQ")  # offset, length
 HAVE_MEMFD = hasattr(os, "memfd_create")
 _ARRAY_TYPES = (np.ndarray, np.memmap)
+_Reduction = Tuple[Callable[..., object], Tuple[object, ...]]  # what ``__reduce__`` returns: rebuild, its arguments
 
 
 class MessageLost(Exception):
@@ -77,7 +78,7 @@ class _Pickler(pickle.Pickler):
     """Sends CPU torch tensors as NumPy arrays (zero-copy), rebuilt as tensors on arrival, and
     arrays that are unwritten bytes of a mapped file as where they lie in it (``_npy.file_span``)."""
 
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(self, obj: Any) -> _Reduction:
         if type(obj) in _ARRAY_TYPES:
             return _span_reduction(obj)
         torch = sys.modules.get("torch")
@@ -89,7 +90,7 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-def _span_reduction(array: Any) -> Any:
+def _span_reduction(array: np.ndarray) -> _Reduction:
     """``array`` as ``(file, offset, shape, dtype)``, mapped on arrival by ``mapped_array``, where
     its bytes are a mapped file's (any NumPy dtype but records and objects); else as usual."""
     dtype = array.dtype
@@ -101,7 +102,7 @@ def _span_reduction(array: Any) -> Any:
     return mapped_array, (span.path, span.identity, span.offset, array.shape, dtype.str, array.flags.writeable)
 
 
-def _dumps(obj: Any) -> Tuple[bytes, List[pickle.PickleBuffer]]:
+def _dumps(obj: object) -> Tuple[bytes, List[pickle.PickleBuffer]]:
     """The pickle and its out-of-band buffers (those over ``INBAND_MAX`` bytes)."""
     buffers: List[pickle.PickleBuffer] = []
 
@@ -121,19 +122,19 @@ class Sealed:
 
     __slots__ = ("data", "buffers")
 
-    def __init__(self, data: Any, buffers: Sequence[Any]) -> None:
+    def __init__(self, data: pickle.PickleBuffer, buffers: Sequence[pickle.PickleBuffer]) -> None:
         self.data = data
         self.buffers = buffers
 
     @classmethod
-    def seal(cls, obj: Any) -> "Sealed":
+    def seal(cls, obj: object) -> "Sealed":
         data, buffers = _dumps(obj)
         return cls(pickle.PickleBuffer(data), buffers)
 
-    def __reduce__(self) -> Tuple[Any, Tuple[Any, Sequence[Any]]]:
+    def __reduce__(self) -> Tuple[type, Tuple[pickle.PickleBuffer, Sequence[pickle.PickleBuffer]]]:
         return Sealed, (self.data, self.buffers)
 
-    def open(self) -> Any:
+    def open(self) -> object:
         return pickle.loads(self.data, buffers=self.buffers)
 
 
@@ -145,7 +146,7 @@ def channel_pair() -> Tuple[socket.socket, socket.socket]:
     return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
-def send(sock: socket.socket, obj: Any, tag: int = -1, gen: int = 0) -> None:
+def send(sock: socket.socket, obj: object, tag: int = -1, gen: int = 0) -> None:
     """Send ``obj`` as one packet (plus a memfd when it is large or holds large arrays)."""
     data, buffers = _dumps(obj)
     raws = [b.raw() for b in buffers]
@@ -157,6 +158,11 @@ def send(sock: socket.socket, obj: Any, tag: int = -1, gen: int = 0) -> None:
         else:
             _send_fd_less(sock, data, tag, gen)
         return
+    _send_memfd(sock, data, raws, tag, gen)
+
+
+def _send_memfd(sock: socket.socket, data: bytes, raws: List[memoryview], tag: int, gen: int) -> None:
+    """The pickle and its buffers written into an anonymous memory file, whose descriptor is sent."""
     spans, offset = [], _aligned(len(data))
     for raw in raws:
         spans.append((offset, len(raw)))
@@ -196,14 +202,7 @@ def recv(sock: socket.socket) -> Tuple[int, int, Any]:
     if kind == b"I":
         return tag, gen, _loads(tag, gen, body, [])
     if kind == b"P":
-        chunks, got = [], 0
-        while got < length:
-            chunk = sock.recv(_RECV_SIZE)
-            if not chunk:
-                raise EOFError("peer closed mid-message")
-            chunks.append(chunk)
-            got += len(chunk)
-        return tag, gen, _loads(tag, gen, b"".join(chunks), [])
+        return tag, gen, _loads(tag, gen, _recv_rest(sock, length), [])
     fd = _take_fd(ancdata)
     if fd is None:
         if flags & socket.MSG_CTRUNC:  # the kernel dropped the descriptor: no free one here
@@ -211,16 +210,27 @@ def recv(sock: socket.socket) -> Tuple[int, int, Any]:
         raise EOFError("a large message arrived without its memory descriptor")
     try:
         spans = [_SPAN.unpack_from(body, i * _SPAN.size) for i in range(n_spans)]
-        mem = _map_shared(fd, os.fstat(fd).st_size)
+        view = _map_shared(fd, os.fstat(fd).st_size)
     except OSError as exc:
         raise MessageLost(tag, gen, exc) from exc
     finally:
         os.close(fd)
-    view = memoryview(mem)
     return tag, gen, _loads(tag, gen, view[:length], [view[s:s + n] for s, n in spans])
 
 
-def _loads(tag: int, gen: int, data: Any, buffers: List[memoryview]) -> Any:
+def _recv_rest(sock: socket.socket, length: int) -> bytes:
+    """The ``length`` bytes of a pickle sent in several packets (``_send_fd_less``)."""
+    chunks, got = [], 0
+    while got < length:
+        chunk = sock.recv(_RECV_SIZE)
+        if not chunk:
+            raise EOFError("peer closed mid-message")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _loads(tag: int, gen: int, data: Union[bytes, memoryview], buffers: List[memoryview]) -> Any:
     try:
         return pickle.loads(data, buffers=buffers)
     except Exception as exc:  # whatever a class's unpickling raises
@@ -264,7 +274,7 @@ class _Mapping:
             libc.munmap(self._address, self._size)
 
 
-def _load_libc() -> Any:
+def _load_libc() -> Optional[ctypes.CDLL]:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
@@ -279,22 +289,29 @@ def _load_libc() -> Any:
 
 _LIBC = _load_libc() if HAVE_MEMFD else None
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_Owner = Union[_Mapping, mmap.mmap]
 
 
-def _map_shared(fd: int, size: int, flags: int = mmap.MAP_SHARED, what: str = "message") -> Any:
+def _map_shared(fd: int, size: int, flags: int = mmap.MAP_SHARED, what: str = "message") -> memoryview:
     """A writable buffer over the first ``size`` bytes of ``fd``; the caller may close ``fd`` at once.
     ``MAP_PRIVATE``: writing to it changes only this process's copy (copy on write)."""
+    owner = _map_owner(fd, size, flags, what)
+    return memoryview(owner) if isinstance(owner, mmap.mmap) else np.asarray(owner).data
+
+
+def _map_owner(fd: int, size: int, flags: int, what: str) -> _Owner:
+    """What owns the map of the first ``size`` bytes of ``fd`` (views over it keep it alive)."""
     if _LIBC is None:
         return mmap.mmap(fd, size, flags)  # keeps a descriptor, but there is no other way here
     address = _LIBC.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
     if address is None or address == _MAP_FAILED:
         code = ctypes.get_errno()
         raise OSError(code, f"mmap of a {size}-byte {what} failed: {os.strerror(code)}")
-    return np.asarray(_Mapping(address, size))
+    return _Mapping(address, size)
 
 
 # -- arrays that are spans of mapped files ----------------------------------------------
-_FILES: "weakref.WeakValueDictionary[Tuple[str, Identity], Any]" = weakref.WeakValueDictionary()
+_FILES: "weakref.WeakValueDictionary[Tuple[str, Identity], _Owner]" = weakref.WeakValueDictionary()
 _FILES_LOCK = threading.Lock()
 
 
@@ -317,7 +334,7 @@ def mapped_array(path: str, identity: Identity, offset: int, shape: Tuple[int, .
     return out
 
 
-def _map_file(path: str, identity: Identity) -> Any:
+def _map_file(path: str, identity: Identity) -> _Owner:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError as e:
@@ -329,7 +346,6 @@ def _map_file(path: str, identity: Identity) -> Any:
             raise MappedFileChanged(f"file {path!r} changed while it was read (device, inode, size, "
                                     f"mtime_ns were {identity}, are {now}): a batch a worker process mapped "
                                     f"from it cannot be mapped here")
-        mapped = _map_shared(fd, identity[2], mmap.MAP_PRIVATE, "file")
-        return mapped.base if _LIBC is not None else mapped  # what owns the map: arrays over it keep it
+        return _map_owner(fd, identity[2], mmap.MAP_PRIVATE, "file")  # arrays over it keep it alive
     finally:
         os.close(fd)

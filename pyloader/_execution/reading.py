@@ -98,28 +98,36 @@ def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Ser
         if task.start == 0 and task.end is None:
             yield from _pieces(reader, task, busy)
             return
-        offset, end = 0, task.end  # rows start:end only (a rank's share of the file)
-        assert end is not None, "a share of a file names where it ends"
-        pieces = _pieces(reader, task, busy)
-        for piece in pieces:
-            n = n_rows(piece)
-            lo, hi = max(task.start - offset, 0), min(end - offset, n)
-            if lo < hi:
-                yield piece if (lo, hi) == (0, n) else slice_rows(piece, lo, hi)
-            offset += n
-            if offset >= end:
-                # the share that ends where the count says the file ends checks there is no more
-                if end == task.count and (offset > end or any(n_rows(p) for p in pieces)):
-                    raise ValueError(f"file {task.path!r} has more samples than the {task.count} "
-                                     f"DataReader.count said: the rest would be lost")
-                return
-        if offset >= end:  # no rows asked for: a file counted empty, read to check that it is
+        assert task.end is not None, "a share of a file names where it ends"
+        yield from _share(_pieces(reader, task, busy), task, task.end)
+
+
+def _share(pieces: Iterator[Columns], task: FileTask, end: int) -> Iterator[Columns]:
+    """Rows ``task.start:end`` of the file's ``pieces`` (a rank's share of the file, or a slice of it)."""
+    offset = 0
+    for piece in pieces:
+        n = n_rows(piece)
+        lo, hi = max(task.start - offset, 0), min(end - offset, n)
+        if lo < hi:
+            yield piece if (lo, hi) == (0, n) else slice_rows(piece, lo, hi)
+        offset += n
+        if offset >= end:
+            # the share that ends where the count says the file ends checks there is no more
+            if end == task.count and (offset > end or any(n_rows(p) for p in pieces)):
+                raise ValueError(f"file {task.path!r} has more samples than the {task.count} "
+                                 f"DataReader.count said: the rest would be lost")
             return
-        if task.count is None:  # no count: a stream-mode slice (path, start, end)
-            raise ValueError(f"file {task.path!r} has {offset} samples, fewer than the slice {task.start}:{task.end} "
-                             f"of it asks for")
-        raise ValueError(f"file {task.path!r} has {offset} samples but DataReader.count said at least {task.end}: "
-                         f"ranks would take different numbers of steps")
+    if offset >= end:  # no rows asked for: a file counted empty, read to check that it is
+        return
+    raise _too_short(task, offset)
+
+
+def _too_short(task: FileTask, offset: int) -> ValueError:
+    if task.count is None:  # no count: a stream-mode slice (path, start, end)
+        return ValueError(f"file {task.path!r} has {offset} samples, fewer than the slice {task.start}:{task.end} "
+                          f"of it asks for")
+    return ValueError(f"file {task.path!r} has {offset} samples but DataReader.count said at least {task.end}: "
+                      f"ranks would take different numbers of steps")
 
 
 def pieces_with_end(reader: object, task: FileTask, data: Union[None, bytes, Served] = None,

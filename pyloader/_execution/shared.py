@@ -9,12 +9,29 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from typing import Any, Dict, Type
+from multiprocessing.context import BaseContext
+from typing import Dict, Protocol, Type
 
-_TYPES: Dict[str, Type[Any]] = {"q": ctypes.c_longlong, "d": ctypes.c_double}
+_TYPES: Dict[str, Type[ctypes._SimpleCData]] = {"q": ctypes.c_longlong, "d": ctypes.c_double}
 
 
-def shared_value(ctx: Any, typecode: str, value: float) -> Any:
+class SharedNumber(Protocol):
+    """What ``shared_value`` returns."""
+
+    value: float
+
+
+class SharedRow(Protocol):
+    """What ``shared_row`` returns."""
+
+    def __getitem__(self, i: int) -> float: ...
+
+    def __setitem__(self, i: int, value: float) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
+def shared_value(ctx: BaseContext, typecode: str, value: float) -> SharedNumber:
     """One number with a ``.value``, shared with workers started by ``ctx`` (a multiprocessing context)."""
     if ctx.get_start_method() != "fork":
         return ctx.RawValue(typecode, value)
@@ -23,7 +40,7 @@ def shared_value(ctx: Any, typecode: str, value: float) -> Any:
     return shared
 
 
-def shared_row(ctx: Any, typecode: str, n: int) -> Any:
+def shared_row(ctx: BaseContext, typecode: str, n: int) -> SharedRow:
     """``n`` numbers, zero at first, shared with workers started by ``ctx``."""
     if ctx.get_start_method() != "fork":
         return ctx.RawArray(typecode, n)

@@ -22,7 +22,7 @@ import time
 import zlib
 from collections import abc
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union, cast, overload
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from .._columns import Columns, Rows, concat, slice_rows
 from .._rng import enter, leave
 from .._stats import BusySink, GroupClock, profiled, profiling, timed
 
-Step = Tuple[str, Callable[[Any], Any]]
+Step = Tuple[str, Callable[[Any], object]]  # a user method's name, and the method (it takes what the step before gave)
 
 
 class StepFailed(Exception):
@@ -88,7 +88,7 @@ def _same(data: object) -> object:
 Outcome = Union[object, StepFailed]  # a batch's result, or the step that failed on it
 
 
-def run_each(steps: Sequence[Step], datas: Sequence[Any], prepare: Callable[[Any], Any] = _same,
+def run_each(steps: Sequence[Step], datas: Sequence[object], prepare: Callable[[Any], object] = _same,
              busy: Optional[BusySink] = None, keys: Optional[Sequence[Key]] = None) -> List[Outcome]:
     """``run_steps`` on every batch of a group (``keys``: each batch's); a batch that fails does not
     stop the others. The group's time goes to ``busy`` (``GroupClock``)."""
@@ -116,20 +116,21 @@ def run_stacked(steps: Sequence[Step], datas: Sequence[object],
     """
     if not isinstance(datas, StackedRows):
         return None
-    value: Any = datas.columns
+    columns: Mapping[str, np.ndarray] = datas.columns
     try:
         with timed(busy, "encode"):
             for name, fn in steps:
                 on_stacked = getattr(fn, "on_stacked", None)
                 with timed(busy, name):
-                    value = on_stacked(value) if on_stacked is not None else None
+                    value = on_stacked(columns) if on_stacked is not None else None
                 if value is None:
                     return None
-        if any(column.shape[0] != len(datas) for column in value.values()):
+                columns = value
+        if any(column.shape[0] != len(datas) for column in columns.values()):
             return None
     except Exception:
         return None
-    return StackedOutputs(value)
+    return StackedOutputs(columns)
 
 
 class StackedOutputs(dict):
@@ -147,7 +148,13 @@ class StackedRows(abc.Sequence):
     def __len__(self) -> int:
         return self._count
 
-    def __getitem__(self, k: Any) -> Any:
+    @overload
+    def __getitem__(self, k: int) -> Dict[str, object]: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> List[Dict[str, object]]: ...
+
+    def __getitem__(self, k: Union[int, slice]) -> Union[Dict[str, object], List[Dict[str, object]]]:
         if isinstance(k, slice):
             return [self[i] for i in range(*k.indices(self._count))]
         if not -self._count <= k < self._count:

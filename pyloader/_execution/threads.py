@@ -72,19 +72,23 @@ class DaemonExecutor(concurrent.futures.Executor):
             del item, future, fn, args, kwargs
             self._idle.release()
 
+    def _cancel_queued(self) -> None:
+        """Cancel every call not started yet (the caller holds the lock)."""
+        while True:
+            try:
+                item = self._work.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP:
+                item[0].cancel()
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False, timeout: Optional[float] = None) -> None:
         """Stop the threads; with ``wait``, give them up to ``timeout`` seconds in all to finish
         the call they are in (a thread stuck in user code is left to end on its own)."""
         with self._lock:
             self._shutdown = True
             if cancel_futures:
-                while True:
-                    try:
-                        item = self._work.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is not _STOP:
-                        item[0].cancel()
+                self._cancel_queued()
             for _ in self._threads:
                 self._work.put(_STOP)
         if wait:

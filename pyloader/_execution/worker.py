@@ -44,15 +44,17 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Set, Tuple
+from typing import Callable, Deque, Dict, Generator, List, Optional, Set, Tuple, Union
 
 from .._columns import Columns, n_rows, slice_rows
 from .._stats import BusySink, GroupClock, RowBusy
 from . import ipc as _ipc
 from .reading import pieces_with_end
+from .shared import SharedNumber, SharedRow
 from .steps import Key, StepFailed, assemble, run_steps
 
-Segment = Tuple[Any, int, int]  # (pid or inline columns, start, end)
+Segment = Tuple[Union[int, Columns], int, int]  # (pid or inline columns, start, end)
+Pieces = Generator[Tuple[Columns, bool, int], None, None]  # a file's (piece, last, dropped), from pieces_with_end
 RUN_GRACE_S = 0.005
 READY = -1  # the tag of the message saying that the worker is ready (worker_init_fn ran)
 INIT_FAILED = -2  # the tag of worker_init_fn's exception
@@ -84,7 +86,7 @@ def _error(exc: BaseException) -> tuple:
 
 
 def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segments: List[Segment],
-             paths: Tuple[str, ...], key: Optional[Key], spent: List[float]) -> Tuple[bool, Any]:
+             paths: Tuple[str, ...], key: Optional[Key], spent: List[float]) -> Tuple[bool, object]:
     try:
         parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
         result = run_steps(steps, assemble(parts, paths), spent, key)
@@ -101,7 +103,8 @@ def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segmen
 
 
 def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns],
-              jobs: List[Tuple[List[Segment], Any, Optional[Key]]], busy: Optional[BusySink]) -> List[Tuple[bool, Any]]:
+              jobs: List[Tuple[List[Segment], Tuple[str, ...], Optional[Key]]],
+              busy: Optional[BusySink]) -> List[Tuple[bool, object]]:
     with GroupClock(busy, steps) as clock:
         return [_run_job(steps, kept, segments, paths, key, clock.steps) for segments, paths, key in jobs]
 
@@ -126,7 +129,7 @@ def _next_request(inbox: Deque[tuple], started: Set[int]) -> tuple:
     return inbox.popleft()
 
 
-def _failing(error: BaseException) -> Generator[Any, None, None]:
+def _failing(error: BaseException) -> Pieces:
     """Stands for a file whose ``open`` request could not be decoded here."""
     raise error
     yield  # a generator
@@ -135,7 +138,7 @@ def _failing(error: BaseException) -> Generator[Any, None, None]:
 class _Server:
     """What a worker holds (open files, kept pieces, queued requests) and how it answers."""
 
-    def __init__(self, sock: socket.socket, current: Any, generation: Any, reader: Any,
+    def __init__(self, sock: socket.socket, current: SharedNumber, generation: SharedNumber, reader: object,
                  steps: List[Tuple[str, Callable]], busy: Optional[BusySink]) -> None:
         self.sock = sock
         self.busy = busy
@@ -144,7 +147,7 @@ class _Server:
         self.reader = reader
         self.steps = steps
         self.gen = generation.value  # every queued request is of this generation
-        self.files: Dict[int, Any] = {}  # generators of (piece, last), from pieces_with_end
+        self.files: Dict[int, Pieces] = {}
         self.started: Set[int] = set()  # files that gave a piece
         self.kept: Dict[int, Columns] = {}
         self.inbox: Deque[tuple] = collections.deque()
@@ -258,7 +261,7 @@ class _Server:
         self.current.value = -1
         return rid, reply
 
-    def _answer(self, op: str, msg: tuple) -> Any:
+    def _answer(self, op: str, msg: tuple) -> object:
         if op == "next":
             _, _, gid, pid, fetch = msg
             item = next(self.files[gid], None)
@@ -290,15 +293,26 @@ class _Server:
         return True
 
 
-def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], current: Any, generation: Any,
-                reader: Any, steps: List[Tuple[str, Callable]],
-                worker_init_fn: Optional[Callable[[int], None]], busy_row: Any = None) -> None:
+def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], current: SharedNumber,
+                generation: SharedNumber, reader: object, steps: List[Tuple[str, Callable]],
+                worker_init_fn: Optional[Callable[[int], None]], busy_row: Optional[SharedRow] = None) -> None:
     for fd in inherited:
         try:
             os.close(fd)
         except OSError:
             pass
 
+    _settle()
+    _initialize(worker_id, sock, worker_init_fn)
+    busy = RowBusy(busy_row) if busy_row is not None else None  # read by loader.stats
+    server = _Server(sock, current, generation, reader, steps, busy)
+    server.serve()
+    server.close()
+    os._exit(0)
+
+
+def _settle() -> None:
+    """The process's own settings, before any user code runs in it."""
     gc.freeze()  # inherited objects: never scanned here, so forked pages stay shared
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
@@ -307,6 +321,11 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
         torch.set_num_threads(1)  # N workers with a thread pool each would oversubscribe the cores
     if "tokenizers" in sys.modules:  # its thread pool, used before a fork, does not exist here: it would hang
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _initialize(worker_id: int, sock: socket.socket, worker_init_fn: Optional[Callable[[int], None]]) -> None:
+    """Run ``worker_init_fn`` and tell the loader the worker is ready; the process ends if it raised
+    (its error sent first) or if the loader has gone."""
     try:
         if worker_init_fn is not None:
             worker_init_fn(worker_id)
@@ -319,8 +338,3 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
         _ipc.send(sock, (True, None), tag=READY)
     except OSError:
         os._exit(0)  # the loader has gone already
-    busy = RowBusy(busy_row) if busy_row is not None else None  # read by loader.stats
-    server = _Server(sock, current, generation, reader, steps, busy)
-    server.serve()
-    server.close()
-    os._exit(0)

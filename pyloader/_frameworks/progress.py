@@ -9,9 +9,12 @@ share of the consumer's time spent inside ``next()``), refreshed at most every
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional, Sized
 
 from .._stats import Figures
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 POSTFIX_EVERY_S = 0.5
 
@@ -50,7 +53,7 @@ class Progress:
         self._bar.close()  # tqdm's close does nothing the second time
 
 
-def progress_bar(loader: Any, initial: int) -> Progress:
+def progress_bar(loader: Sized, initial: int) -> Progress:
     """A bar for ``loader``'s iteration that starts now (its total from ``len(loader)``)."""
     try:
         total: Optional[int] = len(loader)
@@ -59,7 +62,7 @@ def progress_bar(loader: Any, initial: int) -> Progress:
     return Progress(total, initial)
 
 
-def counting_bar(total: int) -> Any:
+def counting_bar(total: int) -> tqdm:
     """A bar over the files being counted (``DataReader.count``) before the first batch."""
     from tqdm.auto import tqdm
 

@@ -111,11 +111,16 @@ def _check(batch: Dict[str, object], signature: object) -> None:
         shape = getattr(value, "shape", None)
         if spec is None or shape is None or spec.shape.is_compatible_with(shape):
             continue
-        loose = {k: f"tf.TensorSpec({[None] * len(v.shape) if k == key else v.shape.as_list()}, tf.{v.dtype.name})"
-                 for k, v in signature.items()}
+        loose = _loosened(signature, key)
         raise ValueError(f"to_tf_dataset: field {key!r} has shape {list(shape)} but the signature inferred from the "
                          f"first batches says {spec.shape.as_list()}: pass output_signature={{"
                          + ", ".join(f"{k!r}: {v}" for k, v in loose.items()) + "}")
+
+
+def _loosened(signature: Dict[str, "tensorflow.TensorSpec"], key: str) -> Dict[str, str]:
+    """``signature`` as ``tf.TensorSpec`` source text, field ``key``'s dimensions all left open."""
+    return {k: f"tf.TensorSpec({[None] * len(v.shape) if k == key else v.shape.as_list()}, tf.{v.dtype.name})"
+            for k, v in signature.items()}
 
 
 def cardinality(loader: _Loader) -> Optional[int]:

@@ -105,16 +105,18 @@ def attach_meta(group: G) -> G:
     assert meta is not None, "attach_meta takes groups that carry meta"
     names = meta.keys()
     if isinstance(group, Stacked) and group.outputs is not None:  # made at once: its batches have no data yet
-        assert stacked is not None
-        _check_names(names, group.outputs)
-        convert = _converter(group.outputs)
-        group.outputs.update((key, convert(stacked[key])) for key in names)
-        group.meta = None
+        _attach_to_outputs(group, group.outputs, names, stacked)
         return group
     for batch in group:
         _check_names(names, batch.data)
     if stacked is None:
         stacked = {key: np.stack([_meta(batch)[key] for batch in group]) for key in names}
+    _attach_to_batches(group, names, stacked)
+    return group
+
+
+def _attach_to_batches(group: Group, names: KeysView[str], stacked: Dict[str, np.ndarray]) -> None:
+    """Each batch's data with its row of the group's metadata, converted once per field."""
     convert = _converter(group[0].data)
     fields = [(key, unstack(convert(stacked[key]))) for key in names]
     for k, batch in enumerate(group):
@@ -122,7 +124,16 @@ def attach_meta(group: G) -> G:
         for key, values in fields:
             data[key] = values[k]
         batch.data, batch.meta = data, None
-    return group
+
+
+def _attach_to_outputs(group: Stacked, outputs: Dict[str, object], names: KeysView[str],
+                       stacked: Optional[Dict[str, np.ndarray]]) -> None:
+    """A group whose steps ran at once: its metadata joins its outputs (one conversion per field)."""
+    assert stacked is not None
+    _check_names(names, outputs)
+    convert = _converter(outputs)
+    outputs.update((key, convert(stacked[key])) for key in names)
+    group.meta = None
 
 
 def _meta(batch: Batch) -> Dict[str, np.ndarray]:

@@ -38,7 +38,7 @@ from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .._columns import Columns, Traced, concat, n_rows, slice_rows, take
+from .._columns import Column, Columns, Traced, concat, n_rows, slice_rows, take
 from .._errors import PipelineError
 from .._rng import BUCKETS, derive_rng
 
@@ -56,14 +56,7 @@ class Lengths:
     def __call__(self, columns: Columns, path: str, first: int) -> np.ndarray:
         """The lengths of the rows of ``columns``, the first of which is sample ``first`` of file ``path``."""
         if callable(self.bucket_by):
-            fields = list(columns.items())
-            values = []
-            for i in range(n_rows(columns)):
-                try:
-                    values.append(self.bucket_by({key: column[i] for key, column in fields}))
-                except Exception as exc:
-                    raise PipelineError(f"bucket_by (sample {first + i})", [path], exc) from exc
-            return _checked(values, path, first, "bucket_by returned")
+            return self._called(self.bucket_by, columns, path, first)
         key = self.bucket_by
         if key not in columns:
             raise PipelineError("bucket_by", [path], KeyError(
@@ -73,14 +66,32 @@ class Lengths:
             return np.full(len(column), column.shape[1], dtype=np.float64)  # every sample as long
         if isinstance(column, np.ndarray) and column.dtype.kind in "iuf":
             return column.astype(np.float64)  # a column of lengths
+        return _item_lengths(key, column, path, first)
+
+    @staticmethod
+    def _called(bucket_by: Callable[[dict], float], columns: Columns, path: str,
+                first: int) -> np.ndarray:
+        """``bucket_by(sample)`` for each row."""
+        fields = list(columns.items())
         values = []
-        for i, value in enumerate(column):
+        for i in range(n_rows(columns)):
             try:
-                values.append(value if _is_number(value) else len(value))
-            except TypeError as exc:
-                raise PipelineError(f"bucket_by (sample {first + i})", [path], TypeError(
-                    f"field {key!r} holds {type(value).__name__}, which has no length")) from exc
-        return _checked(values, path, first, f"field {key!r} holds")
+                values.append(bucket_by({key: column[i] for key, column in fields}))
+            except Exception as exc:
+                raise PipelineError(f"bucket_by (sample {first + i})", [path], exc) from exc
+        return _checked(values, path, first, "bucket_by returned")
+
+
+def _item_lengths(key: str, column: Column, path: str, first: int) -> np.ndarray:
+    """The field's items as lengths: numbers as they are, anything else by its ``len``."""
+    values = []
+    for i, value in enumerate(column):
+        try:
+            values.append(value if _is_number(value) else len(value))
+        except TypeError as exc:
+            raise PipelineError(f"bucket_by (sample {first + i})", [path], TypeError(
+                f"field {key!r} holds {type(value).__name__}, which has no length")) from exc
+    return _checked(values, path, first, f"field {key!r} holds")
 
 
 def _is_number(value: object) -> bool:

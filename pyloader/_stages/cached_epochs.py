@@ -276,13 +276,16 @@ class CachedEpochs:
                 committing = True  # from here the cache is whole: a run stopped now still lets it commit
                 committing = await self._commit(writer)
             if committing:
-                self._count("epochs_written")
-                self._count("batches_written", len(writer.entries))
-                self._count("bytes_written", writer.bytes)
+                self._count_written(writer)
         finally:
             if not committing:
                 writer.abort()
                 self._abandoned(writer, finished)
+
+    def _count_written(self, writer: EpochWriter) -> None:
+        self._count("epochs_written")
+        self._count("batches_written", len(writer.entries))
+        self._count("bytes_written", writer.bytes)
 
     async def _commit(self, writer: EpochWriter) -> bool:
         try:

@@ -22,10 +22,11 @@ several rows at once. Files and in-memory streams are not mixed.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, List, Optional, Tuple
+from typing import Any, AsyncGenerator, List, Optional, Tuple, TypeGuard, Union
 
 from .._columns import Columns, check_columns, n_rows, slice_rows
 from .._state import files_digest
@@ -60,25 +61,31 @@ class Entries:
         return hashlib.sha1(f"{files_digest(self.files)}\n{bounds}".encode()).hexdigest()
 
 
-def _is_path(item: object) -> bool:
+Path = Union[str, os.PathLike]  # a file of data_dir
+
+
+def _is_path(item: object) -> TypeGuard[Path]:
     return isinstance(item, (str, os.PathLike))
 
 
-def _is_slice(item: object) -> bool:
+def _is_slice(item: object) -> TypeGuard[Tuple[Path, object, object]]:
     return isinstance(item, tuple) and len(item) == 3 and _is_path(item[0])
 
 
-def _bounds(item: Tuple[Any, Any, Any], k: int) -> Tuple[int, int]:
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bounds(item: Tuple[Path, object, object], k: int) -> Tuple[int, int]:
     _, start, end = item
-    for value in (start, end):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"data_dir item {k} {item!r}: a slice is (path, start, end) with integer bounds")
+    if not (_is_int(start) and _is_int(end)):
+        raise ValueError(f"data_dir item {k} {item!r}: a slice is (path, start, end) with integer bounds")
     if not 0 <= start <= end:
         raise ValueError(f"data_dir item {k} {item!r}: a slice needs 0 <= start <= end")
     return start, end
 
 
-def _memory(item: Any, k: int) -> Columns:
+def _memory(item: object, k: int) -> Columns:
     where = f"in-memory stream {k} of data_dir"
     if isinstance(item, dict):
         return check_columns(item, None, where)
@@ -97,18 +104,28 @@ def parse_entries(data_dir: object, stream: bool) -> Optional[Entries]:
     if all(_is_path(item) for item in listed):
         return None
     if not stream:
-        k, item = next((k, item) for k, item in enumerate(listed) if not _is_path(item))
-        raise ValueError(f"data_dir item {k} is a {type(item).__name__}: outside stream mode data_dir lists paths "
-                         f"((path, start, end) slices and in-memory streams are streams of stream=True)")
+        raise _not_paths(listed)
     if not any(_is_path(item) or _is_slice(item) for item in listed):
-        memory = [_memory(item, k) for k, item in enumerate(listed)]
-        return Entries([f"<memory {k}>" for k in range(len(memory))], [None] * len(memory), memory, listed)
+        return _memory_entries(listed)
     return _file_entries(listed)
 
 
-def _file_entries(listed: List[Any]) -> Entries:
+def _not_paths(listed: List[object]) -> ValueError:
+    """The error for a ``data_dir`` that lists streams outside stream mode, naming its first non-path."""
+    k, item = next((k, item) for k, item in enumerate(listed) if not _is_path(item))
+    return ValueError(f"data_dir item {k} is a {type(item).__name__}: outside stream mode data_dir lists paths "
+                      f"((path, start, end) slices and in-memory streams are streams of stream=True)")
+
+
+def _memory_entries(listed: List[object]) -> Entries:
+    """In-memory streams: dicts of columns, or sequences (one field, ``FIELD``)."""
+    memory = [_memory(item, k) for k, item in enumerate(listed)]
+    return Entries([f"<memory {k}>" for k in range(len(memory))], [None] * len(memory), memory, listed)
+
+
+def _file_entries(listed: List[object]) -> Entries:
     """Files read whole and ``(path, start, end)`` slices of files."""
-    paths: List[Any] = []
+    paths: List[Path] = []
     bounds: List[Bounds] = []
     for k, item in enumerate(listed):
         if _is_path(item):
@@ -130,9 +147,10 @@ class MemoryRunner:
     def __init__(self, runner: Any, memory: List[Columns]) -> None:
         self.memory = memory
         self.run = runner.run
+        self.encoding_only = runner.encoding_only
 
     async def pieces(self, task: FileTask, fetch: bool,
-                     demand: object = None) -> AsyncIterator[Tuple[int, Columns, None, int]]:
+                     demand: Optional[asyncio.Event] = None) -> AsyncGenerator[Tuple[int, Columns, None, int], None]:
         columns = self.memory[task.index]
         end = n_rows(columns) if task.end is None else task.end
         if end > task.start:

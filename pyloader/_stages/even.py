@@ -77,15 +77,19 @@ class EvenSteps:
             self._due = (group[-1].epoch, group[-1].index + 1)
             last = _sample(group, len(group) - 1)
             yield group[start:] if start else group
+        for padding in self._final_padding(last):
+            yield padding
+
+    def _final_padding(self, last: Optional[Sample]) -> Iterator[Group]:
+        """Padding for the steps this rank still owes at the run's end, copied from its ``last`` batch."""
         holes = self._holes(self._end)
         if not holes:
-            return
+            return iter(())
         if last is None:
             raise RuntimeError(f"no batch of this run came through (each was skipped after an error, or filter_fn "
                                f"left too few samples for one): there is nothing to pad the {len(holes)} steps "
                                f"this rank still owes with (the other ranks would wait for them)")
-        for padding in _padding(holes, last, self._cached):
-            yield padding
+        return _padding(holes, last, self._cached)
 
 
 def _sample(group: Group, k: int) -> Sample:

@@ -55,7 +55,7 @@ from .._columns import Columns, Provenance, Traced, check_columns, concat, inter
 from .._errors import ErrorHandler, PipelineError
 from .._rng import ROTATION, derive_rng
 from .._stats import Stats
-from .._storage.held import Held, Window
+from .._storage.held import Held, HeldRows, Window
 from .batch import PADDING, Batch, Group, GroupSize
 
 WINDOW_BATCHES = GroupSize.LIMIT  # the default rotation_size: R windows of this many batches
@@ -142,9 +142,9 @@ class _Fields:
     array fields, of the epoch's first one."""
 
     def __init__(self) -> None:
-        self.first: Optional[Dict[str, Any]] = None
+        self.first: Optional[Dict[str, Optional[Tuple[Tuple[int, ...], str]]]] = None
 
-    def check(self, data: Any) -> Columns:
+    def check(self, data: object) -> Columns:
         columns = check_columns(data, None, "batch_encode's output, cut into samples by rotation")
         seen = {key: (col.shape[1:], col.dtype.kind) if isinstance(col, np.ndarray) else None
                 for key, col in columns.items()}
@@ -156,9 +156,10 @@ class _Fields:
                              f"same fields")
         else:
             for key, shape in seen.items():
-                if shape is not None and self.first[key] is not None and shape != self.first[key]:
+                before = self.first[key]
+                if shape is not None and before is not None and shape != before:
                     raise ValueError(f"field {key!r} holds arrays of {shape[0]} (dtype kind {shape[1]!r}) per "
-                                     f"sample here and of {self.first[key][0]} ({self.first[key][1]!r}) before: "
+                                     f"sample here and of {before[0]} ({before[1]!r}) before: "
                                      f"rotation puts samples of different batches together, so pad in "
                                      f"collate_batch rather than in batch_encode")
         return dict(columns)
@@ -172,10 +173,10 @@ class _Epoch:
         self.epoch = epoch
         self.feed = feed
         self.key = epoch if stage.by_epoch else 0  # the epoch the draws are made for
-        self.windows: Dict[int, Any] = {}  # j: a Window filling, or sealed (``Held.seal``)
+        self.windows: Dict[int, HeldRows] = {}  # j: a Window filling, or sealed (``Held.seal``)
         self.orders: Dict[int, List[np.ndarray]] = {}  # j: its rows in each round, once sealed
         self.filling: Optional[int] = None
-        self.pending: Deque[Tuple[object, Tuple[str, ...]]] = collections.deque()  # chunks (and their files)
+        self.pending: Deque[Tuple[Traced, Tuple[str, ...]]] = collections.deque()  # chunks (and their files)
         self.files: Dict[int, Dict[str, None]] = {}  # j: the files of its samples, for errors
         self.ended = False  # every sample of the epoch has arrived
         self.fields = _Fields()
@@ -246,7 +247,10 @@ class _Epoch:
 
     async def _fill(self) -> None:
         """The filling window takes the pending samples, up to its size (then it is sealed)."""
-        held, window = self.stage.held, self.windows[self.filling]  # type: ignore[index]
+        j = self.filling
+        assert j is not None, "a window is being filled"
+        held, window = self.stage.held, self.windows[j]
+        assert isinstance(window, Window), "the filling window is not sealed yet"
         while self.pending and window.n < self.stage.window:
             chunk, paths = self.pending.popleft()
             room, n = self.stage.window - window.n, held.rows(chunk)
@@ -254,7 +258,7 @@ class _Epoch:
                 self.pending.appendleft((held.cut(chunk, room, n), paths))
                 chunk = held.cut(chunk, 0, room)
             window.add(chunk)
-            self.files[self.filling].update(dict.fromkeys(paths))  # type: ignore[index]
+            self.files[j].update(dict.fromkeys(paths))
         if window.n == self.stage.window:
             await self._seal()
 
@@ -278,7 +282,7 @@ class _Epoch:
         if window is not None:
             self.stage.held.drop(window)
 
-    def _chunks(self, group: Group) -> List[Tuple[object, Tuple[str, ...]]]:
+    def _chunks(self, group: Group) -> List[Tuple[Traced, Tuple[str, ...]]]:
         """The samples of each encoded batch of ``group`` as a chunk to hold, with their files and
         metadata; a batch that cannot be cut into samples fails at stage ``rotation``."""
         chunks = []

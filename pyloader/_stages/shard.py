@@ -57,12 +57,17 @@ def resolve(rank: Optional[int], world_size: Optional[int], even_batches: str) -
         found_rank, found_world = _found()
         rank = found_rank if rank is None else rank
         world_size = found_world if world_size is None else world_size
+    _check_place(rank, world_size)
+    return Sharding(rank, world_size, even_batches)
+
+
+def _check_place(rank: int, world_size: int) -> None:
+    """``ValueError`` unless ``rank`` and ``world_size`` are integers with ``0 <= rank < world_size``."""
     for name, value in (("rank", rank), ("world_size", world_size)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{name} must be an integer, got {value!r}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    return Sharding(rank, world_size, even_batches)
 
 
 def bounds(total: int, world_size: int) -> List[int]:

@@ -111,17 +111,21 @@ class FileSource:
             yield from (task for task in self._stream_shares(epoch)[self.sharding.rank]
                         if task.index not in self.left_out)
             return
+        yield from self._rank_share(epoch, order, self.counts)
+
+    def _rank_share(self, epoch: int, order: List[int], counts: Sequence[int]) -> Iterator[FileTask]:
+        """This rank's rows of the epoch's files, then the files counted empty it checks, then its padding."""
         splits, batch_size = self._splits(epoch)
-        share, padding = rank_ranges(order, self.counts, self.sharding, splits, batch_size)
+        share, padding = rank_ranges(order, counts, self.sharding, splits, batch_size)
         for pos, start, end in share:
             index = order[pos]
-            yield FileTask(epoch, pos, index, self.files[index], start=start, end=end, count=self.counts[index],
+            yield FileTask(epoch, pos, index, self.files[index], start=start, end=end, count=counts[index],
                            seed=self.seed)
         yield from self._empty(epoch, order)
         for pos, start, end in padding:
             index = order[pos]
             yield FileTask(epoch, pos, index, self.files[index], start=start, end=end, pad=True,
-                           count=self.counts[index], seed=self.seed)
+                           count=counts[index], seed=self.seed)
 
     def _empty(self, epoch: int, order: Sequence[int]) -> Iterator[FileTask]:
         """The files counted empty that this rank reads to check they are (every ``world_size``-th one): no

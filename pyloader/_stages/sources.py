@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, TypeGuard
+from typing import Dict, List, Optional, Sequence, Tuple, TypeGuard
 
 from .._abc import DataReader, is_thread_safe
 from .._execution.reading import Readers, SafeReaders
@@ -34,8 +34,7 @@ class Source:
     def __init__(self, data_dir: DataDir, weight: float = 1.0, reader: Optional[DataReader] = None) -> None:
         if isinstance(data_dir, (list, tuple)) and any(isinstance(d, Source) for d in data_dir):
             raise ValueError("a Source's data_dir cannot hold Sources: list every Source in the loader's data_dir")
-        if not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not 0 < float(weight) < float("inf"):
-            raise ValueError(f"Source weight must be a finite number > 0, got {weight!r}")
+        _check_weight(weight)
         if reader is not None and not isinstance(reader, DataReader):
             raise TypeError(f"Source reader must be a pyloader.DataReader, got {type(reader).__name__}")
         self.data_dir: DataDir = data_dir
@@ -46,7 +45,12 @@ class Source:
         return f"Source({self.data_dir!r}, weight={self.weight}, reader={type(self.reader).__name__})"
 
 
-def is_mix(data_dir: Any) -> TypeGuard[Sequence[Source]]:
+def _check_weight(weight: object) -> None:
+    if not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not 0 < float(weight) < float("inf"):
+        raise ValueError(f"Source weight must be a finite number > 0, got {weight!r}")
+
+
+def is_mix(data_dir: object) -> TypeGuard[Sequence[Source]]:
     """Whether ``data_dir`` is a list of ``Source``s (a list mixing sources and paths is refused)."""
     if not isinstance(data_dir, (list, tuple)) or not any(isinstance(d, Source) for d in data_dir):
         return False

@@ -200,9 +200,14 @@ class Cutter:
             fill = self._fill(key, r, col, pad)
             if n < self.width and fill is not pad:
                 out[r, n:] = fill
+        return self._laid_out(out)
+
+    def _laid_out(self, rows: np.ndarray) -> np.ndarray:
+        """A field's ``[B, T, ...]`` array as the batch holds it: ``[B, ...]`` without ``seq_len``,
+        ``[T, B, ...]`` time-major."""
         if not self.seq_len:
-            return out[:, 0]
-        return np.ascontiguousarray(out.swapaxes(0, 1)) if self.time_major else out
+            return rows[:, 0]
+        return np.ascontiguousarray(rows.swapaxes(0, 1)) if self.time_major else rows
 
     def _list_field(self, key: str, columns: List[Window], like: Sequence) -> List[Any]:
         """``like``: samples of the field (of a window, else of the template)."""

@@ -45,7 +45,7 @@ import functools
 import io
 import logging
 import threading
-from typing import IO, Any, Callable, Deque, Dict, Optional, Tuple
+from typing import IO, TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Protocol, Tuple, Union
 
 import aiofiles
 import aiofiles.os
@@ -54,6 +54,9 @@ from .cache import DiskCache, Entry, EntryWriter
 from .cached_file import ServedEntry
 from .files import SeekableRaw, Served, ServedBytes, _local, direct_open, is_url
 from .remote import awith_retries, filesystem, version
+
+if TYPE_CHECKING:
+    from aiofiles.threadpool.binary import AsyncBufferedReader
 
 logger = logging.getLogger("pyloader")
 
@@ -66,11 +69,24 @@ class _IoExecutor(concurrent.futures.Executor):
     """Hands aiofiles' blocking calls to the loader's own threads: ``run_in_executor`` takes any
     executor, and an asyncio future returned by ``submit`` is used as it is."""
 
-    def __init__(self, run_io: Callable[..., "asyncio.Future[Any]"]) -> None:
+    def __init__(self, run_io: Callable[..., "asyncio.Future[object]"]) -> None:
         self._run_io = run_io
 
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
+    def submit(self, fn: Callable, /, *args: object, **kwargs: object) -> Any:
         return self._run_io(functools.partial(fn, *args, **kwargs))
+
+
+class _ByteSource(Protocol):
+    """A file's bytes on the loop: a local file (``_LocalFile``) or a remote one (``_RemoteFile``)."""
+
+    @property
+    def size(self) -> Optional[int]: ...
+
+    async def whole(self) -> bytes: ...
+
+    async def read(self, start: int, n: int) -> bytes: ...
+
+    async def close(self, complete: bool) -> None: ...
 
 
 async def first_of(*events: asyncio.Event) -> None:
@@ -144,7 +160,7 @@ class _LocalFile:
 
     def __init__(self, path: str, size: int, executor: _IoExecutor) -> None:
         self.path, self.size, self._executor = path, size, executor
-        self._file: Any = None
+        self._file: Optional[AsyncBufferedReader] = None
 
     @classmethod
     async def open(cls, path: str, executor: _IoExecutor) -> "_LocalFile":
@@ -166,8 +182,9 @@ class _LocalFile:
         return await self._file.read(n)
 
     async def close(self, complete: bool) -> None:
-        if self._file is not None:
-            self._file, f = None, self._file
+        f = self._file
+        if f is not None:
+            self._file = None
             try:
                 await f.close()
             except RuntimeError:  # the run's threads are gone (it is stopping): close it here
@@ -189,7 +206,7 @@ class _RemoteFile:
         self._writer: Optional[EntryWriter] = None
         self._cached = _LocalFile("", 0, _IoExecutor(run_io))
 
-    async def _call(self, fn: Callable, *args: Any) -> Any:
+    async def _call(self, fn: Callable, *args: object) -> Any:
         return await awith_retries(lambda: self._run_io(fn, *args), repr(self.url), self._retries)
 
     async def open(self) -> None:
@@ -212,15 +229,9 @@ class _RemoteFile:
 
     async def whole(self) -> bytes:
         if self.entry is not None:
-            try:
-                data = await self._cached.whole()
-                why = "" if await self._run_io(_all_blocks_check, self.entry, data) else "a block failed its check"
-            except OSError as exc:  # gone meanwhile (room made for another file), or not a file
-                data, why = b"", f"reading it failed ({exc})"
-            if not why:
-                return data
-            await self._run_io(self._cache.drop, self.entry, why)  # type: ignore[union-attr]
-            self.entry = None
+            cached = await self._cached_whole(self.entry)
+            if cached is not None:
+                return cached
         data = await self._call(self._fs.cat_file, self._path)
         if self._cache is not None and self.size == len(data) and self._cache.fits(len(data)):
             await self._run_io(_store, self._cache, self.url, data, self._version)
@@ -228,18 +239,9 @@ class _RemoteFile:
 
     async def read(self, start: int, n: int) -> bytes:
         if self.entry is not None:
-            index = start // self.entry.block_size
-            try:
-                block = await self._cached.read(start, n)
-                why = "" if start % self.entry.block_size == 0 and await self._run_io(self.entry.check, index, block) \
-                    else f"block {index} failed its check"
-            except OSError as exc:  # gone meanwhile (room made for another file), or not a file
-                block, why = b"", f"reading block {index} failed ({exc})"
-            if not why:
-                return block
-            await self._run_io(self._cache.drop, self.entry, why)  # type: ignore[union-attr]
-            self.entry = None  # the rest comes from the remote file; the blocks before were sound
-            await self._cached.close(False)
+            cached = await self._cached_block(self.entry, start, n)
+            if cached is not None:
+                return cached
         # by keyword: some filesystems (s3fs) take other arguments before them
         block = await self._call(functools.partial(self._fs.cat_file, self._path, start=start, end=start + n))
         if start == 0 and self._cache is not None and self.size is not None and self._cache.fits(self.size):
@@ -247,6 +249,35 @@ class _RemoteFile:
         if self._writer is not None:
             await self._run_io(self._writer.add, block)
         return block
+
+    async def _cached_whole(self, entry: Entry) -> Optional[bytes]:
+        """The file from its cache entry, every block checked; ``None`` (the entry dropped) when it fails."""
+        try:
+            data = await self._cached.whole()
+            why = "" if await self._run_io(_all_blocks_check, entry, data) else "a block failed its check"
+        except OSError as exc:  # gone meanwhile (room made for another file), or not a file
+            data, why = b"", f"reading it failed ({exc})"
+        if not why:
+            return data
+        await self._run_io(self._cache.drop, entry, why)  # type: ignore[union-attr]
+        self.entry = None
+        return None
+
+    async def _cached_block(self, entry: Entry, start: int, n: int) -> Optional[bytes]:
+        """Bytes ``start:start + n`` from the cache entry, checked; ``None`` (the entry dropped) when that fails."""
+        index = start // entry.block_size
+        try:
+            block = await self._cached.read(start, n)
+            why = "" if start % entry.block_size == 0 and await self._run_io(entry.check, index, block) \
+                else f"block {index} failed its check"
+        except OSError as exc:  # gone meanwhile (room made for another file), or not a file
+            block, why = b"", f"reading block {index} failed ({exc})"
+        if not why:
+            return block
+        await self._run_io(self._cache.drop, entry, why)  # type: ignore[union-attr]
+        self.entry = None  # the rest comes from the remote file; the blocks before were sound
+        await self._cached.close(False)
+        return None
 
     async def close(self, complete: bool) -> None:
         try:
@@ -285,7 +316,7 @@ def _store(cache: DiskCache, url: str, data: bytes, version: str) -> None:
 class ReadAhead:
     """The read-ahead of one run: budget, byte sources, cache and retries (see the module docstring)."""
 
-    def __init__(self, run_io: Callable, reader: Any, limit: int = DEFAULT_READAHEAD_BYTES, retries: int = 0,
+    def __init__(self, run_io: Callable, reader: object, limit: int = DEFAULT_READAHEAD_BYTES, retries: int = 0,
                  cache: Optional[DiskCache] = None) -> None:
         self._run_io = run_io
         self._executor = _IoExecutor(run_io)
@@ -311,17 +342,23 @@ class ReadAhead:
         remote = is_url(path)
         if not self._wanted(path) or not (streams or remote):
             return None  # a worker process reads a local file itself: its bytes need not cross a socket
-        source: Any = await (self._open_remote(path, demand) if remote
-                             else _LocalFile.open(_local(path), self._executor))
-        if source.size is None or source.size <= self.budget.limit:
+        source: Union[_RemoteFile, _LocalFile] = await (self._open_remote(path, demand) if remote
+                                                        else _LocalFile.open(_local(path), self._executor))
+        size = source.size
+        if size is None or size <= self.budget.limit:
             return await self._whole(path, source, demand, remote)
-        if remote and (not streams or _reads_ranges(self._reader, path)):
-            if self.cache is not None and self.cache.fits(source.size):
-                return await self._cached(source, demand)
-            await source.close(False)
-            return None
-        block_size = source.block_size(self.block_size) if remote else self.block_size
-        return BlockStream(path, source, self.budget, block_size)
+        if isinstance(source, _RemoteFile) and (not streams or _reads_ranges(self._reader, path)):
+            return await self._by_ranges(source, size, demand)
+        block_size = source.block_size(self.block_size) if isinstance(source, _RemoteFile) else self.block_size
+        return BlockStream(path, source, size, self.budget, block_size)
+
+    async def _by_ranges(self, source: _RemoteFile, size: int, demand: asyncio.Event) -> Optional[ServedEntry]:
+        """A large remote file read by byte ranges: from its cache entry when the cache can hold it,
+        else (``None``) by the reader itself."""
+        if self.cache is not None and self.cache.fits(size):
+            return await self._cached(source, demand)
+        await source.close(False)
+        return None
 
     async def _open_remote(self, path: str, demand: asyncio.Event) -> _RemoteFile:
         """With a cache, a file already being fetched (the same file of the next epoch, read ahead
@@ -342,7 +379,7 @@ class ReadAhead:
             raise
         return source
 
-    async def _whole(self, path: str, source: Any, demand: asyncio.Event, remote: bool) -> ServedBytes:
+    async def _whole(self, path: str, source: _ByteSource, demand: asyncio.Event, remote: bool) -> ServedBytes:
         taken = await self.budget.take(source.size or 0, demand)
         try:
             data = await source.whole()
@@ -386,7 +423,7 @@ class ReadAhead:
                          "local files are no longer read ahead in this run")
 
 
-def _reads_ranges(reader: Any, path: str) -> bool:
+def _reads_ranges(reader: object, path: str) -> bool:
     """A reader that reads byte ranges anywhere in a file (``ParquetReader``: the footer, then the
     chunks of its columns, its ``_reads_ranges``) reads a large remote file by those ranges itself, or
     from its cache entry: streamed in order, it would be fetched whole and then its ranges again."""
@@ -394,7 +431,7 @@ def _reads_ranges(reader: Any, path: str) -> bool:
     return bool(reads is not None and reads(path))
 
 
-def _maps_itself(reader: Any, path: str) -> bool:
+def _maps_itself(reader: object, path: str) -> bool:
     """A reader that maps a local file itself (zero copy: ``NumpyReader(mmap=True)`` and a ``.npy``, its
     ``_maps_itself``) would read it twice if it were read ahead. Asked, not looked up: storage imports no reader."""
     maps = getattr(reader, "_maps_itself", None)
@@ -410,10 +447,10 @@ class BlockStream(Served, SeekableRaw):
     ``open_file`` of the path opens the file itself.
     """
 
-    def __init__(self, path: str, source: Any, budget: Budget, block_size: int) -> None:
+    def __init__(self, path: str, source: _ByteSource, size: int, budget: Budget, block_size: int) -> None:
         io.RawIOBase.__init__(self)
         self.path = path
-        self.size: int = source.size
+        self.size = size
         self._source, self._budget, self._block_size = source, budget, block_size
         self._loop = asyncio.get_running_loop()
         self._cond = threading.Condition()
@@ -499,9 +536,7 @@ class BlockStream(Served, SeekableRaw):
         while True:
             if self._pos >= self.size:
                 return None
-            while self._blocks and self._blocks[0][0] + len(self._blocks[0][1]) <= self._pos:
-                _, _, taken = self._blocks.popleft()
-                _give_back(self._loop, self._budget, taken)
+            self._let_go_before_pos()
             if self._blocks and self._blocks[0][0] <= self._pos:
                 return self._blocks[0][:2]
             if self._blocks or self._released:  # the position is before the blocks held
@@ -510,6 +545,12 @@ class BlockStream(Served, SeekableRaw):
             if self._ended:
                 raise self._error if self._error is not None else ValueError(f"read-ahead of {self.path!r} ended early")
             self._wait()
+
+    def _let_go_before_pos(self) -> None:
+        """Give back the budget of the held blocks that end before the position."""
+        while self._blocks and self._blocks[0][0] + len(self._blocks[0][1]) <= self._pos:
+            _, _, taken = self._blocks.popleft()
+            _give_back(self._loop, self._budget, taken)
 
     def _wait(self) -> None:
         try:

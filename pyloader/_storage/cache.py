@@ -35,7 +35,7 @@ import stat
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, BinaryIO, List, Optional, Tuple
+from typing import BinaryIO, Dict, List, Optional, Tuple
 
 from . import writers
 
@@ -131,20 +131,8 @@ class DiskCache:
     def _make_room(self, incoming: int) -> None:
         """Remove least recently used entries until ``incoming`` more bytes fit the limit; and
         temporary files that a writer which died left behind."""
-        entries = []
-        used = 0
-        now = time.time()
-        with os.scandir(self.folder) as it:
-            for item in it:
-                with contextlib.suppress(FileNotFoundError):
-                    if item.name.endswith(".tmp"):
-                        if writers.dead(item.name) or now - item.stat().st_mtime > _STALE_TMP_S:
-                            self.drop_paths(item.path)
-                    elif item.name.endswith(".data"):
-                        size = item.stat().st_size
-                        meta = item.path[:-len(".data")] + ".json"
-                        used += size
-                        entries.append((_mtime(meta), size, item.path, meta))
+        entries = self._entries()
+        used = sum(size for _, size, _, _ in entries)
         if self.limit is None:
             return
         for _, size, data_path, meta_path in sorted(entries):
@@ -154,18 +142,40 @@ class DiskCache:
             used -= size
 
 
-def _blocks(meta: Any, url: str, size: int, version: str) -> Optional[List[str]]:
+    def _entries(self) -> List[Tuple[float, int, str, str]]:
+        """Each entry as ``(last use, size, data path, description path)``; temporary files that a
+        writer which died (or went quiet) left behind are removed on the way."""
+        entries = []
+        now = time.time()
+        with os.scandir(self.folder) as it:
+            for item in it:
+                with contextlib.suppress(FileNotFoundError):
+                    if item.name.endswith(".tmp"):
+                        if writers.dead(item.name) or now - item.stat().st_mtime > _STALE_TMP_S:
+                            self.drop_paths(item.path)
+                    elif item.name.endswith(".data"):
+                        meta = item.path[:-len(".data")] + ".json"
+                        entries.append((_mtime(meta), item.stat().st_size, item.path, meta))
+        return entries
+
+
+def _blocks(meta: object, url: str, size: int, version: str) -> Optional[List[str]]:
     """The block digests of a description of ``url`` at this size and version, as ``commit``
     writes it; ``None`` for anything else (another file or version, a field of the wrong
     type, block digests that do not cover ``size`` bytes)."""
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("url") != url \
-            or type(meta.get("size")) is not int or meta["size"] != size or meta.get("version") != version:
+    if not isinstance(meta, dict) or not _describes(meta, url, size, version):
         return None
     block_size, blocks = meta.get("block_size"), meta.get("blocks")
     if type(block_size) is not int or block_size < 1 or type(blocks) is not list \
             or len(blocks) != -(-size // block_size) or not all(type(b) is str for b in blocks):
         return None
     return blocks
+
+
+def _describes(meta: Dict[str, object], url: str, size: int, version: str) -> bool:
+    """Whether ``meta`` is of this format and describes ``url`` at this size and version."""
+    return meta.get("format") == FORMAT and meta.get("url") == url and type(meta.get("size")) is int \
+        and meta["size"] == size and meta.get("version") == version
 
 
 def _mtime(path: str) -> float:

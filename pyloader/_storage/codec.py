@@ -30,12 +30,14 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._columns import Column, Columns
 from .._errors import NeverSkipped
 
 LAYOUT = "__layout__"
 FORMAT = 1
 Arrays = Dict[str, np.ndarray]
-_SCALARS: Dict[type, Tuple[str, Any]] = {  # exact Python type -> (kind, dtype)
+Spec = Dict[str, Any]  # how one column (or its items) is stored: the layout's JSON
+_SCALARS: Dict[type, Tuple[str, type]] = {  # exact Python type -> (kind, dtype)
     bool: ("bool", np.bool_), int: ("int", np.int64), float: ("float", np.float64), complex: ("complex", np.complex128),
 }
 
@@ -49,7 +51,7 @@ class _Unsupported(Exception):
     """Why a part of a column cannot be stored (the column is named by the caller)."""
 
 
-def pack(batch: Mapping[str, Any], purpose: str = "cache_encoded") -> Arrays:
+def pack(batch: Mapping[str, Column], purpose: str = "cache_encoded") -> Arrays:
     """The arrays that hold ``batch`` exactly, its layout in ``LAYOUT`` (see the module's contracts);
     ``purpose`` (the option storing it) is named in errors."""
     arrays: Arrays = {}
@@ -66,12 +68,12 @@ def pack(batch: Mapping[str, Any], purpose: str = "cache_encoded") -> Arrays:
     return arrays
 
 
-def unpack(arrays: Mapping[str, np.ndarray]) -> Dict[str, Any]:
+def unpack(arrays: Mapping[str, np.ndarray]) -> Columns:
     """The batch that ``pack`` stored in ``arrays``."""
     return take(arrays, None)
 
 
-def take(arrays: Mapping[str, np.ndarray], rows: Optional[np.ndarray]) -> Dict[str, Any]:
+def take(arrays: Mapping[str, np.ndarray], rows: Optional[np.ndarray]) -> Columns:
     """Rows ``rows`` (positions, in that order; ``None``: all of them) of the batch that ``pack``
     stored in ``arrays`` (see the module's contracts)."""
     layout = json.loads(np.asarray(arrays[LAYOUT]).tobytes())
@@ -80,7 +82,7 @@ def take(arrays: Mapping[str, np.ndarray], rows: Optional[np.ndarray]) -> Dict[s
     return {key: _unpack_column(spec, arrays, rows) for key, spec in layout["columns"]}
 
 
-def _pack_column(column: Any, name: str, arrays: Arrays) -> Dict[str, Any]:
+def _pack_column(column: Column, name: str, arrays: Arrays) -> Spec:
     if type(column) is np.ndarray:
         if column.dtype.hasobject:
             if column.ndim != 1 or column.dtype != object:
@@ -93,7 +95,7 @@ def _pack_column(column: Any, name: str, arrays: Arrays) -> Dict[str, Any]:
     raise _Unsupported(f"it is a {type(column).__name__}: a column must be a list, a tuple or a NumPy array")
 
 
-def _unpack_column(spec: Dict[str, Any], arrays: Mapping[str, np.ndarray], rows: Optional[np.ndarray]) -> Any:
+def _unpack_column(spec: Spec, arrays: Mapping[str, np.ndarray], rows: Optional[np.ndarray]) -> Column:
     container = spec["container"]
     if container == "array":
         return arrays[spec["name"]] if rows is None else np.array(arrays[spec["name"]][rows])
@@ -108,14 +110,14 @@ def _unpack_column(spec: Dict[str, Any], arrays: Mapping[str, np.ndarray], rows:
     return items
 
 
-def _kind_of(items: Sequence[Any]) -> type:
+def _kind_of(items: Sequence[object]) -> type:
     types = set(map(type, items))
     if len(types) > 1:
         raise _Unsupported(f"items of several types ({', '.join(sorted(t.__name__ for t in types))})")
     return types.pop()
 
 
-def _pack_items(items: Sequence[Any], name: str, arrays: Arrays) -> Dict[str, Any]:
+def _pack_items(items: Column, name: str, arrays: Arrays) -> Spec:
     """The spec of a flat sequence of items of one type; their arrays go in ``arrays`` under ``name``."""
     if not len(items):
         return {"kind": "empty"}
@@ -125,30 +127,42 @@ def _pack_items(items: Sequence[Any], name: str, arrays: Arrays) -> Dict[str, An
         flat = list(itertools.chain.from_iterable(items))
         return {"kind": "nested", "container": kind.__name__, "items": _pack_items(flat, name + "i", arrays)}
     if kind in (str, bytes):
-        encoded = [s.encode("utf-8", "surrogatepass") for s in items] if kind is str else list(items)
-        arrays[name + "o"] = _offsets(list(map(len, encoded)))
-        arrays[name] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        return {"kind": kind.__name__}
+        return _pack_strings(items, kind, name, arrays)
     if kind in _SCALARS:
-        label, dtype = _SCALARS[kind]
-        try:
-            arrays[name] = np.array(items, dtype=dtype)
-        except OverflowError:
-            raise _Unsupported("an int beyond 64 bits") from None
-        return {"kind": label}
+        return _pack_scalars(items, kind, name, arrays)
     if kind is np.ndarray:
         return _pack_arrays(items, name, arrays)
     if issubclass(kind, np.generic) and kind.__module__ == "numpy":
-        dtypes = {item.dtype for item in items}
-        dtype = dtypes.pop()
-        if dtypes or dtype.kind in "OUSV":
-            raise _Unsupported(f"NumPy scalars of type {kind.__name__} (of several dtypes, or strings or objects)")
-        arrays[name] = np.array(items, dtype=dtype)
-        return {"kind": "scalar"}
+        return _pack_numpy_scalars(items, kind, name, arrays)
     raise _Unsupported(f"items of type {kind.__name__}")
 
 
-def _pack_arrays(items: Sequence[np.ndarray], name: str, arrays: Arrays) -> Dict[str, Any]:
+def _pack_strings(items: Column, kind: type, name: str, arrays: Arrays) -> Spec:
+    encoded = [s.encode("utf-8", "surrogatepass") for s in items] if kind is str else list(items)
+    arrays[name + "o"] = _offsets(list(map(len, encoded)))
+    arrays[name] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    return {"kind": kind.__name__}
+
+
+def _pack_scalars(items: Column, kind: type, name: str, arrays: Arrays) -> Spec:
+    label, dtype = _SCALARS[kind]
+    try:
+        arrays[name] = np.array(items, dtype=dtype)
+    except OverflowError:
+        raise _Unsupported("an int beyond 64 bits") from None
+    return {"kind": label}
+
+
+def _pack_numpy_scalars(items: Column, kind: type, name: str, arrays: Arrays) -> Spec:
+    dtypes = {item.dtype for item in items}
+    dtype = dtypes.pop()
+    if dtypes or dtype.kind in "OUSV":
+        raise _Unsupported(f"NumPy scalars of type {kind.__name__} (of several dtypes, or strings or objects)")
+    arrays[name] = np.array(items, dtype=dtype)
+    return {"kind": "scalar"}
+
+
+def _pack_arrays(items: Sequence[np.ndarray], name: str, arrays: Arrays) -> Spec:
     dtypes, ndims = {a.dtype for a in items}, {a.ndim for a in items}
     if len(dtypes) > 1 or len(ndims) > 1 or next(iter(dtypes)).hasobject:
         raise _Unsupported("NumPy arrays of several dtypes or numbers of dimensions, or of objects")
@@ -188,26 +202,36 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
 
 
-def _unpack_items(spec: Dict[str, Any], arrays: Mapping[str, np.ndarray], name: str,
-                  rows: Optional[np.ndarray] = None) -> List[Any]:
+def _unpack_items(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
+                  rows: Optional[np.ndarray] = None) -> Sequence[object]:
     """The items ``_pack_items`` stored under ``name`` (those at ``rows`` when given, copied out of ``arrays``)."""
     kind = spec["kind"]
     if kind == "empty":
         return []
     if kind == "nested":
-        starts, ends = _spans(arrays[name + "o"], rows)
-        flat = _unpack_items(spec["items"], arrays, name + "i", None if rows is None else _ranges(starts, ends))
-        make: Callable[[List[Any]], Any] = tuple if spec["container"] == "tuple" else list
-        edges = np.cumsum(np.concatenate([[0], ends - starts])).tolist()
-        return [make(flat[a:b]) for a, b in zip(edges[:-1], edges[1:])]
+        return _unpack_nested(spec, arrays, name, rows)
     if kind in ("str", "bytes"):
-        starts, ends = _spans(arrays[name + "o"], rows)
-        data = arrays[name]
-        parts = [bytes(data[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
-        return [p.decode("utf-8", "surrogatepass") for p in parts] if kind == "str" else parts
+        return _unpack_strings(kind, arrays, name, rows)
     if kind == "arrays":
         return _unpack_arrays(arrays, name, rows)
     values = arrays[name] if rows is None else np.array(arrays[name][rows])
     if kind == "scalar":
         return list(values)
     return values.tolist()  # bool, int, float, complex: the Python types they were
+
+
+def _unpack_nested(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
+                   rows: Optional[np.ndarray]) -> Sequence[object]:
+    starts, ends = _spans(arrays[name + "o"], rows)
+    flat = _unpack_items(spec["items"], arrays, name + "i", None if rows is None else _ranges(starts, ends))
+    make: Callable[[Sequence[object]], object] = tuple if spec["container"] == "tuple" else list
+    edges = np.cumsum(np.concatenate([[0], ends - starts])).tolist()
+    return [make(flat[a:b]) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def _unpack_strings(kind: str, arrays: Mapping[str, np.ndarray], name: str,
+                    rows: Optional[np.ndarray]) -> Sequence[object]:
+    starts, ends = _spans(arrays[name + "o"], rows)
+    data = arrays[name]
+    parts = [bytes(data[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
+    return [p.decode("utf-8", "surrogatepass") for p in parts] if kind == "str" else parts

@@ -29,12 +29,15 @@ import os
 import posixpath
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, TypedDict
 
 from .._paths import is_url
 from .files import _GLOB_CHARS, _local
+from .remote import Info, filesystem, version
 from .remote import _with_path as with_path
-from .remote import filesystem, version
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 logger = logging.getLogger("pyloader")
 
@@ -44,15 +47,26 @@ INDEX_NAME = "_pyloader_counts.json"  # starts with "_": folder walks and globs 
 _NOT_COUNTING = frozenset({"batch_size", "shuffle", "random_seed", "piece_size"})
 
 Stamp = Tuple[int, str]  # (size in bytes, version)
-Entries = Dict[str, Dict[str, Any]]  # name -> {"size", "version", "count"}
+IndexKey = Dict[str, object]  # what an index is made for (``count_key``), as JSON
 
 
-def _filesystem(url: str) -> Tuple[Any, str]:
+class Entry(TypedDict):
+    """What an index holds for one file."""
+
+    size: int
+    version: str
+    count: int
+
+
+Entries = Dict[str, Entry]  # by the file's name
+
+
+def _filesystem(url: str) -> Tuple[AbstractFileSystem, str]:
     """``url``'s filesystem, its calls retried by s3fs (none of them is retried here)."""
     return filesystem(url, retried_here=False)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """``value`` as JSON keeps it, or its type's name when it is no plain value (a tokenizer, a function)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -64,7 +78,7 @@ def _plain(value: Any) -> Any:
     return f"<{cls.__module__}.{cls.__qualname__}>"
 
 
-def count_key(reader: Any) -> Dict[str, Any]:
+def count_key(reader: object) -> IndexKey:
     """What an index is made for: the reader's class and its public settings, less those that
     never change a count (``batch_size``, ``shuffle``, ``random_seed``, ``piece_size``)."""
     cls = type(reader)
@@ -81,17 +95,22 @@ def _parent(path: str) -> str:
     return posixpath.dirname(path) if is_url(path) else os.path.dirname(path)
 
 
-def index_folder(data_dir: Any, files: Sequence[str]) -> str:
+def index_folder(data_dir: object, files: Sequence[str]) -> str:
     """Where the index of ``data_dir``'s ``files`` lives: the folder ``data_dir`` names, the folder
     of a glob before its first wildcard, or the folder holding every file of a list (or the file)."""
     if isinstance(data_dir, (str, os.PathLike)):
         spec = os.fspath(data_dir)
         if any(c in spec for c in _GLOB_CHARS):
-            parts = spec.split("/")
-            static = next(k for k, part in enumerate(parts) if any(c in part for c in _GLOB_CHARS))
-            return _as_listed("/".join(parts[:static]) or ".")
+            return _as_listed(_glob_root(spec))
         return _parent(spec) if list(files) == [spec] else _as_listed(spec.rstrip("/") or "/")
     return _common_folder(files)
+
+
+def _glob_root(spec: str) -> str:
+    """The folder of a glob before its first wildcard (``.`` when the first part has one)."""
+    parts = spec.split("/")
+    static = next(k for k, part in enumerate(parts) if any(c in part for c in _GLOB_CHARS))
+    return "/".join(parts[:static]) or "."
 
 
 def _common_folder(files: Sequence[str]) -> str:
@@ -118,7 +137,7 @@ def name_in(folder: str, path: str) -> str:
     return path if relative.startswith("..") else relative.replace(os.sep, "/")
 
 
-def cache_index_path(cache_folder: str, key: Dict[str, Any], folder: str) -> str:
+def cache_index_path(cache_folder: str, key: IndexKey, folder: str) -> str:
     """The index the loader keeps in ``cache_dir`` for the data of ``folder`` and ``key``."""
     digest = hashlib.sha256(json.dumps([key, folder], sort_keys=True).encode()).hexdigest()[:32]
     return os.path.join(cache_folder, f"counts-{digest}.json")
@@ -137,7 +156,7 @@ def _remote_stamps(paths: Sequence[str], folder: str) -> List[Optional[Stamp]]:
     """One listing of ``folder`` with details (one request per page of names), then ``info`` for any
     file the listing did not give."""
     fs, root = _filesystem(folder)
-    listed: Dict[str, Dict[str, Any]] = {}
+    listed: Dict[str, Info] = {}
     with contextlib.suppress(Exception):  # a folder that cannot be listed: each file is asked for itself
         listed = {fs._strip_protocol(name): info for name, info in fs.find(root, detail=True).items()}
     out: List[Optional[Stamp]] = []
@@ -172,15 +191,19 @@ def _read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def _valid(found: Any) -> bool:
+def _valid(found: object) -> bool:
     if not isinstance(found, dict) or found.get("format") != FORMAT or not isinstance(found.get("files"), dict):
         return False
-    return all(isinstance(e, dict) and isinstance(e.get("size"), int) and isinstance(e.get("version"), str)
-               and isinstance(e.get("count"), int) and not isinstance(e.get("count"), bool) and e["count"] >= 0
-               for e in found["files"].values())
+    return all(_is_entry(e) for e in found["files"].values())
 
 
-def read_index(path: str, key: Dict[str, Any]) -> Optional[Entries]:
+def _is_entry(e: object) -> bool:
+    """Whether ``e`` is an ``Entry``: an integer size, a version string and a count (an integer >= 0)."""
+    return isinstance(e, dict) and isinstance(e.get("size"), int) and isinstance(e.get("version"), str) \
+        and isinstance(e.get("count"), int) and not isinstance(e.get("count"), bool) and e["count"] >= 0
+
+
+def read_index(path: str, key: IndexKey) -> Optional[Entries]:
     """The entries of the index at ``path`` (one read), or ``None``: there is none, it cannot be
     read or parsed (logged), or it was made for another reader or other settings (logged)."""
     try:
@@ -214,7 +237,7 @@ def _write_local(path: str, data: bytes) -> None:
         raise
 
 
-def write_index(path: str, key: Dict[str, Any], entries: Entries, keep_found: bool = True) -> None:
+def write_index(path: str, key: IndexKey, entries: Entries, keep_found: bool = True) -> None:
     """Write ``entries`` as the index at ``path``, atomically; with ``keep_found``, the entries of the
     index found there (same key) that ``entries`` does not hold are kept."""
     merged = dict(read_index(path, key) or {}) if keep_found else {}
@@ -228,7 +251,7 @@ def write_index(path: str, key: Dict[str, Any], entries: Entries, keep_found: bo
         _write_local(path, data)
 
 
-def entry(stamp: Stamp, count: int) -> Dict[str, Any]:
+def entry(stamp: Stamp, count: int) -> Entry:
     return {"size": stamp[0], "version": stamp[1], "count": count}
 
 
@@ -247,8 +270,14 @@ def lookup(files: Sequence[str], names: Sequence[str], stamps_now: Sequence[Opti
     stale = []
     for path, name, stamp in zip(files, names, stamps_now):
         entries = [found[name] for found in indexes if name in found]
-        match = next((e for e in entries if (e["size"], e["version"]) == stamp), None)
-        counts.append(None if match is None else match["count"])
-        if match is None and entries and stamp is not None:
+        count = _matching_count(entries, stamp)
+        counts.append(count)
+        if count is None and entries and stamp is not None:
             stale.append(path)
     return Lookup(counts, stale)
+
+
+def _matching_count(entries: List[Entry], stamp: Optional[Stamp]) -> Optional[int]:
+    """The count of the first entry made for the file as it is now (its ``stamp``), if one was."""
+    match = next((e for e in entries if (e["size"], e["version"]) == stamp), None)
+    return None if match is None else match["count"]

@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 
 import numpy as np
 
+from .._columns import Columns
 from .._npy import HEADER_PARSE
 from .codec import pack, unpack
 from .files import is_url
@@ -77,31 +78,37 @@ class CacheEncoded:
     limit: Optional[int] = None
 
 
-def check_cache_encoded(name: str, value: Any) -> None:
+def check_cache_encoded(name: str, value: object) -> None:
     """The option ``cache_encoded`` (``None``, a dict or a ``CacheEncoded``), checked alone."""
     checked = as_cache_encoded(value)
     if checked is not None:
         _check_values(checked)
 
 
-def as_cache_encoded(value: Any) -> Optional[CacheEncoded]:
+def as_cache_encoded(value: object) -> Optional[CacheEncoded]:
     """``cache_encoded`` as a ``CacheEncoded`` (a dict's keys checked)."""
     if value is None:
         return None
     if isinstance(value, Mapping):
-        names = [f.name for f in dataclasses.fields(CacheEncoded)]
-        unknown, missing = sorted(set(value) - set(names)), [n for n in ("dir", "update_every") if n not in value]
-        if unknown or missing:
-            wrong = ([f"unknown {unknown}"] if unknown else []) + ([f"missing {missing}"] if missing else [])
-            raise ValueError(f"cache_encoded takes the keys {names} (dir and update_every required): "
-                             f"{'; '.join(wrong)}")
+        _check_keys(value)
         value = CacheEncoded(**value)
     if not isinstance(value, CacheEncoded):
         raise TypeError(f"cache_encoded must be a dict or a pyloader.CacheEncoded, got {type(value).__name__}")
     return value
 
 
-def resume_key(value: Optional[CacheEncoded]) -> Optional[Dict[str, Any]]:
+def _check_keys(value: Mapping[str, object]) -> None:
+    """The keys of ``cache_encoded`` given as a dict: ``CacheEncoded``'s fields (``dir`` and
+    ``update_every`` required)."""
+    names = [f.name for f in dataclasses.fields(CacheEncoded)]
+    unknown, missing = sorted(set(value) - set(names)), [n for n in ("dir", "update_every") if n not in value]
+    if unknown or missing:
+        wrong = ([f"unknown {unknown}"] if unknown else []) + ([f"missing {missing}"] if missing else [])
+        raise ValueError(f"cache_encoded takes the keys {names} (dir and update_every required): "
+                         f"{'; '.join(wrong)}")
+
+
+def resume_key(value: Optional[CacheEncoded]) -> Optional[Dict[str, Optional[int]]]:
     """What a state records of ``cache_encoded``: ``update_every`` (the folder and limit may change)."""
     return None if value is None else {"update_every": value.update_every}
 
@@ -112,11 +119,16 @@ def _check_values(c: CacheEncoded) -> None:
     if os.path.exists(c.dir) and not os.path.isdir(c.dir):
         raise ValueError(f"cache_encoded's dir {os.fspath(c.dir)!r} is not a folder")
     k = c.update_every
-    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 2):
+    if k is not None and not _integer_from(k, 2):
         raise ValueError(f"cache_encoded's update_every must be an integer >= 2 (the epochs one cache serves; "
                          f"1 would rewrite it every epoch and never read it) or None (written once), got {k!r}")
-    if c.limit is not None and (not isinstance(c.limit, int) or isinstance(c.limit, bool) or c.limit < 1):
+    if c.limit is not None and not _integer_from(c.limit, 1):
         raise ValueError(f"cache_encoded's limit must be an integer >= 1 (bytes) or None, got {c.limit!r}")
+
+
+def _integer_from(value: object, least: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def data_stamp(files: Sequence[str]) -> str:
@@ -140,7 +152,7 @@ class BatchEntry:
     size: int = 0
     sha256: str = ""
 
-    def as_json(self, files: Mapping[str, int]) -> List[Any]:
+    def as_json(self, files: Mapping[str, int]) -> List[object]:
         return [self.name, self.rows, [files[p] for p in self.paths], self.padding, self.size, self.sha256]
 
 
@@ -189,7 +201,7 @@ class EpochStore:
                            block, self.folder, exc)
             return None
 
-    def _checked(self, meta: Any, block: int) -> Manifest:
+    def _checked(self, meta: object, block: int) -> Manifest:
         if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("key") != self.key \
                 or meta.get("block") != block:
             raise ValueError("the manifest is of another format, key or block")
@@ -197,10 +209,7 @@ class EpochStore:
         files = meta["files"]
         batches = [BatchEntry(name, rows, tuple(files[i] for i in paths), padding, size, sha)
                    for name, rows, paths, padding, size, sha in meta["batches"]]
-        for entry in batches:
-            found = os.stat(os.path.join(folder, entry.name)).st_size
-            if found != entry.size:
-                raise ValueError(f"{entry.name} holds {found} bytes, not {entry.size}")
+        _check_sizes(folder, batches)
         return Manifest(block, int(meta["source_epoch"]), folder, batches, bool(meta["flags"]))
 
     def writer(self, epoch: int) -> "EpochWriter":
@@ -222,11 +231,19 @@ class EpochStore:
                     os.unlink(path)
 
 
+def _check_sizes(folder: str, batches: List[BatchEntry]) -> None:
+    """``ValueError`` unless each batch's file in ``folder`` has the size its entry says."""
+    for entry in batches:
+        found = os.stat(os.path.join(folder, entry.name)).st_size
+        if found != entry.size:
+            raise ValueError(f"{entry.name} holds {found} bytes, not {entry.size}")
+
+
 @dataclass
 class ToWrite:
     """An encoded batch on its way to the cache (``EpochWriter.write``), then to ``collate_batch``."""
 
-    data: Any
+    data: Columns
     name: str
 
 
@@ -257,7 +274,7 @@ class EpochWriter:
     def expect(self, entry: BatchEntry) -> None:
         self.entries.append(entry)
 
-    def write(self, item: ToWrite) -> Any:
+    def write(self, item: ToWrite) -> Columns:
         """Store one encoded batch (``NotCacheable`` for a column that cannot be); hand it on unchanged."""
         if self.failed is not None:
             return item.data
@@ -309,7 +326,7 @@ class EpochWriter:
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
-def load(ref: CachedRef) -> Dict[str, Any]:
+def load(ref: CachedRef) -> Columns:
     """A cached batch, checked against its manifest entry (a step run in the lane's threads)."""
     with open(ref.path, "rb") as f:
         data = f.read()

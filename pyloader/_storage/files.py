@@ -252,17 +252,23 @@ def _glob_aligns(pattern: Sequence[str], names: Sequence[str], strict: bool) -> 
         return not names
     part, rest = pattern[0], pattern[1:]
     if part == "**":
-        for k in range(len(names) + 1):
-            if _glob_aligns(rest, names[k:], strict):
-                return True
-            if k < len(names) and strict and _hidden(names[k]):
-                return False
-        return False
+        return _globstar_aligns(rest, names, strict)
     if not names or not fnmatch.fnmatch(names[0], part):
         return False
     if strict and _hidden(names[0]) and part[0] != names[0][0]:
         return False
     return _glob_aligns(rest, names[1:], strict)
+
+
+def _globstar_aligns(rest: Sequence[str], names: Sequence[str], strict: bool) -> bool:
+    """``_glob_aligns`` for a pattern that starts with ``**`` (then ``rest``): it takes any number of
+    names, none of them hidden when ``strict``."""
+    for k in range(len(names) + 1):
+        if _glob_aligns(rest, names[k:], strict):
+            return True
+        if k < len(names) and strict and _hidden(names[k]):
+            return False
+    return False
 
 
 def _glob_keeps(spec: str, path: str) -> bool:
@@ -313,21 +319,25 @@ def list_files(data_dir: DataDir, retries: int = 0) -> List[str]:
     if isinstance(data_dir, (list, tuple)):
         return _listed([os.fspath(p) for p in data_dir])
     spec = os.fspath(cast(Union[str, os.PathLike], data_dir))
+    files = _found(spec, retries)
+    if not files:
+        raise FileNotFoundError(f"no files found under data_dir {spec!r} (names starting with "
+                                "'.' or '_' and special files are skipped)")
+    return files
+
+
+def _found(spec: str, retries: int) -> List[str]:
+    """The files of ``spec``: a URL (remote folder, glob or file), a local glob, or a local folder or file."""
     globbed = any(c in spec for c in _GLOB_CHARS)
     if is_url(spec):
         from .remote import list_remote
 
         files = list_remote(spec, retries)
-        files = [f for f in files if _glob_keeps(spec, f)] if globbed else files
-    elif globbed:
+        return [f for f in files if _glob_keeps(spec, f)] if globbed else files
+    if globbed:
         matches = sorted(glob.glob(_local(spec), recursive=True))
-        files = _readable_entries(p for p in matches if _glob_keeps(_local(spec), p))
-    else:
-        files = _one(spec)
-    if not files:
-        raise FileNotFoundError(f"no files found under data_dir {spec!r} (names starting with "
-                                "'.' or '_' and special files are skipped)")
-    return files
+        return _readable_entries(p for p in matches if _glob_keeps(_local(spec), p))
+    return _one(spec)
 
 
 def _one(spec: str) -> List[str]:

@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Protocol
+from typing import Dict, List, Optional, Protocol
 
 import numpy as np
 
@@ -40,20 +40,29 @@ _PREFIX = "pyloader-rotation-"
 PROVENANCE = "provenance-"  # the files of the samples' provenance, beside the codec's (whose names are plain words)
 
 
+class HeldRows(Protocol):
+    """A window's rows: one filling (``Window``), or one sealed (what ``Held.seal`` returns)."""
+
+    @property
+    def n(self) -> int: ...
+
+    def take(self, rows: np.ndarray) -> Traced: ...
+
+
 class Held(Protocol):
     """How chunks are held; ``seal`` runs off the event loop (it may write files)."""
 
-    def chunk(self, rows: Traced) -> Any: ...
+    def chunk(self, rows: Traced) -> Traced: ...
 
-    def rows(self, chunk: Any) -> int: ...
+    def rows(self, chunk: Traced) -> int: ...
 
-    def cut(self, chunk: Any, start: int, end: int) -> Any: ...
+    def cut(self, chunk: Traced, start: int, end: int) -> Traced: ...
 
-    def take(self, chunk: Any, positions: np.ndarray) -> Traced: ...
+    def take(self, chunk: Traced, positions: np.ndarray) -> Traced: ...
 
-    def seal(self, name: str, window: "Window") -> Any: ...
+    def seal(self, name: str, window: "Window") -> HeldRows: ...
 
-    def drop(self, window: Any) -> None: ...
+    def drop(self, window: HeldRows) -> None: ...
 
     def close(self) -> None: ...
 
@@ -63,14 +72,14 @@ class Window:
 
     def __init__(self, held: Held) -> None:
         self.held = held
-        self.chunks: List[Any] = []
+        self.chunks: List[Traced] = []
         self.ends: List[int] = []  # the rows up to the end of each chunk
 
     @property
     def n(self) -> int:
         return self.ends[-1] if self.ends else 0
 
-    def add(self, chunk: Any) -> None:
+    def add(self, chunk: Traced) -> None:
         self.chunks.append(chunk)
         self.ends.append(self.n + self.held.rows(chunk))
 
@@ -97,10 +106,10 @@ class InMemory:
     def take(self, chunk: Traced, positions: np.ndarray) -> Traced:
         return take(chunk, positions)
 
-    def seal(self, name: str, window: Window) -> Any:
+    def seal(self, name: str, window: Window) -> HeldRows:
         return window
 
-    def drop(self, window: Any) -> None:
+    def drop(self, window: HeldRows) -> None:
         pass
 
     def close(self) -> None:
@@ -145,6 +154,14 @@ def _save(arrays: Dict[str, np.ndarray], folder: str) -> Dict[str, str]:
     return paths
 
 
+def _loaded(folder: str, n: int, paths: Dict[str, str]) -> _OnDiskWindow:
+    """A sealed window's arrays, read back memory-mapped from their ``paths`` (never unpickled)."""
+    with HEADER_PARSE:
+        loaded = {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in paths.items()}
+    provenance = {k[len(PROVENANCE):]: loaded.pop(k) for k in list(loaded) if k.startswith(PROVENANCE)}
+    return _OnDiskWindow(folder, n, loaded, Provenance(**provenance))
+
+
 class OnDisk(InMemory):
     """The window being filled in memory; sealed windows as ``.npy`` files under a folder of the run's."""
 
@@ -168,7 +185,7 @@ class OnDisk(InMemory):
             os.mkdir(folder)
             return folder
 
-    def seal(self, name: str, window: Window) -> Any:
+    def seal(self, name: str, window: Window) -> HeldRows:
         """The window written to its folder and read back memory-mapped; ``NotCacheable`` names a field
         that cannot be stored without pickle."""
         rows: Traced = concat(window.chunks, "rotation")
@@ -186,12 +203,9 @@ class OnDisk(InMemory):
                     shutil.rmtree(str(self.root), ignore_errors=True)
         if closed:
             return window
-        with HEADER_PARSE:
-            loaded = {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in paths.items()}
-        provenance = {k[len(PROVENANCE):]: loaded.pop(k) for k in list(loaded) if k.startswith(PROVENANCE)}
-        return _OnDiskWindow(folder, window.n, loaded, Provenance(**provenance))
+        return _loaded(folder, window.n, paths)
 
-    def drop(self, window: Any) -> None:
+    def drop(self, window: HeldRows) -> None:
         if isinstance(window, _OnDiskWindow):
             window.arrays, window.provenance = {}, Provenance()
             shutil.rmtree(window.folder, ignore_errors=True)

@@ -25,7 +25,13 @@ import asyncio
 import errno
 import random
 import time
-from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+T = TypeVar("T")
+Info = Dict[str, Any]  # what fsspec says of a file (``info``, ``find(detail=True)``): size, type, version fields
 
 BACKOFF_S = 0.05  # the first retry waits up to this long; each next one up to twice as long
 BACKOFF_CAP_S = 5.0
@@ -65,12 +71,20 @@ def _status(exc: BaseException) -> Optional[int]:
 
 
 def _one_is_transient(exc: BaseException) -> bool:
+    return _transient_kind(exc) or _transient_answer(exc)
+
+
+def _transient_kind(exc: BaseException) -> bool:
+    """Whether ``exc`` is of a transient kind: by its class, a class's name, or its ``errno``."""
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
     if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__):
         return True
-    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
-        return True
+    return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
+
+
+def _transient_answer(exc: BaseException) -> bool:
+    """Whether ``exc`` carries a server's temporary failure: an HTTP 5xx or 429, or an S3 error code."""
     status = _status(exc)
     if status is not None and (status >= 500 or status == 429):
         return True
@@ -98,26 +112,30 @@ def _give_up(exc: BaseException, what: str, attempts: int) -> BaseException:
     return exc
 
 
-def with_retries(call: Callable[[], Any], what: str, retries: int) -> Any:
+def with_retries(call: Callable[[], T], what: str, retries: int) -> T:
     """``call()``, retried on transient errors (``time.sleep`` between attempts): for the caller's thread."""
-    for attempt in range(retries + 1):
+    attempt = 0
+    while True:
         try:
             return call()
         except Exception as exc:
-            if attempt == retries or not is_transient(exc):
+            if attempt >= retries or not is_transient(exc):
                 raise _give_up(exc, what, attempt + 1) from exc
         time.sleep(backoff(attempt))
+        attempt += 1
 
 
-async def awith_retries(call: Callable[[], Awaitable[Any]], what: str, retries: int) -> Any:
+async def awith_retries(call: Callable[[], Awaitable[T]], what: str, retries: int) -> T:
     """``await call()``, retried on transient errors; the waits between attempts can be cancelled."""
-    for attempt in range(retries + 1):
+    attempt = 0
+    while True:
         try:
             return await call()
         except Exception as exc:
-            if attempt == retries or not is_transient(exc):
+            if attempt >= retries or not is_transient(exc):
                 raise _give_up(exc, what, attempt + 1) from exc
         await asyncio.sleep(backoff(attempt))
+        attempt += 1
 
 
 def _chain(url: str) -> Tuple[List[str], int]:
@@ -140,7 +158,7 @@ _S3 = ("s3", "s3a")  # s3fs's protocols
 _MARK = "pyloader"  # in the user agent of the S3 filesystems pyloader retries for: instances of their own
 
 
-def storage_options(url: str, retried_here: bool = True) -> Dict[str, Any]:
+def storage_options(url: str, retried_here: bool = True) -> Dict[str, Dict[str, object]]:
     """fsspec options for the S3 layers of ``url`` (keyed by protocol, as fsspec takes them for a
     chain's layers), so that attempts are counted in one place: botocore makes one attempt per
     request and aiohttp sends each once; with ``retried_here`` (the caller retries) s3fs makes
@@ -149,7 +167,7 @@ def storage_options(url: str, retried_here: bool = True) -> Dict[str, Any]:
     ``config_kwargs`` merged."""
     import fsspec
 
-    options: Dict[str, Any] = {}
+    options: Dict[str, Dict[str, object]] = {}
     for bit in _chain(url)[0]:
         protocol = bit.split("://", 1)[0]
         if protocol not in _S3 or protocol in options:
@@ -186,7 +204,7 @@ def _session_sending_once() -> type:
     return _sending_once
 
 
-def filesystem(url: str, retried_here: bool = True) -> Tuple[Any, str]:
+def filesystem(url: str, retried_here: bool = True) -> Tuple[AbstractFileSystem, str]:
     """The fsspec filesystem of ``url`` (the outermost of a chain) and the path on it; with
     ``retried_here`` the caller retries its calls (``storage_options``)."""
     from fsspec.core import url_to_fs  # optional: only remote data needs fsspec
@@ -211,7 +229,7 @@ def _list(url: str) -> List[str]:
         fs.invalidate_cache()
 
 
-def _found(url: str, fs: Any, paths: List[str]) -> List[str]:
+def _found(url: str, fs: AbstractFileSystem, paths: List[str]) -> List[str]:
     found: List[str] = []
     for path in paths:
         if fs.isdir(path):
@@ -228,7 +246,7 @@ def list_remote(url: str, retries: int = 0) -> List[str]:
     return with_retries(lambda: _list(url), repr(url), retries)
 
 
-def version(info: dict) -> str:
+def version(info: Info) -> str:
     """What tells one content of a remote file from the next: its ETag, generation or
     modification time, whichever the filesystem gives (with the size beside it)."""
     for key in ("ETag", "etag", "generation", "md5Hash", "LastModified", "last_modified", "mtime", "created"):

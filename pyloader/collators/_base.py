@@ -105,14 +105,16 @@ class ArrayCollator(DataCollator):
         from collating each batch: a subclass changing ``collate_batch`` or a ``convert_array``
         not marked ``row_wise``, ``ragged_keys`` (companions take their shape from the leading
         axes), or a column that is not a numeric NumPy array."""
-        cls = type(self)
-        if (cls.collate_batch is not ArrayCollator.collate_batch or not getattr(cls.convert_array, "row_wise", False)
-                or self.options.ragged_keys or self.images is not None):
+        if not self._collates_rows_alike() or not all(_stackable(column) for column in columns.values()):
             return None
-        for column in columns.values():
-            if not isinstance(column, np.ndarray) or column.ndim < 2 or column.dtype.kind in "OUS":
-                return None
         return stack_batch(columns, self.options, self.convert_array, self.convert_strings)
+
+    def _collates_rows_alike(self) -> bool:
+        """Whether collating K stacked batches gives what collating each does: ``collate_batch`` and a
+        ``row_wise`` ``convert_array`` as they are, no ``ragged_keys`` nor ``images``."""
+        cls = type(self)
+        return (cls.collate_batch is ArrayCollator.collate_batch and getattr(cls.convert_array, "row_wise", False)
+                and not self.options.ragged_keys and self.images is None)
 
     def stack(self, features: Dict[str, Sequence]) -> Tuple[Collated, Dict[str, str]]:
         """The NumPy half of ``collate_batch``: the stacked batch, and which of its
@@ -140,3 +142,8 @@ class ArrayCollator(DataCollator):
     def convert_strings(self, key: str, values: ItemColumn) -> object:
         """Turn the string column ``key`` into the output type; the default returns it unchanged."""
         return values
+
+
+def _stackable(column: object) -> bool:
+    """A numeric NumPy array with a leading step axis."""
+    return isinstance(column, np.ndarray) and column.ndim >= 2 and column.dtype.kind not in "OUS"

@@ -11,10 +11,11 @@ the key. Random crops and flips need a loader run (``pyloader.rng()``); a centre
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._columns import Column
 from .._rng import rng
 
 __all__ = ["Images"]
@@ -41,10 +42,7 @@ class Images:
         if isinstance(keys, (str, bytes)):
             raise ValueError(f"keys must be a collection of keys, not the string {keys!r}")
         self.keys = list(keys)
-        if size is not None and (len(size) != 2 or not all(isinstance(v, int) and v >= 1 for v in size)):
-            raise ValueError(f"size must be (height, width), two integers >= 1, got {size!r}")
-        if crop not in CROPS:
-            raise ValueError(f"crop must be one of {CROPS}, got {crop!r}")
+        _check_geometry(size, crop)
         self.size, self.crop, self.flip = size, crop, bool(flip)
         self.mean = None if mean is None else np.asarray(mean, dtype=np.float64)
         self.std = None if std is None else np.asarray(std, dtype=np.float64)
@@ -52,7 +50,7 @@ class Images:
             raise ValueError(f"std must not hold 0, got {std!r}")
         self.channels_first = bool(channels_first)
 
-    def apply(self, features: Mapping[str, Any], float_dtype: np.dtype) -> Dict[str, Any]:
+    def apply(self, features: Mapping[str, Column], float_dtype: np.dtype) -> Dict[str, Column]:
         """``features`` with each image column a float array ``[B, C, H, W]`` (or ``[B, H, W, C]``)."""
         out = dict(features)
         for key in self.keys:
@@ -61,7 +59,7 @@ class Images:
             out[key] = self._column(key, features[key], float_dtype)
         return out
 
-    def _column(self, key: str, column: Any, float_dtype: np.dtype) -> np.ndarray:
+    def _column(self, key: str, column: Column, float_dtype: np.dtype) -> np.ndarray:
         items = [self._item(key, np.asarray(item)) for item in column]
         shapes = {item.shape for item in items}
         if len(shapes) > 1:
@@ -106,6 +104,13 @@ class Images:
         if self.std is not None:
             array /= self.std.astype(array.dtype)
         return array
+
+
+def _check_geometry(size: Optional[Tuple[int, int]], crop: str) -> None:
+    if size is not None and (len(size) != 2 or not all(isinstance(v, int) and v >= 1 for v in size)):
+        raise ValueError(f"size must be (height, width), two integers >= 1, got {size!r}")
+    if crop not in CROPS:
+        raise ValueError(f"crop must be one of {CROPS}, got {crop!r}")
 
 
 def _scaled(key: str, stacked: np.ndarray, float_dtype: np.dtype) -> np.ndarray:

@@ -10,7 +10,20 @@ from __future__ import annotations
 
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, field
-from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Union
+from typing import (
+    AbstractSet,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 import numpy as np
 import numpy.typing as npt
@@ -65,10 +78,7 @@ class StackOptions:
         for name, value in (("keys", keys), ("passthrough", passthrough), ("ragged_keys", ragged_keys)):
             if isinstance(value, (str, bytes)):
                 raise ValueError(f"{name} must be a collection of keys, not the string {value!r}")
-        ragged = dict(ragged_keys) if isinstance(ragged_keys, abc.Mapping) else dict.fromkeys(ragged_keys, 1)
-        for key, n_axes in ragged.items():
-            if not isinstance(n_axes, int) or isinstance(n_axes, bool) or n_axes < 1:
-                raise ValueError(f"ragged_keys[{key!r}] must be an integer >= 1, got {n_axes!r}")
+        ragged = _ragged_axes(ragged_keys)
         return cls(
             float_dtype=float_dt,
             int_dtype=int_dt,
@@ -85,6 +95,15 @@ class StackOptions:
         return key not in self.passthrough and (self.keys is None or key in self.keys)
 
 
+def _ragged_axes(ragged_keys: Union[Mapping[str, int], Iterable[str]]) -> Dict[str, int]:
+    """``ragged_keys`` as ``{key: ragged axes}`` (a key alone: one axis); ``ValueError`` names a bad count."""
+    ragged = dict(ragged_keys) if isinstance(ragged_keys, abc.Mapping) else dict.fromkeys(ragged_keys, 1)
+    for key, n_axes in ragged.items():
+        if not isinstance(n_axes, int) or isinstance(n_axes, bool) or n_axes < 1:
+            raise ValueError(f"ragged_keys[{key!r}] must be an integer >= 1, got {n_axes!r}")
+    return ragged
+
+
 def stack_batch(
     features: Mapping[str, ItemColumn],
     options: StackOptions,
@@ -98,12 +117,7 @@ def stack_batch(
     array)``; each string column through ``convert_strings(key, column)``.
     Companions follow their key in the result. ``ValueError`` names the key at fault.
     """
-    if not isinstance(features, abc.Mapping):
-        raise ValueError(f"expected a dict of columns, got {type(features).__name__}")
-    if options.keys is not None:
-        missing = sorted(options.keys.difference(features))
-        if missing:
-            raise ValueError(f"keys {missing} were asked for but are not in the batch")
+    _check_keys(features, options)
     out: Dict[str, object] = {}
     first_key: Optional[str] = None
     for key, column in features.items():
@@ -127,6 +141,16 @@ def stack_batch(
     return out
 
 
+def _check_keys(features: Mapping[str, ItemColumn], options: StackOptions) -> None:
+    """``ValueError`` unless ``features`` is a dict of columns holding every key ``options`` asks for."""
+    if not isinstance(features, abc.Mapping):
+        raise ValueError(f"expected a dict of columns, got {type(features).__name__}")
+    if options.keys is not None:
+        missing = sorted(options.keys.difference(features))
+        if missing:
+            raise ValueError(f"keys {missing} were asked for but are not in the batch")
+
+
 def stack_column(key: str, column: ItemColumn, options: StackOptions) -> Optional[Dict[str, np.ndarray]]:
     """Stack one column into ``{key: array}`` plus its companion, or ``None`` for strings.
 
@@ -148,11 +172,8 @@ def stack_column(key: str, column: ItemColumn, options: StackOptions) -> Optiona
     if isinstance(column, np.ndarray):
         if column.ndim == 0:
             raise ValueError(f"key {key!r} holds a 0-d array, expected one item per sample")
-        if column.dtype.kind in "US":
-            return None
         if column.dtype.kind != "O":
-            _check_declared(key, column.ndim - 1, options)
-            return {key: column, **_companion(key, column, options)}
+            return _stacked_array(key, column, options)
         column = column.tolist()
     if isinstance(column, _STRING) or not isinstance(column, abc.Sequence):
         raise ValueError(f"key {key!r} holds {type(column).__name__}, expected a list or an array")
@@ -163,6 +184,14 @@ def stack_column(key: str, column: ItemColumn, options: StackOptions) -> Optiona
     layout = _Layout(key)
     layout.walk(column, 0)
     return _stack_walked(key, column, layout, options)
+
+
+def _stacked_array(key: str, column: np.ndarray, options: StackOptions) -> Optional[Dict[str, np.ndarray]]:
+    """``stack_column`` for a column that is an array of one dtype: strings pass (``None``), others as they are."""
+    if column.dtype.kind in "US":
+        return None
+    _check_declared(key, column.ndim - 1, options)
+    return {key: column, **_companion(key, column, options)}
 
 
 def _stack_walked(key: str, column: ItemColumn, layout: "_Layout", options: StackOptions) -> Dict[str, np.ndarray]:
@@ -176,14 +205,21 @@ def _stack_walked(key: str, column: ItemColumn, layout: "_Layout", options: Stac
         if not ragged:
             array = np.array(column, dtype=dtype)
             return {key: array, **_companion(key, array, options)}
-        array = np.full(shape, options.pad_values.get(key, options.pad_value), dtype=dtype)
-        last = max(ragged[-1], declared)
-        mask = np.zeros(shape[: last + 1], dtype=bool) if options.pad_info == "mask" else None
-        for i, item in enumerate(column):
-            _fill(item, array[i], None if mask is None else mask[i], 1, last)
+        array, mask = _padded(key, column, options, dtype, shape, max(ragged[-1], declared))
     except (OverflowError, TypeError, ValueError) as exc:
         raise ValueError(f"key {key!r}: cannot stack as {dtype}: {exc}") from exc
     return {key: array, **_companion(key, array, options, column, mask)}
+
+
+def _padded(key: str, column: ItemColumn, options: StackOptions, dtype: np.dtype, shape: Tuple[int, ...],
+            last: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """The ragged ``column`` in an array of the batch's longest ``shape``, padded, and its mask (``pad_info="mask"``:
+    true on real values, up to the ``last`` ragged axis)."""
+    array = np.full(shape, options.pad_values.get(key, options.pad_value), dtype=dtype)
+    mask = np.zeros(shape[: last + 1], dtype=bool) if options.pad_info == "mask" else None
+    for i, item in enumerate(column):
+        _fill(item, array[i], None if mask is None else mask[i], 1, last)
+    return array, mask
 
 
 def _check_declared(key: str, depth: int, options: StackOptions) -> int:
@@ -236,10 +272,7 @@ def _holds_strings(column: ItemColumn) -> bool:
 def _fill(node: ItemColumn, out: np.ndarray, mask: Optional[np.ndarray], axis: int, last: int) -> None:
     """Copy one item (``node``, whose first axis is ``axis``) into the top corner of ``out``."""
     if isinstance(node, np.ndarray) and node.dtype.kind != "O":
-        region = tuple(slice(0, n) for n in node.shape)
-        out[region] = node
-        if mask is not None:
-            mask[region[: last - axis + 1]] = True
+        _fill_array(node, out, mask, axis, last)
         return
     if isinstance(node, np.ndarray):
         node = node.tolist()
@@ -252,6 +285,14 @@ def _fill(node: ItemColumn, out: np.ndarray, mask: Optional[np.ndarray], axis: i
         return
     for j, child in enumerate(node):
         _fill(child, out[j], None if mask is None else mask[j], axis + 1, last)
+
+
+def _fill_array(node: np.ndarray, out: np.ndarray, mask: Optional[np.ndarray], axis: int, last: int) -> None:
+    """``_fill`` for an item that is a (non-object) array: one copy, its ragged axes masked at once."""
+    region = tuple(slice(0, n) for n in node.shape)
+    out[region] = node
+    if mask is not None:
+        mask[region[: last - axis + 1]] = True
 
 
 class _Layout:
@@ -269,10 +310,7 @@ class _Layout:
 
     def walk(self, node: ItemColumn, axis: int) -> None:
         if isinstance(node, np.ndarray) and node.dtype.kind != "O":
-            for offset, n in enumerate(node.shape):
-                self._see_len(axis + offset, n)
-            self._see_depth(axis + node.ndim - 1)
-            self.np_dtypes.add(node.dtype)
+            self._see_array(node, axis)
             return
         if isinstance(node, np.ndarray):
             node = node.tolist()
@@ -300,11 +338,13 @@ class _Layout:
         bases = {next(b for b in _PY_BASES if issubclass(t, b)) for t in self.py_types}
         if self.np_dtypes:
             return np.result_type(*self.np_dtypes, *(_WEAK[b] for b in bases))
-        if complex in bases:
-            return np.result_type(options.float_dtype, 0j)
-        if float in bases or not bases:
-            return options.float_dtype
-        return options.int_dtype if int in bases else np.dtype(bool)
+        return _python_dtype(bases, options)
+
+    def _see_array(self, node: np.ndarray, axis: int) -> None:
+        for offset, n in enumerate(node.shape):
+            self._see_len(axis + offset, n)
+        self._see_depth(axis + node.ndim - 1)
+        self.np_dtypes.add(node.dtype)
 
     def _see_len(self, axis: int, n: int) -> None:
         if axis == len(self.lens):
@@ -330,3 +370,12 @@ class _Layout:
                 self.py_types.add(t)
             else:
                 raise ValueError(f"key {self.key!r} holds {t.__name__} values, which cannot be collated")
+
+
+def _python_dtype(bases: AbstractSet[type], options: StackOptions) -> np.dtype:
+    """The dtype of a column of Python scalars of these kinds (``bool``, ``int``, ``float``, ``complex``)."""
+    if complex in bases:
+        return np.result_type(options.float_dtype, 0j)
+    if float in bases or not bases:
+        return options.float_dtype
+    return options.int_dtype if int in bases else np.dtype(bool)

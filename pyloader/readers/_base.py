@@ -81,18 +81,8 @@ def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1) -> 
                 raise file_error(path, e.what, number + 1) from e.__cause__
             if raw is None:
                 break
-            state, error = decoder.getstate(), None
-            try:
-                text = decoder.decode(raw)
-            except UnicodeDecodeError:
-                decoder.setstate(state)
-                text, error = _decode_by_line(decoder, raw)
-            if not pending and text.endswith("\n"):
-                block = text
-            else:
-                pending += text
-                cut = pending.rfind("\n") + 1
-                block, pending = pending[:cut], pending[cut:]
+            text, error = _decoded(decoder, raw)
+            block, pending = _whole_lines(pending, text)
             if block:
                 yield number, block
                 number += block.count("\n")
@@ -104,6 +94,25 @@ def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1) -> 
             raise file_error(path, f"not valid {shown}: {e}", number + 1) from e
     if pending:
         yield number, pending
+
+
+def _decoded(decoder: codecs.IncrementalDecoder, raw: bytes) -> Tuple[str, Optional[UnicodeDecodeError]]:
+    """``raw`` decoded, or (when it fails to) decoded a line at a time up to the line at fault, and the error."""
+    state = decoder.getstate()
+    try:
+        return decoder.decode(raw), None
+    except UnicodeDecodeError:
+        decoder.setstate(state)
+        return _decode_by_line(decoder, raw)
+
+
+def _whole_lines(pending: str, text: str) -> Tuple[str, str]:
+    """The whole lines of ``pending + text``, and what follows the last of them."""
+    if not pending and text.endswith("\n"):
+        return text, ""
+    pending += text
+    cut = pending.rfind("\n") + 1
+    return pending[:cut], pending[cut:]
 
 
 def _raw_blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
@@ -253,30 +262,51 @@ def recut(fields: Sequence[str], chunks: Iterable[Columns], size: int) -> Iterat
     rows, the last one shorter. A chunk's rows are delivered before the chunks' iterator is asked
     for more, and when it raises, the rows held are delivered first (a shorter piece): an error
     comes after every row before it."""
-    buf: Columns = {field: [] for field in fields}
-    held = 0
+    pieces = _Recut(fields, size)
     try:
         for chunk in chunks:
-            n = len(chunk[fields[0]]) if fields else 0
-            start = 0
-            while start < n:
-                take = min(size - held, n - start)
-                if take == size:  # a whole piece of this chunk: no copy into the buffer
-                    yield {field: chunk[field][start:start + take] for field in fields}
-                else:
-                    for field in fields:
-                        cast(list, buf[field]).extend(chunk[field][start:start + take])
-                    held += take
-                    if held == size:
-                        yield buf
-                        buf, held = {field: [] for field in fields}, 0
-                start += take
+            yield from pieces.cut(chunk)
     except Exception:
-        if held:
-            yield buf
+        yield from pieces.rest()
         raise
-    if held:
-        yield buf
+    yield from pieces.rest()
+
+
+class _Recut:
+    """``recut``'s pieces: a chunk's whole pieces as slices of it, other rows gathered in a buffer."""
+
+    def __init__(self, fields: Sequence[str], size: int) -> None:
+        self.fields, self.size = fields, size
+        self._empty()
+
+    def _empty(self) -> None:
+        self.buf: Columns = {field: [] for field in self.fields}
+        self.held = 0
+
+    def cut(self, chunk: Columns) -> Iterator[Columns]:
+        """The pieces ``chunk`` completes."""
+        n = len(chunk[self.fields[0]]) if self.fields else 0
+        start = 0
+        while start < n:
+            take = min(self.size - self.held, n - start)
+            if take == self.size:  # a whole piece of this chunk: no copy into the buffer
+                yield {field: chunk[field][start:start + take] for field in self.fields}
+            else:
+                yield from self._gather(chunk, start, take)
+            start += take
+
+    def _gather(self, chunk: Columns, start: int, take: int) -> Iterator[Columns]:
+        for field in self.fields:
+            cast(list, self.buf[field]).extend(chunk[field][start:start + take])
+        self.held += take
+        if self.held == self.size:
+            yield self.buf
+            self._empty()
+
+    def rest(self) -> Iterator[Columns]:
+        """The rows held, as a shorter last piece."""
+        if self.held:
+            yield self.buf
 
 
 class LineReader(DataReader):

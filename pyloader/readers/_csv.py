@@ -49,7 +49,7 @@ class CSVReader(LineReader):
 
     def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42,
                  fields: Optional[Sequence[str]] = None, delimiter: str = ",", header: bool = True,
-                 converters: Optional[Dict[str, Callable[[str], Any]]] = None,
+                 converters: Optional[Dict[str, Callable[[str], object]]] = None,
                  piece_size: int = 4096) -> None:
         super().__init__(batch_size, shuffle, random_seed, piece_size)
         self.fields = check_fields(fields)
@@ -60,11 +60,7 @@ class CSVReader(LineReader):
             raise ValueError(f"delimiter must be a single character, got {delimiter!r}")
         self.delimiter = delimiter
         self.converters = dict(converters or {})
-        for field, conv in self.converters.items():
-            if not callable(conv):
-                raise ValueError(f"converter for {field!r} is not callable: {conv!r}")
-            if self.fields is not None and field not in self.fields:
-                raise ValueError(f"converter given for {field!r}, which is not in fields {self.fields}")
+        _check_converters(self.converters, self.fields)
 
     def chunks(self, path: str) -> Tuple[List[str], Iterator[Columns]]:
         lines = _Lines(iter_text_blocks(path, "utf-8-sig"))
@@ -149,20 +145,7 @@ class CSVReader(LineReader):
         for record in records:
             if len(record) != width:
                 raise file_error(path, f"expected {width} cells, got {len(record)}", offset + reader.line_num)
-            if plain:
-                yield tuple(record)
-                continue
-            row = []
-            for (i, conv), field in zip(convs, fields):
-                value = record[i]
-                if conv is not None:
-                    try:
-                        value = conv(value)
-                    except Exception as e:
-                        raise file_error(path, f"converter for {field!r} rejected {value!r}: {e}",
-                                         offset + reader.line_num) from e
-                row.append(value)
-            yield tuple(row)
+            yield tuple(record) if plain else _converted(path, record, convs, fields, offset + reader.line_num)
 
 
 class _Lines:
@@ -268,6 +251,30 @@ def _last_record_start(text: str, quotes_before: int) -> int:
             return start
         cut = start
     return 0
+
+
+def _converted(path: str, record: List[str], convs: Sequence[Tuple[int, Optional[Callable[[str], object]]]],
+               fields: Sequence[str], line: int) -> Row:
+    """The record's cells of ``fields``, each through its converter (if it has one)."""
+    row: List[object] = []
+    for (i, conv), field in zip(convs, fields):
+        value = record[i]
+        if conv is None:
+            row.append(value)
+            continue
+        try:
+            row.append(conv(value))
+        except Exception as e:
+            raise file_error(path, f"converter for {field!r} rejected {value!r}: {e}", line) from e
+    return tuple(row)
+
+
+def _check_converters(converters: Dict[str, Callable[[str], object]], fields: Optional[List[str]]) -> None:
+    for field, conv in converters.items():
+        if not callable(conv):
+            raise ValueError(f"converter for {field!r} is not callable: {conv!r}")
+        if fields is not None and field not in fields:
+            raise ValueError(f"converter given for {field!r}, which is not in fields {fields}")
 
 
 def _longest(column: Any) -> int:

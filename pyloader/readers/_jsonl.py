@@ -107,7 +107,7 @@ class JsonLinesReader(LineReader):
             if is_blank(line):
                 continue
             try:
-                obj: Any = _loads(line)
+                obj: object = _loads(line)
             except ValueError as e:
                 raise file_error(path, f"invalid JSON: {e}", number) from e
             if not isinstance(obj, dict):

@@ -98,24 +98,13 @@ class NumpyReader(DataReader):
             return {self.key: _Rows.from_stream(f, None)}
         f.seek(0)
         if head.startswith(b"PK"):
-            archive = stack.enter_context(zipfile.ZipFile(f))
-            arrays = {}
-            for info in archive.infolist():
-                if not info.filename.endswith(".npy"):
-                    raise file_error(path, f"archive member {info.filename!r} is not a .npy array")
-                member = stack.enter_context(archive.open(info))
-                arrays[info.filename[:-4]] = _Rows.from_stream(member, info.file_size)
-            return arrays
+            return _archive_rows(path, f, stack)
         size = f.seek(0, 2)
         f.seek(0)
         if self.mmap and not is_url(path):
             _header(f, size)  # the streamed path's checks and messages; NumPy's differ
             f.close()
-            with HEADER_PARSE:
-                mapped = npformat.open_memmap(_local(path), mode="c")
-            start = mapped.__array_interface__["data"][0]  # its batches cross processes as spans of the file
-            register_mapped(mapped, start, mapped.nbytes, os.path.abspath(_local(path)), int(mapped.offset))
-            return {self.key: _Rows(mapped)}
+            return {self.key: _mapped_rows(path)}
         return {self.key: _Rows.from_stream(f, size)}
 
 
@@ -163,6 +152,27 @@ class _Rows:
         return out
 
 
+def _archive_rows(path: str, f: IO[bytes], stack: contextlib.ExitStack) -> Dict[str, "_Rows"]:
+    """The arrays of an ``.npz`` archive (uncompressed), by name, each streamed from its member."""
+    archive = stack.enter_context(zipfile.ZipFile(f))
+    arrays = {}
+    for info in archive.infolist():
+        if not info.filename.endswith(".npy"):
+            raise file_error(path, f"archive member {info.filename!r} is not a .npy array")
+        member = stack.enter_context(archive.open(info))
+        arrays[info.filename[:-4]] = _Rows.from_stream(member, info.file_size)
+    return arrays
+
+
+def _mapped_rows(path: str) -> "_Rows":
+    """A local ``.npy`` mapped copy-on-write; its batches cross processes as spans of the file."""
+    with HEADER_PARSE:
+        mapped = npformat.open_memmap(_local(path), mode="c")
+    start = mapped.__array_interface__["data"][0]
+    register_mapped(mapped, start, mapped.nbytes, os.path.abspath(_local(path)), int(mapped.offset))
+    return _Rows(mapped)
+
+
 def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...], bool, np.dtype]]:
     """``(shape, fortran_order, dtype)`` from the header of the ``.npy`` data at ``fp``'s
     position, ``size`` bytes in all, leaving ``fp`` at the data; ``None`` for a format
@@ -176,10 +186,7 @@ def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...
     read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
     with HEADER_PARSE:  # reads the header's few bytes, then parses them
         shape, fortran_order, dtype = read_header(fp)
-    if not all(type(d) is int and d >= 0 for d in shape):
-        raise ValueError(f"invalid header: shape {shape!r} is not a tuple of integers >= 0")
-    if dtype.hasobject:
-        raise ValueError("arrays of Python objects (pickled data) are not supported")
+    _check_layout(shape, dtype)
     if start is None or size is None:  # a stream of unknown size: reading finds a short one
         return shape, fortran_order, dtype
     needed, held = math.prod(shape) * dtype.itemsize, size - (fp.tell() - start)
@@ -187,6 +194,14 @@ def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...
         raise ValueError(f"truncated array data: the header's shape {shape} and dtype {dtype} "
                          f"need {needed} bytes, only {max(held, 0)} follow the header")
     return shape, fortran_order, dtype
+
+
+def _check_layout(shape: Tuple[int, ...], dtype: np.dtype) -> None:
+    """``ValueError`` unless the header's ``shape`` is of integers >= 0 and its ``dtype`` holds no objects."""
+    if not all(type(d) is int and d >= 0 for d in shape):
+        raise ValueError(f"invalid header: shape {shape!r} is not a tuple of integers >= 0")
+    if dtype.hasobject:
+        raise ValueError("arrays of Python objects (pickled data) are not supported")
 
 
 def _fill(fp: Any, out: np.ndarray) -> None:

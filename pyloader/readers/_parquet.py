@@ -3,13 +3,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from types import ModuleType
+from typing import IO, TYPE_CHECKING, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union
 
 from .._abc import DataReader
 from .._columns import Columns
 from .._npy import register_mapped
 from .._storage.files import _local, is_url, open_file
 from ._base import FileFormatError, check_fields, file_error
+
+if TYPE_CHECKING:  # pyarrow is optional and untyped: these names document what a value is
+    import pyarrow
+    import pyarrow.ipc
+    import pyarrow.parquet
 
 __all__ = ["ParquetReader"]
 
@@ -98,7 +104,7 @@ class ParquetReader(DataReader):
         return wanted
 
 
-def _pyarrow() -> Any:
+def _pyarrow() -> ModuleType:
     try:
         import pyarrow
         import pyarrow.ipc  # noqa: F401
@@ -108,31 +114,64 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-class _Source:
+class _Source(Protocol):
     """One open Parquet or Arrow IPC file: its columns, its pieces, its row count."""
 
-    def __init__(self, parquet: Any = None, ipc: Any = None, keep: Any = None) -> None:
-        self._parquet, self._ipc = parquet, ipc
-        self._keep = keep  # the whole of a mapped file: registered while the file is open
-        schema = parquet.schema_arrow if parquet is not None else ipc.schema
-        self.names: List[str] = list(schema.names)
+    names: List[str]
+
+    @property
+    def n_pieces(self) -> int: ...
+
+    @property
+    def n_rows(self) -> int: ...
+
+    def piece(self, i: int, names: List[str]) -> Union[pyarrow.Table, pyarrow.RecordBatch]: ...
+
+    def read_all(self, names: List[str]) -> pyarrow.Table: ...
+
+
+class _ParquetSource:
+    """A Parquet file, a row group a piece."""
+
+    def __init__(self, parquet: pyarrow.parquet.ParquetFile) -> None:
+        self._parquet = parquet
+        self.names: List[str] = list(parquet.schema_arrow.names)
 
     @property
     def n_pieces(self) -> int:
-        return self._parquet.num_row_groups if self._parquet is not None else self._ipc.num_record_batches
+        return self._parquet.num_row_groups
 
     @property
     def n_rows(self) -> int:
-        return self._parquet.metadata.num_rows if self._parquet is not None else self._ipc.count_rows()
+        return self._parquet.metadata.num_rows
 
-    def piece(self, i: int, names: List[str]) -> Any:
-        if self._parquet is not None:
-            return self._parquet.read_row_group(i, columns=names, use_threads=False)
+    def piece(self, i: int, names: List[str]) -> pyarrow.Table:
+        return self._parquet.read_row_group(i, columns=names, use_threads=False)
+
+    def read_all(self, names: List[str]) -> pyarrow.Table:
+        return self._parquet.read(columns=names, use_threads=False)
+
+
+class _IpcSource:
+    """An Arrow IPC file, a record batch a piece."""
+
+    def __init__(self, ipc: pyarrow.ipc.RecordBatchFileReader, keep: Optional[pyarrow.Buffer] = None) -> None:
+        self._ipc = ipc
+        self._keep = keep  # the whole of a mapped file: registered while the file is open
+        self.names: List[str] = list(ipc.schema.names)
+
+    @property
+    def n_pieces(self) -> int:
+        return self._ipc.num_record_batches
+
+    @property
+    def n_rows(self) -> int:
+        return self._ipc.count_rows()
+
+    def piece(self, i: int, names: List[str]) -> pyarrow.RecordBatch:
         return self._ipc.get_batch(i).select(names)
 
-    def read_all(self, names: List[str]) -> Any:
-        if self._parquet is not None:
-            return self._parquet.read(columns=names, use_threads=False)
+    def read_all(self, names: List[str]) -> pyarrow.Table:
         return self._ipc.read_all().select(names)
 
 
@@ -151,8 +190,8 @@ def _opened(path: str) -> Iterator[_Source]:
             raise file_error(path, f"cannot read as Parquet or Arrow IPC (corrupt or truncated?): {e}") from e
 
 
-def _open(pa: Any, path: str, stack: contextlib.ExitStack) -> _Source:
-    f: Any = _local(path)
+def _open(pa: ModuleType, path: str, stack: contextlib.ExitStack) -> _Source:
+    f: Union[str, IO[bytes]] = _local(path)
     if is_url(path):
         f = stack.enter_context(open_file(path, "rb"))
         _read_exactly(f)
@@ -164,17 +203,17 @@ def _open(pa: Any, path: str, stack: contextlib.ExitStack) -> _Source:
         if not isinstance(f, str):
             f.seek(0)
         if not isinstance(f, str):
-            return _Source(ipc=pa.ipc.open_file(f))
+            return _IpcSource(pa.ipc.open_file(f))
         mapped = stack.enter_context(pa.memory_map(f))
         whole = mapped.read_buffer()  # no copy: its columns cross processes as spans of the file
         mapped.seek(0)
         register_mapped(whole, whole.address, whole.size, os.path.abspath(f), 0)
-        return _Source(ipc=pa.ipc.open_file(mapped), keep=whole)
+        return _IpcSource(pa.ipc.open_file(mapped), keep=whole)
     stack.callback(parquet.close)
-    return _Source(parquet=parquet)
+    return _ParquetSource(parquet)
 
 
-def _read_exactly(f: Any) -> None:
+def _read_exactly(f: IO[bytes]) -> None:
     """Make an fsspec file (not one the loader has fetched already) read the byte ranges pyarrow
     asks for and no more: its default cache reads ahead a block past each read, and pyarrow reads
     whole column chunks, which is what a ranged request should fetch."""
@@ -185,7 +224,7 @@ def _read_exactly(f: Any) -> None:
         f.cache = BaseCache(f.blocksize, f._fetch_range, f.size)
 
 
-def _starts_with(f: Any, magic: bytes) -> bool:
+def _starts_with(f: Union[str, IO[bytes]], magic: bytes) -> bool:
     if isinstance(f, str):
         with open(f, "rb") as local:
             return local.read(len(magic)) == magic
@@ -193,12 +232,12 @@ def _starts_with(f: Any, magic: bytes) -> bool:
     return f.read(len(magic)) == magic
 
 
-def _columns(data: Any, names: List[str]) -> Dict[str, Sequence]:
+def _columns(data: Union[pyarrow.Table, pyarrow.RecordBatch], names: List[str]) -> Dict[str, Sequence]:
     """The columns of a pyarrow ``Table`` or ``RecordBatch``, as ``ParquetReader`` hands them out."""
     return {name: _column(data.column(i)) for i, name in enumerate(names)}
 
 
-def _column(column: Any) -> Sequence:
+def _column(column: Union[pyarrow.Array, pyarrow.ChunkedArray]) -> Sequence:
     import pyarrow as pa
 
     if isinstance(column, pa.ChunkedArray):
@@ -214,7 +253,7 @@ def _column(column: Any) -> Sequence:
     return column.to_pylist()
 
 
-def _numpy_kind(pa: Any, kind: Any) -> bool:
+def _numpy_kind(pa: ModuleType, kind: pyarrow.DataType) -> bool:
     types = pa.types
     return bool(types.is_integer(kind) or types.is_floating(kind) or types.is_boolean(kind)
                 or types.is_timestamp(kind) or types.is_date(kind) or types.is_duration(kind))

@@ -20,7 +20,7 @@ import io
 import json
 import tarfile
 import zlib
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from ._base import FileFormatError, check_fields, check_piece_size, file_error
 
 __all__ = ["TarReader", "decode_image", "DECODERS"]
 
-Decoder = Callable[[bytes], Any]
+Decoder = Callable[[bytes], object]
 KEY = "__key__"
 _CORRUPT = (tarfile.TarError, EOFError, zlib.error, DecompressionError)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "bmp", "gif", "tif", "tiff", "webp")
@@ -117,19 +117,12 @@ class TarReader(DataReader):
         self.keep = check_fields(keep, "keep")
         if self.keep is not None and KEY in self.keep:
             raise ValueError(f"keep lists extensions; {KEY!r} is always a column")
-        if not isinstance(decode, (bool, Mapping)):
-            raise ValueError(f"decode must be True, False or a mapping of extension to decoder, got {decode!r}")
-        self.decoders: Dict[str, Optional[Decoder]] = {} if decode is False else dict(DECODERS)
-        if isinstance(decode, Mapping):
-            for ext, fn in decode.items():
-                if fn is not None and not callable(fn):
-                    raise ValueError(f"decode[{ext!r}] must be callable or None, got {fn!r}")
-            self.decoders.update(decode)
+        self.decoders = _decoders(decode)
         self.image_mode = image_mode
         self.piece_size = check_piece_size(piece_size)
 
-    def read_file(self, path: str) -> Tuple[Dict[str, List[Any]], int]:
-        columns: Dict[str, List[Any]] = {}
+    def read_file(self, path: str) -> Tuple[Dict[str, List[object]], int]:
+        columns: Dict[str, List[object]] = {}
         n = 0
         for piece in self.iter_file(path):
             for name, values in piece.items():
@@ -138,7 +131,7 @@ class TarReader(DataReader):
         return columns, n
 
     def iter_file(self, path: str) -> Iterator[Columns]:
-        piece: Dict[str, List[Any]] = {}
+        piece: Dict[str, List[object]] = {}
         for sample in _samples(path, self.keep, self._decoded(path)):
             for name, value in sample.items():
                 piece.setdefault(name, []).append(value)
@@ -152,8 +145,8 @@ class TarReader(DataReader):
         """The samples of the shard, from its members' headers alone."""
         return sum(1 for _ in _samples(path, self.keep, None))
 
-    def _decoded(self, path: str) -> Callable[[str, str, bytes], Any]:
-        def decode(name: str, ext: str, data: bytes) -> Any:
+    def _decoded(self, path: str) -> Callable[[str, str, bytes], object]:
+        def decode(name: str, ext: str, data: bytes) -> object:
             fn = self.decoders[ext] if ext in self.decoders else self.decoders.get(ext.rpartition(".")[2].lower())
             if fn is None:
                 return data
@@ -165,6 +158,19 @@ class TarReader(DataReader):
                 raise file_error(path, f"member {name!r}: cannot decode {ext!r}: {type(exc).__name__}: {exc}") \
                     from exc
         return decode
+
+
+def _decoders(decode: Union[bool, Mapping[str, Optional[Decoder]]]) -> Dict[str, Optional[Decoder]]:
+    """The decoder of each extension: ``DECODERS`` (``True``), none (``False``), or those updated by a mapping."""
+    if not isinstance(decode, (bool, Mapping)):
+        raise ValueError(f"decode must be True, False or a mapping of extension to decoder, got {decode!r}")
+    decoders: Dict[str, Optional[Decoder]] = {} if decode is False else dict(DECODERS)
+    if isinstance(decode, Mapping):
+        for ext, fn in decode.items():
+            if fn is not None and not callable(fn):
+                raise ValueError(f"decode[{ext!r}] must be callable or None, got {fn!r}")
+        decoders.update(decode)
+    return decoders
 
 
 class _Shard:
@@ -179,7 +185,7 @@ class _Shard:
     def error(self, what: str) -> FileFormatError:
         return FileFormatError(f"shard {self.path!r}: {what}")
 
-    def finished(self, key: str, members: Dict[str, str], sample: Dict[str, Any]) -> Dict[str, Any]:
+    def finished(self, key: str, members: Dict[str, str], sample: Dict[str, object]) -> Dict[str, object]:
         """A sample whose members are all read, its columns in one order (``__key__``, then the extensions
         sorted): its extensions must be those every sample has."""
         self.check(key, members)
@@ -199,6 +205,21 @@ class _Shard:
         raise self.error(f"member {members[extra[0]]!r}: sample {key!r} has extension {extra[0]!r}, which the "
                          f"shard's first sample has not (expected {', '.join(sorted(self.expected))}; pass keep=)")
 
+    def split(self, name: str) -> Tuple[str, str]:
+        """A member's name as ``(key, extension)``."""
+        parts = split_name(name)
+        if parts is None:
+            raise self.error(f"member {name!r} has no extension: members are named <key>.<ext>")
+        return parts
+
+    def wanted(self, ext: str, key: str, members: Dict[str, str], name: str) -> bool:
+        """Whether member ``name`` of sample ``key`` is kept (``keep``); a second one of an extension is an error."""
+        if self.keep is not None and ext not in self.keep:
+            return False
+        if ext in members:
+            raise self.error(f"member {name!r}: sample {key!r} has two members of extension {ext!r}")
+        return True
+
     def start(self, key: str, name: str) -> None:
         if key in self.seen:
             raise self.error(f"member {name!r}: key {key!r} comes again after other keys (a sample's members "
@@ -207,12 +228,12 @@ class _Shard:
 
 
 def _samples(path: str, keep: Optional[List[str]],
-             decode: Optional[Callable[[str, str, bytes], Any]]) -> Iterator[Dict[str, Any]]:
+             decode: Optional[Callable[[str, str, bytes], object]]) -> Iterator[Dict[str, object]]:
     """Each sample as ``{__key__, ext: value}`` (``decode``: ``None`` reads no data, for counting)."""
     shard = _Shard(path, keep)
     key: Optional[str] = None
     members: Dict[str, str] = {}  # ext -> member name, of the sample being read
-    sample: Dict[str, Any] = {}
+    sample: Dict[str, object] = {}
     last = None
     try:
         with open_file(path, "rb") as f, tarfile.open(fileobj=f, mode="r|*") as tar:
@@ -220,19 +241,14 @@ def _samples(path: str, keep: Optional[List[str]],
                 last = member.name
                 if not member.isfile():
                     continue
-                parts = split_name(member.name)
-                if parts is None:
-                    raise shard.error(f"member {member.name!r} has no extension: members are named <key>.<ext>")
-                if parts[0] != key:
+                member_key, ext = shard.split(member.name)
+                if member_key != key:
                     if key is not None:
                         yield shard.finished(key, members, sample)
-                    key, members, sample = parts[0], {}, {KEY: parts[0]}
+                    key, members, sample = member_key, {}, {KEY: member_key}
                     shard.start(key, member.name)
-                ext = parts[1]
-                if shard.keep is not None and ext not in shard.keep:
+                if not shard.wanted(ext, member_key, members, member.name):
                     continue
-                if ext in members:
-                    raise shard.error(f"member {member.name!r}: sample {key!r} has two members of extension {ext!r}")
                 members[ext] = member.name
                 if decode is not None:
                     sample[ext] = decode(member.name, ext, _read(tar, member))
