@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Tuple
+from typing import AsyncIterator, Callable, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
