@@ -116,7 +116,7 @@ def main() -> None:
         rows = [("no bucketing", measure(folder, n, args.batch, args.workers))]
         for size in (int(s) for s in args.buffers.split(",")):
             rows.append((f"bucket_by='tokens', bucket_buffer={size}",
-                         measure(folder, n, args.batch, args.workers, bucket_by="tokens", bucket_buffer=size)))
+                         measure(folder, n, args.batch, args.workers, bucket=pl.Bucket("tokens", buffer=size))))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     plain = rows[0][1]["padding"]

@@ -157,7 +157,7 @@ def batches_pyloader(folder: str, workload: str, workers: int, readahead: bool) 
             return cols, len(next(iter(cols.values())))
 
     loader = pl.DataLoader(Reader(bs), pl.IdentityDataset(), NumpyCollator(), folder, num_workers=workers,
-                           readahead_bytes=256 * MB if readahead else 0)
+                           storage=pl.Storage(readahead_bytes=256 * MB if readahead else 0))
     return iter(loader)
 
 

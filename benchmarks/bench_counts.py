@@ -90,7 +90,7 @@ def first_batch(mode: str, files: int) -> Dict[str, Any]:
     if mode == "index":
         assert cli(["index", "benchcounts://data", "--reader", "jsonl"], out=lambda line: None) == 0
     fs_cls.latency = 0.02
-    ranks = {} if mode == "single" else {"rank": 0, "world_size": 8}
+    ranks = {} if mode == "single" else {"ranks": pl.Ranks(rank=0, world_size=8)}
     began = time.perf_counter()
     loader = pl.DataLoader(JsonLinesReader(batch_size=16), pl.IdentityDataset(), NumpyCollator(),
                            "benchcounts://data", num_workers=0, **ranks)

@@ -117,7 +117,7 @@ def two_epochs(proxy: CountingProxy, cache_dir: Any, n_samples: int) -> List[Dic
 
     fsspec.config.conf["s3"] = {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}
     loader = pl.DataLoader(JsonLinesReader(256), pl.IdentityDataset(), NumpyCollator(), "s3://bench/train",
-                           cache_dir=cache_dir, shuffle=True)
+                           storage=pl.Storage(cache_dir=cache_dir), shuffle=True)
     epochs = []
     for epoch in range(2):
         before, start = proxy.snapshot(), time.perf_counter()

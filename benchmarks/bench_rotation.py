@@ -98,11 +98,9 @@ def entry(data: str, samples: int, rotation: int, workers: int, encode_ms: float
           batch: int, disk: bool) -> Dict[str, Any]:
     scratch = tempfile.mkdtemp(prefix="bench-rotation-")
     dataset = SlowEncode(encode_ms) if encode_ms else Cheap()
-    extra: Dict[str, Any] = {} if rotation == 1 else {"rotation_size": rotation * 1024}
-    if disk:
-        extra["rotation_dir"] = scratch
+    rotated = None if rotation == 1 else pl.Rotation(rotation, size=rotation * 1024, folder=scratch if disk else None)
     loader = pl.DataLoader(TextLinesReader(batch, field="line"), dataset, Stack(), data, shuffle=True,
-                           num_workers=workers, rotation=rotation, **extra)
+                           num_workers=workers, rotation=rotated)
     served: Counter = Counter()
     most = 0
     began = time.perf_counter()

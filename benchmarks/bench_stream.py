@@ -116,7 +116,7 @@ def run_pyloader(files_dir: Any, B: int, T: int, workers: int, parser: str, thre
 
     def make():
         loader = pl.DataLoader(TokenReader(batch_size=B), pl.IdentityDataset(), TorchCollator(), files_dir,
-                               stream=True, seq_len=T, num_workers=workers, num_threads=threads)
+                               stream=pl.Stream(seq_len=T), num_workers=workers, num_threads=threads)
         try:
             for batch in loader:
                 # zero padding never replays a file (the exactly-once check would see it): valid is enough

@@ -4,7 +4,7 @@
   down, its figure paths pointed at the site's ``img/``);
 * ``img/*.png``: the repository's figures (the README's and the benchmarks'), served by the site;
 * ``<!-- options-table -->`` on a page: the table of ``DataLoader`` options, from ``pyloader._options``
-  (name, default, the line of doc each option declares), so it follows the code.
+  (name, default, the line of doc each option declares, and each group's fields), so it follows the code.
 """
 from __future__ import annotations
 
@@ -42,12 +42,19 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
 def options_table() -> str:
     if str(ROOT) not in sys.path:  # the checkout being built, whichever pyloader is installed
         sys.path.insert(0, str(ROOT))
-    from pyloader._options import OPTIONS, Options
+    from pyloader._checks import declared
+    from pyloader._options import OPTIONS, Options, group_of
 
     rows = ["| option | default | what it does |", "| --- | --- | --- |"]
     for f in fields(Options):
-        if f.name == "_":
-            continue
-        default = "(required)" if f.default is MISSING else f"`{f.default!r}`"
-        rows.append(f"| `{f.name}` | {default} | {OPTIONS[f.name].doc.replace('|', '&#124;')} |")
+        rows.append(_row(f"`{f.name}`", f.default, OPTIONS[f.name].doc))
+        group = group_of(f.name)
+        if group is not None:  # its fields, one row each
+            rows += [_row(f"&nbsp;&nbsp;`{group.__name__}.{g.name}`", g.default, declared(group)[g.name].doc)
+                     for g in fields(group)]
     return "\n".join(rows)
+
+
+def _row(name: str, default: Any, doc: str) -> str:
+    shown = "(required)" if default is MISSING else f"`{default!r}`"
+    return f"| {name} | {shown} | {doc.replace('|', '&#124;')} |"

@@ -72,7 +72,7 @@ def train(folder: str, rows: int, seq_len: int, epochs: int, hidden: int = 64, m
     model = GRULanguageModel(hidden)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     loader = pl.DataLoader(ByteStream(batch_size=rows), NextToken(), TorchCollator(), folder, num_epoch=epochs,
-                           shuffle=True, stream=True, seq_len=seq_len + 1, padding_mode="zeros")
+                           shuffle=True, stream=pl.Stream(seq_len=seq_len + 1, padding_mode="zeros"))
     state = torch.zeros(1, rows, hidden)
     losses = []
     with loader:

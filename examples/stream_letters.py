@@ -22,7 +22,7 @@ def main(rows: int = 8, seq_len: int = 3, batches: int = 3) -> None:
             with open(os.path.join(folder, f"{letter}.txt"), "w") as f:
                 f.writelines(f"{letter}_{t}\n" for t in range(12))
         loader = pl.DataLoader(TextLinesReader(batch_size=rows), pl.IdentityDataset(), NumpyCollator(), folder,
-                               stream=True, seq_len=seq_len, pad_value="")
+                               stream=pl.Stream(seq_len=seq_len, pad_value=""))
         with loader:
             for k, batch in enumerate(loader):
                 if k == batches:

@@ -1,9 +1,9 @@
 """The loader's keywords for composing data: the checks between them at construction.
 
 Each feature lives in its own module (``_execution.filter``: ``filter_fn``; ``_stages.order``:
-``file_order``; ``_stages.bucket``: ``bucket_by``; ``_stages.stream`` and ``_stages.entries``: the
-stream-mode additions; ``_stages.rotation``: ``rotation``, ``rotation_dir``, ``rotation_size``); this one only
-gathers the checks ``_options`` runs for all of them, and refuses the options ``cache_encoded`` cannot
+``file_order``; ``_stages.bucket``: ``bucket``; ``_stages.stream`` and ``_stages.entries``: the
+stream-mode additions; ``_stages.rotation``: ``rotation``; their groups: ``_groups``); this one only
+gathers the checks between them that ``_options`` runs, and refuses the options ``cache_encoded`` cannot
 cache under (``_storage.epoch_cache`` stores the batches, knowing nothing of the stages). Their part of the resume
 fingerprint is declared with each option (``_options.Options``).
 """
@@ -12,21 +12,43 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from ._execution.filter import check_filter
-from ._stages.bucket import check_bucketing
+from ._groups import Bucket
 from ._stages.order import check_file_order, declares_drops_or_repeats
-from ._stages.rotation import check_rotation
 from ._stages.sources import is_mix
 
 
 def check_compose(a: Mapping[str, Any]) -> None:
-    """Check the composing keywords of ``DataLoader(**a)``; raises naming the keyword."""
-    check_filter(a["filter_fn"], a["stream"])
+    """Check the composing keywords of ``DataLoader(**a)`` against each other (each option and group
+    has checked its own values); raises naming the keyword."""
+    check_filter(a["filter_fn"], bool(a["stream"]))
     check_file_order(a["file_order"], a["shuffle"])
-    if a["time_major"] and not (a["stream"] and a["seq_len"]):
-        raise ValueError("time_major=True lays stream windows out as [T, B, ...]: it needs stream=True and seq_len")
-    check_bucketing(a)
+    check_bucket(a["bucket"], bool(a["stream"]), a["datareader"].batch_size)
     check_rotation(a)
     check_cache_encoded_applies(a)
+
+
+def check_bucket(bucket: Optional[Bucket], stream: bool, batch_size: int) -> None:
+    """``bucket`` (a ``Bucket`` or ``None``) with stream mode and the batch size."""
+    if bucket is None:
+        return
+    if stream:
+        raise ValueError("bucket batches samples by length: stream mode keeps each row in file order")
+    if bucket.buffer is not None and bucket.buffer < batch_size:
+        raise ValueError(f"Bucket.buffer must be an integer >= batch_size ({batch_size}), got {bucket.buffer!r}")
+
+
+def check_rotation(a: Mapping[str, Any]) -> None:
+    """``rotation`` with the options it cannot go with."""
+    if a["rotation"] is None:
+        return
+    if a["stream"]:
+        raise ValueError("rotation serves samples again in other batches: stream mode keeps each row in file order")
+    if a["bucket"] is not None:
+        raise ValueError("rotation re-batches samples: the batches of similar lengths bucket makes would not "
+                         "survive it")
+    if a["cache_encoded"] is not None:
+        raise ValueError("rotation and cache_encoded both serve encoded samples again (within an epoch, and "
+                         "across epochs): use one of them")
 
 
 def check_cache_encoded_applies(a: Mapping[str, Any]) -> None:

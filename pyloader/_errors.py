@@ -110,11 +110,11 @@ class NeverSkipped(Exception):
 
 
 class TooManyErrors(PipelineError):
-    """More errors were skipped than ``max_errors`` allows.
+    """More errors were skipped than ``OnError.max_errors`` allows.
 
     Example:
         ```python
-        loader = DataLoader(reader, dataset, collator, "data/", on_error="skip", max_errors=10)
+        loader = DataLoader(reader, dataset, collator, "data/", on_error=OnError("skip", max_errors=10))
         # an iteration that skips more than 10 failed files or batches raises TooManyErrors
         ```
     """

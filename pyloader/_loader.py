@@ -27,9 +27,12 @@ from ._options import (
     Options,
     bind,
     describe,
+    errors_of,
     fingerprint,
     resolved,
+    seq_len_of,
     taking,
+    times_of,
     values_of,
 )
 from ._pipeline import batches, launch_workers
@@ -96,9 +99,9 @@ class DataLoader(Options):
     ``prefetch_files`` files read ahead (in stream mode ``max(prefetch_files,
     batch_size)``: one per row) (each holding at most 2 pieces from
     ``iter_file``, or the whole file when ``read_file`` is used), the bytes
-    read ahead of the readers (``readahead_bytes``, exceeded by at most one file or
-    block per file the consumer waits for), ``shuffle_buffer`` and ``bucket_buffer`` samples,
-    and with ``rotation`` ``rotation_size`` encoded samples (on disk with ``rotation_dir``) and
+    read ahead of the readers (``Storage.readahead_bytes``, exceeded by at most one file or
+    block per file the consumer waits for), ``shuffle_buffer`` and ``Bucket.buffer`` samples,
+    and with ``rotation`` ``Rotation.size`` encoded samples (on disk with ``Rotation.folder``) and
     2 groups of rotated batches being collated.
 
     User methods that run in this process (all of them without ``num_workers``)
@@ -108,7 +111,7 @@ class DataLoader(Options):
 
     Randomness is a pure function of ``random_seed`` (file order, ``file_order``'s
     ``rng``, shuffle buffer, bucketing), ``datareader.random_seed`` (in-file order)
-    and the epoch. Composing data (``filter_fn``, ``file_order``, ``bucket_by``,
+    and the epoch. Composing data (``filter_fn``, ``file_order``, ``bucket``,
     stream slices and in-memory streams, ``rotation``): see ``_compose`` and the modules it names.
 
     Example:
@@ -128,16 +131,18 @@ class DataLoader(Options):
         self.options = Options(**values_of(self))  # the options alone (not the loader), for the pipeline
         self._placer = Placer(self.num_workers, self.start_method, self.worker_init_fn)
         self._count_cache: Dict[str, object] = {}
-        self._mix = _weighted_sources(self.data_dir, self.datareader, self.stream, self.retries)
+        self._mix = _weighted_sources(self.data_dir, self.datareader, bool(self.stream), self.storage.retries)
         self._reader = self.datareader if self._mix is None else self._mix.readers
         self._exclusive = Exclusive((self._reader, self.datareader, self.dataset, self.datacollator))
         self._kept_workers = self._keep_workers(self.persistent_workers)
-        listed: Tuple[List[str], Any] = (stream_data(self.data_dir, self.stream, self.retries) if self._mix is None
-                                         else (self._mix.files, None))
+        listed: Tuple[List[str], Any] = (
+            stream_data(self.data_dir, bool(self.stream), self.storage.retries) if self._mix is None
+            else (self._mix.files, None))
         self.files, self._entries = listed
         if self._entries is not None:  # an iterator of streams is read once: keep the list it gave
             self._arguments["data_dir"] = self._entries.listed
-        self._cache = None if self.cache_dir is None else DiskCache(self.cache_dir, self.cache_limit)
+        storage = self.storage
+        self._cache = None if storage.cache_dir is None else DiskCache(str(storage.cache_dir), storage.cache_limit)
         self._stats = Stats()
         self._counter = self._make_counter()
         if self.cache_encoded is not None:
@@ -207,7 +212,7 @@ class DataLoader(Options):
     @property
     def sharding(self) -> Sharding:
         """This process's rank and world size: the explicit ones, else resolved now (see ``_stages.shard.resolve``)."""
-        return resolve_sharding(self.rank, self.world_size, self.even_batches)
+        return resolve_sharding(self.ranks.rank, self.ranks.world_size, self.ranks.even_batches)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration start at ``epoch`` (as ``DistributedSampler.set_epoch`` does).
@@ -233,17 +238,18 @@ class DataLoader(Options):
         ``iter()``, before the run's own threads."""
         placement = self._placement()
         num_workers = placement.num_workers
+        errors = errors_of(self)
         settings = Settings(
             options=self.options, files=self.files, reader=self._reader, num_workers=num_workers,
             concurrency=GROUPS_PER_WORKER * num_workers or GROUPS_IN_FLIGHT,
-            errors=ErrorHandler(self.on_error, self.max_errors, self._stats), stats=self._stats,
+            errors=ErrorHandler(errors.policy, errors.max_errors, self._stats), stats=self._stats,
             finish=self._finish, sharding=self.sharding,
             count_cache=self._count_cache, exclusive=self._exclusive, cache=self._cache, entries=self._entries,
             mix=self._mix, encoded_cache=self._epoch_store(), counter=self._counter)
         settings.pool = launch_workers(settings, self._kept_workers)
         if settings.pool is not None:
             self._stats.placement = {**self._stats.placement, "start_method": settings.pool.method}
-            settings.measured = self._placer.measured(placement, self.stream)
+            settings.measured = self._placer.measured(placement, bool(self.stream))
         self._stats.measured = settings.measured
         own = settings.pool if self._kept_workers is None else None
         try:
@@ -317,19 +323,19 @@ class DataLoader(Options):
         r = self._record
         start = r.start if r is not None and r.ended is None else self._upcoming()
         try:
-            counts = count_files(self._counter, self._count_cache, skip_failed=self.on_error != "raise",
+            counts = count_files(self._counter, self._count_cache, skip_failed=errors_of(self).policy != "raise",
                                  known=known_counts(self._entries), progress=self.progress)
         except PipelineError as exc:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
         source = self._plan(start, counts)
         if isinstance(source, MixSource):
-            return sum(source.batches(e, self.datareader.batch_size, self.drop_last, self.rotation)
+            return sum(source.batches(e, self.datareader.batch_size, self.drop_last, times_of(self))
                        for e in range(start.epoch, start.end))
         # epochs differ in batches when the order changes the steps (stream mode) or the files read
-        varies = self.stream or declares_drops_or_repeats(self.file_order)
+        varies = bool(self.stream) or declares_drops_or_repeats(self.file_order)
         epochs = range(start.epoch, start.end if varies else start.epoch + 1)
-        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, stream=self.stream,
-                              seq_len=self.seq_len, rotation=self.rotation) for e in epochs)
+        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, stream=bool(self.stream),
+                              seq_len=seq_len_of(self), rotation=times_of(self)) for e in epochs)
         return n if varies else n * (start.end - start.epoch)
 
     @property
@@ -382,7 +388,7 @@ class DataLoader(Options):
             return MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, num_epoch=start.end,
                              sharding=self.sharding)
         return FileSource(self.files, start.end, self.shuffle, self.random_seed, sharding=self.sharding, counts=counts,
-                          whole_files=self.stream, file_order=self.file_order, bounds=bounds_of(self._entries),
+                          whole_files=bool(self.stream), file_order=self.file_order, bounds=bounds_of(self._entries),
                           elastic=elastic)
 
     def _check_position(self, start: Start) -> None:
@@ -392,12 +398,12 @@ class DataLoader(Options):
         if not start.skip or (self.filter_fn is not None and not self.sharding.active and not start.splits):
             return
         try:
-            counts = count_files(self._counter, self._count_cache, skip_failed=self.on_error != "raise",
+            counts = count_files(self._counter, self._count_cache, skip_failed=errors_of(self).policy != "raise",
                                  known=known_counts(self._entries))
         except PipelineError:
             return  # the run counts again, and raises this error before planning anything
         total = epoch_steps(self._plan(start, counts, self._elastic(start, counts)), start.epoch,
-                            self.datareader.batch_size, self.drop_last, self.seq_len, self.rotation)
+                            self.datareader.batch_size, self.drop_last, seq_len_of(self), times_of(self))
         if start.skip > total:
             raise ValueError(f"the state's batches_in_epoch {start.skip} is past the end of epoch {start.epoch}, "
                              f"which has {total} batches on this rank: it was not saved from this data and settings")
@@ -415,11 +421,12 @@ class DataLoader(Options):
             raise ValueError(f"the state's epoch {start.epoch} was begun under world_size={wider[0]}, more ranks "
                              f"than its {size} {'files' if self.stream else 'samples'}: it was not saved from this "
                              f"data, or resume it under world_size={wider[0]}")
-        return Elastic(start.epoch, start.splits, self.datareader.batch_size, self.seq_len or 1)
+        return Elastic(start.epoch, start.splits, self.datareader.batch_size, seq_len_of(self) or 1)
 
     def shard(self, rank: int, world_size: int) -> "DataLoader":
         """A loader with the same settings that reads only the share of ``rank`` among ``world_size``."""
-        return DataLoader(**{**self._arguments, "rank": rank, "world_size": world_size})
+        ranks = dataclasses.replace(self.ranks, rank=rank, world_size=world_size)
+        return DataLoader(**{**self._arguments, "ranks": ranks})
 
     # -- pickling: the settings and the position, never a running iteration -------------
     def __getstate__(self) -> Dict[str, object]:

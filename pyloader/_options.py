@@ -10,12 +10,20 @@ and everything else is derived from it, at import or at construction:
   (``taking``) and signed as ``Options``' (so ``inspect.signature``, ``help`` and mypy
   see every option, its type and its default; an unknown keyword is a ``TypeError``
   naming it, with the nearest option);
-* the attributes users read (``loader.num_workers``...): the fields themselves, read-only;
+* the attributes users read (``loader.num_workers``, ``loader.stream``...): the fields themselves, read-only;
 * validation: each option's ``check(name, value)``, in declaration order, then the
   rules between options (``_check_together``); bool options are stored as ``bool``,
-  and three defaults are resolved from others (``num_threads``, ``bucket_buffer``, ``rotation_size``);
+  ``stream`` as ``False`` or a ``Stream``, ``on_error`` as an ``OnError``, and three defaults
+  are resolved from others (``num_threads``, ``bucket.buffer``, ``rotation.size``);
+* the groups (``_groups``): a feature with settings of its own takes one frozen object
+  (``stream=Stream(seq_len=8)``) that checks its fields itself; ``stream_of``,
+  ``seq_len_of``, ``times_of`` and ``errors_of`` read them typed;
+* the flat keywords of 0.1 (``seq_len=8``): ``MOVED``, the one table of old -> new; ``bind``
+  moves them into their groups with a ``FutureWarning`` naming the new form (an old keyword
+  with its group is a ``TypeError``), and the CHANGELOG lists the table (a test says so);
 * the resume fingerprint (``fingerprint``): the options declared with ``resume``, under
-  their names: ``True`` keeps the value, a callable maps it to what the state records.
+  their names: ``True`` keeps the value, a callable maps it to what the state records
+  (a group's maps it to a dict: its fields under the flat names states recorded).
   Keys and values must stay as older states recorded them, and a new option that
   changes the batch sequence must record ``None`` at its default (as ``time_major``
   does), so that states saved before it existed still load;
@@ -33,8 +41,9 @@ the user all see the values that were checked. ``Annotated`` keeps the metadata 
 to the type without changing it for mypy or for users.
 
 Adding an option is one place: a field here (after ``_: KW_ONLY``, keyword-only),
-with its doc, its check (reuse ``positive``, ``at_least_zero``, ``optional``,
-``one_of``...), and ``resume=`` when it changes the batch sequence; then a row in
+or in its feature's group (``_groups``), with its doc, its check (reuse ``positive``,
+``at_least_zero``, ``optional``, ``one_of``... from ``_checks``), and ``resume=`` when it
+changes the batch sequence (a group's field: in its group's ``resume``); then a row in
 the README's table (the test says so), and the pipeline reads it as
 ``settings.options.<name>``. A rule between options goes in ``_check_together``.
 Changing a default (e.g. ``num_workers="auto"``) is the field's default, type and
@@ -42,80 +51,58 @@ check, and the README's list of defaults (the test says so too).
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import multiprocessing
-import os
 import typing
+import warnings
 from dataclasses import KW_ONLY, MISSING, dataclass, fields
-from typing import Annotated, Any, Callable, Concatenate, Dict, Optional, ParamSpec, Sequence, Tuple, Union
+from typing import (
+    Annotated,
+    Any,
+    Callable,
+    Concatenate,
+    Dict,
+    NamedTuple,
+    Optional,
+    ParamSpec,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+    cast,
+)
 
 from ._abc import DataCollator, DataReader, Dataset
+from ._checks import Option, Recorded, at_least_zero, declared, instance_of, one_of, optional, positive
 from ._compose import callable_name, check_compose
-from ._errors import ErrorHandler, ErrorPolicy, Stats
+from ._errors import ErrorPolicy
 from ._execution.auto_workers import check as check_workers
 from ._frameworks.progress import check as check_progress
-from ._stages.bucket import BucketBy, buffer_size
+from ._groups import (
+    Bucket,
+    Group,
+    OnError,
+    Ranks,
+    Rotation,
+    Storage,
+    Stream,
+    as_on_error,
+    as_stream,
+    check_policy,
+    differs,
+)
+from ._stages.bucket import buffer_size
 from ._stages.mix import check_stop
-from ._stages.rotation import check_folder, held_samples
-from ._stages.shard import EVEN_BATCHES
+from ._stages.rotation import held_samples
 from ._stages.shard import resolve as resolve_sharding
 from ._stages.sources import Source
-from ._stages.stream import PADDING_MODES
-from ._storage.bytes import DEFAULT_READAHEAD_BYTES
 from ._storage.epoch_cache import CacheEncoded, as_cache_encoded, check_cache_encoded, resume_key
 from ._storage.files import DataDir
 
 GROUPS_IN_FLIGHT = 2  # being encoded and collated without workers
 GROUPS_PER_WORKER = 4  # with workers: enough that one worker's file does not hold the other idle
-
-Check = Callable[[str, object], object]  # raises naming the option when the value is bad
-
-
-@dataclass(frozen=True)
-class Option:
-    """What ``Options`` declares of one option besides its name, type and default."""
-
-    doc: str
-    check: Optional[Check] = None
-    resume: Union[bool, Callable[[object], object]] = False  # in the fingerprint: as is (True), or mapped
-    convert: Optional[Callable[[object], object]] = None  # how it is stored (bool options: ``bool``)
-
-
-# -- checks of one value ------------------------------------------------------------------
-def positive(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
-
-
-def at_least_zero(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-
-
-def optional(check: Check) -> Check:
-    """``check``, with ``None`` allowed."""
-    def checked(name: str, value: object) -> None:
-        if value is not None:
-            check(name, value)
-    return checked
-
-
-def one_of(choices: Union[Sequence[str], Callable[[], Sequence[str]]]) -> Check:
-    """One of ``choices`` (or of what ``choices()`` gives when checked)."""
-    def checked(name: str, value: object) -> None:
-        allowed = choices() if callable(choices) else choices
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    return checked
-
-
-def instance_of(cls: type) -> Check:
-    def checked(name: str, value: object) -> None:
-        if not isinstance(value, cls):
-            raise TypeError(f"{name} must be a pyloader.{cls.__name__}, got {type(value).__name__}")
-    return checked
 
 
 def _reader(name: str, value: Any) -> None:
@@ -132,20 +119,37 @@ def _stop(name: str, value: object) -> None:
     check_stop(value)
 
 
-def _bucket_key(bucket_by: object) -> object:
-    return bucket_by if isinstance(bucket_by, str) else callable_name(bucket_by)
+def _stream(name: str, value: object) -> None:
+    if not isinstance(value, (bool, Stream)):
+        raise TypeError(f"{name} must be True, False or a pyloader.Stream, got {value!r}")
 
 
-def _true_or_none(value: bool) -> Optional[bool]:
-    return value or None
+def _on_error(name: str, value: object) -> None:
+    if not isinstance(value, OnError):
+        check_policy(name, value)  # a policy alone
 
 
-def _above_one(value: int) -> Optional[int]:
-    return value if value > 1 else None
+def _stream_record(value: object) -> Recorded:
+    s = value if isinstance(value, Stream) else None
+    return Recorded({"stream": s is not None, "seq_len": None if s is None else s.seq_len,
+            "padding_mode": "zeros" if s is None else s.padding_mode,
+            "time_major": True if s is not None and s.time_major else None})  # None at the default: older states
 
 
-def _path(value: Any) -> Optional[str]:
-    return None if value is None else os.fspath(value)
+def _ranks_record(value: object) -> Recorded:
+    r = cast(Ranks, value)
+    return Recorded(rank=r.rank, world_size=r.world_size, even_batches=r.even_batches)
+
+
+def _bucket_record(value: object) -> Recorded:
+    b = cast(Optional[Bucket], value)
+    return Recorded(bucket_by=None if b is None else b.by if isinstance(b.by, str) else callable_name(b.by),
+                    bucket_buffer=None if b is None else b.buffer)
+
+
+def _rotation_record(value: object) -> Recorded:
+    r = cast(Optional[Rotation], value)
+    return Recorded(rotation=None if r is None else r.times, rotation_size=None if r is None else r.size)
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -173,18 +177,14 @@ class Options:
     drop_last: Annotated[bool, Option("drop each epoch's final partial batch", resume=True)] = False
     prefetch_files: Annotated[int, Option(
         "files read ahead of the one being batched (stream mode: at least one per row)", check=positive)] = 4
-    on_error: Annotated[ErrorPolicy, Option(
-        '"raise", "skip" (log, skip the rest of the file, count it) or a callable taking the PipelineError')] = "raise"
-    max_errors: Annotated[Optional[int], Option(
-        "with skipping: raise TooManyErrors once more errors than this were skipped in an iteration")] = None
+    on_error: Annotated[Union[ErrorPolicy, OnError], Option(
+        '"raise", "skip" (log, skip the rest of the file, count it), a callable taking the PipelineError, '
+        'or an OnError (with max_errors)', check=_on_error, convert=as_on_error)] = "raise"
     pin_memory: Annotated[bool, Option("pin torch tensors in page-locked memory")] = False
     device: Annotated[Any, Option("move torch tensors to this device before handing them over")] = None
-    stream: Annotated[bool, Option("stream mode for recurrent models: each row a file in order", resume=True)] = False
-    seq_len: Annotated[Optional[int], Option(
-        "stream mode: the steps of a window (None: one step)", check=optional(positive), resume=True)] = None
-    padding_mode: Annotated[str, Option(
-        "stream mode: how rows whose files ran out are padded", check=one_of(PADDING_MODES), resume=True)] = "zeros"
-    pad_value: Annotated[Any, Option('stream mode: the value padding_mode="zeros" pads with')] = 0
+    stream: Annotated[Union[bool, Stream], Option(
+        "stream mode for recurrent models, each row a file in order: True, or a Stream (seq_len, padding...)",
+        check=_stream, resume=_stream_record, convert=as_stream)] = False
     num_workers: Annotated[Union[int, str], Option(
         'worker processes running the user methods (0: threads of this process; "auto": decided per run)',
         check=check_workers)] = "auto"
@@ -196,32 +196,22 @@ class Options:
     start_method: Annotated[Optional[str], Option(
         '"fork", "forkserver" or "spawn" (default: fork, or forkserver once TensorFlow is imported)',
         check=optional(one_of(multiprocessing.get_all_start_methods)))] = None
-    rank: Annotated[Optional[int], Option(
-        "this process's rank (default: torch.distributed's, else RANK, else 0)", resume=True)] = None
-    world_size: Annotated[Optional[int], Option(
-        "the processes sharing the data (default: torch.distributed's, else WORLD_SIZE, else 1)", resume=True)] = None
-    even_batches: Annotated[str, Option(
-        'under ranks: "pad" or "drop" to give every rank as many steps', check=one_of(EVEN_BATCHES),
-        resume=True)] = "pad"
+    ranks: Annotated[Ranks, Option(
+        "this process's rank, the world size and even_batches (default: from torch.distributed, else RANK and "
+        "WORLD_SIZE)", check=instance_of(Ranks), resume=_ranks_record)] = Ranks()
     persistent_workers: Annotated[bool, Option("keep the worker processes from one iteration to the next")] = False
-    cache_dir: Annotated[Optional[str], Option("a local disk cache of remote files")] = None
-    cache_limit: Annotated[Optional[int], Option(
-        "the disk cache's size in bytes (least recently used out)", check=optional(positive))] = None
-    retries: Annotated[int, Option("retries of transient remote errors", check=at_least_zero)] = 3
-    readahead_bytes: Annotated[int, Option(
-        "bytes read ahead of the parsers (0: none)", check=at_least_zero)] = DEFAULT_READAHEAD_BYTES
+    storage: Annotated[Storage, Option(
+        "remote files: a disk cache (cache_dir, cache_limit), retries, readahead_bytes",
+        check=instance_of(Storage))] = Storage()
     progress: Annotated[bool, Option("show a tqdm bar for each iteration", check=_progress)] = False
     filter_fn: Annotated[Optional[Callable[[Dict[str, Any]], bool]], Option(
         "filter_fn(sample) -> bool: keep a sample or drop it before batching", resume=callable_name)] = None
     file_order: Annotated[Optional[Callable[..., Any]], Option(
         "file_order(files, epoch, rng) -> list of files: each epoch's file order, in place of shuffle",
         resume=callable_name)] = None
-    time_major: Annotated[bool, Option(
-        "stream mode with seq_len: fields as [T, B, ...]", resume=_true_or_none)] = False
-    bucket_by: Annotated[Optional[BucketBy], Option(
-        "length bucketing: a field (its len()) or a callable giving a sample's length", resume=_bucket_key)] = None
-    bucket_buffer: Annotated[Optional[int], Option(
-        "samples sorted by length at a time (default: 32 batches)", resume=True)] = None
+    bucket: Annotated[Optional[Bucket], Option(
+        "length bucketing: a Bucket(by, buffer=None)", check=optional(instance_of(Bucket)),
+        resume=_bucket_record)] = None
     stop: Annotated[str, Option(
         'with Sources: "first_exhausted" or "all_exhausted"',
         check=_stop)] = "first_exhausted"
@@ -229,62 +219,78 @@ class Options:
         'write every update_every-th epoch\'s encoded batches to dir and read them back in the epochs between: '
         '{"dir": ..., "update_every": K, "limit": None} or a CacheEncoded', check=check_cache_encoded,
         resume=resume_key, convert=as_cache_encoded)] = None
-    rotation: Annotated[int, Option(
-        "serve each encoded sample this many times per epoch (the epoch grows as many times), spread through it",
-        check=positive, resume=_above_one)] = 1
-    rotation_dir: Annotated[Union[None, str, "os.PathLike[str]"], Option(
-        "with rotation: hold the samples served again in .npy files under this folder (else in memory)",
-        check=optional(check_folder), convert=_path)] = None
-    rotation_size: Annotated[Optional[int], Option(
-        "with rotation: the encoded samples held at once (default: rotation windows of 32 batches)",
-        check=optional(positive), resume=True)] = None
+    rotation: Annotated[Optional[Rotation], Option(
+        "serve each encoded sample several times per epoch: a Rotation(times, folder=None, size=None)",
+        check=optional(instance_of(Rotation)), resume=_rotation_record)] = None
 
     def __post_init__(self) -> None:
         for name, option in OPTIONS.items():
             if option.check is not None:
                 option.check(name, getattr(self, name))
-        given = values_of(self)
-        _check_together(given)
-        for name, option in OPTIONS.items():
             if option.convert is not None:
-                object.__setattr__(self, name, option.convert(given[name]))
+                object.__setattr__(self, name, option.convert(getattr(self, name)))
+        _check_together(values_of(self))
         if self.num_threads is None:  # every file read ahead and every group in flight at once
             object.__setattr__(self, "num_threads", self.prefetch_files + GROUPS_IN_FLIGHT)
-        object.__setattr__(self, "bucket_buffer", buffer_size(given))
-        object.__setattr__(self, "rotation_size", held_samples(given))
+        batch_size = self.datareader.batch_size
+        if self.bucket is not None:
+            object.__setattr__(self, "bucket", dataclasses.replace(
+                self.bucket, buffer=buffer_size(self.bucket.buffer, batch_size)))
+        if self.rotation is not None:
+            object.__setattr__(self, "rotation", dataclasses.replace(
+                self.rotation, size=held_samples(self.rotation.times, self.rotation.size, batch_size)))
 
 
 def _check_together(a: Dict[str, Any]) -> None:
-    """The rules between options (each one's own check has passed)."""
+    """The rules between options (each one's own check has passed; the groups are stored as groups)."""
     if a["stream"] and a["shuffle_buffer"]:
         raise ValueError("stream mode keeps each row in file order: shuffle_buffer must be 0")
     if a["stream"] and a["datareader"].shuffle:
         raise ValueError("stream mode reads every file in order: use DataReader(shuffle=False) "
                          "(DataLoader(shuffle=True) still shuffles the file order)")
-    if not a["stream"] and a["seq_len"] is not None:
-        raise ValueError("seq_len applies to stream mode only (stream=True)")
     check_compose(a)
-    resolve_sharding(a["rank"], a["world_size"], a["even_batches"])  # explicit values are checked now
-    ErrorHandler(a["on_error"], a["max_errors"], Stats())  # checks them; each iteration gets its own
+    ranks = a["ranks"]
+    resolve_sharding(ranks.rank, ranks.world_size, ranks.even_batches)  # explicit values against the found ones
     if a["persistent_workers"] and a["num_workers"] == 0:
         raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0 or 'auto'")
 
 
-def _declared() -> Dict[str, Option]:
-    hints = typing.get_type_hints(Options, globals(), include_extras=True)
-    declared = {}
-    for f in fields(Options):
-        meta = [m for m in getattr(hints[f.name], "__metadata__", ()) if isinstance(m, Option)]
-        if len(meta) != 1:
-            raise TypeError(f"Options.{f.name} must be declared as Annotated[type, Option(...)]")
-        option = meta[0]
-        if option.convert is None and typing.get_args(hints[f.name])[0] is bool:
-            option = Option(option.doc, option.check, option.resume, bool)
-        declared[f.name] = option
-    return declared
+OPTIONS: Dict[str, Option] = declared(Options)  # in declaration order
 
 
-OPTIONS: Dict[str, Option] = _declared()  # in declaration order
+class Moved(NamedTuple):
+    """A group, and the flat keyword of 0.1 behind each of its fields."""
+
+    group: Type[Group]
+    fields: Dict[str, str]  # old keyword -> the group's field
+    needs: Optional[str] = None  # the field without which the group is off (no group: its keyword's default)
+
+
+# The one table of old -> new: the flat keywords of 0.1 still work for this release (with a FutureWarning
+# naming the new form, ``bind``); the CHANGELOG lists it (tests/test_options.py checks).
+MOVED: Dict[str, Moved] = {
+    "stream": Moved(Stream, {"seq_len": "seq_len", "padding_mode": "padding_mode", "pad_value": "pad_value",
+                             "time_major": "time_major"}),  # on with stream=True
+    "ranks": Moved(Ranks, {"rank": "rank", "world_size": "world_size", "even_batches": "even_batches"}),
+    "storage": Moved(Storage, {"cache_dir": "cache_dir", "cache_limit": "cache_limit", "retries": "retries",
+                               "readahead_bytes": "readahead_bytes"}),
+    "on_error": Moved(OnError, {"max_errors": "max_errors"}),
+    "bucket": Moved(Bucket, {"bucket_by": "by", "bucket_buffer": "buffer"}, needs="by"),
+    "rotation": Moved(Rotation, {"rotation": "times", "rotation_dir": "folder", "rotation_size": "size"},
+                      needs="times"),
+}
+OLD_KEYWORDS: Dict[str, Tuple[str, str]] = {old: (keyword, field) for keyword, moved in MOVED.items()
+                                           for old, field in moved.fields.items()}
+
+
+def moved_to(old: str) -> str:
+    """Where the flat keyword ``old`` went, as written: ``stream=Stream(seq_len=...)``."""
+    keyword, field = OLD_KEYWORDS[old]
+    group = MOVED[keyword].group.__name__
+    first = dataclasses.fields(MOVED[keyword].group)[0]  # type: ignore[arg-type]
+    if first.kw_only:
+        return f"{keyword}={group}({field}=...)"
+    return f"{keyword}={group}(...)" if field == first.name else f"{keyword}={group}({first.name}, {field}=...)"
 
 
 def _signature() -> inspect.Signature:
@@ -302,9 +308,30 @@ SIGNATURE = _signature()
 
 def resolved(value: Optional[int]) -> int:
     """An option whose ``None`` default was resolved at construction: ``num_threads`` (always),
-    ``bucket_buffer`` (with ``bucket_by``), ``rotation_size`` (with ``rotation``)."""
+    ``bucket.buffer`` (with ``bucket``), ``rotation.size`` (with ``rotation``)."""
     assert value is not None
     return value
+
+
+def stream_of(options: Options) -> Optional[Stream]:
+    """Stream mode's settings, ``None`` outside stream mode (``stream=`` is stored as ``False`` or a ``Stream``)."""
+    return options.stream if isinstance(options.stream, Stream) else None
+
+
+def seq_len_of(options: Options) -> Optional[int]:
+    """Stream mode's window length (``None``: one step, or not stream mode)."""
+    stream = stream_of(options)
+    return None if stream is None else stream.seq_len
+
+
+def times_of(options: Options) -> int:
+    """The times each encoded sample is served per epoch (1: no rotation)."""
+    return 1 if options.rotation is None else options.rotation.times
+
+
+def errors_of(options: Options) -> OnError:
+    """``on_error``, as stored (an ``OnError``)."""
+    return cast(OnError, options.on_error)
 
 
 def values_of(options: Options) -> Dict[str, Any]:
@@ -313,30 +340,81 @@ def values_of(options: Options) -> Dict[str, Any]:
 
 
 def fingerprint(options: Options, **resolved: object) -> Dict[str, object]:
-    """The options' part of the resume fingerprint, in declaration order; ``resolved``: values
-    resolved when an iteration starts (``rank``, ``world_size``, ``even_batches``) in place of the given ones."""
+    """The options' part of the resume fingerprint, under the keys older states recorded (a group records
+    its fields under their flat names of 0.1); ``resolved``: values resolved when an iteration starts
+    (``rank``, ``world_size``, ``even_batches``) in place of the given ones."""
     out: Dict[str, object] = {}
     for name, option in OPTIONS.items():
-        if option.resume is not False:
-            value = resolved[name] if name in resolved else getattr(options, name)
-            out[name] = value if option.resume is True else option.resume(value)
+        if option.resume is False:
+            continue
+        value = getattr(options, name)
+        recorded = option.resume(value) if callable(option.resume) else value
+        for key, kept in (recorded.items() if isinstance(recorded, Recorded) else [(name, recorded)]):
+            out[key] = resolved[key] if key in resolved else kept
     return out
 
 
 def bind(owner: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    """The value of every option for ``owner(*args, **kwargs)``, defaults filled in; a ``TypeError``
-    naming ``owner`` for a bad call (an unknown keyword: with the nearest option)."""
+    """The value of every option for ``owner(*args, **kwargs)``, defaults filled in, the flat keywords of
+    0.1 moved into their groups (``MOVED``); a ``TypeError`` naming ``owner`` for a bad call (an unknown
+    keyword: with the nearest option)."""
     for key in kwargs:
-        if key not in OPTIONS:
-            near = difflib.get_close_matches(key, OPTIONS, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
+        if key not in OPTIONS and key not in OLD_KEYWORDS:
+            near = difflib.get_close_matches(key, OPTIONS, n=1) or difflib.get_close_matches(key, OLD_KEYWORDS, n=1)
+            hint = "" if not near else f"; did you mean {near[0]!r}?" if near[0] in OPTIONS else \
+                f"; did you mean {moved_to(near[0])}?"
             raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}{hint}")
+    kwargs = _regrouped(owner, kwargs)
     try:
         bound = SIGNATURE.bind(*args, **kwargs)
     except TypeError as exc:
         raise TypeError(f"{owner}(): {exc}") from None
     bound.apply_defaults()
     return dict(bound.arguments)
+
+
+def _is_old(key: str, value: object) -> bool:
+    """Whether ``key=value`` is a flat keyword of 0.1 (``rotation=3``: a number of times, not a ``Rotation``)."""
+    if key not in OLD_KEYWORDS:
+        return False
+    return key not in OPTIONS or isinstance(value, int) and not isinstance(value, bool)
+
+
+def _regrouped(owner: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """``kwargs`` with the flat keywords of 0.1 in their groups, each group's with a ``FutureWarning``."""
+    out = dict(kwargs)
+    for keyword, moved in MOVED.items():
+        old = {k: out.pop(k) for k in moved.fields if k in out and _is_old(k, out[k])}
+        if not old:
+            continue
+        written = ", ".join(f"{k}={v!r}" for k, v in old.items())
+        given = out.get(keyword)
+        if isinstance(given, moved.group):
+            raise TypeError(f"{owner}() got {written} and {keyword}={given!r}: give "
+                            f"{', '.join(moved.fields[k] for k in old)} inside the {moved.group.__name__} only")
+        out[keyword] = _group(keyword, moved, given, {moved.fields[k]: v for k, v in old.items()}, written)
+        now = f"{keyword}={out[keyword]!r}" if isinstance(out[keyword], Group) else \
+            f"left out (no effect with {keyword}={out[keyword]!r})"
+        warnings.warn(f"{written} is now {now}; the flat keyword goes in a later release", FutureWarning, stacklevel=4)
+    return out
+
+
+def _group(keyword: str, moved: Moved, given: object, values: Dict[str, Any], written: str) -> object:
+    """The group made of a group keyword's short form (``stream=True``, ``on_error="skip"``; ``given``, or
+    ``None`` when absent) and the fields the flat keywords gave. A group that needs a field none gave is
+    off (the keyword's default); then a flat keyword given a value other than its default is an error."""
+    if keyword == "rotation" and values.get("times") == 1:  # rotation=1 was the default: each sample once
+        values.pop("times")
+    base = {"policy": given} if keyword == "on_error" and given is not None else {}
+    on = given is True if keyword == "stream" else moved.needs is None or moved.needs in values
+    if on:
+        return moved.group(**base, **values)
+    defaults = {f.name: f.default for f in dataclasses.fields(moved.group)}  # type: ignore[arg-type]
+    if any(differs(v, defaults[f]) for f, v in values.items()):
+        inside = ", ".join([*([moved.needs] if moved.needs else []), *(f"{f}={v!r}" for f, v in values.items())])
+        raise ValueError(f"{written} has no effect without {keyword}: write {keyword}={moved.group.__name__}"
+                         f"({inside})")
+    return SIGNATURE.parameters[keyword].default if given is None else given
 
 
 P = ParamSpec("P")
@@ -355,10 +433,21 @@ def taking(options: Callable[P, object]) -> Callable[[Callable[..., None]], Call
     return typed
 
 
+def group_of(name: str) -> Optional[Type[Group]]:
+    """The group an option takes (``stream``: ``Stream``...), else ``None``."""
+    return MOVED[name].group if name in MOVED else None
+
+
 def describe() -> str:
-    """The options as ``help(DataLoader)`` lists them: name, default, doc (indented as a class docstring)."""
+    """The options as ``help(DataLoader)`` lists them: name, default, doc (indented as a class docstring);
+    a group's fields follow it."""
     lines = ["", "    Options (in signature order; the README's table says more):", ""]
     for f in fields(Options):
         default = "" if f.default is MISSING else f" = {f.default!r}"
         lines.append(f"    ``{f.name}{default}``: {OPTIONS[f.name].doc}")
+        group = group_of(f.name)
+        if group is not None:
+            for g in dataclasses.fields(group):  # type: ignore[arg-type]
+                shown = "" if g.default is MISSING else f" = {g.default!r}"
+                lines.append(f"        ``{group.__name__}.{g.name}{shown}``: {declared(group)[g.name].doc}")
     return "\n".join(lines) + "\n"

@@ -29,7 +29,7 @@ from ._execution.forking import needed_modules
 from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Lane, LocalSteps, MeasuredRunner, PoolRunner, Run, Runner, ThreadRunner
 from ._frameworks.torch import attach_meta
-from ._options import resolved
+from ._options import resolved, stream_of
 from ._plan import FirstEpoch, Mode, RunBlocking, RunPlan, Settings, plan_run, split_steps, stream_fallback
 from ._stages.batch import Batcher, Group, RankSteps, RowBatcher, Stacked
 from ._stages.cached_epochs import CachedEpochs
@@ -95,7 +95,8 @@ async def batches(s: Settings, start: Start, run_blocking: RunBlocking,
     lane = Lane(run_blocking, resolved(o.num_threads), s.exclusive)
     rotation: Optional[Rotation] = None
     try:
-        runner = _runner(s, lane, ReadAhead(run_blocking, s.reader, o.readahead_bytes, o.retries, s.cache))
+        storage = o.storage
+        runner = _runner(s, lane, ReadAhead(run_blocking, s.reader, storage.readahead_bytes, storage.retries, s.cache))
         plan = await plan_run(s, start, run_blocking)
         chain = Chain(s=s, plan=plan, runner=runner, lane=lane, run_blocking=run_blocking, tasks=tasks)
         files = FileStages(chain)
@@ -180,8 +181,8 @@ def _reader_stage(s: Settings, runner: Runner, ramp: Ramp) -> ReadFiles:
     a file per row is read ahead."""
     o = s.options
     ahead = max(o.prefetch_files, s.batch_size) if o.stream else o.prefetch_files
-    buffered = o.shuffle_buffer > 0 or o.bucket_by is not None or s.mix is not None  # rows meet here
-    return ReadFiles(runner, o.stream or buffered, ahead, s.errors, s.stats,
+    buffered = o.shuffle_buffer > 0 or o.bucket is not None or s.mix is not None  # rows meet here
+    return ReadFiles(runner, bool(o.stream) or buffered, ahead, s.errors, s.stats,
                      start_ahead=None if o.stream else max(0, s.num_workers - 1), ramp=ramp)
 
 
@@ -189,8 +190,9 @@ def _batcher(c: Chain, read: ReadFiles, first: FirstEpoch) -> RowBatcher:
     """Stage 3: files to batches (``Batcher``), or to stream batches (``StreamBatcher``); they take the
     pieces of each file (and stream rows files read again) through callables, not the read stage."""
     s, plan, o = c.s, c.plan, c.s.options
-    if o.stream:
-        shape = StreamShape(s.batch_size, o.seq_len, o.padding_mode, o.pad_value, o.time_major)
+    stream = stream_of(o)
+    if stream is not None:
+        shape = StreamShape(s.batch_size, stream.seq_len, stream.padding_mode, stream.pad_value, stream.time_major)
         return StreamBatcher(s.files, read.pieces, read.open, shape, target=plan.steps, fallback=stream_fallback(s),
                              start=first.stream)
     # with rotation the steps are the rotated batches': a share short of samples is padded later (EvenSteps)
@@ -202,8 +204,9 @@ def _batcher(c: Chain, read: ReadFiles, first: FirstEpoch) -> RowBatcher:
 def _rotation(c: Chain) -> Rotation:
     """The stage serving encoded samples several times, re-batched (``_stages.rotation``)."""
     o, s = c.s.options, c.s
-    held = InMemory() if o.rotation_dir is None else OnDisk(str(o.rotation_dir))
-    return Rotation(o.rotation, resolved(o.rotation_size), s.batch_size, o.drop_last, o.random_seed,
+    assert o.rotation is not None, "a rotated run has rotation"
+    held = InMemory() if o.rotation.folder is None else OnDisk(str(o.rotation.folder))
+    return Rotation(o.rotation.times, resolved(o.rotation.size), s.batch_size, o.drop_last, o.random_seed,
                     by_epoch=o.shuffle or o.file_order is not None, held=held, errors=s.errors, stats=s.stats,
                     run_blocking=c.run_blocking, steps=c.plan.steps)
 

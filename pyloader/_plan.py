@@ -23,7 +23,7 @@ from ._execution.pool import WorkerPool
 from ._execution.runners import Exclusive
 from ._execution.steps import Step
 from ._length import epoch_steps
-from ._options import Options, resolved
+from ._options import Options, resolved, seq_len_of, stream_of, times_of
 from ._stages.batch import FROM_START, Bucketing, Buffers, Cut, ResumeRows, reads_from
 from ._stages.bucket import Lengths
 from ._stages.entries import Entries, bounds_of, known_counts
@@ -55,14 +55,14 @@ class Settings:
     reader: DataReader  # the datareader, or the sources' readers (``mix``)
     num_workers: int  # worker processes of this run (``num_workers``, resolved: ``_execution.auto_workers``)
     concurrency: int  # groups being encoded and collated at once
-    errors: ErrorHandler  # ``on_error`` and ``max_errors``, counted per run
+    errors: ErrorHandler  # ``on_error`` (an ``OnError``), counted per run
     stats: Stats
     finish: Optional[Callable[[object], object]] = None  # e.g. pin_memory, run after collate_batch
     pool: Optional[WorkerPool] = None  # the worker processes, launched before the run (``launch_workers``)
-    sharding: Sharding = Sharding()  # ``rank``, ``world_size``, ``even_batches``, resolved for this run
+    sharding: Sharding = Sharding()  # ``ranks``, resolved for this run
     count_cache: Dict[str, object] = field(default_factory=dict)  # samples per file, kept across runs
     exclusive: Exclusive = field(default_factory=lambda: Exclusive(()))  # locks of the user objects
-    cache: Optional[DiskCache] = None  # ``cache_dir``
+    cache: Optional[DiskCache] = None  # ``storage.cache_dir``
     entries: Optional[Entries] = None  # stream mode: slices of files, or in-memory streams (``_stages.entries``)
     mix: Optional[Mix] = None  # weighted sources (``_stages.mix``): their files, each read by its own reader
     encoded_cache: Optional[EpochStore] = None  # ``cache_encoded``: this rank's share (``_stages.cached_epochs``)
@@ -213,7 +213,7 @@ def resumes_past_files(s: Settings, start: Start) -> bool:
     the files' in order): those replay it."""
     o = s.options
     return (start.skip > start.base and o.filter_fn is None and s.errors.policy is reraise and s.mix is None
-            and o.rotation == 1)
+            and o.rotation is None)
 
 
 async def plan_run(s: Settings, start: Start, run_blocking: RunBlocking) -> RunPlan:
@@ -234,13 +234,13 @@ async def plan_run(s: Settings, start: Start, run_blocking: RunBlocking) -> RunP
 def _mode(s: Settings) -> Mode:
     if s.encoded_cache is not None:
         return Mode.CACHED
-    return Mode.ROTATED if s.options.rotation > 1 else Mode.FILES
+    return Mode.ROTATED if s.options.rotation is not None else Mode.FILES
 
 
 def _buffers(s: Settings, source: Union[FileSource, MixSource]) -> Buffers:
     """The buffers rows meet in before they are cut: the weighted sources' mix, the shuffle buffer, bucketing."""
     o = s.options
-    bucket = None if o.bucket_by is None else Bucketing(Lengths(o.bucket_by), resolved(o.bucket_buffer))
+    bucket = None if o.bucket is None else Bucketing(Lengths(o.bucket.by), resolved(o.bucket.buffer))
     return Buffers(o.shuffle_buffer, o.random_seed, bucket, source.buffer if isinstance(source, MixSource) else None)
 
 
@@ -250,9 +250,9 @@ def make_source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]
     if s.mix is not None:
         return MixSource(s.mix, counts or [], o.stop, o.shuffle, o.random_seed, num_epoch=start.end,
                          sharding=s.sharding, counted=s.stats.sources)
-    elastic = Elastic(start.epoch, start.splits, s.batch_size, o.seq_len or 1) if start.splits else None
+    elastic = Elastic(start.epoch, start.splits, s.batch_size, seq_len_of(o) or 1) if start.splits else None
     return FileSource(s.files, start.end, o.shuffle, o.random_seed, sharding=s.sharding, counts=counts,
-                      whole_files=o.stream, file_order=o.file_order, bounds=bounds_of(s.entries), elastic=elastic)
+                      whole_files=bool(o.stream), file_order=o.file_order, bounds=bounds_of(s.entries), elastic=elastic)
 
 
 def _planned_steps(s: Settings, source: Union[FileSource, MixSource]) -> Optional[Callable[[int], int]]:
@@ -260,7 +260,7 @@ def _planned_steps(s: Settings, source: Union[FileSource, MixSource]) -> Optiona
     if not s.sharding.active:
         return None
     o = s.options
-    return lambda epoch: epoch_steps(source, epoch, s.batch_size, o.drop_last, o.seq_len, o.rotation)
+    return lambda epoch: epoch_steps(source, epoch, s.batch_size, o.drop_last, seq_len_of(o), times_of(o))
 
 
 def stream_fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
@@ -282,13 +282,14 @@ def _resumed(s: Settings, start: Start, source: Union[FileSource, MixSource], st
     skips, and where the buffers rebuild their state from."""
     o = s.options
     past_files = resumes_past_files(s, start)
-    if o.stream:
+    stream = stream_of(o)
+    if stream is not None:
         assert isinstance(source, FileSource), "stream mode reads no weighted sources"
         at = stream_start(source, start.epoch, start.base, start.skip - start.base if past_files else 0,
-                          rows=s.batch_size, width=o.seq_len or 1, replay=o.padding_mode == "data",
+                          rows=s.batch_size, width=stream.seq_len or 1, replay=stream.padding_mode == "data",
                           target=None if steps is None else steps(start.epoch), fallback=stream_fallback(s))
         return FirstEpoch(batcher=ResumeRows(start.epoch, start.base), past_files=past_files, stream=at,
-                          read_again=tuple(at.read_again(edges=o.padding_mode == "edge")))
+                          read_again=tuple(at.read_again(edges=stream.padding_mode == "edge")))
     if not past_files:
         return FirstEpoch(batcher=ResumeRows(start.epoch, start.base))
     assert isinstance(source, FileSource), "a position is placed past files without weighted sources"

@@ -30,8 +30,8 @@ def train(data: str, out: str, workers: int = 0, stream: bool = False, even: str
           on_error: str = "raise") -> None:
     """One loader and one DDP model: writes this rank's steps and the sample ids it trained on to ``out``."""
     loader = pl.DataLoader(IdLines(batch_size=3), pl.IdentityDataset(), TorchCollator(), data,
-                           num_epoch=epochs, shuffle=True, num_workers=workers, even_batches=even,
-                           stream=stream, seq_len=2 if stream else None, on_error=on_error)
+                           num_epoch=epochs, shuffle=True, num_workers=workers, ranks=pl.Ranks(even_batches=even),
+                           stream=pl.Stream(seq_len=2) if stream else False, on_error=on_error)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     steps, seen = 0, []

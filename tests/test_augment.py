@@ -137,7 +137,7 @@ def test_a_resumed_run_draws_what_the_uninterrupted_one_drew_at_every_position(d
 def test_under_ranks_a_sample_gets_the_read_draws_it_gets_alone_and_ranks_draw_apart(data: Path,
                                                                                       num_workers: int) -> None:
     alone = _by_id(_run(_make(data, num_workers=num_workers)), "read")
-    ranks = [_run(_make(data, num_workers=num_workers, rank=r, world_size=2, even_batches="drop"))
+    ranks = [_run(_make(data, num_workers=num_workers, ranks=pl.Ranks(rank=r, world_size=2, even_batches="drop")))
              for r in range(2)]
     for batches in ranks:
         for (turn, i), value in _by_id(batches, "read").items():
@@ -196,9 +196,9 @@ def test_rng_seed_seeds_a_torch_generator_the_same_with_workers(data: Path) -> N
 
 def test_a_count_that_reads_through_a_drawing_iter_file_works(data: Path) -> None:
     """``DataReader.count`` defaults to reading through ``iter_file``: under ranks it may meet ``pyloader.rng()``."""
-    loader = _make(data, num_workers=0, rank=0, world_size=2)
+    loader = _make(data, num_workers=0, ranks=pl.Ranks(rank=0, world_size=2))
     try:
         assert len(loader) == 4
     finally:
         loader.close()
-    assert np.sum([len(b["id"]) for b in _run(_make(data, num_workers=0, rank=1, world_size=2))]) == 16
+    assert np.sum([len(b["id"]) for b in _run(_make(data, num_workers=0, ranks=pl.Ranks(rank=1, world_size=2)))]) == 16

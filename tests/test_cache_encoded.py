@@ -164,7 +164,7 @@ def test_update_every_none_writes_once_then_only_reads(tmp_path):
 # -- what a cached epoch delivers -----------------------------------------------------------------
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("settings", [{}, {"shuffle": True}, {"shuffle": True, "shuffle_buffer": 5},
-                                      {"drop_last": True, "shuffle": True}, {"bucket_by": "id"}])
+                                      {"drop_last": True, "shuffle": True}, {"bucket": pl.Bucket("id")}])
 def test_cached_epochs_deliver_the_samples_of_uncached_ones(tmp_path, workers, settings):
     write_chunks(tmp_path / "data", SIZES)
     cached = make(tmp_path / "data", tmp_path / "cache", K=3, num_epoch=6, batch_size=5, num_workers=workers,
@@ -367,9 +367,11 @@ def test_a_cache_folder_that_cannot_be_written_leaves_the_epochs_to_the_files(tm
 def test_two_ranks_share_one_dir(tmp_path, workers):
     write_chunks(tmp_path / "data", SIZES + [1])  # 49 samples: rank 1's share of 25 pads rank 0's of 24
     reads = tmp_path / "reads.log"
-    ranks = [make(tmp_path / "data", tmp_path / "cache", K=2, batch_size=5, rank=r, world_size=2, shuffle=True,
+    ranks = [make(tmp_path / "data", tmp_path / "cache", K=2, batch_size=5, ranks=pl.Ranks(rank=r, world_size=2),
+                  shuffle=True,
                   read_log=reads, num_workers=workers) for r in range(2)]
-    plain = [make(tmp_path / "data", None, batch_size=5, rank=r, world_size=2, shuffle=True, num_epoch=4)
+    plain = [make(tmp_path / "data", None, batch_size=5, ranks=pl.Ranks(rank=r, world_size=2), shuffle=True,
+                  num_epoch=4)
              for r in range(2)]
     expected = [epochs_of(p) for p in plain]
     got: List[Dict[int, List[Dict[str, Any]]]] = [{}, {}]
@@ -508,14 +510,14 @@ def test_a_state_saved_after_an_iteration_ended_resumes_the_next_epoch_in_its_bl
 
 def test_a_state_saved_in_a_cached_epoch_is_refused_under_another_world_size(tmp_path):
     write_chunks(tmp_path / "data", SIZES)
-    first = make(tmp_path / "data", tmp_path / "cache", K=3, num_epoch=2, rank=0, world_size=2)
+    first = make(tmp_path / "data", tmp_path / "cache", K=3, num_epoch=2, ranks=pl.Ranks(rank=0, world_size=2))
     it = iter(first)
     for _ in range(8):  # into epoch 1, read from the cache
         next(it)
     state = first.state_dict()
     first.close()
     assert state["cached_from"] == 0
-    single = make(tmp_path / "data", tmp_path / "cache", K=3, num_epoch=2, rank=0, world_size=1)
+    single = make(tmp_path / "data", tmp_path / "cache", K=3, num_epoch=2, ranks=pl.Ranks(rank=0, world_size=1))
     with pytest.raises(ValueError, match="cache_encoded"):
         single.load_state_dict(state)
 

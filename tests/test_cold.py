@@ -100,7 +100,7 @@ def test_a_reader_that_opens_its_files_itself_stops_the_local_readahead(tmp_path
 
 def test_readahead_bytes_zero_turns_the_readahead_off(tmp_path):
     write_jsonl(tmp_path / "data", 3, 10)
-    batches = list(served_loader(tmp_path / "data", readahead_bytes=0))
+    batches = list(served_loader(tmp_path / "data", storage=pl.Storage(readahead_bytes=0)))
     assert sorted(i for b in batches for i in b["id"]) == list(range(30))
     assert not any(flag for b in batches for flag in b["served"])
 
@@ -134,7 +134,8 @@ def test_the_byte_budget_holds_with_a_file_larger_than_the_budget(tmp_path):
             return {"data": [b"".join(got)]}, 1
 
     # the reader reports into this process's ``seen``: it runs here
-    loader = pl.DataLoader(BlockReader(1), pl.IdentityDataset(), ListCollator(), str(data), readahead_bytes=budget,
+    loader = pl.DataLoader(BlockReader(1), pl.IdentityDataset(), ListCollator(), str(data),
+                           storage=pl.Storage(readahead_bytes=budget),
                            num_workers=0)
     assert [b["data"][0] for b in loader] == [big, b"s" * 1000]
     # read ahead: at least half the budget before the parser took any, and never more than the

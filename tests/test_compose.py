@@ -6,6 +6,7 @@ at every position, equal steps under ranks, and the same batches with workers.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -76,9 +77,15 @@ def test_with_workers_the_filter_runs_in_the_workers(tmp_path):
     assert run(loader_over(tmp_path, filter_fn=outside, num_workers=0)) == []
 
 
+def on_rank(settings: Dict[str, Any], rank: int, world_size: int) -> Dict[str, Any]:
+    """``settings`` on ``rank`` of ``world_size`` (keeping their ``Ranks.even_batches``)."""
+    ranks = dataclasses.replace(settings.get("ranks", pl.Ranks()), rank=rank, world_size=world_size)
+    return {**settings, "ranks": ranks}
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("settings", [{}, {"shuffle": True, "num_epoch": 2}, {"drop_last": True},
-                                      {"even_batches": "drop", "shuffle_buffer": 6}])
+                                      {"ranks": pl.Ranks(even_batches="drop"), "shuffle_buffer": 6}])
 def test_under_ranks_a_filter_leaves_every_rank_the_planned_steps(tmp_path, workers, settings):
     """Whatever the filter drops on each rank, every rank gives the steps planned from the counts
     (``len``), topping a share that lost samples up with flagged padding batches."""
@@ -87,10 +94,10 @@ def test_under_ranks_a_filter_leaves_every_rank_the_planned_steps(tmp_path, work
     for rank in range(2):
         def keep(sample: Dict[str, Any]) -> bool:
             return sample["id"] < 20 or sample["id"] % 3 == 0  # rank 1's share loses far more
-        loader = loader_over(tmp_path, filter_fn=keep, rank=rank, world_size=2, num_workers=workers, **settings)
+        loader = loader_over(tmp_path, filter_fn=keep, num_workers=workers, **on_rank(settings, rank, 2))
         lengths.append(len(loader))
         runs.append(run(loader))
-    unfiltered = [run(loader_over(tmp_path, rank=rank, world_size=2, **settings)) for rank in range(2)]
+    unfiltered = [run(loader_over(tmp_path, **on_rank(settings, rank, 2))) for rank in range(2)]
     assert [len(r) for r in runs] == lengths == [len(r) for r in unfiltered]
     got = sorted(i for r in runs for i in real_ids(r))
     planned = sorted(i for r in unfiltered for i in real_ids(r))
@@ -104,7 +111,7 @@ def test_under_ranks_a_filter_leaves_every_rank_the_planned_steps(tmp_path, work
 
 def test_a_rank_whose_filter_leaves_no_full_batch_with_drop_last_says_so(tmp_path):
     write_chunks(tmp_path, [4, 4])  # rank 0: ids 0..3, one planned step; the filter keeps 0 and 2
-    loader = loader_over(tmp_path, 3, filter_fn=even, rank=0, world_size=2, drop_last=True)
+    loader = loader_over(tmp_path, 3, filter_fn=even, ranks=pl.Ranks(rank=0, world_size=2), drop_last=True)
     with pytest.raises(RuntimeError, match=r"filter_fn left too few samples for one\): there is nothing to pad the 1 "
                                            "steps this rank still owes"):
         list(loader)
@@ -164,7 +171,7 @@ def test_a_failing_filter_under_the_skip_policy_drops_the_rest_of_that_file(tmp_
 
 @pytest.mark.parametrize("settings", [{"shuffle": True, "num_epoch": 2},
                                       {"shuffle": True, "shuffle_buffer": 5, "num_epoch": 2, "drop_last": True},
-                                      {"rank": 1, "world_size": 2, "shuffle": True, "num_epoch": 2}])
+                                      {"ranks": pl.Ranks(rank=1, world_size=2), "shuffle": True, "num_epoch": 2}])
 def test_a_filtered_run_resumes_exactly_at_every_position(tmp_path, settings):
     write_chunks(tmp_path, SIZES)
     check_resume(lambda: loader_over(tmp_path, 3, IdReader(3, shuffle=True), filter_fn=even, **settings))
@@ -295,9 +302,9 @@ def test_an_order_that_raises_keeps_its_error_and_says_where(tmp_path):
 def test_under_ranks_a_file_order_splits_its_samples_with_equal_steps(tmp_path, workers, order):
     sizes = [3, 5, 2, 4]
     paths = write_chunks(tmp_path, sizes)
-    runs = [run(loader_over(tmp_path, 2, file_order=order, num_epoch=2, rank=rank, world_size=2,
+    runs = [run(loader_over(tmp_path, 2, file_order=order, num_epoch=2, ranks=pl.Ranks(rank=rank, world_size=2),
                             num_workers=workers)) for rank in range(2)]
-    lengths = [len(loader_over(tmp_path, 2, file_order=order, num_epoch=2, rank=rank, world_size=2))
+    lengths = [len(loader_over(tmp_path, 2, file_order=order, num_epoch=2, ranks=pl.Ranks(rank=rank, world_size=2)))
                for rank in range(2)]
     assert [len(r) for r in runs] == lengths and lengths[0] == lengths[1]
     for epoch in range(2):
@@ -308,8 +315,8 @@ def test_under_ranks_a_file_order_splits_its_samples_with_equal_steps(tmp_path, 
 
 
 @pytest.mark.parametrize("settings", [{"num_epoch": 3, "shuffle_buffer": 4},
-                                      {"num_epoch": 3, "rank": 0, "world_size": 2},
-                                      {"num_epoch": 2, "drop_last": True, "rank": 1, "world_size": 2}])
+                                      {"num_epoch": 3, "ranks": pl.Ranks(rank=0, world_size=2)},
+                                      {"num_epoch": 2, "drop_last": True, "ranks": pl.Ranks(rank=1, world_size=2)}])
 def test_a_run_with_a_file_order_resumes_exactly_at_every_position(tmp_path, settings):
     write_chunks(tmp_path, [3, 5, 2, 4])
     check_resume(lambda: loader_over(tmp_path, 2, IdReader(2, shuffle=True), file_order=curriculum, **settings))
@@ -346,8 +353,8 @@ def test_stream_rows_take_the_files_in_the_file_order(tmp_path, workers):
     write_streams(tmp_path, lengths)
     for rank, world_size in ((0, 1), (0, 2), (1, 2)):
         loader = pl.DataLoader(PieceReader(1), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
-                               file_order=curriculum, num_epoch=2, num_workers=workers, rank=rank,
-                               world_size=world_size)
+                               file_order=curriculum, num_epoch=2, num_workers=workers,
+                               ranks=pl.Ranks(rank=rank, world_size=world_size))
         planned = len(loader)
         got: Dict[int, List[int]] = {}
         steps = 0
@@ -398,9 +405,9 @@ def padding_fraction(batches) -> float:
     return 1 - real / padded
 
 
-BUCKET_SETTINGS = [{"bucket_by": length_of, "bucket_buffer": 32},
-                   {"bucket_by": length_of, "shuffle": True, "shuffle_buffer": 20, "drop_last": True},
-                   {"bucket_by": length_of, "bucket_buffer": 13, "shuffle": True, "num_workers": 2}]
+BUCKET_SETTINGS = [{"bucket": pl.Bucket(length_of, buffer=32)},
+                   {"bucket": pl.Bucket(length_of), "shuffle": True, "shuffle_buffer": 20, "drop_last": True},
+                   {"bucket": pl.Bucket(length_of, buffer=13), "shuffle": True, "num_workers": 2}]
 
 
 @pytest.mark.parametrize("settings", BUCKET_SETTINGS)
@@ -430,7 +437,7 @@ def test_bucketing_cuts_the_padding_of_skewed_lengths_at_least_threefold(tmp_pat
     reader = JsonLinesReader(32)
     plain = padding_fraction(run(loader_over(tmp_path, reader=reader, shuffle=True)))
     bucketed_batches = run(loader_over(tmp_path, reader=JsonLinesReader(32), shuffle=True,
-                                       bucket_by="tokens", bucket_buffer=1024))
+                                       bucket=pl.Bucket("tokens", buffer=1024)))
     bucketed = padding_fraction(bucketed_batches)
     assert sorted(real_ids(bucketed_batches)) == list(range(2000))
     assert plain > 0.6, plain  # the skew makes most of a plain batch padding
@@ -444,9 +451,9 @@ def test_bucketing_by_a_field_of_lengths_is_bucketing_by_a_field_of_sequences(tm
     for f, (start, size) in enumerate(((0, 90), (90, 70))):
         (folder / f"part-{f:03d}.jsonl").write_text("".join(json.dumps({"id": i, "n": LENGTHS[i]}) + "\n"
                                                             for i in range(start, start + size)))
-    by_tokens = run(loader_over(tmp_path / "tokens", reader=JsonLinesReader(8), bucket_by="tokens"))
-    by_lengths = run(loader_over(folder, reader=JsonLinesReader(8), bucket_by="n"))
-    by_callable = run(loader_over(folder, reader=JsonLinesReader(8), bucket_by=length_of))
+    by_tokens = run(loader_over(tmp_path / "tokens", reader=JsonLinesReader(8), bucket=pl.Bucket("tokens")))
+    by_lengths = run(loader_over(folder, reader=JsonLinesReader(8), bucket=pl.Bucket("n")))
+    by_callable = run(loader_over(folder, reader=JsonLinesReader(8), bucket=pl.Bucket(length_of)))
     assert [b[1] for b in by_tokens] == [b[1] for b in by_lengths] == [b[1] for b in by_callable]
 
 
@@ -457,8 +464,8 @@ def test_bucketing_under_ranks_keeps_shares_and_steps(tmp_path, workers, even_ba
     write_chunks(tmp_path, sizes)
     runs, plain = [], []
     for rank in range(2):
-        common = dict(rank=rank, world_size=2, shuffle=True, num_epoch=2, even_batches=even_batches)
-        loader = loader_over(tmp_path, bucket_by=length_of, bucket_buffer=16, num_workers=workers, **common)
+        common = dict(ranks=pl.Ranks(rank=rank, world_size=2, even_batches=even_batches), shuffle=True, num_epoch=2)
+        loader = loader_over(tmp_path, bucket=pl.Bucket(length_of, buffer=16), num_workers=workers, **common)
         planned = len(loader)
         runs.append(run(loader))
         assert len(runs[-1]) == planned
@@ -470,10 +477,10 @@ def test_bucketing_under_ranks_keeps_shares_and_steps(tmp_path, workers, even_ba
 
 @pytest.mark.parametrize("settings", [{"shuffle": True, "num_epoch": 2},
                                       {"shuffle": True, "shuffle_buffer": 6, "num_epoch": 2, "drop_last": True},
-                                      {"rank": 1, "world_size": 2, "shuffle": True, "num_epoch": 2}])
+                                      {"ranks": pl.Ranks(rank=1, world_size=2), "shuffle": True, "num_epoch": 2}])
 def test_a_bucketed_run_resumes_exactly_at_every_position(tmp_path, settings):
     write_chunks(tmp_path, SIZES)
-    check_resume(lambda: loader_over(tmp_path, 3, IdReader(3, shuffle=True), bucket_by=length_of, bucket_buffer=10,
+    check_resume(lambda: loader_over(tmp_path, 3, IdReader(3, shuffle=True), bucket=pl.Bucket(length_of, buffer=10),
                                      **settings))
     assert wait_no_threads() == []
 
@@ -482,7 +489,7 @@ def test_a_bucketed_run_resumes_exactly_at_every_position(tmp_path, settings):
 def test_a_bucketing_key_a_file_lacks_names_the_file_and_keeps_the_error_type(tmp_path, workers):
     paths = write_chunks(tmp_path, [4, 4])
     with pytest.raises(KeyError, match=r"bucket_by failed on .*part-0000.*'tokens' is not a field of the file"):
-        list(loader_over(tmp_path, bucket_by="tokens", num_workers=workers))
+        list(loader_over(tmp_path, bucket=pl.Bucket("tokens"), num_workers=workers))
     assert paths
 
 
@@ -494,10 +501,10 @@ def test_a_bucketing_key_a_file_lacks_names_the_file_and_keeps_the_error_type(tm
 def test_a_length_that_cannot_be_worked_out_names_the_file_and_sample(tmp_path, bucket_by, error, match):
     write_chunks(tmp_path, [4, 4])
     if error is None:  # a field of numbers is a field of lengths
-        assert len(real_ids(run(loader_over(tmp_path, bucket_by=bucket_by)))) == 8
+        assert len(real_ids(run(loader_over(tmp_path, bucket=pl.Bucket(bucket_by))))) == 8
         return
     with pytest.raises(error, match=match):
-        list(loader_over(tmp_path, bucket_by=bucket_by))
+        list(loader_over(tmp_path, bucket=pl.Bucket(bucket_by)))
 
 
 def test_a_failing_length_under_the_skip_policy_leaves_that_file_out(tmp_path, caplog):
@@ -508,7 +515,7 @@ def test_a_failing_length_under_the_skip_policy_leaves_that_file_out(tmp_path, c
             raise ValueError("no length")
         return 1
 
-    loader = loader_over(tmp_path, bucket_by=fussy, on_error="skip")
+    loader = loader_over(tmp_path, bucket=pl.Bucket(fussy), on_error="skip")
     with caplog.at_level(logging.WARNING, logger="pyloader"):
         got = sorted(real_ids(run(loader)))
     assert got == [0, 1, 2, 3, 8, 9, 10, 11]
@@ -517,35 +524,37 @@ def test_a_failing_length_under_the_skip_policy_leaves_that_file_out(tmp_path, c
 
 def test_a_state_saved_with_other_bucketing_is_refused(tmp_path):
     write_chunks(tmp_path, SIZES)
-    loader = loader_over(tmp_path, bucket_by=length_of, bucket_buffer=8)
+    loader = loader_over(tmp_path, bucket=pl.Bucket(length_of, buffer=8))
     next(iter(loader))
     state = loader.state_dict()
     loader.close()
     with pytest.raises(ValueError, match="bucket_buffer"):
-        loader_over(tmp_path, bucket_by=length_of, bucket_buffer=12).load_state_dict(state)
+        loader_over(tmp_path, bucket=pl.Bucket(length_of, buffer=12)).load_state_dict(state)
     with pytest.raises(ValueError, match="bucket_by"):
-        loader_over(tmp_path, bucket_by="id", bucket_buffer=8).load_state_dict(state)
+        loader_over(tmp_path, bucket=pl.Bucket("id", buffer=8)).load_state_dict(state)
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
-    ({"bucket_buffer": 64}, ValueError, "bucket_buffer .* needs bucket_by"),
-    ({"bucket_by": "id", "bucket_buffer": 3}, ValueError, r"bucket_buffer must be an integer >= batch_size \(4\)"),
-    ({"bucket_by": 3}, TypeError, "bucket_by must be a field name or a callable"),
-    ({"bucket_by": "id", "stream": True}, ValueError, "stream mode keeps each row in file order"),
+    ({"bucket": lambda: pl.Bucket("id", buffer=3)}, ValueError,
+     r"Bucket.buffer must be an integer >= batch_size \(4\)"),
+    ({"bucket": lambda: pl.Bucket(3)}, TypeError, "Bucket.by must be a field name or a callable"),
+    ({"bucket": lambda: pl.Bucket("id"), "stream": True}, ValueError, "stream mode keeps each row in file order"),
+    ({"bucket": lambda: "id"}, TypeError, "bucket must be a pyloader.Bucket, got str"),
 ])
 def test_bucketing_arguments_are_checked(tmp_path, kwargs, error, match):
     write_chunks(tmp_path, [4])
     with pytest.raises(error, match=match):
-        loader_over(tmp_path, **kwargs)
+        loader_over(tmp_path, **{k: v() if callable(v) else v for k, v in kwargs.items()})
 
 
 # -- all together ----------------------------------------------------------------------------------
 def every_feature(tmp_path, **kwargs: Any) -> pl.DataLoader:
     return loader_over(tmp_path, 3, IdReader(3, shuffle=True), filter_fn=even, file_order=curriculum,
-                       bucket_by=length_of, bucket_buffer=7, shuffle_buffer=5, num_epoch=2, **kwargs)
+                       bucket=pl.Bucket(length_of, buffer=7), shuffle_buffer=5, num_epoch=2, **kwargs)
 
 
-@pytest.mark.parametrize("ranks", [{}, {"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}])
+@pytest.mark.parametrize("ranks", [{}, {"ranks": pl.Ranks(rank=0, world_size=2)},
+                                   {"ranks": pl.Ranks(rank=1, world_size=2)}])
 def test_filter_order_and_bucketing_together_give_the_same_batches_with_workers(tmp_path, ranks):
     write_chunks(tmp_path, SIZES)
     plain = run(every_feature(tmp_path, **ranks))
@@ -555,7 +564,7 @@ def test_filter_order_and_bucketing_together_give_the_same_batches_with_workers(
 
 def test_filter_order_and_bucketing_together_resume_exactly_under_ranks(tmp_path):
     write_chunks(tmp_path, SIZES)
-    steps = [len(run(every_feature(tmp_path, rank=rank, world_size=2))) for rank in range(2)]
+    steps = [len(run(every_feature(tmp_path, ranks=pl.Ranks(rank=rank, world_size=2)))) for rank in range(2)]
     assert steps[0] == steps[1]
-    check_resume(lambda: every_feature(tmp_path, rank=1, world_size=2))
+    check_resume(lambda: every_feature(tmp_path, ranks=pl.Ranks(rank=1, world_size=2)))
     assert wait_no_threads() == []

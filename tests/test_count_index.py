@@ -93,7 +93,7 @@ def test_a_rank_with_an_index_opens_only_the_files_it_reads(tmp_path, num_worker
     data = f"h33open{num_workers}://data"
     make_index(data)
     fs.opened.clear()
-    with loader_of(data, rank=0, world_size=4, num_workers=num_workers) as loader:
+    with loader_of(data, ranks=pl.Ranks(rank=0, world_size=4), num_workers=num_workers) as loader:
         got = list(loader)
     stats = loader.stats["counting"]
     assert (stats["counted"], stats["indexed"]) == (0, len(SIZES))
@@ -102,8 +102,9 @@ def test_a_rank_with_an_index_opens_only_the_files_it_reads(tmp_path, num_worker
     assert len(read) == 2
     assert set(fs.opened) <= read  # never a file of another rank's share: nothing was counted
     fs.opened.clear()
-    with loader_of(data, rank=0, world_size=4, num_workers=num_workers, reader=JsonLinesReader(3, fields=["id"])) \
-            as unindexed:  # other settings: the index is not this reader's, every file is counted
+    # other settings: the index is not this reader's, every file is counted
+    with loader_of(data, ranks=pl.Ranks(rank=0, world_size=4), num_workers=num_workers,
+                   reader=JsonLinesReader(3, fields=["id"])) as unindexed:
         assert ids(list(unindexed)) == ids(got)
     assert set(fs.opened) >= {f"part-{k:03d}.jsonl" for k in range(len(SIZES))}
 
@@ -113,19 +114,19 @@ def test_the_same_batches_length_and_resume_with_and_without_the_index(tmp_path,
     write_jsonl(tmp_path / "plain")
     write_jsonl(tmp_path / "indexed")
     make_index(tmp_path / "indexed")
-    settings = dict(world_size=3, shuffle=True, num_epoch=2, num_workers=num_workers)
+    settings = dict(shuffle=True, num_epoch=2, num_workers=num_workers)
     for rank in range(3):
         runs = {}
         for name in ("plain", "indexed"):
-            with loader_of(str(tmp_path / name), rank=rank, **settings) as loader:
+            with loader_of(str(tmp_path / name), ranks=pl.Ranks(rank=rank, world_size=3), **settings) as loader:
                 length = len(loader)
                 batches = ids(list(loader))
                 assert length == len(batches)
-            with loader_of(str(tmp_path / name), rank=rank, **settings) as loader:
+            with loader_of(str(tmp_path / name), ranks=pl.Ranks(rank=rank, world_size=3), **settings) as loader:
                 it = iter(loader)
                 first = [next(it) for _ in range(3)]
                 state = loader.state_dict()
-            with loader_of(str(tmp_path / name), rank=rank, **settings) as resumed:
+            with loader_of(str(tmp_path / name), ranks=pl.Ranks(rank=rank, world_size=3), **settings) as resumed:
                 resumed.load_state_dict(state)
                 rest = ids(list(resumed))
             assert ids(first) + rest == batches
@@ -139,12 +140,14 @@ def test_a_file_changed_since_the_index_is_counted_again_and_named(tmp_path, cap
     make_index(tmp_path)
     with open(paths[2], "a") as f:
         f.write(json.dumps({"id": 1000}) + "\n")
-    with caplog.at_level(logging.WARNING, logger="pyloader"), loader_of(str(tmp_path), rank=1, world_size=2) as loader:
+    with caplog.at_level(logging.WARNING, logger="pyloader"), loader_of(
+            str(tmp_path), ranks=pl.Ranks(rank=1, world_size=2)) as loader:
         length = len(loader)
     stats = loader.stats["counting"]
     assert (stats["counted"], stats["indexed"], stats["stale"]) == (1, len(SIZES) - 1, 1)
     assert paths[2] in caplog.text and "no longer matches 1 files" in caplog.text
-    with loader_of(str(tmp_path), rank=1, world_size=2, reader=JsonLinesReader(3, fields=["id"])) as unindexed:
+    with loader_of(str(tmp_path), ranks=pl.Ranks(rank=1, world_size=2),
+                   reader=JsonLinesReader(3, fields=["id"])) as unindexed:
         assert length == len(unindexed)
     cli_lines: List[str] = []
     assert cli(["index", str(tmp_path), "--reader", "jsonl"], out=cli_lines.append) == 0
@@ -155,7 +158,7 @@ def test_a_file_changed_since_the_index_is_counted_again_and_named(tmp_path, cap
 def test_a_file_gone_since_it_was_listed_is_an_error_naming_it(tmp_path):
     paths = write_jsonl(tmp_path)
     make_index(tmp_path)
-    loader = loader_of(paths, rank=0, world_size=2)
+    loader = loader_of(paths, ranks=pl.Ranks(rank=0, world_size=2))
     os.unlink(paths[5])
     with pytest.raises(pl.PipelineError, match="part-005") as raised, loader:
         list(loader)
@@ -193,10 +196,12 @@ def test_a_damaged_index_is_not_used_and_is_named(tmp_path, caplog):
 def test_cache_dir_keeps_the_counts_for_every_later_loader(tmp_path, num_workers):
     write_jsonl(tmp_path / "data")
     cache = str(tmp_path / "cache")
-    with loader_of(str(tmp_path / "data"), rank=0, world_size=2, cache_dir=cache, num_workers=num_workers) as first:
+    with loader_of(str(tmp_path / "data"), ranks=pl.Ranks(rank=0, world_size=2), storage=pl.Storage(cache_dir=cache),
+                   num_workers=num_workers) as first:
         expected = ids(list(first))
     assert first.stats["counting"]["counted"] == len(SIZES)
-    with loader_of(str(tmp_path / "data"), rank=0, world_size=2, cache_dir=cache, num_workers=num_workers) as again:
+    with loader_of(str(tmp_path / "data"), ranks=pl.Ranks(rank=0, world_size=2), storage=pl.Storage(cache_dir=cache),
+                   num_workers=num_workers) as again:
         assert ids(list(again)) == expected
     assert (again.stats["counting"]["counted"], again.stats["counting"]["indexed"]) == (0, len(SIZES))
     assert not list((tmp_path / "data").glob("_*"))  # the loader never writes next to the data
@@ -211,7 +216,8 @@ def test_concurrent_writers_leave_one_valid_index(tmp_path):
     def rank(r: int) -> None:
         try:
             for _ in range(5):
-                with loader_of(str(tmp_path / "data"), rank=r, world_size=8, cache_dir=cache) as loader:
+                with loader_of(str(tmp_path / "data"), ranks=pl.Ranks(rank=r, world_size=8),
+                               storage=pl.Storage(cache_dir=cache)) as loader:
                     lengths.append(len(loader))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -264,7 +270,8 @@ def test_writers_racing_on_one_path_never_leave_a_torn_index(tmp_path):
 def test_counting_without_an_index_runs_many_files_at_once_and_says_how_long_it_took(tmp_path, caplog, capsys):
     fs = remote_data("h33many", tmp_path, latency=0.05)
     with caplog.at_level(logging.INFO, logger="pyloader"), \
-            loader_of("h33many://data", rank=0, world_size=2, progress=True, prefetch_files=2) as loader:
+            loader_of("h33many://data", ranks=pl.Ranks(rank=0, world_size=2), progress=True,
+                      prefetch_files=2) as loader:
         list(loader)
     assert fs.most_open >= len(SIZES)  # every count at once, not prefetch_files at a time
     assert loader.stats["counting"]["counted"] == len(SIZES) and loader.stats["counting"]["seconds"] > 0
@@ -282,7 +289,8 @@ def test_a_run_closed_while_counting_leaves_no_count_behind_for_the_next(tmp_pat
             return super().count(path)
 
     def make() -> pl.DataLoader:
-        return loader_of(str(tmp_path), reader=SlowCount(3), rank=0, world_size=2, num_workers=num_workers,
+        return loader_of(str(tmp_path), reader=SlowCount(3), ranks=pl.Ranks(rank=0, world_size=2),
+                         num_workers=num_workers,
                          prefetch_files=1)
 
     with make() as fresh:

@@ -1,6 +1,7 @@
 """Multi-node training: disjoint, complete rank shares with equal step counts; torchrun and tf.distribute."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -25,9 +26,10 @@ PADDING = "__padding__"
 def rank_runs(data, world_size, **kwargs):
     """Each rank's batches, as if run on ``world_size`` machines."""
     runs = []
+    ranks = kwargs.pop("ranks", pl.Ranks())  # its even_batches
     for rank in range(world_size):
         loader = pl.DataLoader(IdReader(kwargs.pop("batch_size", 4)), pl.IdentityDataset(), ListCollator(), data,
-                               rank=rank, world_size=world_size, **kwargs)
+                               ranks=dataclasses.replace(ranks, rank=rank, world_size=world_size), **kwargs)
         runs.append(list(loader))
     return runs
 
@@ -51,12 +53,17 @@ def test_rank_from_environment(tmp_path, monkeypatch):
     loader.close()
 
 
-@pytest.mark.parametrize("kwargs", [{"rank": 2, "world_size": 2}, {"rank": -1, "world_size": 2},
-                                    {"rank": 0, "world_size": 0}, {"even_batches": "repeat"}])
-def test_bad_rank_settings(tmp_path, kwargs):
+@pytest.mark.parametrize("kwargs, match", [
+    ({"rank": 2, "world_size": 2}, r"Ranks needs 0 <= rank < world_size, got rank=2, world_size=2"),
+    ({"rank": -1, "world_size": 2}, r"Ranks.rank must be an integer >= 0, got -1"),
+    ({"rank": 0, "world_size": 0}, r"Ranks.world_size must be an integer >= 1, got 0"),
+    ({"even_batches": "repeat"}, r"Ranks.even_batches must be one of \('pad', 'drop'\), got 'repeat'")])
+def test_bad_rank_settings(tmp_path, kwargs, match):
     write_chunks(tmp_path, [4])
-    with pytest.raises(ValueError):
-        pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), **kwargs)
+    with pytest.raises(ValueError, match=match):
+        pl.Ranks(**kwargs)
+    with pytest.raises(ValueError, match=r"need 0 <= rank < world_size, got rank=3, world_size=1"):
+        pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), ranks=pl.Ranks(rank=3))
 
 
 # -- shares --------------------------------------------------------------------------------
@@ -79,7 +86,7 @@ def test_pad_mode_shares_are_disjoint_complete_and_equal_in_steps(tmp_path, size
 
 def test_drop_mode_stops_every_rank_at_the_shortest(tmp_path):
     write_chunks(tmp_path, [10, 1])  # 11 samples: shares of 6 and 5
-    runs = rank_runs(str(tmp_path), 2, even_batches="drop", batch_size=5)
+    runs = rank_runs(str(tmp_path), 2, ranks=pl.Ranks(even_batches="drop"), batch_size=5)
     assert [sum(len(b["id"]) for b in r) for r in runs] == [5, 5]
     assert not any(b[PADDING].any() for r in runs for b in r)  # flagged on every batch under ranks: none here
     ids = real_ids(runs[0]) + real_ids(runs[1])
@@ -108,8 +115,9 @@ def test_stream_mode_under_ranks(tmp_path):
     for even in ("pad", "drop"):
         steps, seen = [], []
         for rank in range(3):
-            loader = pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
-                                   seq_len=3, rank=rank, world_size=3, even_batches=even, shuffle=True)
+            loader = pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                                   stream=pl.Stream(seq_len=3),
+                                   ranks=pl.Ranks(rank=rank, world_size=3, even_batches=even), shuffle=True)
             batches = list(loader)
             steps.append(len(batches))
             seen += [int(i) for b in batches for i in b["id"][b["__valid__"] & ~b["__replay__"][:, None]]]
@@ -123,8 +131,8 @@ def test_resume_under_ranks(tmp_path):
     write_chunks(tmp_path, [9, 4, 15, 2, 7])
     for rank in range(2):
         def make(rank: int = rank) -> pl.DataLoader:
-            return pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=rank,
-                                 world_size=2, shuffle=True, num_epoch=2, shuffle_buffer=4)
+            return pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                                 ranks=pl.Ranks(rank=rank, world_size=2), shuffle=True, num_epoch=2, shuffle_buffer=4)
         full = [b["id"] for b in make()]
         first = make()
         it = iter(first)
@@ -135,10 +143,11 @@ def test_resume_under_ranks(tmp_path):
         resumed.load_state_dict(state)
         assert head + [b["id"] for b in resumed] == full
         # every rank took as many batches: one rank's state resumes the others too, each its own share
-        other = pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=1 - rank,
-                              world_size=2, shuffle=True, num_epoch=2, shuffle_buffer=4)
+        other = pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                              ranks=pl.Ranks(rank=1 - rank, world_size=2), shuffle=True, num_epoch=2, shuffle_buffer=4)
         other_full = [b["id"] for b in pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path),
-                                                      rank=1 - rank, world_size=2, shuffle=True, num_epoch=2,
+                                                      ranks=pl.Ranks(rank=1 - rank, world_size=2), shuffle=True,
+                                                      num_epoch=2,
                                                       shuffle_buffer=4)]
         other.load_state_dict(state)
         assert [b["id"] for b in other] == other_full[4:]
@@ -262,7 +271,8 @@ def test_a_count_that_understates_the_file_is_an_error(tmp_path, rank, piece):
             for start in range(0, n, step):
                 yield {"id": columns["id"][start:start + step]}
 
-    loader = pl.DataLoader(Modest(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=rank, world_size=2)
+    loader = pl.DataLoader(Modest(2), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                           ranks=pl.Ranks(rank=rank, world_size=2))
     with pytest.raises(pl.PipelineError, match="more samples than the 4 DataReader.count said"):
         list(loader)
 
@@ -275,7 +285,8 @@ def test_a_count_that_overstates_the_file_is_an_error(tmp_path):
             return 10
 
     with pytest.raises(pl.PipelineError, match="DataReader.count"):
-        list(pl.DataLoader(Boastful(4), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=1, world_size=2))
+        list(pl.DataLoader(Boastful(4), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                           ranks=pl.Ranks(rank=1, world_size=2)))
 
 
 class CountsOneFileEmpty(IdReader):
@@ -291,8 +302,8 @@ def test_a_file_counted_empty_that_holds_samples_is_an_error_under_ranks(tmp_pat
     write_chunks(tmp_path, [3, 3, 3, 3])
     errors = []
     for rank in range(2):
-        with pl.DataLoader(CountsOneFileEmpty(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=rank,
-                           world_size=2, num_workers=num_workers) as loader:
+        with pl.DataLoader(CountsOneFileEmpty(2), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                           ranks=pl.Ranks(rank=rank, world_size=2), num_workers=num_workers) as loader:
             try:
                 list(loader)
             except pl.PipelineError as exc:
@@ -307,8 +318,8 @@ def test_a_file_counted_empty_that_holds_samples_is_skipped_with_equal_steps_whe
     write_chunks(tmp_path, [3, 3, 3, 3])
     runs = []
     for rank in range(2):
-        with pl.DataLoader(CountsOneFileEmpty(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=rank,
-                           world_size=2, num_workers=num_workers, on_error="skip") as loader:
+        with pl.DataLoader(CountsOneFileEmpty(2), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                           ranks=pl.Ranks(rank=rank, world_size=2), num_workers=num_workers, on_error="skip") as loader:
             runs.append((list(loader), loader.stats["skipped_files"]))
     assert len(runs[0][0]) == len(runs[1][0])
     assert sorted(i for batches, _ in runs for i in real_ids(batches)) == [0, 1, 2, 6, 7, 8, 9, 10, 11]
@@ -318,8 +329,8 @@ def test_a_file_counted_empty_that_holds_samples_is_skipped_with_equal_steps_whe
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_empty_files_under_ranks_are_read_and_every_sample_is_delivered_once(tmp_path, num_workers):
     write_chunks(tmp_path, [0, 3, 0, 0, 5, 0])
-    runs = [list(pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=rank,
-                               world_size=3, num_workers=num_workers)) for rank in range(3)]
+    runs = [list(pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                               ranks=pl.Ranks(rank=rank, world_size=3), num_workers=num_workers)) for rank in range(3)]
     assert len({len(r) for r in runs}) == 1
     assert sorted(i for r in runs for i in real_ids(r)) == list(range(8))
 
@@ -352,11 +363,12 @@ class FailOn(pl.Dataset):
 def each_rank(folder, world_size=2, dataset=None, **kwargs):
     """Each rank's batches (JSON lines, 3 samples or rows), as ``flagged`` gives them."""
     stream = kwargs.get("stream", False)
+    ranks = kwargs.pop("ranks", pl.Ranks())  # its even_batches
     runs = []
     for rank in range(world_size):
         loader = pl.DataLoader(JsonLinesReader(3, piece_size=2), dataset or pl.IdentityDataset(),
-                               NumpyCollator() if stream else ListCollator(), str(folder), rank=rank,
-                               world_size=world_size, **kwargs)
+                               NumpyCollator() if stream else ListCollator(), str(folder),
+                               ranks=dataclasses.replace(ranks, rank=rank, world_size=world_size), **kwargs)
         runs.append([flagged(b, stream) for b in loader])
     return runs
 
@@ -378,7 +390,8 @@ def real(run, stream):
 
 
 SKIP_SETTINGS = [{}, {"shuffle": True, "shuffle_buffer": 5}, {"num_workers": 2},
-                 {"drop_last": True}, {"even_batches": "drop"}, {"stream": True, "seq_len": 2, "shuffle": True}]
+                 {"drop_last": True}, {"ranks": pl.Ranks(even_batches="drop")}, {"stream": pl.Stream(seq_len=2),
+                                                                                 "shuffle": True}]
 
 
 @pytest.mark.parametrize("settings", SKIP_SETTINGS)
@@ -399,7 +412,7 @@ def test_a_file_skipped_after_a_bad_line_leaves_every_rank_the_planned_steps(tmp
             assert any(np.all(pads) for _, pads in run)
 
 
-@pytest.mark.parametrize("settings", [{}, {"num_workers": 2}, {"stream": True, "seq_len": 3}])
+@pytest.mark.parametrize("settings", [{}, {"num_workers": 2}, {"stream": pl.Stream(seq_len=3)}])
 def test_a_batch_skipped_after_batch_encode_failed_becomes_a_padding_batch(tmp_path, settings):
     """The failed batch's step is kept: a copy of the next batch, flagged as padding."""
     write_jsonl(tmp_path, [9, 4, 15, 2, 7])
@@ -431,14 +444,15 @@ def test_a_count_that_fails_is_skipped_under_the_skip_policy(tmp_path, stream):
             columns, _ = self.read_file(path)
             yield columns
 
-    settings = {"stream": True, "seq_len": 2} if stream else {}
+    settings = {"stream": pl.Stream(seq_len=2)} if stream else {}
     with pytest.raises(pl.PipelineError, match="count failed on .*part-0001.txt"):
-        list(pl.DataLoader(NoCount(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=0, world_size=2,
+        list(pl.DataLoader(NoCount(2), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                           ranks=pl.Ranks(rank=0, world_size=2),
                            **settings))
     runs, stats = [], []
     for rank in range(2):
         loader = pl.DataLoader(NoCount(2), pl.IdentityDataset(), NumpyCollator() if stream else ListCollator(),
-                               str(tmp_path), rank=rank, world_size=2, on_error="skip", **settings)
+                               str(tmp_path), ranks=pl.Ranks(rank=rank, world_size=2), on_error="skip", **settings)
         runs.append([flagged(b, stream) for b in loader])
         stats.append(loader.stats)
     assert len({len(r) for r in runs}) == 1
@@ -446,14 +460,15 @@ def test_a_count_that_fails_is_skipped_under_the_skip_policy(tmp_path, stream):
     assert all(s["skipped_files"] == 1 and "part-0001.txt" in s["errors"][0] for s in stats)
 
 
-@pytest.mark.parametrize("settings", [{"shuffle": True, "num_epoch": 2}, {"stream": True, "seq_len": 2}])
+@pytest.mark.parametrize("settings", [{"shuffle": True, "num_epoch": 2}, {"stream": pl.Stream(seq_len=2)}])
 def test_resume_after_errors_skipped_under_ranks_is_exact(tmp_path, settings):
     """Wherever the checkpoint falls (among padding too), the rest is what the run would have given."""
     write_jsonl(tmp_path, [9, 4, 15, 2, 7], bad=(2, 6))
 
     def make(rank):
         return pl.DataLoader(JsonLinesReader(3, piece_size=2), FailOn(3), ListCollator() if not settings.get("stream")
-                             else NumpyCollator(), str(tmp_path), rank=rank, world_size=2, on_error="skip", **settings)
+                             else NumpyCollator(), str(tmp_path), ranks=pl.Ranks(rank=rank, world_size=2),
+                             on_error="skip", **settings)
 
     stream = settings.get("stream", False)
     steps = []
@@ -489,7 +504,8 @@ def test_an_epoch_left_without_batches_is_padded_from_the_next_real_batch(tmp_pa
             return super().read_file(path)
 
     # FailsOnce keeps its state on self: one copy, in this process
-    loader = pl.DataLoader(FailsOnce(3), pl.IdentityDataset(), ListCollator(), str(tmp_path), rank=0, world_size=2,
+    loader = pl.DataLoader(FailsOnce(3), pl.IdentityDataset(), ListCollator(), str(tmp_path),
+                           ranks=pl.Ranks(rank=0, world_size=2),
                            num_epoch=2, on_error="skip", num_workers=0)
     got = [(loader.epoch, b["id"], b[PADDING].tolist()) for b in loader]
     assert got == [(0, [0, 1, 2], [True] * 3), (1, [0, 1, 2], [False] * 3)]
@@ -497,7 +513,7 @@ def test_an_epoch_left_without_batches_is_padded_from_the_next_real_batch(tmp_pa
 
 def test_a_rank_whose_every_batch_fails_raises_rather_than_give_fewer_steps(tmp_path):
     write_chunks(tmp_path, [3, 3])
-    loader = pl.DataLoader(IdReader(3), FailOn(4), ListCollator(), str(tmp_path), rank=1, world_size=2,
+    loader = pl.DataLoader(IdReader(3), FailOn(4), ListCollator(), str(tmp_path), ranks=pl.Ranks(rank=1, world_size=2),
                            on_error="skip")
     with pytest.raises(RuntimeError, match="nothing to pad"):
         list(loader)
@@ -518,9 +534,9 @@ def test_stream_mode_under_ranks_checks_each_file_against_its_count(tmp_path, co
 
     with pytest.raises(pl.PipelineError, match=rf"s003\.txt.*{match}"):
         list(pl.DataLoader(Miscounted(1), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
-                           rank=1, world_size=2))
+                           ranks=pl.Ranks(rank=1, world_size=2)))
     runs = [list(pl.DataLoader(Miscounted(1), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
-                               rank=rank, world_size=2, on_error="skip")) for rank in range(2)]
+                               ranks=pl.Ranks(rank=rank, world_size=2), on_error="skip")) for rank in range(2)]
     assert len(runs[0]) == len(runs[1])  # the bad file is skipped, and the steps still agree
 
 
@@ -532,8 +548,8 @@ def test_a_stream_rank_without_files_pads_every_epoch_alike(tmp_path):
     write_streams(tmp_path, [5, 3])
 
     def make():
-        return pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
-                             seq_len=2, rank=2, world_size=3, num_epoch=3)
+        return pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                             stream=pl.Stream(seq_len=2), ranks=pl.Ranks(rank=2, world_size=3), num_epoch=3)
 
     def as_lists(batch):
         return {key: np.asarray(value).tolist() for key, value in batch.items()}
@@ -568,8 +584,8 @@ def test_a_state_resumes_exactly_under_another_world_size(tmp_path, old, new, wh
 
     def make(rank, world_size):
         return pl.DataLoader(IdReader(3, shuffle=shuffled, random_seed=4), pl.IdentityDataset(), ListCollator(),
-                             str(tmp_path / "data"), num_epoch=2, shuffle=shuffled, rank=rank,
-                             world_size=world_size)
+                             str(tmp_path / "data"), num_epoch=2, shuffle=shuffled,
+                             ranks=pl.Ranks(rank=rank, world_size=world_size))
 
     per_epoch = len(make(0, old)) // 2
     k = max(1, int(where * per_epoch))
@@ -594,13 +610,13 @@ def test_a_state_resumes_exactly_under_another_world_size(tmp_path, old, new, wh
 def test_an_elastic_resume_is_refused_where_delivered_samples_are_not_a_prefix(tmp_path):
     write_chunks(tmp_path / "data", [6] * 6)
     loader = pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path / "data"),
-                           shuffle_buffer=5, rank=0, world_size=2)
+                           shuffle_buffer=5, ranks=pl.Ranks(rank=0, world_size=2))
     it = iter(loader)
     next(it)
     state = loader.state_dict()
     it.close()
     other = pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path / "data"),
-                          shuffle_buffer=5, rank=0, world_size=3)
+                          shuffle_buffer=5, ranks=pl.Ranks(rank=0, world_size=3))
     with pytest.raises(ValueError, match="world_size=2"):
         other.load_state_dict(state)
 
@@ -611,7 +627,7 @@ def test_an_elastic_resume_can_be_resumed_again_under_a_third_world_size(tmp_pat
 
     def make(rank, world_size):
         return pl.DataLoader(IdReader(3), pl.IdentityDataset(), ListCollator(), str(tmp_path / "data"),
-                             shuffle=True, rank=rank, world_size=world_size, num_workers=num_workers)
+                             shuffle=True, ranks=pl.Ranks(rank=rank, world_size=world_size), num_workers=num_workers)
 
     delivered, state = take_steps(make, 2, 3, _real)  # 2 ranks take 3 batches each, then 3 ranks take 2 each
     more, state = take_steps(make, 3, 2, _real, state)

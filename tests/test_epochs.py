@@ -91,8 +91,9 @@ def test_len_is_the_number_of_batches_an_iteration_yields(tmp_path, num_workers)
     sizes = [5, 0, 9, 3, 7, 1, 6]
     write_chunks(tmp_path / "d", sizes)
     settings = [dict(), dict(drop_last=True), dict(num_epoch=3), dict(batch_size=7, shuffle=True),
-                dict(rank=1, world_size=3), dict(rank=2, world_size=3, even_batches="drop"),
-                dict(rank=0, world_size=4, drop_last=True, batch_size=3)]
+                dict(ranks=pl.Ranks(rank=1, world_size=3)),
+                dict(ranks=pl.Ranks(rank=2, world_size=3, even_batches="drop")),
+                dict(ranks=pl.Ranks(rank=0, world_size=4), drop_last=True, batch_size=3)]
     for kwargs in settings:
         loader = make(tmp_path / "d", num_workers=num_workers, **kwargs)
         n = len(loader)
@@ -100,13 +101,14 @@ def test_len_is_the_number_of_batches_an_iteration_yields(tmp_path, num_workers)
         assert len(loader) == len(list(loader)), kwargs  # the next iteration too
 
 
-@pytest.mark.parametrize("settings", [dict(), dict(seq_len=3), dict(shuffle=True, seq_len=2),
-                                      dict(rank=1, world_size=2), dict(rank=0, world_size=3, even_batches="drop")])
+@pytest.mark.parametrize("settings", [
+    dict(stream=True), dict(stream=pl.Stream(seq_len=3)), dict(shuffle=True, stream=pl.Stream(seq_len=2)),
+    dict(stream=True, ranks=pl.Ranks(rank=1, world_size=2)),
+    dict(stream=True, ranks=pl.Ranks(rank=0, world_size=3, even_batches="drop"))])
 def test_len_counts_the_steps_of_stream_mode(tmp_path, settings):
     sizes = [5, 0, 9, 3, 7, 1, 6, 11]
     write_chunks(tmp_path / "d", sizes)
-    loader = pl.DataLoader(IdReader(3), pl.IdentityDataset(), NumpyCollator(), str(tmp_path / "d"), stream=True,
-                           **settings)
+    loader = pl.DataLoader(IdReader(3), pl.IdentityDataset(), NumpyCollator(), str(tmp_path / "d"), **settings)
     for _ in range(3):  # every epoch's file order has its own step count
         assert len(loader) == len(list(loader))
 
@@ -142,7 +144,7 @@ def test_rank_and_world_size_are_resolved_when_an_iteration_starts(tmp_path, mon
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     got = [b["id"] for b in loader]
-    reference = make(tmp_path / "d", batch_size=2, rank=1, world_size=2)
+    reference = make(tmp_path / "d", batch_size=2, ranks=pl.Ranks(rank=1, world_size=2))
     assert got == [b["id"] for b in reference]
     assert sorted(i for b in got for i in b) == list(range(10, 20))
     assert loader.state_dict()["settings"]["rank"] == 1
@@ -220,7 +222,7 @@ def test_a_state_of_the_previous_format_still_loads(tmp_path):
 def test_max_errors_counts_per_iteration(tmp_path):
     write_chunks(tmp_path / "d", [4, 4, 4])
     loader = pl.DataLoader(IdReader(2, fail_on={"part-0001.txt"}), pl.IdentityDataset(), ListCollator(),
-                           str(tmp_path / "d"), on_error="skip", max_errors=1)
+                           str(tmp_path / "d"), on_error=pl.OnError("skip", max_errors=1))
     for _ in range(3):
         assert len(ids_of(loader)) == 8
     assert len(loader.stats["errors"]) == 3  # the stats count over the loader's life

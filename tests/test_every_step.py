@@ -47,12 +47,16 @@ def ids_loader(folder: Path, batch_size: int = 4, reader: Any = None, **kwargs: 
                                  **kwargs)
 
 
-def stream_loader(folder: Path, rows: int = 2, arrays: bool = True, data: Any = None, **kwargs: Any) -> Make:
+ONE_STEP = pl.Stream()  # stream mode's defaults: one sample per step
+
+
+def stream_loader(folder: Path, rows: int = 2, arrays: bool = True, data: Any = None,
+                  stream: pl.Stream = ONE_STEP, **kwargs: Any) -> Make:
     """Stream-mode loaders over ``STREAMS`` read in pieces of 3, as NumPy arrays."""
     if data is None and not folder.exists():
         write_streams(folder, STREAMS)
     return lambda: pl.DataLoader(PieceReader(rows, 3, arrays), pl.IdentityDataset(), NumpyCollator(),
-                                 str(folder) if data is None else data, stream=True, **kwargs)
+                                 str(folder) if data is None else data, stream=stream, **kwargs)
 
 
 def even(sample: Dict[str, Any]) -> bool:
@@ -148,7 +152,7 @@ def sliced_loader(folder: Path, **kwargs: Any) -> Make:
     long, short = str(folder / "s000.txt"), str(folder / "s001.txt")
     entries = [(long, 0, 7), (long, 7, 15), short, (long, 15, 20)]
     return lambda: pl.DataLoader(PieceReader(2, 3, True), pl.IdentityDataset(), NumpyCollator(), entries,
-                                 stream=True, seq_len=3, **kwargs)
+                                 stream=pl.Stream(seq_len=3), **kwargs)
 
 
 class FailingPieceReader(PieceReader):
@@ -174,7 +178,7 @@ class FailingEncode(pl.Dataset):
 def failing_stream_loader(folder: Path, **kwargs: Any) -> Make:
     write_streams(folder, STREAMS)
     return lambda: pl.DataLoader(FailingPieceReader(2, 3, True), pl.IdentityDataset(), NumpyCollator(), str(folder),
-                                 stream=True, seq_len=3, on_error="skip", **kwargs)
+                                 stream=pl.Stream(seq_len=3), on_error="skip", **kwargs)
 
 
 def failing_encode_loader(folder: Path, **kwargs: Any) -> Make:
@@ -183,10 +187,10 @@ def failing_encode_loader(folder: Path, **kwargs: Any) -> Make:
                                  **kwargs)
 
 
-def own_collator_stream_loader(folder: Path, **kwargs: Any) -> Make:
+def own_collator_stream_loader(folder: Path, stream: pl.Stream = ONE_STEP, **kwargs: Any) -> Make:
     write_streams(folder, STREAMS)
     return lambda: pl.DataLoader(PieceReader(2, 3, True), pl.IdentityDataset(), ListCollator(), str(folder),
-                                 stream=True, **kwargs)
+                                 stream=stream, **kwargs)
 
 
 def cached_loader(folder: Path, **kwargs: Any) -> Make:
@@ -208,76 +212,83 @@ CASES: Dict[str, Callable[[Path], Make]] = {
     "the_last_partial_batch_dropped": lambda d: ids_loader(d, shuffle=True, drop_last=True),
     "two_epochs_per_iteration": lambda d: ids_loader(d, shuffle=True, shuffle_buffer=3, num_epoch=2),
     "two_worker_processes": lambda d: ids_loader(d, shuffle=True, num_workers=2),
-    "two_persistent_worker_processes": lambda d: ids_loader(d, shuffle=True, num_workers=2,
-                                                            persistent_workers=True),
+    "two_persistent_worker_processes": lambda d: ids_loader(d, shuffle=True, num_workers=2, persistent_workers=True),
     "a_shuffle_buffer_with_two_workers": lambda d: ids_loader(d, shuffle=True, shuffle_buffer=5, num_workers=2),
-    "rank_1_of_2_padded_to_equal_steps": lambda d: ids_loader(d, shuffle=True, rank=1, world_size=2),
-    "rank_2_of_3_dropping_to_equal_steps": lambda d: ids_loader(d, 2, shuffle=True, rank=2, world_size=3,
-                                                                even_batches="drop"),
+    "rank_1_of_2_padded_to_equal_steps": lambda d: ids_loader(d, shuffle=True, ranks=pl.Ranks(rank=1, world_size=2)),
+    "rank_2_of_3_dropping_to_equal_steps": lambda d: ids_loader(
+        d, 2, shuffle=True, ranks=pl.Ranks(rank=2, world_size=3, even_batches="drop")),
     "rank_0_of_2_with_two_workers_and_a_shuffle_buffer": lambda d: ids_loader(
-        d, shuffle=True, rank=0, world_size=2, num_workers=2, shuffle_buffer=4),
+        d, shuffle=True, ranks=pl.Ranks(rank=0, world_size=2), num_workers=2, shuffle_buffer=4),
     "stream_mode_one_sample_per_step": lambda d: stream_loader(d, arrays=False),
-    "stream_mode_windows_padded_with_zeros": lambda d: stream_loader(d, seq_len=3, shuffle=True, num_epoch=2),
-    "stream_mode_windows_padded_with_the_edge": lambda d: stream_loader(d, seq_len=3, padding_mode="edge",
-                                                                        shuffle=True),
-    "stream_mode_replaying_data_as_padding": lambda d: stream_loader(d, rows=3, seq_len=2, padding_mode="data"),
-    "stream_mode_time_major": lambda d: stream_loader(d, seq_len=3, time_major=True, shuffle=True),
-    "stream_mode_with_two_workers": lambda d: stream_loader(d, seq_len=3, shuffle=True, num_workers=2),
-    "stream_mode_rank_1_of_2": lambda d: stream_loader(d, seq_len=2, shuffle=True, rank=1, world_size=2),
+    "stream_mode_windows_padded_with_zeros": lambda d: stream_loader(
+        d, stream=pl.Stream(seq_len=3), shuffle=True, num_epoch=2),
+    "stream_mode_windows_padded_with_the_edge": lambda d: stream_loader(
+        d, stream=pl.Stream(seq_len=3, padding_mode="edge"), shuffle=True),
+    "stream_mode_replaying_data_as_padding": lambda d: stream_loader(
+        d, stream=pl.Stream(seq_len=2, padding_mode="data"), rows=3),
+    "stream_mode_time_major": lambda d: stream_loader(d, stream=pl.Stream(seq_len=3, time_major=True), shuffle=True),
+    "stream_mode_with_two_workers": lambda d: stream_loader(
+        d, stream=pl.Stream(seq_len=3), shuffle=True, num_workers=2),
+    "stream_mode_rank_1_of_2": lambda d: stream_loader(
+        d, stream=pl.Stream(seq_len=2), shuffle=True, ranks=pl.Ranks(rank=1, world_size=2)),
     "stream_mode_edge_padding_list_samples_under_ranks": lambda d: stream_loader(
-        d, rows=3, arrays=False, seq_len=3, padding_mode="edge", rank=0, world_size=2, shuffle=True),
+        d, stream=pl.Stream(seq_len=3, padding_mode="edge"), rows=3, arrays=False,
+        ranks=pl.Ranks(rank=0, world_size=2), shuffle=True),
     "stream_mode_over_slices_of_a_file": lambda d: sliced_loader(d, shuffle=True),
-    "stream_mode_over_in_memory_streams": lambda d: stream_loader(d, data=MEMORY, seq_len=3, shuffle=True,
-                                                                  padding_mode="edge"),
+    "stream_mode_over_in_memory_streams": lambda d: stream_loader(
+        d, stream=pl.Stream(seq_len=3, padding_mode="edge"), data=MEMORY, shuffle=True),
     "a_filter_dropping_odd_ids": lambda d: ids_loader(d, batch_size=3, filter_fn=even, shuffle=True),
     "a_filter_with_two_workers_under_ranks": lambda d: ids_loader(
-        d, batch_size=2, filter_fn=even, num_workers=2, rank=1, world_size=2),
+        d, batch_size=2, filter_fn=even, num_workers=2, ranks=pl.Ranks(rank=1, world_size=2)),
     "a_file_order_function": lambda d: ids_loader(d, file_order=reverse_order, num_epoch=2),
     "a_curriculum_that_drops_and_repeats_files": lambda d: ids_loader(d, file_order=curriculum),
-    "bucketing_by_length": lambda d: ids_loader(d, shuffle=True, bucket_by="id", bucket_buffer=8),
-    "bucketing_under_ranks": lambda d: ids_loader(d, bucket_by="id", bucket_buffer=8, rank=0, world_size=2),
+    "bucketing_by_length": lambda d: ids_loader(d, shuffle=True, bucket=pl.Bucket("id", buffer=8)),
+    "bucketing_under_ranks": lambda d: ids_loader(
+        d, bucket=pl.Bucket("id", buffer=8), ranks=pl.Ranks(rank=0, world_size=2)),
     "weighted_sources_until_the_first_is_exhausted": lambda d: mixed_loader(d),
     "weighted_sources_until_all_are_exhausted": lambda d: mixed_loader(d, stop="all_exhausted"),
-    "weighted_sources_under_ranks_with_two_workers": lambda d: mixed_loader(d, rank=1, world_size=2,
-                                                                            num_workers=2),
+    "weighted_sources_under_ranks_with_two_workers": lambda d: mixed_loader(
+        d, ranks=pl.Ranks(rank=1, world_size=2), num_workers=2),
     "a_bad_file_skipped": lambda d: bad_file_loader(d, shuffle=True),
-    "a_bad_file_skipped_under_ranks_with_two_workers": lambda d: bad_file_loader(d, rank=0, world_size=2,
-                                                                                num_workers=2),
+    "a_bad_file_skipped_under_ranks_with_two_workers": lambda d: bad_file_loader(
+        d, ranks=pl.Ranks(rank=0, world_size=2), num_workers=2),
     "a_batch_that_fails_to_encode_skipped": lambda d: failing_encode_loader(d, shuffle=True),
-    "a_batch_that_fails_to_encode_skipped_under_ranks": lambda d: failing_encode_loader(d, rank=1, world_size=2),
+    "a_batch_that_fails_to_encode_skipped_under_ranks": lambda d: failing_encode_loader(
+        d, ranks=pl.Ranks(rank=1, world_size=2)),
     "a_bad_file_skipped_in_stream_mode": lambda d: failing_stream_loader(d),
-    "a_bad_file_skipped_in_stream_mode_under_ranks": lambda d: failing_stream_loader(d, rank=0, world_size=2,
-                                                                                    shuffle=True),
-    "stream_mode_with_a_collator_of_its_own": lambda d: own_collator_stream_loader(d, seq_len=2, shuffle=True),
-    "stream_mode_over_a_file_order": lambda d: stream_loader(d, seq_len=2, file_order=reverse_order),
+    "a_bad_file_skipped_in_stream_mode_under_ranks": lambda d: failing_stream_loader(
+        d, ranks=pl.Ranks(rank=0, world_size=2), shuffle=True),
+    "stream_mode_with_a_collator_of_its_own": lambda d: own_collator_stream_loader(
+        d, stream=pl.Stream(seq_len=2), shuffle=True),
+    "stream_mode_over_a_file_order": lambda d: stream_loader(d, stream=pl.Stream(seq_len=2), file_order=reverse_order),
     "stream_mode_replaying_data_under_ranks_with_two_workers": lambda d: stream_loader(
-        d, seq_len=2, padding_mode="data", rank=1, world_size=2, num_workers=2, shuffle=True),
-    "the_smallest_queue_and_read_ahead": lambda d: ids_loader(d, 2, shuffle=True, max_queue_size=1,
-                                                              prefetch_files=1, shuffle_buffer=3),
-    "the_last_partial_batch_dropped_under_ranks": lambda d: ids_loader(d, 3, shuffle=True, drop_last=True, rank=1,
-                                                                       world_size=2),
+        d, stream=pl.Stream(seq_len=2, padding_mode="data"), ranks=pl.Ranks(rank=1, world_size=2), num_workers=2,
+        shuffle=True),
+    "the_smallest_queue_and_read_ahead": lambda d: ids_loader(
+        d, 2, shuffle=True, max_queue_size=1, prefetch_files=1, shuffle_buffer=3),
+    "the_last_partial_batch_dropped_under_ranks": lambda d: ids_loader(
+        d, 3, shuffle=True, drop_last=True, ranks=pl.Ranks(rank=1, world_size=2)),
     "a_filter_bucketing_and_a_shuffle_buffer_with_two_workers": lambda d: ids_loader(
-        d, 2, filter_fn=even, bucket_by="id", bucket_buffer=4, shuffle_buffer=3, shuffle=True, num_workers=2),
+        d, 2, filter_fn=even, bucket=pl.Bucket("id", buffer=4), shuffle_buffer=3, shuffle=True, num_workers=2),
     "weighted_sources_over_two_epochs_shuffled_in_file": lambda d: mixed_loader(d, num_epoch=2),
     "epochs_read_from_a_cache_of_encoded_batches": lambda d: cached_loader(d, num_epoch=3, shuffle=True),
     "cached_epochs_with_a_shuffle_buffer_under_ranks_with_two_workers": lambda d: cached_loader(
-        d, num_epoch=2, shuffle_buffer=3, rank=1, world_size=2, num_workers=2),
-    "rotation_serving_each_sample_three_times": lambda d: ids_loader(d, rotation=3, rotation_size=9, shuffle=True,
-                                                                    num_epoch=2),
-    "rotation_on_disk_with_two_workers": lambda d: ids_loader(d, rotation=2, rotation_size=8, num_workers=2,
-                                                              rotation_dir=d.parent / "rotation", shuffle=True),
+        d, num_epoch=2, shuffle_buffer=3, ranks=pl.Ranks(rank=1, world_size=2), num_workers=2),
+    "rotation_serving_each_sample_three_times": lambda d: ids_loader(
+        d, rotation=pl.Rotation(3, size=9), shuffle=True, num_epoch=2),
+    "rotation_on_disk_with_two_workers": lambda d: ids_loader(
+        d, rotation=pl.Rotation(2, size=8, folder=d.parent / "rotation"), num_workers=2, shuffle=True),
     "rotation_under_ranks_with_a_shuffle_buffer_and_a_skipped_encode": lambda d: failing_encode_loader(
-        d, rotation=2, rotation_size=6, rank=1, world_size=2, shuffle_buffer=5, shuffle=True),
+        d, rotation=pl.Rotation(2, size=6), ranks=pl.Ranks(rank=1, world_size=2), shuffle_buffer=5, shuffle=True),
     "the_text_lines_reader": text_loader,
-    "the_json_lines_reader_in_pieces": lambda d: format_loader(d, write_jsonl, JsonLinesReader(4, piece_size=2),
-                                                               TorchCollator()),
+    "the_json_lines_reader_in_pieces": lambda d: format_loader(
+        d, write_jsonl, JsonLinesReader(4, piece_size=2), TorchCollator()),
     "the_csv_reader": lambda d: format_loader(d, write_csv, CSVReader(4, shuffle=True), NumpyCollator()),
-    "the_numpy_reader_memory_mapping_npy_files": lambda d: format_loader(d, write_npy, NumpyReader(4, piece_size=2),
-                                                                         TorchCollator(), num_workers=2),
-    "the_parquet_reader_by_row_group": lambda d: format_loader(d, write_parquet, ParquetReader(4),
-                                                               NumpyCollator()),
-    "gzip_compressed_json_lines": lambda d: format_loader(d, lambda f: write_jsonl(f, ".jsonl.gz", gzip.open),
-                                                          JsonLinesReader(4, piece_size=2), NumpyCollator()),
+    "the_numpy_reader_memory_mapping_npy_files": lambda d: format_loader(
+        d, write_npy, NumpyReader(4, piece_size=2), TorchCollator(), num_workers=2),
+    "the_parquet_reader_by_row_group": lambda d: format_loader(d, write_parquet, ParquetReader(4), NumpyCollator()),
+    "gzip_compressed_json_lines": lambda d: format_loader(
+        d, lambda f: write_jsonl(f, ".jsonl.gz", gzip.open), JsonLinesReader(4, piece_size=2), NumpyCollator()),
     "the_tensorflow_collator": lambda d: format_loader(d, write_jsonl, JsonLinesReader(4), TFCollator()),
 }
 

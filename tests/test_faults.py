@@ -247,7 +247,7 @@ def test_max_errors_stops_a_skipping_loader(tmp_path):
     write_good(folder, "jsonl")
     for i in range(3):
         (folder / f"bad-{i}.jsonl").write_text("{not json}\n")
-    loader = make_loader(str(folder), JsonLinesReader(4), on_error="skip", max_errors=2)
+    loader = make_loader(str(folder), JsonLinesReader(4), on_error=pl.OnError("skip", max_errors=2))
     with pytest.raises(pl.TooManyErrors, match="bad-2.jsonl"):
         list(loader)
     assert_clean(fds)

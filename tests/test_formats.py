@@ -147,7 +147,7 @@ def test_a_loader_over_compressed_remote_files_gives_every_sample_once_on_every_
     seen = []
     for rank in range(2):
         with pl.DataLoader(JsonLinesReader(batch_size=3), pl.IdentityDataset(), ListCollator(), f"{base}part-*",
-                           rank=rank, world_size=2, num_workers=num_workers) as loader:
+                           ranks=pl.Ranks(rank=rank, world_size=2), num_workers=num_workers) as loader:
             seen += [i for b in loader for i, pad in zip(b["id"], b["__padding__"]) if not pad]
     assert sorted(seen) == expected
     with pl.DataLoader(LinesOfText(4), pl.IdentityDataset(), ListCollator(), f"{base}user-*",
@@ -644,7 +644,8 @@ def test_a_loader_over_parquet_files_gives_every_row_once_with_workers_and_ranks
     assert sorted(got) == sorted([(i, f"row {i}") for i in range(total)] * 2)
     seen = []
     for rank in range(2):
-        with pl.DataLoader(reader, pl.IdentityDataset(), ListCollator(), str(folder), rank=rank, world_size=2,
+        with pl.DataLoader(reader, pl.IdentityDataset(), ListCollator(), str(folder),
+                           ranks=pl.Ranks(rank=rank, world_size=2),
                            num_workers=num_workers) as loader:
             assert len(loader) == len(list(loader))
             seen += [i for b in loader for i, pad in zip(b["id"], b["__padding__"]) if not pad]
@@ -673,7 +674,7 @@ def test_a_loader_over_parquet_files_resumes_where_its_state_was_taken(parquet_d
 def test_parquet_files_stream_row_by_row_in_stream_mode(parquet_dir):
     folder, total = parquet_dir
     with pl.DataLoader(ParquetReader(batch_size=2, columns=["id", "score"]), pl.IdentityDataset(), NumpyCollator(),
-                       str(folder), stream=True, seq_len=3) as loader:
+                       str(folder), stream=pl.Stream(seq_len=3)) as loader:
         seen = []
         for batch in loader:
             real = batch["__valid__"] & ~batch["__replay__"][:, None]

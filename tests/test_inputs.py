@@ -145,6 +145,6 @@ def test_a_jsonl_file_with_lines_of_separators_is_split_across_ranks(tmp_path, s
     got = []
     for rank in range(2):
         with pl.DataLoader(JsonLinesReader(batch_size=2), pl.IdentityDataset(), ListCollator(), str(tmp_path),
-                           rank=rank, world_size=2) as loader:
+                           ranks=pl.Ranks(rank=rank, world_size=2)) as loader:
             got.append([i for b in loader for i, pad in zip(b["id"], b["__padding__"]) if not pad])
     assert got == [[0, 1, 2], [3, 4, 5]]

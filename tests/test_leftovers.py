@@ -94,7 +94,7 @@ def test_temporary_files_of_writers_killed_while_filling_cache_dir_are_removed_b
     print("temporary files after each kill:", left)
     assert sum(left) >= 5, f"the kills should have landed while files were written: {left}"
     pl.DataLoader(TextLinesReader(4), pl.IdentityDataset(), ListCollator(), [__file__], num_workers=0,
-                  cache_dir=str(cache), cache_limit=limit)
+                  storage=pl.Storage(cache_dir=str(cache), cache_limit=limit))
     names = sorted(p.name for p in cache.iterdir())
     assert not [n for n in names if n.endswith(".tmp")], names
     assert sum(p.stat().st_size for p in cache.iterdir()) <= limit + 4096 * len(names)  # the descriptions
@@ -114,7 +114,7 @@ def test_run_folders_of_processes_killed_while_using_rotation_dir_are_removed_by
     print("run folders after each kill:", left)
     assert sum(left) >= 10, f"the kills should have landed while windows were on disk: {left}"
     loader = pl.DataLoader(TextLinesReader(16), pl.IdentityDataset(), ListCollator(), str(data), num_workers=0,
-                           rotation=2, rotation_size=64, rotation_dir=str(folder))
+                           rotation=pl.Rotation(2, size=64, folder=str(folder)))
     assert sorted(int(x) for batch in loader for x in batch["text"]) == sorted(list(range(800)) * 2)
     assert list(folder.iterdir()) == []
 

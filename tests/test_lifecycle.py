@@ -49,7 +49,7 @@ def test_skip_policy_warns_counts_and_delivers_the_rest(make_loader, caplog):
 
 def test_callable_policy_and_max_errors(make_loader):
     seen = []
-    loader = make_loader([2] * 6, batch_size=2, on_error=seen.append, max_errors=1,
+    loader = make_loader([2] * 6, batch_size=2, on_error=pl.OnError(seen.append, max_errors=1),
                          reader=IdReader(2, fail_on={"part-0001.txt", "part-0003.txt"}))
     with pytest.raises(pl.TooManyErrors):
         list(loader)

@@ -132,7 +132,7 @@ def test_ranks_share_the_mixed_stream_with_equal_steps_each_sample_once(tmp_path
     whole = ids_of(run(mixed(tmp_path, [130] * 5, [90] * 3, shuffle=True)))
     shares = []
     for rank in range(world_size):
-        loader = mixed(tmp_path, [130] * 5, [90] * 3, shuffle=True, rank=rank, world_size=world_size)
+        loader = mixed(tmp_path, [130] * 5, [90] * 3, shuffle=True, ranks=pl.Ranks(rank=rank, world_size=world_size))
         n = len(loader)
         batches = list(loader)
         assert len(batches) == n
@@ -146,7 +146,7 @@ def test_ranks_share_the_mixed_stream_with_equal_steps_each_sample_once(tmp_path
 @pytest.mark.timeout(120)
 def test_a_mixed_run_resumes_exactly_under_ranks(tmp_path):
     def make():
-        return mixed(tmp_path, [130] * 5, [90] * 3, shuffle=True, rank=1, world_size=2, num_epoch=2)
+        return mixed(tmp_path, [130] * 5, [90] * 3, shuffle=True, ranks=pl.Ranks(rank=1, world_size=2), num_epoch=2)
 
     reference = run(make())
     loader = make()
@@ -221,7 +221,7 @@ def test_a_rank_whose_mixed_share_is_empty_gets_a_padding_batch_as_a_plain_loade
     """Source b has 1 sample: the first_exhausted epoch is 2 samples long, fewer than the 3 ranks."""
     shares = []
     for rank in range(3):
-        loader = mixed(tmp_path, [40], [1], weights=(1, 1), batch_size=4, rank=rank, world_size=3,
+        loader = mixed(tmp_path, [40], [1], weights=(1, 1), batch_size=4, ranks=pl.Ranks(rank=rank, world_size=3),
                        num_workers=num_workers)
         with loader:
             batches = list(loader)
@@ -234,7 +234,7 @@ def test_a_rank_whose_mixed_share_is_empty_gets_a_padding_batch_as_a_plain_loade
 
     write_chunks(tmp_path / "plain", [2])
     plain = [list(pl.DataLoader(IdReader(4), pl.IdentityDataset(), ListCollator(), str(tmp_path / "plain"),
-                                rank=rank, world_size=3, num_workers=0)) for rank in range(3)]
+                                ranks=pl.Ranks(rank=rank, world_size=3), num_workers=0)) for rank in range(3)]
     assert [[list(b["__padding__"]) for b in p] for p in plain] == [[[bool(pad) for _, pad in s]] for s in shares]
 
 
@@ -273,7 +273,8 @@ def test_a_mixed_file_counted_empty_that_holds_samples_is_an_error_naming_it(tmp
         loader = pl.DataLoader(CountsOneFileEmpty(4), pl.IdentityDataset(), ListCollator(),
                                [pl.Source(str(tmp_path / "a")), pl.Source(str(tmp_path / "b"), 1.0,
                                                                           JsonLinesReader(4))],
-                               stop="all_exhausted", rank=rank, world_size=world_size, num_workers=num_workers)
+                               stop="all_exhausted", ranks=pl.Ranks(rank=rank, world_size=world_size),
+                               num_workers=num_workers)
         with loader:
             try:
                 list(loader)

@@ -14,6 +14,7 @@ import pytest
 from conftest import IdReader, ListCollator, ids_of, write_chunks
 
 import pyloader as pl
+from pyloader._checks import declared
 from pyloader._options import OPTIONS
 
 pytestmark = pytest.mark.timeout(120)
@@ -70,6 +71,9 @@ def test_the_signature_and_help_show_every_option_with_its_default_and_doc():
     assert "num_workers: Union[int, str] = 'auto'" in text and "stop: str = 'first_exhausted'" in text
     for name, option in OPTIONS.items():
         assert option.doc and option.doc in " ".join(text.split()), name
+    for group in (pl.Stream, pl.Ranks, pl.Storage, pl.Rotation, pl.Bucket, pl.OnError):
+        for name, option in declared(group).items():
+            assert f"{group.__name__}.{name}" in text and option.doc in " ".join(text.split()), name
 
 
 def test_an_unknown_keyword_raises_a_type_error_naming_it_and_the_nearest_option(tmp_path):
@@ -88,11 +92,14 @@ def test_an_unknown_keyword_raises_a_type_error_naming_it_and_the_nearest_option
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_options_read_back_as_given_or_resolved_and_cannot_be_reassigned(tmp_path, num_workers):
     write_chunks(tmp_path, [4, 4])
-    made = loader(tmp_path, num_workers=num_workers, shuffle=1, prefetch_files=3, bucket_by="id")
+    made = loader(tmp_path, num_workers=num_workers, shuffle=1, prefetch_files=3, bucket=pl.Bucket("id"),
+                  stream=False, on_error="skip")
     assert made.shuffle is True and made.num_workers == num_workers and made.prefetch_files == 3
     assert made.num_threads == 3 + 2  # one per file read ahead and per group being encoded
-    assert made.bucket_buffer == 32 * 2  # 32 batches
-    assert loader(tmp_path).bucket_buffer is None and loader(tmp_path, num_threads=1).num_threads == 1
+    assert made.bucket == pl.Bucket("id", buffer=32 * 2)  # 32 batches
+    assert made.on_error == pl.OnError("skip") and made.stream is False and made.ranks == pl.Ranks()
+    assert loader(tmp_path).bucket is None and loader(tmp_path, num_threads=1).num_threads == 1
+    assert loader(tmp_path, stream=True).stream == pl.Stream()
     with pytest.raises(AttributeError, match="num_workers"):
         made.num_workers = 1  # type: ignore[misc]
     assert sorted(ids_of(made)) == list(range(8))
@@ -101,7 +108,7 @@ def test_options_read_back_as_given_or_resolved_and_cannot_be_reassigned(tmp_pat
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_state_records_the_settings_older_states_recorded(tmp_path, num_workers):
     write_chunks(tmp_path, [4, 4])
-    made = loader(tmp_path, num_workers=num_workers, rank=1, world_size=2, shuffle=True)
+    made = loader(tmp_path, num_workers=num_workers, ranks=pl.Ranks(rank=1, world_size=2), shuffle=True)
     settings = made.state_dict()["settings"]
     assert sorted(settings) == sorted([
         "files", "num_files", "batch_size", "shuffle", "random_seed", "reader_shuffle", "reader_seed",

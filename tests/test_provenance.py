@@ -2,6 +2,7 @@
 user's columns, never among them: columns of any name come back as the reader gave them."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -41,13 +42,13 @@ def check_columns_came_back(batches: List[Dict[str, Any]]) -> None:
 SETTINGS = [
     {},
     {"shuffle": True, "shuffle_buffer": 16},
-    {"bucket_by": "id", "bucket_buffer": 16},
-    {"rotation": 2},
-    {"rotation": 2, "rotation_dir": "ROTATION_DIR"},
-    {"shuffle_buffer": 8, "rank": 1, "world_size": 2, "even_batches": "pad"},
-    {"rotation": 2, "rank": 1, "world_size": 2, "even_batches": "pad"},
+    {"bucket": pl.Bucket("id", buffer=16)},
+    {"rotation": pl.Rotation(2)},
+    {"rotation": pl.Rotation(2, folder="ROTATION_DIR")},
+    {"shuffle_buffer": 8, "ranks": pl.Ranks(rank=1, world_size=2, even_batches="pad")},
+    {"rotation": pl.Rotation(2), "ranks": pl.Ranks(rank=1, world_size=2, even_batches="pad")},
     {"stream": True},
-    {"stream": True, "seq_len": 3},
+    {"stream": pl.Stream(seq_len=3)},
 ]
 
 
@@ -57,13 +58,14 @@ SETTINGS = [
 def test_user_columns_named_like_private_ones_come_back_unchanged(tmp_path: Path, settings: Dict[str, Any],
                                                                   num_workers: int) -> None:
     write_chunks(tmp_path / "data", [7, 0, 12, 5, 9])
-    if settings.get("rotation_dir"):
-        settings = {**settings, "rotation_dir": str(tmp_path / "rotation")}
+    rotation = settings.get("rotation")
+    if rotation is not None and rotation.folder:
+        settings = {**settings, "rotation": dataclasses.replace(rotation, folder=str(tmp_path / "rotation"))}
     loader = pl.DataLoader(OddNamesReader(4), pl.IdentityDataset(), ListCollator(), str(tmp_path / "data"),
                            num_workers=num_workers, **settings)
     batches = run(loader)
     check_columns_came_back(batches)
-    if "rank" in settings:
+    if "ranks" in settings:
         assert all("__padding__" in batch for batch in batches)
 
 

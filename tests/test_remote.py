@@ -94,7 +94,8 @@ def test_a_remote_file_larger_than_the_readahead_budget_is_streamed(num_workers)
     with fs.open(f"/big-remote{num_workers}/rows.npy", "wb") as f:
         np.save(f, np.arange(5000, dtype=np.int64))
     loader = pl.DataLoader(NumpyReader(256, key="id", piece_size=500), pl.IdentityDataset(), NumpyCollator(),
-                           f"memory://big-remote{num_workers}", readahead_bytes=1000, num_workers=num_workers,
+                           f"memory://big-remote{num_workers}", storage=pl.Storage(readahead_bytes=1000),
+                           num_workers=num_workers,
                            start_method="fork" if num_workers else None)  # a worker reads it: it must see memory://
     assert ids(loader) == list(range(5000))
 

@@ -45,7 +45,8 @@ def test_a_remote_file_larger_than_readahead_bytes_is_cached_whatever_the_worker
 
     def run(num_epoch: int) -> list:
         loader = pl.DataLoader(JsonLinesReader(16), pl.IdentityDataset(), NumpyCollator(), f"s3://store/{prefix}",
-                               num_epoch=num_epoch, cache_dir=str(cache), readahead_bytes=4096, **workers(num_workers))
+                               num_epoch=num_epoch, storage=pl.Storage(cache_dir=str(cache), readahead_bytes=4096),
+                               **workers(num_workers))
         return sorted(int(i) for batch in loader for i in batch["id"])
 
     before = fetched(s3)
@@ -77,7 +78,7 @@ def test_a_large_remote_parquet_file_is_read_by_the_ranges_of_its_selected_colum
     key = f"ranges{num_workers}/part-0.parquet"
     s3.put_object(Bucket="store", Key=key, Body=body)
     loader = pl.DataLoader(ParquetReader(256, columns=["id"]), pl.IdentityDataset(), NumpyCollator(),
-                           f"s3://store/{key}", readahead_bytes=2**18, **workers(num_workers))
+                           f"s3://store/{key}", storage=pl.Storage(readahead_bytes=2**18), **workers(num_workers))
     before = fetched(s3)
     assert sorted(int(i) for batch in loader for i in batch["id"]) == list(range(4000))
     gets, received = since(s3, before)
@@ -94,7 +95,8 @@ def test_a_large_remote_parquet_file_is_fetched_once_into_the_cache_and_then_rea
 
     def run() -> list:
         loader = pl.DataLoader(ParquetReader(256, columns=["id"]), pl.IdentityDataset(), NumpyCollator(),
-                               f"s3://store/{key}", readahead_bytes=2**18, cache_dir=str(tmp_path / "cache"),
+                               f"s3://store/{key}",
+                               storage=pl.Storage(readahead_bytes=2**18, cache_dir=str(tmp_path / "cache")),
                                num_epoch=2, **workers(num_workers))
         return sorted(int(i) for batch in loader for i in batch["id"])
 
@@ -117,7 +119,7 @@ def test_a_corrupt_cache_entry_of_a_large_file_is_fetched_again_where_it_is_read
 
     def run() -> list:
         loader = pl.DataLoader(ParquetReader(256, columns=["id"]), pl.IdentityDataset(), NumpyCollator(),
-                               f"s3://store/{key}", readahead_bytes=2**18, cache_dir=str(cache),
+                               f"s3://store/{key}", storage=pl.Storage(readahead_bytes=2**18, cache_dir=str(cache)),
                                **workers(num_workers))
         return sorted(int(i) for batch in loader for i in batch["id"])
 

@@ -21,14 +21,14 @@ COLLATED = "collated"
 BUFFERS: Dict[str, Dict[str, Any]] = {
     "none": {},
     "shuffle_buffer": {"shuffle_buffer": SHUFFLE_BUFFER},
-    "bucket_by": {"bucket_by": "id", "bucket_buffer": BUCKET_BUFFER},
-    "both": {"shuffle_buffer": SHUFFLE_BUFFER, "bucket_by": "id", "bucket_buffer": BUCKET_BUFFER},
+    "bucket_by": {"bucket": pl.Bucket("id", buffer=BUCKET_BUFFER)},
+    "both": {"shuffle_buffer": SHUFFLE_BUFFER, "bucket": pl.Bucket("id", buffer=BUCKET_BUFFER)},
 }
 RUNS: Dict[str, Dict[str, Any]] = {
     "plain": {},
     "workers": {"num_workers": 2},
-    "ranks": {"rank": 1, "world_size": 2},
-    "ranks_workers": {"rank": 0, "world_size": 2, "num_workers": 2},
+    "ranks": {"ranks": pl.Ranks(rank=1, world_size=2)},
+    "ranks_workers": {"ranks": pl.Ranks(rank=0, world_size=2), "num_workers": 2},
     "shuffled": {"shuffle": True},
     "drop_last": {"drop_last": True},
 }
@@ -76,19 +76,23 @@ def _file_of(sample: int) -> str:
 def _behind(buffers: Dict[str, Any]) -> int:
     """The most samples before the position that a resumed iteration reads (the README's bound):
     those a shuffle buffer's samples can have come from, and the chain of bucket windows that holds it."""
-    return 3 * buffers.get("shuffle_buffer", 0) + 4 * buffers.get("bucket_buffer", 0)
+    return 3 * buffers.get("shuffle_buffer", 0) + 4 * _bucket_buffer(buffers)
 
 
 def _reach(buffers: Dict[str, Any]) -> int:
     """The most samples that a resumed iteration reads before its first batch (the README's bound):
     those, and what the buffers take in before they let out the first batch."""
-    return 4 * buffers.get("shuffle_buffer", 0) + 5 * buffers.get("bucket_buffer", 0) + BATCH
+    return 4 * buffers.get("shuffle_buffer", 0) + 5 * _bucket_buffer(buffers) + BATCH
 
 
 def _next_group(buffers: Dict[str, Any]) -> int:
     """The most samples the pipeline takes in for its second group (2 batches) while the first is made:
     the next bucket window, if the first batch was a window's last."""
-    return buffers.get("bucket_buffer", 0) + 2 * BATCH
+    return _bucket_buffer(buffers) + 2 * BATCH
+
+
+def _bucket_buffer(buffers: Dict[str, Any]) -> int:
+    return buffers["bucket"].buffer if "bucket" in buffers else 0
 
 
 def _spanned(samples: int) -> int:
@@ -154,8 +158,9 @@ def test_a_resume_reads_the_files_under_its_position_and_its_buffers_state_where
 
 @pytest.mark.parametrize("kwargs", [
     {"shuffle_buffer": 3},  # less than a batch: windows of 3, a batch cut from several
-    {"shuffle_buffer": 10, "shuffle": True, "rank": 1, "world_size": 2, "num_epoch": 2},
-    {"shuffle_buffer": 9, "bucket_by": "id", "bucket_buffer": 12, "rank": 0, "world_size": 3, "drop_last": True},
+    {"shuffle_buffer": 10, "shuffle": True, "ranks": pl.Ranks(rank=1, world_size=2), "num_epoch": 2},
+    {"shuffle_buffer": 9, "bucket": pl.Bucket("id", buffer=12), "ranks": pl.Ranks(rank=0, world_size=3),
+     "drop_last": True},
 ], ids=["small_buffer", "ranks", "both_ranks_drop_last"])
 def test_a_run_with_buffers_resumes_exactly_at_every_position_without_replaying_its_epoch(tmp_path, kwargs):
     write_chunks(tmp_path / "data", [7, 0, 12, 5, 9, 3, 11])

@@ -82,9 +82,9 @@ def test_a_state_at_the_very_end_of_an_epoch_still_resumes_with_the_next_one(dat
 
 
 def test_a_state_past_the_end_of_an_epoch_under_ranks_is_refused_by_the_ranks_steps(data):
-    steps = len(loader_of(data, rank=1, world_size=2))  # 16 samples (padded) of 31: 4 batches
-    state = {**saved_after(data, 2, rank=1, world_size=2), "batches_in_epoch": steps + 1}
-    message = assert_refused_and_unchanged(data, state, "past the end of epoch 0", rank=1, world_size=2)
+    steps = len(loader_of(data, ranks=pl.Ranks(rank=1, world_size=2)))  # 16 samples (padded) of 31: 4 batches
+    state = {**saved_after(data, 2, ranks=pl.Ranks(rank=1, world_size=2)), "batches_in_epoch": steps + 1}
+    message = assert_refused_and_unchanged(data, state, "past the end of epoch 0", ranks=pl.Ranks(rank=1, world_size=2))
     assert f"{steps} batches on this rank" in message
 
 
@@ -180,7 +180,7 @@ def test_a_state_whose_rank_is_not_one_of_its_world_size_is_refused(data, rank):
 
 def test_an_elastic_resume_from_a_state_within_the_data_still_delivers_every_sample(data):
     """What the checks let through: two ranks took 2 batches each, one rank takes the rest."""
-    state = saved_after(data, 2, rank=0, world_size=2)
+    state = saved_after(data, 2, ranks=pl.Ranks(rank=0, world_size=2))
     loader = loader_of(data)
     loader.load_state_dict(state)
     delivered = [i for _, ids in run(loader) for i in ids]
@@ -189,7 +189,7 @@ def test_an_elastic_resume_from_a_state_within_the_data_still_delivers_every_sam
 
 
 def take_first(data: str, k: int, rank: int) -> List[Tuple[int, List[int]]]:
-    loader = loader_of(data, rank=rank, world_size=2)
+    loader = loader_of(data, ranks=pl.Ranks(rank=rank, world_size=2))
     try:
         return take(loader, iter(loader), k)
     finally:

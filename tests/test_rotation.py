@@ -6,7 +6,7 @@ import json
 import os
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import pytest
@@ -141,7 +141,7 @@ def test_every_sample_is_served_rotation_times_an_epoch_has_r_times_the_samples_
         tmp_path, rotation, drop_last):
     settings = dict(drop_last=drop_last, num_epoch=2, shuffle=True, reader_shuffle=True)
     plain = run(make(tmp_path, **settings))  # without rotation
-    loader = make(tmp_path, rotation=rotation, rotation_size=8 * rotation, **settings)
+    loader = make(tmp_path, rotation=pl.Rotation(rotation, size=8 * rotation), **settings)
     length = len(loader)
     batches = run(loader)
     kept = (120 if drop_last else N)
@@ -157,8 +157,8 @@ def test_every_sample_is_served_rotation_times_an_epoch_has_r_times_the_samples_
 @pytest.mark.parametrize("rotation", [2, 3, 4])
 def test_the_servings_of_a_sample_are_more_than_half_a_window_apart_and_no_batch_comes_twice(tmp_path, rotation):
     window = 40  # 10 batches; 240 samples: 6 full windows
-    loader = make(tmp_path, sizes=[80, 60, 100], rotation=rotation, rotation_size=window * rotation, shuffle=True,
-                  reader_shuffle=True)
+    loader = make(tmp_path, sizes=[80, 60, 100], rotation=pl.Rotation(rotation, size=window * rotation),
+                  shuffle=True, reader_shuffle=True)
     batches = run(loader)
     places: Dict[int, List[int]] = defaultdict(list)
     for place, i in enumerate(ids_of(batches)):
@@ -182,15 +182,15 @@ def test_each_round_is_a_permutation_moving_every_sample_fewer_than_half_a_windo
 
 
 def test_rotation_is_the_same_on_every_run_another_order_next_epoch_with_shuffle_and_seeded(tmp_path):
-    first = run(make(tmp_path, rotation=3, shuffle=True, num_epoch=2))
-    assert first == run(make(tmp_path, rotation=3, shuffle=True, num_epoch=2))
+    first = run(make(tmp_path, rotation=pl.Rotation(3), shuffle=True, num_epoch=2))
+    assert first == run(make(tmp_path, rotation=pl.Rotation(3), shuffle=True, num_epoch=2))
     half = len(first) // 2
     assert first[:half] != first[half:] and Counter(ids_of(first[:half])) == Counter(ids_of(first[half:]))
-    assert first != run(make(tmp_path, rotation=3, shuffle=True, num_epoch=2, random_seed=7))
+    assert first != run(make(tmp_path, rotation=pl.Rotation(3), shuffle=True, num_epoch=2, random_seed=7))
 
 
 def test_without_shuffle_every_epoch_is_served_in_the_same_order(tmp_path):
-    batches = run(make(tmp_path, rotation=3, num_epoch=2))
+    batches = run(make(tmp_path, rotation=pl.Rotation(3), num_epoch=2))
     half = len(batches) // 2
     assert batches[:half] == batches[half:]
     assert ids_of(batches)[:8] == list(range(8))  # the first window's first round: the arrival order
@@ -198,9 +198,10 @@ def test_without_shuffle_every_epoch_is_served_in_the_same_order(tmp_path):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_batch_encode_runs_once_per_sample_and_epoch_and_workers_give_the_same_batches(tmp_path, num_workers):
-    reference = run(make(tmp_path, rotation=3, shuffle=True, reader_shuffle=True, num_epoch=2))
+    reference = run(make(tmp_path, rotation=pl.Rotation(3), shuffle=True, reader_shuffle=True, num_epoch=2))
     log = tmp_path / "encoded.log"
-    loader = make(tmp_path, rotation=3, shuffle=True, reader_shuffle=True, num_epoch=2, num_workers=num_workers,
+    loader = make(tmp_path, rotation=pl.Rotation(3), shuffle=True, reader_shuffle=True, num_epoch=2,
+                  num_workers=num_workers,
                   dataset=CountingDataset(log))
     assert run(loader) == reference
     encoded = Counter(int(i) for line in log.read_text().splitlines() for i in line.split())
@@ -213,9 +214,9 @@ def test_batch_encode_runs_once_per_sample_and_epoch_and_workers_give_the_same_b
 def test_on_disk_samples_are_npy_files_holding_at_most_rotation_size_samples_removed_at_the_end(
         tmp_path, num_workers):
     folder = tmp_path / "rotation"
-    expected = run(make(tmp_path, rotation=3, rotation_size=24, shuffle=True, dataset=ArrayDataset()))
-    loader = make(tmp_path, rotation=3, rotation_size=24, shuffle=True, dataset=ArrayDataset(),
-                  rotation_dir=str(folder), num_workers=num_workers, max_queue_size=2)
+    expected = run(make(tmp_path, rotation=pl.Rotation(3, size=24), shuffle=True, dataset=ArrayDataset()))
+    loader = make(tmp_path, rotation=pl.Rotation(3, size=24, folder=str(folder)), shuffle=True,
+                  dataset=ArrayDataset(), num_workers=num_workers, max_queue_size=2)
     most, batches = 0, []
     with loader:
         for batch in loader:
@@ -230,7 +231,7 @@ def test_on_disk_samples_are_npy_files_holding_at_most_rotation_size_samples_rem
 @pytest.mark.parametrize("how", ["break", "close", "error"])
 def test_on_disk_samples_are_removed_when_an_iteration_ends_early(tmp_path, how):
     folder = tmp_path / "rotation"
-    loader = make(tmp_path, rotation=3, rotation_size=24, rotation_dir=folder, dataset=ArrayDataset(),
+    loader = make(tmp_path, rotation=pl.Rotation(3, size=24, folder=folder), dataset=ArrayDataset(),
                   collator=FailingCollator(at=20 if how == "error" else 0), max_queue_size=2)
     held = 0
     if how == "error":
@@ -251,11 +252,12 @@ def test_on_disk_samples_are_removed_when_an_iteration_ends_early(tmp_path, how)
 
 
 def test_on_disk_every_kind_of_field_comes_back_as_it_does_from_memory(tmp_path):
-    def batches(**kwargs: Any) -> List[Dict[str, Any]]:
-        with make(tmp_path, rotation=2, rotation_size=10, shuffle=True, dataset=KindsDataset(), **kwargs) as loader:
+    def batches(folder: Optional[Path] = None) -> List[Dict[str, Any]]:
+        with make(tmp_path, rotation=pl.Rotation(2, size=10, folder=folder), shuffle=True,
+                  dataset=KindsDataset()) as loader:
             return list(loader)
 
-    memory, disk = batches(), batches(rotation_dir=tmp_path / "rotation")
+    memory, disk = batches(), batches(tmp_path / "rotation")
     assert len(memory) == len(disk) == -(-2 * N // B)
     for m, d in zip(memory, disk):
         assert m.keys() == d.keys() and all(same(m[key], d[key]) for key in m), (m, d)
@@ -300,21 +302,21 @@ def test_rows_taken_from_memory_mapped_arrays_are_the_stored_batch_at_those_rows
 def test_a_field_rotation_dir_cannot_store_is_an_error_naming_it_and_memory_holds_it(tmp_path):
     folder = tmp_path / "rotation"
     with pytest.raises(TypeError, match="rotation_dir cannot store column 'info' .* items of type dict") as caught:
-        run(make(tmp_path, rotation=2, rotation_dir=folder, dataset=DictDataset()))
+        run(make(tmp_path, rotation=pl.Rotation(2, folder=folder), dataset=DictDataset()))
     assert isinstance(caught.value, pl.PipelineError) and caught.value.stage == "rotation"
     assert "part-0000.txt" in str(caught.value)
     assert not folder.exists() or list(folder.iterdir()) == []
-    assert len(run(make(tmp_path, rotation=2, dataset=DictDataset()))) == -(-2 * N // B)
+    assert len(run(make(tmp_path, rotation=pl.Rotation(2), dataset=DictDataset()))) == -(-2 * N // B)
 
 
 def test_on_disk_a_field_is_stored_one_way_in_every_batch_and_a_folder_that_cannot_be_written_is_an_error(
         tmp_path):
     with pytest.raises(TypeError, match=r"column 'score' .* items of several types \(float, int\)") as caught:
-        run(make(tmp_path, rotation=2, rotation_dir=tmp_path / "rotation", dataset=MixedNumbersDataset()))
+        run(make(tmp_path, rotation=pl.Rotation(2, folder=tmp_path / "rotation"), dataset=MixedNumbersDataset()))
     assert caught.value.stage == "rotation" and "part-0000.txt" in str(caught.value)
     (tmp_path / "a-file").write_text("")
     with pytest.raises(OSError) as caught:
-        run(make(tmp_path, rotation=2, rotation_dir=tmp_path / "a-file"))
+        run(make(tmp_path, rotation=pl.Rotation(2, folder=tmp_path / "a-file")))
     assert isinstance(caught.value, pl.PipelineError) and caught.value.stage == "rotation"
     assert "part-0000.txt" in str(caught.value)
 
@@ -322,15 +324,15 @@ def test_on_disk_a_field_is_stored_one_way_in_every_batch_and_a_folder_that_cann
 @pytest.mark.parametrize("dataset, ranks, match", [
     (UnevenDataset(), {}, "key 'extra' has 3 items but n_sample is 4"),
     (PaddedPerBatchDataset(), {}, "field 'x' holds arrays of"),
-    (ShrinkingDataset(), {"rank": 0, "world_size": 2}, "batch_encode gave 3 samples for 4 rows"),
+    (ShrinkingDataset(), {"ranks": pl.Ranks(rank=0, world_size=2)}, "batch_encode gave 3 samples for 4 rows"),
 ])
 def test_samples_that_cannot_be_rotated_fail_their_batch_at_stage_rotation(tmp_path, dataset, ranks, match):
     with pytest.raises(ValueError, match=match) as caught:
-        run(make(tmp_path, rotation=2, dataset=dataset, **ranks))
+        run(make(tmp_path, rotation=pl.Rotation(2), dataset=dataset, **ranks))
     assert isinstance(caught.value, pl.PipelineError) and caught.value.stage == "rotation"
     assert "part-0000.txt" in str(caught.value)
     if not ranks:  # (under ranks every batch would be skipped: nothing to pad the steps with, an error)
-        skipping = make(tmp_path, rotation=2, dataset=dataset, on_error="skip")
+        skipping = make(tmp_path, rotation=pl.Rotation(2), dataset=dataset, on_error="skip")
         run(skipping)
         assert skipping.stats["skipped_batches"] > 0
 
@@ -339,8 +341,9 @@ def test_samples_that_cannot_be_rotated_fail_their_batch_at_stage_rotation(tmp_p
 @pytest.mark.parametrize("num_workers, on_disk", [(0, False), (2, False), (0, True)])
 def test_a_resumed_run_gives_exactly_the_batches_of_the_uninterrupted_one(tmp_path, num_workers, on_disk):
     def fresh() -> pl.DataLoader:
-        return make(tmp_path, rotation=3, rotation_size=24, shuffle=True, reader_shuffle=True, num_epoch=2,
-                    num_workers=num_workers, rotation_dir=tmp_path / "rotation" if on_disk else None)
+        return make(tmp_path, rotation=pl.Rotation(3, size=24, folder=tmp_path / "rotation" if on_disk else None),
+                    shuffle=True, reader_shuffle=True, num_epoch=2,
+                    num_workers=num_workers)
 
     reference = run(fresh())
     per_epoch = len(reference) // 2
@@ -360,7 +363,7 @@ def test_a_resumed_run_gives_exactly_the_batches_of_the_uninterrupted_one(tmp_pa
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_under_ranks_each_rank_rotates_its_share_with_equal_planned_steps(tmp_path, num_workers):
     def rank(r: int, **kwargs: Any) -> pl.DataLoader:
-        return make(tmp_path, rotation=3, rotation_size=12, shuffle=True, rank=r, world_size=2,
+        return make(tmp_path, rotation=pl.Rotation(3, size=12), shuffle=True, ranks=pl.Ranks(rank=r, world_size=2),
                     num_workers=num_workers, **kwargs)
 
     served: Counter = Counter()
@@ -397,7 +400,7 @@ class FailOnce(pl.Dataset):
 
 def test_under_ranks_a_batch_skipped_after_an_error_still_leaves_every_rank_its_planned_steps(tmp_path):
     for r in range(2):
-        loader = make(tmp_path, rotation=3, rotation_size=12, rank=r, world_size=2, on_error="skip",
+        loader = make(tmp_path, rotation=pl.Rotation(3, size=12), ranks=pl.Ranks(rank=r, world_size=2), on_error="skip",
                       dataset=FailOnce(), collator=FailingCollator(at=7))
         planned = len(loader)
         with loader:
@@ -408,33 +411,34 @@ def test_under_ranks_a_batch_skipped_after_an_error_still_leaves_every_rank_its_
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"rotation": 0}, "rotation must be an integer >= 1"),
-    ({"rotation": True}, "rotation must be an integer >= 1"),
-    ({"rotation": 3, "rotation_size": 2}, r"rotation_size \(the samples held\) must be >= rotation \(3\), got 2"),
-    ({"rotation": 3, "rotation_size": 2.5}, "rotation_size must be an integer >= 1"),
-    ({"rotation": 2, "cache_encoded": {"dir": "cache", "update_every": 2}}, "use one of them"),
-    ({"rotation_dir": "somewhere"}, "they need rotation >= 2"),
-    ({"rotation_size": 100}, "they need rotation >= 2"),
-    ({"rotation": 2, "stream": True}, "stream mode keeps each row in file order"),
-    ({"rotation": 2, "bucket_by": "id"}, "bucket_by"),
+    ({"rotation": lambda: pl.Rotation(0)}, "Rotation.times must be an integer >= 2"),
+    ({"rotation": lambda: pl.Rotation(True)}, "Rotation.times must be an integer >= 2"),
+    ({"rotation": lambda: pl.Rotation(3, size=2)}, r"Rotation.size \(the samples held\) must be >= times \(3\), got 2"),
+    ({"rotation": lambda: pl.Rotation(3, size=2.5)}, "Rotation.size must be an integer >= 1"),
+    ({"rotation": lambda: pl.Rotation(2), "cache_encoded": {"dir": "cache", "update_every": 2}}, "use one of them"),
+    ({"rotation": lambda: pl.Rotation(2), "stream": True}, "stream mode keeps each row in file order"),
+    ({"rotation": lambda: pl.Rotation(2), "bucket": pl.Bucket("id")}, "the batches of similar lengths bucket makes"),
 ])
 def test_settings_that_make_no_sense_are_refused(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        make(tmp_path, **kwargs)
-    with pytest.raises(TypeError, match="rotation_dir must be a folder's path, got 3"):
-        make(tmp_path, rotation=2, rotation_dir=3)
+        make(tmp_path, **{k: v() if callable(v) else v for k, v in kwargs.items()})
+    with pytest.raises(TypeError, match="Rotation.folder must be a folder's path, got 3"):
+        pl.Rotation(2, folder=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="rotation must be a pyloader.Rotation, got Ranks"):
+        pl.DataLoader(IdReader(B), pl.IdentityDataset(), ListCollator(), str(tmp_path), rotation=pl.Ranks())
 
 
 def test_a_state_saved_with_other_rotation_settings_or_mid_epoch_under_another_world_size_is_refused(tmp_path):
-    loader = make(tmp_path, rotation=3, rank=0, world_size=2)
+    loader = make(tmp_path, rotation=pl.Rotation(3), ranks=pl.Ranks(rank=0, world_size=2))
     it = iter(loader)
     next(it)
     state = loader.state_dict()
     loader.close()
     with pytest.raises(ValueError, match="rotation"):
-        make(tmp_path, rank=0, world_size=2).load_state_dict(state)
+        make(tmp_path, ranks=pl.Ranks(rank=0, world_size=2)).load_state_dict(state)
     with pytest.raises(ValueError, match="rotation_size"):
-        make(tmp_path, rotation=3, rotation_size=48, rank=0, world_size=2).load_state_dict(state)
+        make(tmp_path, rotation=pl.Rotation(3, size=48), ranks=pl.Ranks(rank=0, world_size=2)).load_state_dict(state)
     with pytest.raises(ValueError, match="not supported .* with rotation"):
-        make(tmp_path, rotation=3, rank=0, world_size=3).load_state_dict(state)
-    make(tmp_path, rotation=3, rank=1, world_size=2).load_state_dict(state)  # another rank's: fine
+        make(tmp_path, rotation=pl.Rotation(3), ranks=pl.Ranks(rank=0, world_size=3)).load_state_dict(state)
+    make(tmp_path, rotation=pl.Rotation(3),
+         ranks=pl.Ranks(rank=1, world_size=2)).load_state_dict(state)  # another rank's: fine

@@ -206,23 +206,25 @@ def test_a_glob_through_a_chain_keeps_the_chain_and_skips_hidden_names(s3, tmp_p
 def test_a_second_epoch_over_s3_fetches_nothing_that_fits_in_the_cache(s3, tmp_path, readahead_bytes):
     put_files(s3, f"epochs{readahead_bytes}", 4)
     url = f"s3://store/epochs{readahead_bytes}"
-    plain = loader_over(url, num_epoch=3, readahead_bytes=readahead_bytes)
+    plain = loader_over(url, num_epoch=3, storage=pl.Storage(readahead_bytes=readahead_bytes))
     assert ids(plain) == sorted(list(range(40)) * 3)
     without = s3.proxy.gets(url[len("s3:/"):])
-    cached = loader_over(url, num_epoch=3, cache_dir=str(tmp_path / "cache"), readahead_bytes=readahead_bytes)
+    cached = loader_over(url, num_epoch=3,
+                         storage=pl.Storage(cache_dir=str(tmp_path / "cache"), readahead_bytes=readahead_bytes))
     assert ids(cached) == sorted(list(range(40)) * 3)
     with_cache = s3.proxy.gets(url[len("s3:/"):]) - without
     first_file_gets = s3.proxy.gets("/part-0.jsonl")
     assert first_file_gets >= 2  # one per epoch without the cache, more in blocks
     assert without == 3 * (with_cache)  # 4 files (or their blocks) per epoch, against once in all
-    again = loader_over(url, num_epoch=2, cache_dir=str(tmp_path / "cache"), readahead_bytes=readahead_bytes)
+    again = loader_over(url, num_epoch=2,
+                        storage=pl.Storage(cache_dir=str(tmp_path / "cache"), readahead_bytes=readahead_bytes))
     assert ids(again) == sorted(list(range(40)) * 2)
     assert s3.proxy.gets(url[len("s3:/"):]) == without + with_cache  # a new loader, a new run: still nothing
 
 
 def test_the_cache_stores_raw_bytes_and_json_descriptions_only(s3, tmp_path):
     bodies = put_files(s3, "raw", 2)
-    list(loader_over("s3://store/raw", cache_dir=str(tmp_path / "cache")))
+    list(loader_over("s3://store/raw", storage=pl.Storage(cache_dir=str(tmp_path / "cache"))))
     files = sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith("counts-"))  # the index
     assert len(files) == 4 and all(name.endswith((".data", ".json")) for name in files)
     stored = {p.read_bytes() for p in (tmp_path / "cache").glob("*.data")}
@@ -243,19 +245,22 @@ def test_the_cache_lets_the_least_recently_used_entries_go_beyond_its_limit(s3, 
         return {json.loads(p.with_suffix(".json").read_text())["url"] for p in data}
 
     # one file fetched at a time: the order of use is the file order, whatever the read-ahead's timing
-    list(loader_over("s3://store/lru", cache_dir=str(cache), cache_limit=2 * size + 10, prefetch_files=1))
+    list(loader_over("s3://store/lru", storage=pl.Storage(cache_dir=str(cache), cache_limit=2 * size + 10),
+                     prefetch_files=1))
     first = kept()
     assert len(first) == 2 and "s3://store/lru/part-0.jsonl" not in first  # the first one used went first
     used, other = sorted(first)
     gets = s3.proxy.gets("/lru/")
-    assert ids(loader_over([used], cache_dir=str(cache), cache_limit=2 * size + 10)) == \
+    assert ids(loader_over([used], storage=pl.Storage(cache_dir=str(cache), cache_limit=2 * size + 10))) == \
         list(range(int(used[-7]) * 10, int(used[-7]) * 10 + 10))
     assert s3.proxy.gets("/lru/") == gets  # served from the cache, and now the most recently used
     s3.put_object(Bucket="store", Key="lru-new/part-9.jsonl", Body=jsonl(90, 10))
-    assert ids(loader_over("s3://store/lru-new", cache_dir=str(cache), cache_limit=2 * size + 10)) == \
+    assert ids(loader_over("s3://store/lru-new",
+                           storage=pl.Storage(cache_dir=str(cache), cache_limit=2 * size + 10))) == \
         list(range(90, 100))
     assert kept() == {used, "s3://store/lru-new/part-9.jsonl"}  # the least recently used one went
-    too_big = loader_over("s3://store/lru", cache_dir=str(tmp_path / "small"), cache_limit=size - 20)
+    too_big = loader_over("s3://store/lru",
+                          storage=pl.Storage(cache_dir=str(tmp_path / "small"), cache_limit=size - 20))
     assert ids(too_big) == list(range(40))
     assert not list((tmp_path / "small").glob("*.data"))  # larger than the limit: never cached
 
@@ -266,7 +271,7 @@ def test_a_corrupt_or_truncated_cache_entry_is_detected_and_fetched_again(s3, tm
     put_files(s3, prefix, 3, rows=20)
     cache = tmp_path / "cache"
     url = f"s3://store/{prefix}"
-    list(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes))
+    list(loader_over(url, storage=pl.Storage(cache_dir=str(cache), readahead_bytes=readahead_bytes)))
     entries = {json.loads(p.with_suffix(".json").read_text())["url"]: p for p in cache.glob("*.data")}
     flipped = bytearray(entries[f"{url}/part-0.jsonl"].read_bytes())
     flipped[len(flipped) // 2] ^= 0x01  # same size, one bit off: "id": 1x becomes another number
@@ -274,7 +279,8 @@ def test_a_corrupt_or_truncated_cache_entry_is_detected_and_fetched_again(s3, tm
     with open(entries[f"{url}/part-1.jsonl"], "r+b") as f:
         f.truncate(100)  # a partial entry
     gets = {i: s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(3)}
-    assert ids(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes)) == list(range(60))
+    storage = pl.Storage(cache_dir=str(cache), readahead_bytes=readahead_bytes)
+    assert ids(loader_over(url, storage=storage)) == list(range(60))
     after = {i: s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(3)}
     assert after[0] > gets[0] and after[1] > gets[1]  # both fetched again
     assert after[2] == gets[2]  # the sound one was not
@@ -321,15 +327,17 @@ def test_a_cache_entry_with_a_malformed_description_is_a_miss_fetched_again(s3, 
     prefix = f"malformed-{readahead_bytes}-{sorted(MALFORMED).index(damage)}"
     put_files(s3, prefix, 2, rows=20)
     cache, url = tmp_path / "cache", f"s3://store/{prefix}"
-    list(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes))
+    list(loader_over(url, storage=pl.Storage(cache_dir=str(cache), readahead_bytes=readahead_bytes)))
     descriptions = {json.loads(p.with_suffix(".json").read_text())["url"]: p.with_suffix(".json")
                     for p in cache.glob("*.data")}
     MALFORMED[damage](descriptions[f"{url}/part-0.jsonl"])
     gets = [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)]
-    assert ids(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes)) == list(range(40))
+    storage = pl.Storage(cache_dir=str(cache), readahead_bytes=readahead_bytes)
+    assert ids(loader_over(url, storage=storage)) == list(range(40))
     after = [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)]
     assert after[0] > gets[0] and after[1] == gets[1]  # the malformed entry fetched again, the sound one not
-    assert ids(loader_over(url, cache_dir=str(cache), readahead_bytes=readahead_bytes)) == list(range(40))
+    storage = pl.Storage(cache_dir=str(cache), readahead_bytes=readahead_bytes)
+    assert ids(loader_over(url, storage=storage)) == list(range(40))
     assert [s3.proxy.gets(f"/{prefix}/part-{i}.jsonl") for i in range(2)] == after  # and cached again
     assert all(p.is_file() for p in cache.iterdir()) and len(list(cache.glob("*.data"))) == 2
 
@@ -337,9 +345,9 @@ def test_a_cache_entry_with_a_malformed_description_is_a_miss_fetched_again(s3, 
 def test_an_object_changed_after_it_was_cached_is_fetched_again(s3, tmp_path):
     put_files(s3, "changed", 1)
     cache = str(tmp_path / "cache")
-    assert ids(loader_over("s3://store/changed", cache_dir=cache)) == list(range(10))
+    assert ids(loader_over("s3://store/changed", storage=pl.Storage(cache_dir=cache))) == list(range(10))
     s3.put_object(Bucket="store", Key="changed/part-0.jsonl", Body=jsonl(100, 12))
-    assert ids(loader_over("s3://store/changed", cache_dir=cache)) == list(range(100, 112))
+    assert ids(loader_over("s3://store/changed", storage=pl.Storage(cache_dir=cache))) == list(range(100, 112))
 
 
 def test_two_loaders_sharing_a_cache_dir_never_see_a_torn_entry(s3, tmp_path):
@@ -348,8 +356,10 @@ def test_two_loaders_sharing_a_cache_dir_never_see_a_torn_entry(s3, tmp_path):
     results: Dict[int, list] = {}
 
     def run(k: int) -> None:
-        results[k] = ids(loader_over("s3://store/shared", cache_dir=cache, num_epoch=3, shuffle=True,
-                                     random_seed=k, readahead_bytes=4096 if k else 2**20))
+        results[k] = ids(loader_over("s3://store/shared",
+                                     storage=pl.Storage(cache_dir=cache, readahead_bytes=4096 if k else 2**20),
+                                                                             num_epoch=3, shuffle=True,
+                                     random_seed=k))
 
     threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
     for t in threads:
@@ -364,7 +374,8 @@ def test_two_loaders_sharing_a_cache_dir_never_see_a_torn_entry(s3, tmp_path):
 def test_local_files_are_not_copied_into_the_cache(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.jsonl").write_bytes(jsonl(0, 5))
-    assert ids(loader_over(str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))) == list(range(5))
+    assert ids(loader_over(str(tmp_path / "data"),
+                           storage=pl.Storage(cache_dir=str(tmp_path / "cache")))) == list(range(5))
     assert list((tmp_path / "cache").iterdir()) == []
 
 
@@ -377,8 +388,9 @@ def test_dropped_and_reset_connections_are_retried_and_every_sample_arrives_once
     prefix = f"flaky{num_workers}-{readahead_bytes}"
     put_files(s3, prefix, 8, rows=25)
     s3.proxy.share = 0.3
-    loader = loader_over(f"s3://store/{prefix}", num_epoch=2, retries=12, num_workers=num_workers,
-                         readahead_bytes=readahead_bytes)
+    loader = loader_over(f"s3://store/{prefix}", num_epoch=2,
+                         storage=pl.Storage(retries=12, readahead_bytes=readahead_bytes),
+                                                                                 num_workers=num_workers)
     got = [int(i) for batch in loader for i in batch["id"]]
     assert sorted(got) == sorted(list(range(200)) * 2)  # every sample once per epoch, none twice
     assert s3.proxy.faults >= 5  # the proxy did fail requests, listing and reading both
@@ -388,7 +400,7 @@ def test_dropped_and_reset_connections_are_retried_and_every_sample_arrives_once
 
 def test_a_file_that_keeps_failing_names_the_file_and_the_last_cause(s3):
     put_files(s3, "down", 2)
-    loader = loader_over("s3://store/down", retries=2)
+    loader = loader_over("s3://store/down", storage=pl.Storage(retries=2))
     s3.proxy.share = 1.0
     started = time.monotonic()
     with pytest.raises(pl.PipelineError, match="s3://store/down/part-0.jsonl") as info:
@@ -428,7 +440,8 @@ def test_retries_bound_every_request_to_a_dead_object_whatever_s3fs_and_botocore
     s3, prefix = s3_as_configured, f"dead-{retries}-{num_workers}-{readahead_bytes}"
     put_files(s3, prefix, 1)
     loader = pl.DataLoader(KnownCount(4), pl.IdentityDataset(), NumpyCollator(), f"s3://store/{prefix}",
-                           retries=retries, num_workers=num_workers, readahead_bytes=readahead_bytes)
+                           storage=pl.Storage(retries=retries, readahead_bytes=readahead_bytes),
+                           num_workers=num_workers)
     s3.proxy.share = 1.0  # every request from now on is cut: the object is dead
     with pytest.raises(pl.PipelineError, match=f"s3://store/{prefix}/part-0.jsonl") as info:
         list(loader)
@@ -440,7 +453,7 @@ def test_retries_bound_every_request_to_a_dead_object_whatever_s3fs_and_botocore
 
 def test_a_missing_object_is_not_retried(s3):
     put_files(s3, "vanishing", 2)
-    loader = loader_over("s3://store/vanishing", retries=5)
+    loader = loader_over("s3://store/vanishing", storage=pl.Storage(retries=5))
     s3.delete_object(Bucket="store", Key="vanishing/part-1.jsonl")
     with pytest.raises(pl.PipelineError, match="s3://store/vanishing/part-1.jsonl") as info:
         list(loader)
@@ -451,7 +464,7 @@ def test_a_missing_object_is_not_retried(s3):
 def test_listing_is_retried_too(s3):
     put_files(s3, "listed", 3)
     s3.proxy.share = 0.5
-    loader = loader_over("s3://store/listed", retries=20)
+    loader = loader_over("s3://store/listed", storage=pl.Storage(retries=20))
     assert len(loader.files) == 3
 
 
@@ -483,9 +496,11 @@ def test_transient_errors_are_told_from_lasting_ones():
 
 def test_storage_arguments_are_checked(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(jsonl(0, 2))
-    for bad in ({"retries": -1}, {"retries": 1.5}, {"cache_limit": 0}, {"readahead_bytes": -1}):
-        with pytest.raises(ValueError, match=next(iter(bad))):
-            loader_over(str(tmp_path), **bad)
+    for bad in ({"retries": -1}, {"retries": 1.5}, {"cache_limit": 0, "cache_dir": "c"}, {"readahead_bytes": -1}):
+        with pytest.raises(ValueError, match=f"Storage.{next(iter(bad))} must be an integer"):
+            pl.Storage(**bad)
+    with pytest.raises(TypeError, match="storage must be a pyloader.Storage, got dict"):
+        loader_over(str(tmp_path), storage={"retries": 1})
 
 
 def test_a_large_remote_npy_streams_through_the_cache(s3, tmp_path):
@@ -497,7 +512,7 @@ def test_a_large_remote_npy_streams_through_the_cache(s3, tmp_path):
     cache = str(tmp_path / "cache")
     for _ in range(2):
         loader = pl.DataLoader(NumpyReader(512, key="id", piece_size=1000), pl.IdentityDataset(), NumpyCollator(),
-                               "s3://store/big", cache_dir=cache, readahead_bytes=16384)
+                               "s3://store/big", storage=pl.Storage(cache_dir=cache, readahead_bytes=16384))
         assert ids(loader) == list(range(20000))
     gets = s3.proxy.gets("/big/rows.npy")
     assert 0 < gets <= -(-len(buf.getvalue()) // 4096) + 1  # in blocks, and only the first time

@@ -98,7 +98,7 @@ def epoch_order(loader, epoch):
 def run_stream(folder, rows, seq_len, padding_mode="zeros", shuffle=False, num_epoch=1, piece=3, seed=0,
                arrays=False):
     loader = pl.DataLoader(PieceReader(rows, piece, arrays), pl.IdentityDataset(), NumpyCollator(), str(folder),
-                           stream=True, seq_len=seq_len, padding_mode=padding_mode, shuffle=shuffle,
+                           stream=pl.Stream(seq_len=seq_len, padding_mode=padding_mode), shuffle=shuffle,
                            num_epoch=num_epoch, random_seed=seed, max_queue_size=2)
     per_epoch = {}
     for batch in loader:
@@ -164,7 +164,7 @@ def test_data_padding_replays_delivered_files(tmp_path):
 def test_zeros_padding_uses_pad_value_and_invalid_flags(tmp_path):
     write_streams(tmp_path, [5, 2])
     loader = pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                           stream=True, seq_len=2, pad_value=-7)
+                           stream=pl.Stream(seq_len=2, pad_value=-7))
     batches = list(loader)
     assert [b["id"].tolist() for b in batches] == [[[0, 1], [1000, 1001]], [[2, 3], [-7, -7]], [[4, -7], [-7, -7]]]
     assert [b[VALID].tolist() for b in batches] == [[[1, 1], [1, 1]], [[1, 1], [0, 0]], [[1, 0], [0, 0]]]
@@ -183,7 +183,7 @@ def test_torch_metadata_and_shapes(tmp_path):
 
     write_streams(tmp_path, [7, 5, 6])
     loader = pl.DataLoader(PieceReader(2), pl.IdentityDataset(), TorchCollator(), str(tmp_path),
-                           stream=True, seq_len=4)
+                           stream=pl.Stream(seq_len=4))
     batch = next(iter(loader))
     loader.close()
     assert batch["id"].shape == (2, 4) and batch[VALID].shape == (2, 4)
@@ -194,7 +194,7 @@ def test_torch_metadata_and_shapes(tmp_path):
 def test_tf_dataset_carries_metadata(tmp_path):
     write_streams(tmp_path, [7, 5, 6])
     loader = pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                           stream=True, seq_len=4)
+                           stream=pl.Stream(seq_len=4))
     ds = loader.to_tf_dataset()
     assert ds.element_spec[VALID].shape.as_list() == [None, 4]
     total = sum(int((b[VALID].numpy() & ~b[REPLAY].numpy()[:, None]).sum()) for b in ds)
@@ -208,7 +208,7 @@ def test_user_methods_apply_to_stream_batches(tmp_path):
         def batch_encode(self, batch):
             return {"id": [[i + 1 for i in window] for window in batch["id"]]}
 
-    loader = pl.DataLoader(PieceReader(2), Shift(), NumpyCollator(), str(tmp_path), stream=True, seq_len=3)
+    loader = pl.DataLoader(PieceReader(2), Shift(), NumpyCollator(), str(tmp_path), stream=pl.Stream(seq_len=3))
     assert next(iter(loader))["id"].tolist() == [[1, 2, 3], [1001, 1002, 1003]]
     loader.close()
 
@@ -226,13 +226,15 @@ def test_metadata_names_cannot_collide(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"stream": True, "shuffle_buffer": 4}, "shuffle_buffer"), ({"seq_len": 3}, "stream"),
-    ({"stream": True, "seq_len": 0}, "seq_len"), ({"stream": True, "padding_mode": "repeat"}, "padding_mode"),
+    ({"stream": True, "shuffle_buffer": 4}, "shuffle_buffer must be 0"),
+    ({"stream": lambda: pl.Stream(seq_len=0)}, "Stream.seq_len must be an integer >= 1"),
+    ({"stream": lambda: pl.Stream(padding_mode="repeat")}, "Stream.padding_mode must be one of"),
 ])
 def test_stream_arguments_are_checked(tmp_path, kwargs, match):
     write_streams(tmp_path, [3])
     with pytest.raises(ValueError, match=match):
-        pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), **kwargs)
+        pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                      **{k: v() if callable(v) else v for k, v in kwargs.items()})
 
 
 def test_stream_read_error_names_the_file(tmp_path):
@@ -286,7 +288,7 @@ def test_stream_groups_are_sized_in_samples(tmp_path, monkeypatch, rows, seq_len
     write_streams(tmp_path, [length] * rows)
     made = spy_collate_stacked(monkeypatch)
     loader = pl.DataLoader(PieceReader(rows, piece=length, arrays=True), pl.IdentityDataset(),
-                           NumpyCollator(), str(tmp_path), stream=True, seq_len=seq_len)
+                           NumpyCollator(), str(tmp_path), stream=pl.Stream(seq_len=seq_len))
     batches = list(loader)
     check_stream_epoch(batches, [length] * rows, rows, seq_len, order=list(range(rows)))
     assert max(made) == limit
@@ -305,8 +307,8 @@ def test_groups_collated_at_once_match_batch_by_batch(tmp_path, monkeypatch, col
     make = {"numpy": NumpyCollator, "torch": TorchCollator, "tf": TFCollator}[collator]
 
     def run(dataset):
-        loader = pl.DataLoader(PieceReader(3, 40, arrays=True), dataset, make(), str(tmp_path), stream=True,
-                               seq_len=4, shuffle=True, num_epoch=2, num_workers=workers)
+        loader = pl.DataLoader(PieceReader(3, 40, arrays=True), dataset, make(), str(tmp_path),
+                               stream=pl.Stream(seq_len=4), shuffle=True, num_epoch=2, num_workers=workers)
         return list(loader)
 
     fast = run(pl.IdentityDataset())
@@ -330,7 +332,7 @@ def test_resume_mid_group_in_stream_mode(tmp_path, monkeypatch, arrays):
 
     def make():
         return pl.DataLoader(PieceReader(2, 50, arrays), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                             stream=True, seq_len=3, shuffle=True, num_epoch=2, padding_mode="data")
+                             stream=pl.Stream(seq_len=3, padding_mode="data"), shuffle=True, num_epoch=2)
 
     full = [(b["id"].tolist(), b[VALID].tolist(), b[POSITION].tolist()) for b in make()]
     for taken in (5, 12):  # groups of 1, 2, 4, 8...: both land inside a group
@@ -350,8 +352,8 @@ def test_resume_in_stream_mode(tmp_path):
     write_streams(tmp_path, [7, 3, 9, 4, 6])
 
     def make():
-        return pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
-                             seq_len=2, shuffle=True, num_epoch=2, padding_mode="data")
+        return pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                             stream=pl.Stream(seq_len=2, padding_mode="data"), shuffle=True, num_epoch=2)
 
     full = [b["id"].tolist() for b in make()]
     first = make()
@@ -408,7 +410,7 @@ def test_a_file_per_row_is_read_ahead(tmp_path):
             yield from super().iter_file(path)
 
     loader = pl.DataLoader(Counting(4, piece=4), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                           stream=True, seq_len=4, prefetch_files=1, num_threads=8,
+                           stream=pl.Stream(seq_len=4), prefetch_files=1, num_threads=8,
                            num_workers=0)  # the overlap is counted in this process
     ids = sorted(int(i) for b in loader for i, ok in zip(np.ravel(b["id"]), np.ravel(b[VALID])) if ok)
     assert ids == sorted(f * 1000 + p for f in range(8) for p in range(4))
@@ -449,7 +451,7 @@ def test_stopping_mid_stream_leaves_nothing(tmp_path, how, workers):
 
     def make():
         return pl.DataLoader(OpenFileReader(3), pl.IdentityDataset(), TorchCollator(), str(tmp_path / "data"),
-                             stream=True, seq_len=4, num_workers=workers, max_queue_size=2)
+                             stream=pl.Stream(seq_len=4), num_workers=workers, max_queue_size=2)
 
     again = stop_early(make, how, after=5)
     assert wait_no_threads(2.0) == [], "pyloader threads were left behind"
@@ -492,7 +494,7 @@ def test_stream_rows_from_files_of_different_dtypes_take_their_common_dtype(tmp_
 
     write_npy(tmp_path, [first, second])
     loader = pl.DataLoader(NumpyReader(2, piece_size=piece), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                           stream=True, seq_len=seq_len)
+                           stream=pl.Stream(seq_len=seq_len))
     batches = list(loader)
     assert all(b["x"].dtype == np.result_type(first, second) for b in batches)
     assert rows_of(batches, 2) == [first.tolist(), second.tolist()]
@@ -511,8 +513,8 @@ def test_stream_rows_of_arrays_beside_rows_of_lists_keep_their_values(tmp_path):
                 ids = [int(line) for line in f]
             yield {"x": np.array(ids)} if path.endswith("s000.txt") else {"x": [i + 0.5 for i in ids]}
 
-    batches = list(pl.DataLoader(Mixed(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
-                                 seq_len=2))
+    batches = list(pl.DataLoader(Mixed(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                                 stream=pl.Stream(seq_len=2)))
     assert rows_of(batches, 2) == [[0, 1, 2, 3], [1000.5, 1001.5, 1002.5, 1003.5]]
 
 
@@ -522,7 +524,7 @@ def test_stream_rows_with_samples_of_different_shapes_name_both_files(tmp_path, 
 
     write_npy(tmp_path, [np.zeros((4, 3)), np.zeros((4, 4))])
     loader = pl.DataLoader(NumpyReader(2, piece_size=piece), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                           stream=True, seq_len=2)
+                           stream=pl.Stream(seq_len=2))
     with pytest.raises(ValueError, match=r"shape \(3,\) in file .*s000\.npy.* \(4,\) in file .*s001\.npy"):
         list(loader)
 
@@ -557,7 +559,7 @@ def test_stopping_a_stream_rank_mid_file_leaves_nothing(tmp_path, how):
 
     def make():
         return pl.DataLoader(OpenFileReader(2), pl.IdentityDataset(), TorchCollator(), str(tmp_path / "data"),
-                             stream=True, seq_len=4, max_queue_size=2, rank=0, world_size=2)
+                             stream=pl.Stream(seq_len=4), max_queue_size=2, ranks=pl.Ranks(rank=0, world_size=2))
 
     again = stop_early(make, how, after=5)
     assert wait_no_threads(2.0) == [], "pyloader threads were left behind"

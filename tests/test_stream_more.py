@@ -89,11 +89,11 @@ def test_edge_padding_repeats_each_rows_last_real_sample_flagged_not_valid(tmp_p
     lengths = [7, 2, 30, 5, 11]
     write_streams(tmp_path, lengths)
     loader = pl.DataLoader(PieceReader(3, 4, arrays), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                           stream=True, seq_len=seq_len, padding_mode="edge", pad_value=-1, shuffle=True,
+                           stream=pl.Stream(seq_len=seq_len, padding_mode="edge", pad_value=-1), shuffle=True,
                            num_epoch=2, num_workers=workers)
     epochs = run_epochs(loader)
     zeros = run_epochs(pl.DataLoader(PieceReader(3, 4, arrays), pl.IdentityDataset(), NumpyCollator(),
-                                     str(tmp_path), stream=True, seq_len=seq_len, pad_value=-1, shuffle=True,
+                                     str(tmp_path), stream=pl.Stream(seq_len=seq_len, pad_value=-1), shuffle=True,
                                      num_epoch=2))
     for epoch, batches in epochs.items():
         seen = check_epoch(batches, file_streams(lengths), [0] * 5, 3, seq_len, epoch_order(loader, epoch), edge=True,
@@ -108,8 +108,8 @@ def test_edge_padding_repeats_each_rows_last_real_sample_flagged_not_valid(tmp_p
 
 def test_edge_padding_of_a_row_that_never_had_a_sample_is_the_pad_value(tmp_path):
     write_streams(tmp_path, [4])
-    batches = list(pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), stream=True,
-                                 seq_len=3, padding_mode="edge", pad_value=-5))
+    batches = list(pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
+                                 stream=pl.Stream(seq_len=3, padding_mode="edge", pad_value=-5)))
     assert [b["id"].tolist() for b in batches] == [[[0, 1, 2], [-5, -5, -5]], [[3, 3, 3], [-5, -5, -5]]]
     assert [b[VALID].tolist() for b in batches] == [[[1, 1, 1], [0, 0, 0]], [[1, 0, 0], [0, 0, 0]]]
     assert [b["pair"][0, 1:].tolist() for b in batches][1] == [[3, -3], [3, -3]]
@@ -122,7 +122,8 @@ def test_edge_padding_keeps_ranks_equal_and_resumes_exactly(tmp_path, seq_len):
 
     def make(rank):
         return pl.DataLoader(PieceReader(2, 5, arrays=True), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                             stream=True, seq_len=seq_len, padding_mode="edge", rank=rank, world_size=2,
+                             stream=pl.Stream(seq_len=seq_len, padding_mode="edge"),
+                             ranks=pl.Ranks(rank=rank, world_size=2),
                              shuffle=True, num_epoch=2)
 
     runs = [run_epochs(make(rank)) for rank in range(2)]
@@ -146,7 +147,8 @@ def test_time_major_batches_are_the_batch_major_ones_transposed(tmp_path, worker
 
     def make(time_major):
         return pl.DataLoader(PieceReader(3, 4, arrays), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                             stream=True, seq_len=4, time_major=time_major, padding_mode=padding_mode, shuffle=True,
+                             stream=pl.Stream(seq_len=4, time_major=time_major, padding_mode=padding_mode),
+                             shuffle=True,
                              num_epoch=2, num_workers=workers)
 
     loader = make(True)
@@ -170,7 +172,7 @@ def test_time_major_torch_tensors_under_ranks(tmp_path):
 
     write_streams(tmp_path, [7, 5, 6, 9])
     runs = [list(pl.DataLoader(PieceReader(2, arrays=True), pl.IdentityDataset(), TorchCollator(), str(tmp_path),
-                               stream=True, seq_len=3, time_major=True, rank=rank, world_size=2))
+                               stream=pl.Stream(seq_len=3, time_major=True), ranks=pl.Ranks(rank=rank, world_size=2)))
             for rank in range(2)]
     assert len(runs[0]) == len(runs[1])
     for batch in runs[0] + runs[1]:
@@ -178,14 +180,12 @@ def test_time_major_torch_tensors_under_ranks(tmp_path):
         assert batch[VALID].shape == (3, 2) and batch[FIRST].shape == (2,)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"stream": True, "time_major": True}, "time_major=True .* needs stream=True and seq_len"),
-    ({"time_major": True}, "needs stream=True"),
-])
-def test_time_major_needs_stream_windows(tmp_path, kwargs, match):
+def test_time_major_needs_stream_windows(tmp_path):
     write_streams(tmp_path, [3])
-    with pytest.raises(ValueError, match=match):
-        pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), **kwargs)
+    with pytest.raises(ValueError, match=r"Stream.time_major=True .* needs seq_len"):
+        pl.Stream(time_major=True)
+    with pytest.raises(ValueError, match="time_major=True has no effect without stream"):
+        pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), time_major=True)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -201,8 +201,9 @@ def test_array_pieces_cut_at_once_match_step_by_step_in_every_layout(lengths, ro
         runs = []
         for arrays in (True, False):
             loader = pl.DataLoader(PieceReader(rows, piece, arrays), pl.IdentityDataset(), NumpyCollator(), tmp,
-                                   stream=True, seq_len=seq_len, time_major=time_major, padding_mode=padding_mode,
-                                   shuffle=True, pad_value=-1)
+                                   stream=pl.Stream(seq_len=seq_len, time_major=time_major, padding_mode=padding_mode,
+                                                    pad_value=-1),
+                                   shuffle=True)
             runs.append(run_epochs(loader))
         fast, slow = runs
         assert sorted(fast) == sorted(slow)
@@ -230,8 +231,8 @@ def sliced(folder: Path) -> tuple:
 @pytest.mark.parametrize("arrays", [False, True])
 def test_slices_of_one_long_file_feed_several_rows(tmp_path, workers, arrays):
     entries, streams, starts = sliced(tmp_path)
-    loader = pl.DataLoader(PieceReader(3, 4, arrays), pl.IdentityDataset(), NumpyCollator(), entries, stream=True,
-                           seq_len=3, num_workers=workers, num_epoch=2)
+    loader = pl.DataLoader(PieceReader(3, 4, arrays), pl.IdentityDataset(), NumpyCollator(), entries,
+                           stream=pl.Stream(seq_len=3), num_workers=workers, num_epoch=2)
     planned = len(loader)
     epochs = run_epochs(loader)
     assert planned == sum(map(len, epochs.values())) == 2 * 7  # row 2 takes the last slice after the short file
@@ -253,7 +254,7 @@ def test_slices_under_ranks_give_equal_steps_and_never_count_their_file(tmp_path
     runs, seen = [], []
     for rank in range(2):
         loader = pl.DataLoader(NoCount(1, arrays=True), pl.IdentityDataset(), NumpyCollator(), entries, stream=True,
-                               rank=rank, world_size=2, shuffle=True, num_epoch=2)
+                               ranks=pl.Ranks(rank=rank, world_size=2), shuffle=True, num_epoch=2)
         runs.append(len(loader))
         epochs = run_epochs(loader)
         assert sum(map(len, epochs.values())) == runs[-1]
@@ -295,7 +296,8 @@ def test_a_time_major_run_over_slices_resumes_exactly_and_refuses_other_bounds(t
 
     def make(listed=entries):
         return pl.DataLoader(PieceReader(2, 4, arrays=True), pl.IdentityDataset(), NumpyCollator(), listed,
-                             stream=True, seq_len=3, shuffle=True, num_epoch=2, padding_mode="edge", time_major=True)
+                             stream=pl.Stream(seq_len=3, padding_mode="edge", time_major=True), shuffle=True,
+                             num_epoch=2)
 
     check_resume(make)
     assert wait_no_threads() == []
@@ -330,8 +332,8 @@ def memory_streams(lengths: Sequence[int]) -> List[np.ndarray]:
 def test_in_memory_sequences_stream_like_files(workers, seq_len):
     lengths = [7, 0, 12, 3, 9]
     data = memory_streams(lengths)
-    loader = pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), iter(data), stream=True,
-                           seq_len=seq_len, num_workers=workers, shuffle=True, num_epoch=2)
+    loader = pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), iter(data),
+                           stream=pl.Stream(seq_len=seq_len), num_workers=workers, shuffle=True, num_epoch=2)
     planned = len(loader)
     epochs = run_epochs(loader)
     assert planned == sum(map(len, epochs.values()))
@@ -347,7 +349,8 @@ def test_in_memory_sequences_stream_like_files(workers, seq_len):
 
 def test_in_memory_dicts_of_columns_keep_their_fields():
     streams = [{"id": [1, 2, 3], "word": ["a", "b", "c"]}, {"id": np.array([7, 8]), "word": ["x", "y"]}]
-    batches = list(pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), streams, stream=True, seq_len=2))
+    batches = list(pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), streams,
+                                 stream=pl.Stream(seq_len=2)))
     assert [b["id"].tolist() for b in batches] == [[[1, 2], [7, 8]], [[3, 0], [0, 0]]]
     assert batches[0]["word"] == [["a", "b"], ["x", "y"]]  # strings stay a list (NumpyCollator)
 
@@ -358,8 +361,8 @@ def test_in_memory_streams_under_ranks(workers):
     streams = [a.tolist() for a in data]
     steps, seen = [], []
     for rank in range(2):
-        loader = pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), data, stream=True, seq_len=2,
-                               rank=rank, world_size=2, num_workers=workers)
+        loader = pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), data, stream=pl.Stream(seq_len=2),
+                               ranks=pl.Ranks(rank=rank, world_size=2), num_workers=workers)
         steps.append(len(loader))
         batches = list(loader)
         assert len(batches) == steps[-1]
@@ -371,8 +374,9 @@ def test_in_memory_streams_resume_exactly_and_refuse_other_data():
     data = memory_streams([7, 12, 3, 9])
 
     def make(streams=data):
-        return pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), streams, stream=True, seq_len=2,
-                             shuffle=True, num_epoch=2, padding_mode="edge")
+        return pl.DataLoader(Unused(2), pl.IdentityDataset(), NumpyCollator(), streams,
+                             stream=pl.Stream(seq_len=2, padding_mode="edge"),
+                             shuffle=True, num_epoch=2)
 
     check_resume(make)
     assert wait_no_threads() == []
@@ -406,7 +410,8 @@ def test_in_memory_streams_and_files_do_not_mix(tmp_path):
 def test_padding_steps_of_a_short_rank_give_list_samples_the_shape_of_its_other_steps(tmp_path, padding_mode, workers):
     write_streams(tmp_path, [9, 1])  # rank 1's one sample is one step; it pads two more, with no live row
     loader = pl.DataLoader(PieceReader(2, 2, arrays=False), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                           stream=True, seq_len=3, padding_mode=padding_mode, pad_value=-5, rank=1, world_size=2,
+                           stream=pl.Stream(seq_len=3, padding_mode=padding_mode, pad_value=-5),
+                           ranks=pl.Ranks(rank=1, world_size=2),
                            num_workers=workers)
     batches = list(loader)
     assert [b[VALID].any(axis=1).tolist() for b in batches] == [[True, False], [False, False], [False, False]]

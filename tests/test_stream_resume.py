@@ -92,14 +92,14 @@ AHEAD = 12  # steps the pipeline may cut past the first batch while the others w
 
 
 @pytest.mark.parametrize("where", [0.02, 0.5, 0.97])
-@pytest.mark.parametrize("kwargs", [dict(), dict(num_workers=2), dict(rank=1, world_size=2)],
+@pytest.mark.parametrize("kwargs", [dict(), dict(num_workers=2), dict(ranks=pl.Ranks(rank=1, world_size=2))],
                          ids=["plain", "workers", "ranks"])
 def test_a_stream_resume_reads_only_the_files_in_progress_and_the_read_ahead(tmp_path, where, kwargs):
     write_streams(tmp_path / "data", LENGTHS)
 
     def make(log: str, dataset: Optional[pl.Dataset] = None) -> pl.DataLoader:
         return pl.DataLoader(LoggedReader(ROWS, tmp_path / log, arrays=False), dataset or pl.IdentityDataset(),
-                             NumpyCollator(), str(tmp_path / "data"), stream=True, seq_len=4, shuffle=True,
+                             NumpyCollator(), str(tmp_path / "data"), stream=pl.Stream(seq_len=4), shuffle=True,
                              prefetch_files=PREFETCH, **kwargs)
 
     full = [as_lists(b) for b in make("full.log")]
@@ -132,7 +132,7 @@ def positions(every: bool) -> Optional[Callable[[List[Optional[int]]], List[int]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("ranks", [{}, dict(rank=1, world_size=3)], ids=["one", "ranks"])
+@pytest.mark.parametrize("ranks", [{}, dict(ranks=pl.Ranks(rank=1, world_size=3))], ids=["one", "ranks"])
 @pytest.mark.parametrize("padding_mode,time_major,arrays", [("zeros", False, True), ("data", False, False),
                                                              ("edge", True, True), ("edge", False, False)])
 def test_a_resumed_stream_run_gives_the_uninterrupted_runs_batches(tmp_path, workers, ranks, padding_mode,
@@ -141,22 +141,22 @@ def test_a_resumed_stream_run_gives_the_uninterrupted_runs_batches(tmp_path, wor
 
     def make() -> pl.DataLoader:
         return pl.DataLoader(PieceReader(3, 5, arrays), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                             stream=True, seq_len=3, padding_mode=padding_mode, time_major=time_major,
-                             pad_value=-1, shuffle=True, num_epoch=2, num_workers=workers, **ranks)
+                             stream=pl.Stream(seq_len=3, padding_mode=padding_mode, time_major=time_major,
+                                              pad_value=-1), shuffle=True, num_epoch=2, num_workers=workers, **ranks)
 
     check_resume(make, positions(not workers and not ranks and padding_mode == "zeros"))
     assert wait_no_children() == []
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("ranks", [{}, dict(rank=0, world_size=2)], ids=["one", "ranks"])
+@pytest.mark.parametrize("ranks", [{}, dict(ranks=pl.Ranks(rank=0, world_size=2))], ids=["one", "ranks"])
 @pytest.mark.parametrize("kind", ["slices", "memory"])
 def test_resumed_slices_and_in_memory_streams_give_the_uninterrupted_runs_batches(tmp_path, workers, ranks, kind):
     data: Any = sliced(tmp_path)[0] if kind == "slices" else memory_streams([7, 12, 3, 9, 15])
 
     def make() -> pl.DataLoader:
         return pl.DataLoader(PieceReader(2, 4, arrays=True), pl.IdentityDataset(), NumpyCollator(), data,
-                             stream=True, seq_len=2, padding_mode="edge", shuffle=True, num_epoch=2,
+                             stream=pl.Stream(seq_len=2, padding_mode="edge"), shuffle=True, num_epoch=2,
                              num_workers=workers, **ranks)
 
     check_resume(make, positions(not workers and not ranks and kind == "memory"))
@@ -178,9 +178,10 @@ def test_a_stream_run_resumed_anywhere_gives_the_uninterrupted_runs_batches(leng
 
         def make() -> pl.DataLoader:
             return pl.DataLoader(PieceReader(rows, piece, arrays), pl.IdentityDataset(), NumpyCollator(), tmp,
-                                 stream=True, seq_len=seq_len, padding_mode=padding_mode, pad_value=-1,
-                                 shuffle=shuffle, num_epoch=2, rank=rank, world_size=world_size,
-                                 even_batches=even, num_workers=0)  # the shapes vary here; workers: the tests above
+                                 stream=pl.Stream(seq_len=seq_len, padding_mode=padding_mode, pad_value=-1),
+                                 shuffle=shuffle, num_epoch=2,
+                                 ranks=pl.Ranks(rank=rank, world_size=world_size, even_batches=even),
+                                 num_workers=0)  # the shapes vary here; workers: the tests above
 
         if len(make()):  # runs of up to 168 batches: the examples vary the settings, spread_positions the place
             check_resume(make, spread_positions)
@@ -193,7 +194,8 @@ def test_steps_where_no_row_has_a_file_pad_list_samples_with_their_shape_and_res
 
     def make() -> pl.DataLoader:
         return pl.DataLoader(PieceReader(2, 2, arrays=False), pl.IdentityDataset(), NumpyCollator(), str(tmp_path),
-                             stream=True, seq_len=2, padding_mode=padding_mode, pad_value=-1, rank=2, world_size=3)
+                             stream=pl.Stream(seq_len=2, padding_mode=padding_mode, pad_value=-1),
+                             ranks=pl.Ranks(rank=2, world_size=3))
 
     batches = [as_lists(b) for b in make()]
     idle = [b for b in batches if not np.asarray(b[VALID]).any()]
@@ -215,9 +217,9 @@ def real_ids(batch: Dict[str, Any]) -> List[int]:
 
 def elastic_make(folder: Path, **kwargs: Any) -> Callable[[int, int], pl.DataLoader]:
     def make(rank: int, world_size: int) -> pl.DataLoader:
-        settings = {**dict(stream=True, seq_len=3, shuffle=True, num_epoch=2), **kwargs}
+        settings = {**dict(stream=pl.Stream(seq_len=3), shuffle=True, num_epoch=2), **kwargs}
         return pl.DataLoader(PieceReader(2, 4, arrays=True), pl.IdentityDataset(), NumpyCollator(), str(folder),
-                             rank=rank, world_size=world_size, **settings)
+                             ranks=pl.Ranks(rank=rank, world_size=world_size), **settings)
     return make
 
 
@@ -275,7 +277,7 @@ def test_a_file_in_progress_goes_on_from_its_rows_position_as_a_new_stream(tmp_p
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_elastic_stream_resume_resumes_again_under_the_same_and_a_third_world_size(tmp_path, workers):
     write_streams(tmp_path, LENGTHS_ELASTIC)
-    make = elastic_make(tmp_path, num_workers=workers, padding_mode="data")
+    make = elastic_make(tmp_path, num_workers=workers, stream=pl.Stream(seq_len=3, padding_mode="data"))
     delivered, state = take_steps(make, 2, 3, real_ids)
     # under the new world size, a resume mid-way gives the batches of the run it interrupts
     for rank in range(3):

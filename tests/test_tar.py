@@ -235,7 +235,7 @@ def test_a_loader_over_shards_gives_every_sample_once_with_workers_and_ranks(tmp
 
     assert keys() == [f"{i:06d}" for i in range(16)]
     assert sorted(keys(shuffle=True)) == [f"{i:06d}" for i in range(16)]
-    ranked = [keys(rank=r, world_size=2, even_batches="drop") for r in range(2)]
+    ranked = [keys(ranks=pl.Ranks(rank=r, world_size=2, even_batches="drop")) for r in range(2)]
     assert not set(ranked[0]) & set(ranked[1]) and len(ranked[0]) == len(ranked[1])
 
 

@@ -104,7 +104,7 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
     "drop_last": {"drop_last": True, "reader": {"batch_size": 5}},
     "two_epochs": {"num_epoch": 2, "shuffle": True, "reader": {"shuffle": True}},
     "pieces_across_files": {"reader": {"batch_size": 6, "piece": 4}},
-    "stream": {"stream": True, "seq_len": 3, "shuffle": True, "reader": {"batch_size": 3, "piece": 2},
+    "stream": {"stream": pl.Stream(seq_len=3), "shuffle": True, "reader": {"batch_size": 3, "piece": 2},
                "dataset": "identity"},
     "everything": {"num_epoch": 2, "shuffle": True, "shuffle_buffer": 13, "drop_last": True,
                    "reader": {"shuffle": True, "batch_size": 5, "piece": 3}},

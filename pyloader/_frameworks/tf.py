@@ -131,7 +131,7 @@ def cardinality(loader: _Loader) -> Optional[int]:
 
     custom = loader.file_order is not None
     if loader.stream and (loader.shuffle or custom) or declares_drops_or_repeats(loader.file_order) \
-            or loader.on_error != "raise":
+            or getattr(loader.on_error, "policy", loader.on_error) != "raise":  # an OnError
         return None
     try:
         return len(loader)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -223,23 +223,6 @@ class BucketBuffer:
             yield take(window, order[dropped:])
 
 
-def buffer_size(a: Mapping[str, Any]) -> Optional[int]:
-    """The samples the bucket buffer holds for ``DataLoader(**a)`` (``None``: no bucketing)."""
-    if a["bucket_by"] is None:
-        return None
-    size = a["bucket_buffer"]
-    return BUFFER_BATCHES * a["datareader"].batch_size if size is None else size
-
-
-def check_bucketing(a: Mapping[str, Any]) -> None:
-    bucket_by, size, batch_size = a["bucket_by"], a["bucket_buffer"], a["datareader"].batch_size
-    if bucket_by is None:
-        if size is not None:
-            raise ValueError("bucket_buffer sizes the buffer of length bucketing: it needs bucket_by")
-        return
-    if not (isinstance(bucket_by, str) or callable(bucket_by)):
-        raise TypeError(f"bucket_by must be a field name or a callable giving a sample's length, got {bucket_by!r}")
-    if a["stream"]:
-        raise ValueError("bucket_by batches samples by length: stream mode keeps each row in file order")
-    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < batch_size):
-        raise ValueError(f"bucket_buffer must be an integer >= batch_size ({batch_size}), got {size!r}")
+def buffer_size(given: Optional[int], batch_size: int) -> int:
+    """The samples the bucket buffer holds: ``given``, else ``BUFFER_BATCHES`` batches."""
+    return BUFFER_BATCHES * batch_size if given is None else given

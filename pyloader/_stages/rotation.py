@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import AsyncIterator, Callable, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -63,36 +63,9 @@ _ROUNDS, _CYCLES = 0, 1  # the keys of the draws
 Entries = Tuple[np.ndarray, np.ndarray, np.ndarray]  # samples served: their window, their row there, their round
 
 
-def check_folder(name: str, value: object) -> None:
-    if not isinstance(value, str) and not hasattr(value, "__fspath__"):
-        raise TypeError(f"{name} must be a folder's path, got {value!r}")
-
-
-def check_rotation(a: Mapping[str, Any]) -> None:
-    """The rules between ``rotation``, ``rotation_dir``, ``rotation_size`` and the other options of
-    ``DataLoader(**a)`` (each one's own check has passed)."""
-    rotation, size = a["rotation"], a["rotation_size"]
-    if rotation == 1:
-        if a["rotation_dir"] is not None or size is not None:
-            raise ValueError("rotation_dir and rotation_size hold the samples served again: they need rotation >= 2")
-        return
-    if size is not None and size < rotation:
-        raise ValueError(f"rotation_size (the samples held) must be >= rotation ({rotation}), got {size!r}")
-    if a["stream"]:
-        raise ValueError("rotation serves samples again in other batches: stream mode keeps each row in file order")
-    if a["bucket_by"] is not None:
-        raise ValueError("rotation re-batches samples: the batches of similar lengths bucket_by makes would not "
-                         "survive it")
-    if a["cache_encoded"] is not None:
-        raise ValueError("rotation and cache_encoded both serve encoded samples again (within an epoch, and "
-                         "across epochs): use one of them")
-
-
-def held_samples(a: Mapping[str, Any]) -> Optional[int]:
-    """``rotation_size``, or its default (R windows of 32 batches); ``None`` without rotation."""
-    if a["rotation"] == 1:
-        return None
-    return a["rotation_size"] or a["rotation"] * WINDOW_BATCHES * a["datareader"].batch_size
+def held_samples(times: int, given: Optional[int], batch_size: int) -> int:
+    """The samples rotation holds at once: ``given``, else ``times`` windows of 32 batches."""
+    return given or times * WINDOW_BATCHES * batch_size
 
 
 def round_orders(n: int, rotation: int, rng: np.random.Generator) -> List[np.ndarray]:

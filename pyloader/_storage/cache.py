@@ -1,4 +1,4 @@
-"""A local disk cache of remote files' raw bytes (``DataLoader(cache_dir=..., cache_limit=...)``).
+"""A local disk cache of remote files' raw bytes (``DataLoader(storage=Storage(cache_dir=..., cache_limit=...))``).
 
 Contracts:
 

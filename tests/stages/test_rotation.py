@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import pyloader as pl
+from pyloader._compose import check_rotation
 from pyloader._rng import derive_rng
-from pyloader._stages.rotation import WINDOW_BATCHES, check_rotation, held_samples, round_orders
+from pyloader._stages.rotation import WINDOW_BATCHES, held_samples, round_orders
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -41,30 +42,31 @@ def test_the_round_orders_are_a_pure_function_of_the_generator_they_draw_from():
     assert not all(np.array_equal(a, b) for a, b in zip(one, round_orders(50, 4, derive_rng(7, 2))))
 
 
-class FourPerBatch(pl.DataReader):
-    def read_file(self, path: str) -> Any:
-        raise AssertionError("nothing is read here")
-
-
 def options(**given: Any) -> Dict[str, Any]:
-    a: Dict[str, Any] = {"rotation": 2, "rotation_size": None, "rotation_dir": None, "stream": False,
-                         "bucket_by": None, "cache_encoded": None, "datareader": FourPerBatch(batch_size=4)}
+    a: Dict[str, Any] = {"rotation": pl.Rotation(2), "stream": False, "bucket": None, "cache_encoded": None}
     a.update(given)
     return a
 
 
-def test_rotation_holds_r_windows_of_32_batches_by_default_or_rotation_size():
-    assert held_samples(options(rotation=3)) == 3 * WINDOW_BATCHES * 4
-    assert held_samples(options(rotation=3, rotation_size=50)) == 50
-    assert held_samples(options(rotation=1)) is None
+def test_rotation_holds_r_windows_of_32_batches_by_default_or_its_size():
+    assert held_samples(3, None, 4) == 3 * WINDOW_BATCHES * 4
+    assert held_samples(3, 50, 4) == 50
+
+
+@pytest.mark.parametrize("given, error, message", [
+    ({"size": 2}, ValueError, r"Rotation.size \(the samples held\) must be >= times \(3\), got 2"),
+    ({"times": 1}, ValueError, r"Rotation.times must be an integer >= 2 .*got 1"),
+    ({"folder": 3}, TypeError, "Rotation.folder must be a folder's path, got 3"),
+    ({"size": 0}, ValueError, "Rotation.size must be an integer >= 1, got 0"),
+])
+def test_a_rotation_refuses_a_bad_value_naming_its_field(given: Dict[str, Any], error: type, message: str):
+    with pytest.raises(error, match=message):
+        pl.Rotation(**{"times": 3, **given})
 
 
 @pytest.mark.parametrize("given, message", [
-    ({"rotation": 1, "rotation_size": 8}, "need rotation >= 2"),
-    ({"rotation": 1, "rotation_dir": "/tmp/x"}, "need rotation >= 2"),
-    ({"rotation": 3, "rotation_size": 2}, "rotation_size .* must be >= rotation"),
-    ({"stream": True}, "stream mode"),
-    ({"bucket_by": "text"}, "bucket_by"),
+    ({"stream": pl.Stream()}, "stream mode"),
+    ({"bucket": pl.Bucket("text")}, "bucket"),
     ({"cache_encoded": "/tmp/c"}, "cache_encoded"),
 ])
 def test_rotation_refuses_the_options_it_cannot_go_with(given: Dict[str, Any], message: str):
@@ -73,5 +75,5 @@ def test_rotation_refuses_the_options_it_cannot_go_with(given: Dict[str, Any], m
 
 
 def test_rotation_with_its_own_options_passes_the_checks():
-    check_rotation(options(rotation=3, rotation_size=12, rotation_dir="/tmp/rot"))
-    check_rotation(options(rotation=1))
+    check_rotation(options(rotation=pl.Rotation(3, size=12, folder="/tmp/rot")))
+    check_rotation(options(rotation=None, stream=pl.Stream()))

@@ -1,0 +1,224 @@
+"""The option groups of ``DataLoader``: one small frozen dataclass per feature, given as one keyword.
+
+``Stream`` (``stream=``), ``Ranks`` (``ranks=``), ``Storage`` (``storage=``), ``Rotation``
+(``rotation=``), ``Bucket`` (``bucket=``) and ``OnError`` (``on_error=``). Each field is declared
+as the loader's options are (``Annotated[type, Option(doc, check=...)]``, ``_checks``): each
+group checks its own values when it is made (one ``ValueError`` or ``TypeError`` per bad value,
+naming ``Group.field``), and the rules between its fields; the rules between a group and the
+loader's other options are ``_options._check_together``'s. Fields after the first are
+keyword-only. A group's ``repr`` shows the fields that differ from their defaults, as one would
+write it (``Stream(seq_len=8)``). Which flat keyword of earlier releases became which field is
+``_options.MOVED``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated, Optional, Union
+
+from ._checks import Option, a_folder, as_path, at_least_zero, declared, one_of, optional, positive
+from ._errors import ErrorPolicy
+from ._stages.bucket import BucketBy
+from ._stages.shard import EVEN_BATCHES
+from ._stages.stream import PADDING_MODES
+from ._storage.bytes import DEFAULT_READAHEAD_BYTES
+
+
+class Group:
+    """What every group does: checks its fields when made, and shows the ones given."""
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        for field, option in declared(type(self)).items():
+            if option.check is not None:
+                option.check(f"{name}.{field}", getattr(self, field))
+            if option.convert is not None:
+                object.__setattr__(self, field, option.convert(getattr(self, field)))
+        self._check()
+
+    def _check(self) -> None:
+        """The rules between this group's fields (each one's own check has passed)."""
+
+    def __repr__(self) -> str:
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]
+        first = fields[0].name if fields and not fields[0].kw_only else None
+        shown = [repr(getattr(self, f.name)) if f.name == first else f"{f.name}={getattr(self, f.name)!r}"
+                 for f in fields if f.name == first or differs(getattr(self, f.name), f.default)]
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+def differs(value: object, default: object) -> bool:
+    try:
+        return bool(value != default)
+    except (TypeError, ValueError):  # an array, say
+        return True
+
+
+def _times(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+        raise ValueError(f"{name} must be an integer >= 2 (each sample served once: rotation=None), got {value!r}")
+
+
+def _bucket_by(name: str, value: object) -> None:
+    if not (isinstance(value, str) or callable(value)):
+        raise TypeError(f"{name} must be a field name or a callable giving a sample's length, got {value!r}")
+
+
+def check_policy(name: str, value: object) -> None:
+    if not callable(value) and value not in ("raise", "skip"):
+        raise ValueError(f"{name} must be 'raise', 'skip' or a callable taking the PipelineError, got {value!r}")
+
+
+@dataclass(frozen=True, repr=False)
+class Stream(Group):
+    """Stream mode for recurrent models: each batch row reads one file in order, continuing it across
+    batches (``stream=True`` is ``stream=Stream()``).
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                            stream=Stream(seq_len=16, padding_mode="edge"))
+        ```
+    """
+
+    _: KW_ONLY
+    seq_len: Annotated[Optional[int], Option(
+        "the steps of a window (None: one step)", check=optional(positive))] = None
+    padding_mode: Annotated[str, Option(
+        'how rows whose files ran out are padded: "zeros", "data" or "edge"', check=one_of(PADDING_MODES))] = "zeros"
+    pad_value: Annotated[object, Option(
+        'the value padding_mode="zeros" pads with (or a dict of them by field)')] = 0
+    time_major: Annotated[bool, Option("with seq_len: fields as [T, B, ...]")] = False
+
+    def _check(self) -> None:
+        if self.time_major and not self.seq_len:
+            raise ValueError("Stream.time_major=True lays windows out as [T, B, ...]: it needs seq_len")
+
+
+@dataclass(frozen=True, repr=False)
+class Ranks(Group):
+    """The processes sharing the data: this one's ``rank`` among ``world_size``; each not given is
+    taken from ``torch.distributed``, else the ``RANK``/``WORLD_SIZE`` variables, else 0 and 1.
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                            ranks=Ranks(rank=0, world_size=2, even_batches="drop"))
+        ```
+    """
+
+    _: KW_ONLY
+    rank: Annotated[Optional[int], Option(
+        "this process's rank (None: torch.distributed's, else RANK, else 0)", check=optional(at_least_zero))] = None
+    world_size: Annotated[Optional[int], Option(
+        "the processes sharing the data (None: torch.distributed's, else WORLD_SIZE, else 1)",
+        check=optional(positive))] = None
+    even_batches: Annotated[str, Option(
+        'under ranks: "pad" or "drop" to give every rank as many steps', check=one_of(EVEN_BATCHES))] = "pad"
+
+    def _check(self) -> None:
+        if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
+            raise ValueError(f"Ranks needs 0 <= rank < world_size, got rank={self.rank}, "
+                             f"world_size={self.world_size}")
+
+
+@dataclass(frozen=True, repr=False)
+class Storage(Group):
+    """How files are fetched: a local disk cache of remote files, retries, the bytes read ahead.
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                            storage=Storage(cache_dir="/tmp/pyloader-cache", cache_limit=2**30, retries=5))
+        ```
+    """
+
+    _: KW_ONLY
+    cache_dir: Annotated[Union[None, str, "os.PathLike[str]"], Option(
+        "a local disk cache of remote files (and of the count index)", check=optional(a_folder),
+        convert=as_path)] = None
+    cache_limit: Annotated[Optional[int], Option(
+        "the disk cache's size in bytes (least recently used out)", check=optional(positive))] = None
+    retries: Annotated[int, Option("retries of transient remote errors", check=at_least_zero)] = 3
+    readahead_bytes: Annotated[int, Option(
+        "bytes read ahead of the parsers (0: none)", check=at_least_zero)] = DEFAULT_READAHEAD_BYTES
+
+    def _check(self) -> None:
+        if self.cache_limit is not None and self.cache_dir is None:
+            raise ValueError("Storage.cache_limit sizes the disk cache: it needs cache_dir")
+
+
+@dataclass(frozen=True, repr=False)
+class Rotation(Group):
+    """Serve each encoded sample ``times`` times per epoch (the epoch grows as many times), spread
+    through it, from at most ``size`` samples held in memory, or on disk under ``folder``.
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                            rotation=Rotation(3, size=3000))
+        ```
+    """
+
+    times: Annotated[int, Option("the times each encoded sample is served per epoch (>= 2)", check=_times)]
+    _: KW_ONLY
+    folder: Annotated[Union[None, str, "os.PathLike[str]"], Option(
+        "hold the samples served again in .npy files under this folder (None: in memory)",
+        check=optional(a_folder), convert=as_path)] = None
+    size: Annotated[Optional[int], Option(
+        "the encoded samples held at once (None: times windows of 32 batches)", check=optional(positive))] = None
+
+    def _check(self) -> None:
+        if self.size is not None and self.size < self.times:
+            raise ValueError(f"Rotation.size (the samples held) must be >= times ({self.times}), got {self.size!r}")
+
+
+@dataclass(frozen=True, repr=False)
+class Bucket(Group):
+    """Length bucketing: batches of samples of similar length, sorted ``buffer`` samples at a time;
+    ``by`` is a field (its ``len()``) or a callable giving a sample's length.
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                            bucket=Bucket("tokens", buffer=512))
+        ```
+    """
+
+    by: Annotated[BucketBy, Option("a field (its len()) or a callable giving a sample's length", check=_bucket_by)]
+    _: KW_ONLY
+    buffer: Annotated[Optional[int], Option(
+        "samples sorted by length at a time (None: 32 batches; at least batch_size)", check=optional(positive))] = None
+
+
+@dataclass(frozen=True, repr=False)
+class OnError(Group):
+    """What a failed file or batch does: ``"raise"``, ``"skip"`` (log, skip it, count it) or a callable
+    taking the ``PipelineError``; with skipping, ``max_errors`` bounds the errors skipped in an iteration
+    (``on_error="skip"`` is ``on_error=OnError("skip")``).
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                            on_error=OnError("skip", max_errors=10))
+        ```
+    """
+
+    policy: Annotated[ErrorPolicy, Option(
+        '"raise", "skip" or a callable taking the PipelineError (raise to stop, return to skip)',
+        check=check_policy)] = "raise"
+    _: KW_ONLY
+    max_errors: Annotated[Optional[int], Option(
+        "with skipping: raise TooManyErrors once more errors than this were skipped in an iteration",
+        check=optional(at_least_zero))] = None
+
+def as_stream(value: object) -> Union[bool, Stream]:
+    """``stream=`` as stored: ``False``, or a ``Stream`` (``True`` is ``Stream()``)."""
+    return Stream() if value is True else value  # type: ignore[return-value]
+
+
+def as_on_error(value: object) -> OnError:
+    """``on_error=`` as stored: an ``OnError`` (a policy alone is ``OnError(policy)``)."""
+    return value if isinstance(value, OnError) else OnError(value)  # type: ignore[arg-type]
+
