@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import traceback
 import weakref
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -488,18 +489,25 @@ def test_real_sigint_while_waiting_for_a_batch(tmp_path):
     it = iter(loader)
     assert next(it)["id"] == [0, 1, 2, 3]
     interrupted = threading.Event()
+    main, seen = threading.main_thread().ident, []
 
     def interrupt() -> None:  # again every 0.5 s until it lands (see the note on issue 27), at most 20 times
-        for _ in range(20):
-            if interrupted.wait(0.5 if _ else 0.3):
+        for k in range(20):
+            if interrupted.wait(0.5 if k else 0.3):
                 return
             os.kill(os.getpid(), signal.SIGINT)
+            if k == 3:  # what the main thread does while the interrupts do not land, for the failure's message
+                frame = sys._current_frames().get(main)
+                seen.append("".join(traceback.format_stack(frame)[-6:]) if frame is not None else "no main frame")
 
     timer = threading.Thread(target=interrupt)
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             next(it)
+            pytest.fail(f"no KeyboardInterrupt: SIGINT handler {signal.getsignal(signal.SIGINT)!r}, blocked in this "
+                        f"thread {signal.pthread_sigmask(signal.SIG_BLOCK, [])}; the main thread meanwhile:\n"
+                        f"{''.join(seen)}")
     finally:
         interrupted.set()
         timer.join()
