@@ -112,9 +112,10 @@ def test_an_in_memory_stream_is_served_from_this_process_as_its_task_bounds_say(
 
     class Runner:
         run = "the wrapped runner's"
+        encoding_only = "the wrapped runner's too"
 
     runner = MemoryRunner(Runner(), entries.memory)
-    assert runner.run == "the wrapped runner's"
+    assert runner.run == "the wrapped runner's" and runner.encoding_only == "the wrapped runner's too"
 
     async def pieces(task: FileTask) -> List[Any]:
         return [(n, list(columns[next(iter(columns))])) async for n, columns, _, _ in runner.pieces(task, True)]
