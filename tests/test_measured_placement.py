@@ -19,7 +19,7 @@ from conftest import IdReader, ListCollator, _is_mp_infrastructure, write_chunks
 
 import pyloader as pl
 from pyloader._execution.auto_workers import cpu_share
-from pyloader._execution.measured import HERE, SPLIT, THERE, Measured
+from pyloader._execution.measured import HERE, SPLIT, SPREAD, THERE, Measured
 
 needs_workers = pytest.mark.skipif(cpu_share() < 2, reason="'auto' starts no worker on 1 CPU")
 
@@ -73,17 +73,18 @@ def new_measured(clock: Clock) -> Measured:
     return m
 
 
-def test_the_trial_starts_in_the_workers_then_tries_threads_then_reading_in_workers(short: None) -> None:
+def test_the_trial_takes_the_workers_then_threads_then_the_two_ways_of_reading_in_workers(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    assert run_schedule(m, clock, {HERE: 0.01, THERE: 0.01, SPLIT: 0.01}, 3) == [THERE, HERE, SPLIT]
+    speed = {HERE: 0.01, THERE: 0.01, SPLIT: 0.01, SPREAD: 0.01}
+    assert run_schedule(m, clock, speed, 4) == [THERE, HERE, SPLIT, SPREAD]
 
 
 def test_a_place_clearly_faster_is_kept_after_one_round(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    places = run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02}, 5)
-    assert places == [THERE, HERE, SPLIT, THERE, THERE]
+    places = run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02, SPREAD: 0.02}, 6)
+    assert places == [THERE, HERE, SPLIT, SPREAD, THERE, THERE]
     assert m.kept == THERE
     [change] = m.changes
     assert change["to"] == THERE and change["by"] == "trial"
@@ -94,23 +95,23 @@ def test_a_place_clearly_faster_is_kept_after_one_round(short: None) -> None:
 def test_threads_within_the_margin_of_the_fastest_are_kept_after_one_round(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    places = run_schedule(m, clock, {HERE: 0.0100, THERE: 0.0098, SPLIT: 0.0099}, 5)
-    assert places == [THERE, HERE, SPLIT, HERE, HERE] and m.kept == HERE
+    places = run_schedule(m, clock, {HERE: 0.0100, THERE: 0.0098, SPLIT: 0.0099, SPREAD: 0.0099}, 6)
+    assert places == [THERE, HERE, SPLIT, SPREAD, HERE, HERE] and m.kept == HERE
 
 
 def test_two_close_places_faster_than_threads_take_a_second_round(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    places = run_schedule(m, clock, {HERE: 0.02, THERE: 0.0100, SPLIT: 0.0105}, 8)
-    assert places == [THERE, HERE, SPLIT, THERE, HERE, SPLIT, THERE, THERE] and m.kept == THERE
+    places = run_schedule(m, clock, {HERE: 0.02, THERE: 0.0100, SPLIT: 0.0105, SPREAD: 0.02}, 10)
+    assert places == [THERE, HERE, SPLIT, SPREAD] * 2 + [THERE, THERE] and m.kept == THERE
 
 
 def test_a_probe_that_measures_faster_changes_the_place(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    speed = {HERE: 0.01, THERE: 0.02, SPLIT: 0.02}
-    places = run_schedule(m, clock, speed, 4)
-    assert m.kept == HERE and places == [THERE, HERE, SPLIT, HERE]
+    speed = {HERE: 0.01, THERE: 0.02, SPLIT: 0.02, SPREAD: 0.02}
+    places = run_schedule(m, clock, speed, 5)
+    assert m.kept == HERE and places == [THERE, HERE, SPLIT, SPREAD, HERE]
     speed.update({HERE: 0.03, THERE: 0.01})  # the workload changed: threads got slower
     later = run_schedule(m, clock, speed, 2 * (Measured.PROBE_AFTER + 1))
     assert THERE in later and m.kept == THERE
@@ -120,8 +121,9 @@ def test_a_probe_that_measures_faster_changes_the_place(short: None) -> None:
 def test_a_probe_that_is_slower_keeps_the_place(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    places = run_schedule(m, clock, {HERE: 0.01, THERE: 0.02, SPLIT: 0.02}, 4 + 3 * (Measured.PROBE_AFTER + 1))
-    assert [p for p in places if p != HERE] == [THERE, SPLIT, THERE, SPLIT, THERE]  # the trial, then a probe
+    places = run_schedule(m, clock, {HERE: 0.01, THERE: 0.02, SPLIT: 0.02, SPREAD: 0.02},
+                          5 + 3 * (Measured.PROBE_AFTER + 1))
+    assert [p for p in places if p != HERE] == [THERE, SPLIT, SPREAD, THERE, SPLIT, SPREAD]  # the trial, then a probe
     # after every PROBE_AFTER windows, of the other places in turn
     assert m.kept == HERE and len(m.changes) == 1
 
@@ -156,7 +158,7 @@ def test_the_first_quarter_of_a_window_is_left_out() -> None:
 def test_a_new_iteration_goes_on_from_the_decision(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02}, 4)
+    run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02, SPREAD: 0.02}, 5)
     m.new_run()
     assert m.place(1, "f0") == THERE
     report = m.report()
@@ -184,7 +186,7 @@ def pids_by_file(batches: List[Dict[str, list]]) -> Dict[int, int]:
 
 @needs_workers
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("slow_in, expected", [("main", (THERE, SPLIT)), ("worker", (HERE,))])
+@pytest.mark.parametrize("slow_in, expected", [("main", (THERE, SPLIT, SPREAD)), ("worker", (HERE,))])
 def test_the_place_that_delivers_faster_is_kept(tmp_path: Path, short: None, monkeypatch: pytest.MonkeyPatch,
                                                 slow_in: str, expected: Tuple[str, ...]) -> None:
     monkeypatch.setattr(Measured, "PROBE_AFTER", 1000)  # no probe: each would read many files in the slow place
@@ -282,7 +284,7 @@ def test_a_change_of_place_is_logged_with_its_figures(short: None, caplog: pytes
     clock = Clock()
     m = new_measured(clock)
     with caplog.at_level(logging.INFO, logger="pyloader"):
-        run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02}, 4)
+        run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02, SPREAD: 0.02}, 5)
     [record] = [r.getMessage() for r in caplog.records]
     assert "user code now runs in workers (trial measured" in record and "'threads': 526.3" in record
 

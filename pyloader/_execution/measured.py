@@ -12,7 +12,9 @@ Contract:
 * **Placed per file.** As a file's reading starts (``place``), it is given a place: ``HERE``
   (read, encoded and collated in threads of this process), ``THERE`` (all in a worker) or
   ``SPLIT`` (read in a worker, encoded and collated here: a Python parse beside a
-  ``batch_encode`` that releases the GIL or runs its own thread pool, as a tokenizer). A file's
+  ``batch_encode`` that releases the GIL or runs its own thread pool, as a tokenizer) or
+  ``SPREAD`` (read in a worker, each batch encoded by the least busy worker: a file of many
+  batches whose encoding is the cost, which ``THERE`` leaves to the one worker that read it). A file's
   place never changes once its reading began, and the batches are the same in both places (their
   cut, order, positions and ``pyloader.rng()`` draws do not depend on where they ran), so a change
   of place loses, repeats and reorders nothing, and resume is unaffected.
@@ -49,6 +51,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 HERE = "threads"  # read, encoded and collated in threads of this process
 THERE = "workers"  # ... in a worker process
 SPLIT = "workers, then threads"  # read in a worker, its rows brought here, encoded and collated in threads
+SPREAD = "workers, batches spread"  # read in a worker, its rows brought here, each batch sent to the least busy one
 
 _log = logging.getLogger("pyloader")
 
@@ -88,9 +91,9 @@ class Window:
 
 
 class Measured:
-    """The places of one loader's files, decided by measuring both (see the module's docstring)."""
+    """The places of one loader's files, decided by measuring each (see the module's docstring)."""
 
-    TRIAL = (THERE, HERE, SPLIT)  # the workers were started for this run: a short one runs where the rule put it
+    TRIAL = (THERE, HERE, SPLIT, SPREAD)  # workers first: they are started, a short run stays where the rule put it
     TRIAL_S = 0.5  # the least measured span of a trial window
     STEADY_S = 8.0  # ... of a window of the kept place
     MIN_BATCHES = 8

@@ -47,7 +47,7 @@ from .._storage.bytes import ReadAhead
 from .._storage.cached_file import ServedEntry
 from .._storage.files import Served
 from .filter import unbundle
-from .measured import HERE, SPLIT, Measured
+from .measured import HERE, SPLIT, SPREAD, Measured
 from .pool import RemoteRef, WorkerPool, rebuild_error
 from .reading import FileTask, pieces_with_end
 from .steps import BatchData, Key, Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
@@ -491,9 +491,9 @@ def _finish_each(steps: Sequence[Step], outcomes: List[Outcome], busy: Optional[
 class MeasuredRunner:
     """``num_workers="auto"`` with workers started: each file read, and its batches encoded and collated,
     where ``measured`` places it (``_execution.measured``): in this process (``here``), in the workers
-    (``there``), or read there and its rows fetched here. A group whose rows are all here, of files
-    placed here or fetched, runs here; any other goes through ``there``, which gathers rows where they
-    must meet."""
+    (``there``), or read there and its rows fetched here (then encoded here, or spread over the
+    workers). A group whose rows are all here, of files placed here or read there to be encoded here,
+    runs here; any other goes through ``there``, which sends rows held here to the least busy worker."""
 
     def __init__(self, here: ThreadRunner, there: PoolRunner, measured: Measured) -> None:
         self.here, self.there, self.measured = here, there, measured
@@ -506,7 +506,7 @@ class MeasuredRunner:
         self.there.pool.check(f"reading {task.path!r}")
         place = self.measured.place(task.epoch, task.path)
         pieces: Pieces = (self.here.pieces(task, fetch, demand) if place == HERE
-                          else self.there.pieces(task, fetch or place == SPLIT, demand))
+                          else self.there.pieces(task, fetch or place in (SPLIT, SPREAD), demand))
         async with contextlib.aclosing(pieces):  # closed as soon as this is: the file's clean-up does not wait
             async for piece in pieces:
                 yield piece
