@@ -63,7 +63,6 @@ class Window:
     """Consecutive files placed alike, and what the consumer measured of them."""
 
     place: str
-    number: int
     min_s: float
     handed: List[Tuple[float, int]] = field(default_factory=list)  # (when, samples) of its batches
     closed_at: Optional[float] = None  # when the next window's first file was placed
@@ -159,7 +158,7 @@ class Measured:
         if self._windows:
             self.current.closed_at = now
         trial = self.kept is None
-        self._windows.append(Window(place, len(self._windows), self.TRIAL_S if trial or place != self.kept
+        self._windows.append(Window(place, self.TRIAL_S if trial or place != self.kept
                                     else self.STEADY_S))
         del self._windows[:-2 * self._KEPT_WINDOWS]
         live = {id(w) for w in self._windows[-3:]}  # files of older windows are no longer handed over
