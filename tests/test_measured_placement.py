@@ -76,7 +76,7 @@ def new_measured(clock: Clock) -> Measured:
 def test_the_trial_takes_threads_then_the_workers_then_the_two_ways_of_reading_in_workers(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
-    speed = {HERE: 0.01, THERE: 0.01, SPLIT: 0.01, SPREAD: 0.01}
+    speed = {HERE: 0.0100, THERE: 0.0095, SPLIT: 0.01, SPREAD: 0.01}
     assert run_schedule(m, clock, speed, 4) == [HERE, THERE, SPLIT, SPREAD]
 
 
@@ -90,6 +90,14 @@ def test_a_place_clearly_faster_is_kept_after_one_round(short: None) -> None:
     assert change["to"] == THERE and change["by"] == "trial"
     figures = change["samples_per_s"]
     assert isinstance(figures, dict) and figures[THERE] == pytest.approx(2 * figures[HERE], rel=0.01)
+
+
+def test_the_trial_leaves_batches_spread_out_when_the_workers_measured_no_faster_than_threads(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    places = run_schedule(m, clock, {HERE: 0.0100, THERE: 0.0110, SPLIT: 0.0100, SPREAD: 0.0010}, 5)
+    assert places == [HERE, THERE, SPLIT, HERE, HERE] and m.kept == HERE
+    assert set(m.changes[0]["samples_per_s"]) == {HERE, THERE, SPLIT}  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("lead", [0.02, 0.20])  # within a window's noise: the files stay where nothing is copied
@@ -113,7 +121,7 @@ def test_a_probe_that_measures_faster_changes_the_place(short: None) -> None:
     m = new_measured(clock)
     speed = {HERE: 0.01, THERE: 0.02, SPLIT: 0.02, SPREAD: 0.02}
     places = run_schedule(m, clock, speed, 5)
-    assert m.kept == HERE and places == [HERE, THERE, SPLIT, SPREAD, HERE]
+    assert m.kept == HERE and places == [HERE, THERE, SPLIT, HERE, HERE]
     speed.update({HERE: 0.03, THERE: 0.01})  # the workload changed: threads got slower
     later = run_schedule(m, clock, speed, 2 * (Measured.PROBE_AFTER + 1))
     assert THERE in later and m.kept == THERE
@@ -124,8 +132,8 @@ def test_a_probe_that_is_slower_keeps_the_place(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
     places = run_schedule(m, clock, {HERE: 0.01, THERE: 0.02, SPLIT: 0.02, SPREAD: 0.02},
-                          5 + 3 * (Measured.PROBE_AFTER + 1))
-    assert [p for p in places if p != HERE] == [THERE, SPLIT, SPREAD, THERE, SPLIT, SPREAD]  # the trial, then a probe
+                          4 + 3 * (Measured.PROBE_AFTER + 1))
+    assert [p for p in places if p != HERE] == [THERE, SPLIT, THERE, SPLIT, SPREAD]  # the trial, then a probe
     # after every PROBE_AFTER windows, of the other places in turn
     assert m.kept == HERE and len(m.changes) == 1
 

@@ -25,7 +25,9 @@ Contract:
   holds everything a place costs: copies between processes, the GIL shared with the training
   step, a thread pool of the user's own, a slow consumer (then both places measure alike).
 * **Schedule.** Trial windows take the places in turn (``TRIAL``), threads first: nothing is
-  copied there and nothing waits on a worker's warm-up, so a short run pays least. After one round
+  copied there and nothing waits on a worker's warm-up, so a short run pays least. ``SPREAD`` is
+  left out when ``THERE`` measured no faster than ``HERE`` (it adds a round trip of the rows to
+  what ``THERE`` pays, so it cannot win where copies already cost more than they save). After one round
   the fastest place is kept if it measured more than ``CLEAR`` faster than ``HERE``, else ``HERE``
   is (a single window's figure varies by about that much, and the probes correct a close call).
   Then the kept place runs in windows of ``STEADY_S``, with a probe window of another place (in
@@ -180,10 +182,10 @@ class Measured:
         return others[(self._probes - 1) % len(others)]
 
     def _trial_step(self) -> str:
-        done = [w for w in self._windows if w.rate() is not None]
-        rates = _by_place(done[-len(self.TRIAL):])
-        if len(rates) < len(self.TRIAL):
-            return self.TRIAL[len(done) % len(self.TRIAL)]
+        rates = _by_place([w for w in self._windows if w.rate() is not None])
+        untried = [p for p in _trial_places(rates) if p not in rates]
+        if untried:
+            return untried[0]
         best = max(rates, key=lambda p: rates[p])
         kept = best if rates[best] > rates[HERE] * (1 + self.CLEAR) else HERE
         self._change(kept, rates, "trial")
@@ -207,6 +209,14 @@ class Measured:
             _log.info("num_workers='auto': user code now runs in %s (%s measured %s samples/s)", place, by, figures)
         self.kept = place
         self._steady = 0
+
+
+def _trial_places(rates: Dict[str, float]) -> Tuple[str, ...]:
+    """The places the trial tries, given the figures so far: batches spread over the workers only
+    when the workers measured faster than threads (spreading adds a round trip of the rows)."""
+    if HERE in rates and THERE in rates and rates[THERE] <= rates[HERE]:
+        return tuple(p for p in Measured.TRIAL if p != SPREAD)
+    return Measured.TRIAL
 
 
 def _windows_by_place(windows: List[Window]) -> Dict[str, List[Window]]:
