@@ -36,9 +36,9 @@ from ._options import (
     values_of,
 )
 from ._pipeline import batches, launch_workers
-from ._plan import Settings
+from ._plan import Settings, source_of
 from ._stages.batch import Batch, Group, Stacked
-from ._stages.entries import bounds_of, known_counts, stream_data
+from ._stages.entries import known_counts, stream_data
 from ._stages.mix import MixSource, mix_fingerprint
 from ._stages.order import declares_drops_or_repeats
 from ._stages.shard import Sharding
@@ -384,13 +384,8 @@ class DataLoader(Options):
 
     def _plan(self, start: Start, counts: List[Optional[int]],
               elastic: Optional[Elastic] = None) -> Union[FileSource, MixSource]:
-        """The plan of the epochs ``start`` begins, from the counts (as the run makes it: ``_plan.make_source``)."""
-        if self._mix is not None:
-            return MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, num_epoch=start.end,
-                             sharding=self.sharding)
-        return FileSource(self.files, start.end, self.shuffle, self.random_seed, sharding=self.sharding, counts=counts,
-                          whole_files=bool(self.stream), file_order=self.file_order, bounds=bounds_of(self._entries),
-                          elastic=elastic)
+        """The plan of the epochs ``start`` begins, from the counts (as a run makes it)."""
+        return source_of(self, self.files, self.sharding, self._mix, self._entries, start, counts, elastic)
 
     def _check_position(self, start: Start) -> None:
         """Refuse a position that the data cannot have, before any run plans from it: a part of the epoch
