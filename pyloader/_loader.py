@@ -385,7 +385,8 @@ class DataLoader(Options):
     def _plan(self, start: Start, counts: List[Optional[int]],
               elastic: Optional[Elastic] = None) -> Union[FileSource, MixSource]:
         """The plan of the epochs ``start`` begins, from the counts (as a run makes it)."""
-        return source_of(self, self.files, self.sharding, self._mix, self._entries, start, counts, elastic)
+        return source_of(self, self.files, start, counts, sharding=self.sharding, mix=self._mix, entries=self._entries,
+                         elastic=elastic)
 
     def _check_position(self, start: Start) -> None:
         """Refuse a position that the data cannot have, before any run plans from it: a part of the epoch

@@ -247,11 +247,12 @@ def _buffers(s: Settings, source: Union[FileSource, MixSource]) -> Buffers:
 def make_source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Union[FileSource, MixSource]:
     """The plan of files of every epoch of the run (``FileSource``, or ``MixSource`` for sources)."""
     elastic = Elastic(start.epoch, start.splits, s.batch_size, seq_len_of(s.options) or 1) if start.splits else None
-    return source_of(s.options, s.files, s.sharding, s.mix, s.entries, start, counts, elastic, s.stats.sources)
+    return source_of(s.options, s.files, start, counts, sharding=s.sharding, mix=s.mix, entries=s.entries,
+                     elastic=elastic, counted=s.stats.sources)
 
 
-def source_of(o: Options, files: List[str], sharding: Sharding, mix: Optional[Mix], entries: Optional[Entries],
-              start: Start, counts: Optional[List[Optional[int]]], elastic: Optional[Elastic] = None,
+def source_of(o: Options, files: List[str], start: Start, counts: Optional[List[Optional[int]]], *,
+              sharding: Sharding, mix: Optional[Mix], entries: Optional[Entries], elastic: Optional[Elastic] = None,
               counted: Optional[List[Dict[str, object]]] = None) -> Union[FileSource, MixSource]:
     """The plan of the epochs ``start`` begins, for a run (``make_source``) or for the loader's own
     questions before one (its length, a position's check)."""
