@@ -387,13 +387,13 @@ class Stats:
         out["counting"] = dataclasses.asdict(self.counting)
         counters, busy = self._counters(), self.busy.seconds()
         watch = self._watch
-        current = watch.figures if watch is not None else Figures()
-        if watch is not None:
-            iteration = _report(current, {k: v - watch.counters[k] for k, v in counters.items()},
-                                {k: v - watch.busy[k] for k, v in busy.items()})
+        if watch is None:  # no iteration yet: nothing counted since its start
+            current, since, busy_since, first_batch_s = Figures(), counters, busy, None
         else:
-            iteration = _report(current, dict.fromkeys(counters, 0), dict.fromkeys(busy, 0.0))
-        iteration["first_batch_s"] = watch.first_batch_s if watch is not None else None
+            current, since, busy_since, first_batch_s = watch.figures, watch.counters, watch.busy, watch.first_batch_s
+        iteration = _report(current, {k: v - since[k] for k, v in counters.items()},
+                            {k: v - busy_since[k] for k, v in busy.items()})
+        iteration["first_batch_s"] = first_batch_s
         out["iteration"] = iteration
         out["total"] = _report(self._finished.plus(current), counters, busy)
         out["total"]["iterations"] = self._iterations

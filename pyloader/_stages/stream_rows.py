@@ -174,9 +174,9 @@ class Rows:
     async def _take_files(self) -> np.ndarray:
         first = np.zeros(len(self.rows), dtype=bool)
         for r, row in enumerate(self.rows):
-            if row is not None and not row.exhausted:
-                continue
             if row is not None:
+                if not row.exhausted:
+                    continue
                 self.rows[r] = None
                 await row.close()
             self.rows[r] = await self._next_file()
