@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 
 import numpy as np
 
+from .._checks import is_integer
 from .._columns import Columns
 from .._npy import HEADER_PARSE
 from .codec import pack, unpack
@@ -119,16 +120,11 @@ def _check_values(c: CacheEncoded) -> None:
     if os.path.exists(c.dir) and not os.path.isdir(c.dir):
         raise ValueError(f"cache_encoded's dir {os.fspath(c.dir)!r} is not a folder")
     k = c.update_every
-    if k is not None and not _integer_from(k, 2):
+    if k is not None and not is_integer(k, least=2):
         raise ValueError(f"cache_encoded's update_every must be an integer >= 2 (the epochs one cache serves; "
                          f"1 would rewrite it every epoch and never read it) or None (written once), got {k!r}")
-    if c.limit is not None and not _integer_from(c.limit, 1):
+    if c.limit is not None and not is_integer(c.limit, least=1):
         raise ValueError(f"cache_encoded's limit must be an integer >= 1 (bytes) or None, got {c.limit!r}")
-
-
-def _integer_from(value: object, least: int) -> bool:
-    """Whether ``value`` is an integer (not a bool) of at least ``least``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def data_stamp(files: Sequence[str]) -> str:

@@ -170,6 +170,9 @@ def _hidden(name: str) -> bool:
 
 
 _SPECIAL = ("named pipe", "socket", "device", "special file")
+# what a mode is, tested in this order (a mode none of them names: "special file")
+_KINDS = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "named pipe"), (stat.S_ISSOCK, "socket"),
+          (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device"))
 
 
 def _kind(path: str) -> str:
@@ -183,15 +186,7 @@ def _kind(path: str) -> str:
         return "missing"
     except OSError:
         return "unreachable"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "folder"
-    if stat.S_ISFIFO(mode):
-        return "named pipe"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file"
+    return next((kind for test, kind in _KINDS if test(mode)), "special file")
 
 
 def _refused(described: str, path: str, kind: str) -> FileNotFoundError:
