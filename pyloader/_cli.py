@@ -234,7 +234,7 @@ class TreeMemory:
         self._thread = threading.Thread(target=self.watch, name="bench-memory", daemon=True)
 
     def sample(self) -> None:
-        pids = tree_pids(self.pid) if os.path.isdir("/proc") else []
+        pids = tree_pids(self.pid)  # none without /proc
         if pids:
             total = sum(rss(pid) for pid in pids)
         else:
@@ -340,7 +340,7 @@ def faster_than_default(results: Sequence[Result], tolerance: float) -> Optional
     """The fastest setting, when it beats the default's (``auto``) by more than ``tolerance`` (else None)."""
     ran = [r for r in results if r.error is None and r.samples_per_s > 0]
     mine = [r for r in ran if r.workers == auto_workers.AUTO]
-    if not mine or not ran:
+    if not mine:  # nothing ran, or not the default
         return None
     best = max(ran, key=lambda r: r.samples_per_s)
     return best if best.samples_per_s > (1 + tolerance) * mine[0].samples_per_s else None

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._checks import is_integer
-from ._paths import is_url
+from ._paths import is_url, local_path
 
 FORMAT = "pyloader.state/2"
 OLD_FORMAT = "pyloader.state/1"  # before epochs went on across iterations: always from epoch 0
@@ -78,7 +78,7 @@ def files_digest(files: Sequence[str]) -> str:
     root = _common_root(names)
     lines = []
     for path, name in zip(files, names):
-        size = "" if is_url(path) else str(os.path.getsize(path[7:] if path.startswith("file://") else path))
+        size = "" if is_url(path) else str(os.path.getsize(local_path(path)))
         lines.append(f"{os.path.relpath(name, root) if root else name}\t{size}")
     return hashlib.sha1("\n".join(lines).encode()).hexdigest()
 

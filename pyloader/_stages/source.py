@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Protocol, Sequence, Tuple, Union
+from typing import FrozenSet, Iterator, List, Optional, Protocol, Sequence, Tuple, Union
 
 from .._execution.reading import FileTask
 from .._rng import FILE_ORDER, derive_rng
@@ -59,6 +59,11 @@ class Source(Protocol):
 Bounds = Optional[Tuple[int, int]]  # a stream that is a slice of its file: rows start:end (``_stages.entries``)
 
 
+def known_counts(counts: Sequence[Optional[int]]) -> Tuple[List[int], FrozenSet[int]]:
+    """The samples per file, a count that failed (``None``, skipped) as 0, and those files: left out."""
+    return [n or 0 for n in counts], frozenset(i for i, n in enumerate(counts) if n is None)
+
+
 class FileSource:
     """Yields every epoch's files in order, then an ``EpochEnd`` marker.
 
@@ -85,8 +90,8 @@ class FileSource:
         self.seed = seed
         self.sharding = sharding
         # samples per file; needed to split epochs across ranks
-        self.counts = None if counts is None else [n or 0 for n in counts]
-        self.left_out = frozenset(i for i, n in enumerate(counts or ()) if n is None)
+        self.counts: Optional[List[int]]
+        self.counts, self.left_out = (None, frozenset()) if counts is None else known_counts(counts)
         self.whole_files = whole_files  # stream mode: ranks split files, not sample ranges
         self.bounds = list(bounds) if bounds is not None else [None] * len(self.files)
         self.elastic = elastic

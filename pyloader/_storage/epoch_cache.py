@@ -49,6 +49,7 @@ import numpy as np
 from .._checks import is_integer
 from .._columns import Columns
 from .._npy import HEADER_PARSE
+from .._paths import local_path
 from .codec import pack, unpack
 from .files import is_url
 
@@ -131,9 +132,11 @@ def data_stamp(files: Sequence[str]) -> str:
     """The modification times of the local files (a file rewritten in place changes the key)."""
     stamps = []
     for path in files:
-        local = None if is_url(path) else (path[7:] if path.startswith("file://") else path)
+        if is_url(path):
+            stamps.append("")
+            continue
         with contextlib.suppress(OSError):
-            stamps.append(str(os.stat(local).st_mtime_ns) if local is not None else "")
+            stamps.append(str(os.stat(local_path(path)).st_mtime_ns))
     return hashlib.sha1("\n".join(stamps).encode()).hexdigest()
 
 

@@ -17,6 +17,7 @@ import threading
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union, cast
 
 from .._paths import is_url
+from .._paths import local_path as _local
 from .compression import codec_for, decompressed
 from .remote import storage_options
 
@@ -25,10 +26,6 @@ DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 _GLOB_CHARS = set("*?[")
 
 logger = logging.getLogger("pyloader")
-
-
-def _local(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
 
 
 class SeekableRaw(io.RawIOBase):

@@ -175,10 +175,10 @@ def storage_options(url: str, retried_here: bool = True) -> Dict[str, Dict[str, 
         config_kwargs = {**fsspec.config.conf.get(protocol, {}).get("config_kwargs", {}),
                          "retries": {"total_max_attempts": 1}}
         config_kwargs.setdefault("http_session_cls", _session_sending_once())
+        options[protocol] = {"config_kwargs": config_kwargs}
         if retried_here:
             config_kwargs["user_agent_extra"] = f"{config_kwargs.get('user_agent_extra', '')} {_MARK}".strip()
-        options[protocol] = {"config_kwargs": config_kwargs}
-        if retried_here:  # s3fs takes its attempts as an attribute only: set on the (cached) instance
+            # s3fs takes its attempts as an attribute only: set on the (cached) instance
             fsspec.filesystem(protocol, **options[protocol]).retries = 1
     return options
 
