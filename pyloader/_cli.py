@@ -405,15 +405,15 @@ def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     places = IndexPlaces.of(reader, args.data, files, None)
     now = _stamps(files, places.folder)
     names = [ix.name_in(places.folder, f) for f in files]
-    found = ix.read_index(places.data_index, places.key)
-    kept = ix.lookup(files, names, now, [found] if found else [])
+    found = ix.read_index(places.data_index, places.key) or {}
+    kept = ix.lookup(files, names, now, [found])
     counted = Counter(reader, files, Exclusive([reader]), None).count(kept.counts, first_failure_stops=False,
                                                                        progress=args.progress)
     entries = {name: ix.entry(stamp, n) for name, stamp, n in zip(names, now, counted.counts) if n is not None}
     ix.write_index(places.data_index, places.key, entries, keep_found=False)
     out(f"{places.data_index}: {len(entries)} files, {sum(e['count'] for e in entries.values())} samples "
         f"({len(files) - counted.counted} from the index there, {counted.counted} counted, in {counted.seconds:.2f} s)")
-    return _report_index(kept.stale, sorted(set(found or {}) - set(names)), counted.failures, out)
+    return _report_index(kept.stale, sorted(set(found) - set(names)), counted.failures, out)
 
 
 def _stamps(files: List[str], folder: str) -> List[ix.Stamp]:

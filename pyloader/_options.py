@@ -246,11 +246,12 @@ class Options:
 
 def _check_together(a: Dict[str, Any]) -> None:
     """The rules between options (each one's own check has passed; the groups are stored as groups)."""
-    if a["stream"] and a["shuffle_buffer"]:
-        raise ValueError("stream mode keeps each row in file order: shuffle_buffer must be 0")
-    if a["stream"] and a["datareader"].shuffle:
-        raise ValueError("stream mode reads every file in order: use DataReader(shuffle=False) "
-                         "(DataLoader(shuffle=True) still shuffles the file order)")
+    if a["stream"]:
+        if a["shuffle_buffer"]:
+            raise ValueError("stream mode keeps each row in file order: shuffle_buffer must be 0")
+        if a["datareader"].shuffle:
+            raise ValueError("stream mode reads every file in order: use DataReader(shuffle=False) "
+                             "(DataLoader(shuffle=True) still shuffles the file order)")
     check_compose(a)
     ranks = a["ranks"]
     resolve_sharding(ranks.rank, ranks.world_size, ranks.even_batches)  # explicit values against the found ones

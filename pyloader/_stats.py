@@ -32,6 +32,7 @@ from typing import (
     Iterable,
     Iterator,
     List,
+    MutableSequence,
     Optional,
     Protocol,
     Sequence,
@@ -151,10 +152,7 @@ class Busy:
 
     def add_all(self, spent: Iterable[Tuple[str, float]]) -> None:
         with self._lock:
-            for slot, seconds in spent:
-                i = _SLOT.get(slot)
-                if i is not None:  # a step the stats do not list counts only in its stage
-                    self._sums[i] += seconds
+            _add(self._sums, spent)
 
     def track(self, rows: List[Any]) -> None:
         """Count the seconds of workers already running in ``rows`` from now on (until ``fold``)."""
@@ -186,10 +184,15 @@ class RowBusy:
         self.add_all(((slot, seconds),))
 
     def add_all(self, spent: Iterable[Tuple[str, float]]) -> None:
-        for slot, seconds in spent:
-            i = _SLOT.get(slot)
-            if i is not None:
-                self.row[i] += seconds
+        _add(self.row, spent)
+
+
+def _add(sums: MutableSequence[float], spent: Iterable[Tuple[str, float]]) -> None:
+    """Add each ``(slot, seconds)`` of ``spent`` to ``sums`` (a list, or a worker's shared row, by slot)."""
+    for slot, seconds in spent:
+        i = _SLOT.get(slot)
+        if i is not None:  # a step the stats do not list counts only in its stage
+            sums[i] += seconds
 
 
 @dataclasses.dataclass

@@ -59,6 +59,7 @@ class Cutter:
         self.padding_mode = shape.padding_mode
         self.pad_value = shape.pad_value
         self.time_major = shape.time_major  # [T, B, ...] rather than [B, T, ...] (with seq_len)
+        self.row_axis = 2 if shape.time_major else 1  # in a group of steps: [steps, T, B, ...] or [steps, B, ...]
         self.template: Optional[Columns] = None
         self.edge: List[Dict[str, object]] = []  # per row (empty: no real sample yet)
         self.reset()
@@ -100,13 +101,10 @@ class Cutter:
         so that each step's batch is one contiguous block."""
         window = (steps, self.width) if self.seq_len else (steps,)
         dtype, sample = _common_layout(key, [(path, piece[key]) for path, piece in files])
-        if self.time_major:
-            shape = (steps, self.width, len(cuts)) + sample
-        else:
-            shape = (steps, len(cuts)) + window[1:] + sample
+        shape = window[:self.row_axis] + (len(cuts),) + window[self.row_axis:] + sample
         out = np.empty(shape, dtype) if all(cuts) else np.full(shape, self._pad(key), dtype)
         for r, cut in enumerate(cuts):
-            row_out = out[:, :, r] if self.time_major else out[:, r]
+            row_out = out[(slice(None),) * self.row_axis + (r,)]
             if cut is not None:
                 piece, offset = cut
                 row_out[...] = piece[key][offset:offset + steps * self.width].reshape(window + sample)
@@ -240,9 +238,10 @@ class Cutter:
 
 def _row_meta(rows: Rows) -> Dict[str, np.ndarray]:
     """Per row: the file's place in the epoch's order, the row's position in it, whether it is replayed."""
-    return {REPLAY: np.array([row is not None and row.replay for row in rows], dtype=bool),
-            STREAM_ID: np.array([-1 if row is None else row.task.pos for row in rows], dtype=np.int64),
-            POSITION: np.array([-1 if row is None else row.position for row in rows], dtype=np.int64)}
+    each = [(False, -1, -1) if row is None else (row.replay, row.task.pos, row.position) for row in rows]
+    replay, stream_id, position = zip(*each)  # a batch has rows
+    return {REPLAY: np.array(replay, dtype=bool), STREAM_ID: np.array(stream_id, dtype=np.int64),
+            POSITION: np.array(position, dtype=np.int64)}
 
 
 def _paths(rows: Rows) -> Tuple[str, ...]:

@@ -113,9 +113,10 @@ class _Rows:
 
     def __init__(self, whole: Optional[np.ndarray] = None, stream: Optional[IO[bytes]] = None,
                  shape: Tuple[int, ...] = (), dtype: Optional[np.dtype] = None) -> None:
+        if whole is not None:
+            shape, dtype = whole.shape, whole.dtype
         self.whole, self.stream = whole, stream
-        self.shape = whole.shape if whole is not None else shape
-        self.dtype = whole.dtype if whole is not None else dtype
+        self.shape, self.dtype = shape, dtype
         self.pos = 0
 
     @classmethod
