@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union, cast
 
 import numpy as np
 
@@ -423,7 +423,7 @@ def _stamps(files: List[str], folder: str) -> List[ix.Stamp]:
     if missing:
         raise FileNotFoundError(f"{missing[0]!r} was listed but is gone" + (f" (and {len(missing) - 1} more)"
                                                                             if len(missing) > 1 else ""))
-    return [stamp for stamp in now if stamp is not None]
+    return cast(List[ix.Stamp], now)  # none missing
 
 
 def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[Tuple[int, PipelineError]],

@@ -378,9 +378,8 @@ def bind(owner: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str,
 
 
 def _is_old(key: str, value: object) -> bool:
-    """Whether ``key=value`` is a flat keyword of 0.1 (``rotation=3``: a number of times, not a ``Rotation``)."""
-    if key not in OLD_KEYWORDS:
-        return False
+    """Whether ``key=value``, ``key`` a flat keyword of 0.1, is given as one (``rotation=3``: a number
+    of times, not a ``Rotation``)."""
     return key not in OPTIONS or isinstance(value, int) and not isinstance(value, bool)
 
 

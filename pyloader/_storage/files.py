@@ -163,7 +163,7 @@ def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infe
 
 
 def _hidden(name: str) -> bool:
-    return name.startswith(".") or name.startswith("_")
+    return name.startswith((".", "_"))
 
 
 _SPECIAL = ("named pipe", "socket", "device", "special file")
@@ -255,12 +255,12 @@ def _glob_aligns(pattern: Sequence[str], names: Sequence[str], strict: bool) -> 
 def _globstar_aligns(rest: Sequence[str], names: Sequence[str], strict: bool) -> bool:
     """``_glob_aligns`` for a pattern that starts with ``**`` (then ``rest``): it takes any number of
     names, none of them hidden when ``strict``."""
-    for k in range(len(names) + 1):
+    for k, name in enumerate(names):
         if _glob_aligns(rest, names[k:], strict):
             return True
-        if k < len(names) and strict and _hidden(names[k]):
+        if strict and _hidden(name):
             return False
-    return False
+    return _glob_aligns(rest, names[len(names):], strict)  # it takes every name
 
 
 def _glob_keeps(spec: str, path: str) -> bool:
