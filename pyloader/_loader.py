@@ -275,7 +275,8 @@ class DataLoader(Options):
                           self._oversized)
 
     def _consumed(self, batch: Batch, record: _Run) -> object:
-        self.epoch = batch.epoch
+        if self.epoch != batch.epoch:  # rarely: assigning goes through the frozen dataclass's __setattr__
+            self.epoch = batch.epoch
         record.epoch, record.consumed, record.last_epoch = batch.epoch, batch.index + 1, batch.epoch
         record.cached = batch.cached
         self._stats.batches += 1
