@@ -10,6 +10,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 from ._abc import DataReader
+from ._checks import is_integer
 from ._compose import callable_name
 from ._counts import Counter, IndexPlaces
 from ._errors import ErrorHandler, PipelineError, Stats
@@ -219,7 +220,7 @@ class DataLoader(Options):
 
         A running iteration is not changed; the next ``iter()`` ends it.
         """
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        if not is_integer(epoch):
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         self._next = fresh(epoch, self.num_epoch)
         self._record = None
