@@ -96,7 +96,8 @@ class DataLoader(Options):
 
     Memory is bounded by settings: ``max_queue_size`` collated batches ready (or
     one group, when a group is larger), 2 groups of at most 32 consecutive batches
-    being encoded and collated (4 per worker with ``num_workers``),
+    being encoded and collated (4 per worker when worker processes run, as ``"auto"``
+    may start them),
     ``prefetch_files`` files read ahead (in stream mode ``max(prefetch_files,
     batch_size)``: one per row) (each holding at most 2 pieces from
     ``iter_file``, or the whole file when ``read_file`` is used), the bytes

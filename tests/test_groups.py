@@ -85,7 +85,9 @@ def test_ready_batches_stay_within_max_queue_size(tmp_path):
             made.append(1)
             return {"id": list(features["id"])}
 
-    loader = pl.DataLoader(IdReader(4), pl.IdentityDataset(), Counting(), str(tmp_path / "d"), max_queue_size=8)
+    # threads: every collate is counted here (with workers, 4 groups a worker are in flight)
+    loader = pl.DataLoader(IdReader(4), pl.IdentityDataset(), Counting(), str(tmp_path / "d"), max_queue_size=8,
+                           num_workers=0)
     it = iter(loader)
     next(it)
     time.sleep(0.5)  # let the pipeline fill up
