@@ -45,7 +45,7 @@ class Recorder(L.LightningModule):
     def on_train_end(self) -> None:
         with open(f"{self.out}.rank{self.global_rank}.json", "w") as f:
             json.dump({"seen": self.seen, "num_training_batches": self.trainer.num_training_batches,
-                       "pid": os.getpid()}, f)
+                       "pid": os.getpid(), "placement": self.loader.stats.get("placement")}, f)
 
 
 def main() -> None:
@@ -74,6 +74,7 @@ def main() -> None:
                             logger=False, enable_checkpointing=bool(callbacks), callbacks=callbacks,
                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
         model = Recorder()
+        model.loader = loader
         model.out = args.out if len(args.resume) == 1 else f"{args.out}.{i}"
         trainer.fit(model, train_dataloaders=loader, ckpt_path=resume)
         loader.close()

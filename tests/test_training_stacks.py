@@ -51,7 +51,7 @@ def test_lightning_fit_trains_every_epoch_in_full_and_reshuffled(tmp_path):
     assert run["num_training_batches"] == 10  # len(loader), not inf
 
 
-def test_lightning_fit_with_default_settings_reads_in_worker_processes_every_epoch_in_full(tmp_path):
+def test_lightning_fit_with_default_settings_starts_workers_and_places_files_by_measuring(tmp_path):
     # the suite's PYLOADER_NUM_WORKERS=0 is dropped: the user's default, num_workers="auto", decides
     write_chunks(tmp_path / "data", SIZES)
     [run] = lightning_run(tmp_path, "auto", "--epochs", "2", "--workers", "auto", dropped=("PYLOADER_NUM_WORKERS",))
@@ -59,10 +59,13 @@ def test_lightning_fit_with_default_settings_reads_in_worker_processes_every_epo
     assert all(sorted(ids) == list(range(39)) for ids in epochs.values()) and sorted(epochs) == [0, 1]
     assert epochs[0] != epochs[1]
     readers = {pid for step in run["seen"] for pid in step["read_by"]}
-    if len(os.sched_getaffinity(0)) >= 2:  # one worker per CPU (at most 4)
-        assert run["pid"] not in readers and len(readers) >= 2, (run["pid"], readers)
+    placement = run["placement"]
+    if len(os.sched_getaffinity(0)) >= 2:  # one worker per CPU (at most 4), each file where it measured faster
+        assert placement["num_workers"] >= 2 and "measured" in placement, placement
+        in_workers = sum(w["batches"] for w in placement["measured"]["windows"] if w["place"] != "threads")
+        assert in_workers == 0 or readers - {run["pid"]}, (readers, placement)  # batches measured there were read there
     else:  # below 2 CPUs the default keeps user code in threads
-        assert readers == {run["pid"]}
+        assert readers == {run["pid"]} and placement["num_workers"] == 0, placement
 
 
 def test_lightning_ddp_with_the_loader_built_before_fit_splits_each_epoch_evenly(tmp_path):
