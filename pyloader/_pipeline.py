@@ -26,6 +26,7 @@ from typing import AsyncGenerator, AsyncIterator, Iterator, Optional
 from ._errors import Stats
 from ._execution.filter import with_filter
 from ._execution.forking import needed_modules
+from ._execution.measured import HERE
 from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Lane, LocalSteps, MeasuredRunner, PoolRunner, Run, Runner, ThreadRunner
 from ._frameworks.torch import attach_meta
@@ -183,7 +184,16 @@ def _reader_stage(s: Settings, runner: Runner, ramp: Ramp) -> ReadFiles:
     ahead = max(o.prefetch_files, s.batch_size) if o.stream else o.prefetch_files
     buffered = o.shuffle_buffer > 0 or o.bucket is not None or s.mix is not None  # rows meet here
     return ReadFiles(runner, bool(o.stream) or buffered, ahead, s.errors, s.stats,
-                     start_ahead=None if o.stream else max(0, s.num_workers - 1), ramp=ramp)
+                     start_ahead=None if o.stream else _start_ahead(s), ramp=ramp)
+
+
+def _start_ahead(s: Settings) -> int:
+    """Files read beside the first until its first batch is out: one per extra worker, none in threads
+    (there a second file would share the cores with the first, and a reader that is not thread-safe
+    could even make the first file wait for the second's read)."""
+    if s.measured is not None and s.measured.first_place() == HERE:
+        return 0
+    return max(0, s.num_workers - 1)
 
 
 def _batcher(c: Chain, read: ReadFiles, first: FirstEpoch) -> RowBatcher:

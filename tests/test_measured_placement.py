@@ -316,3 +316,41 @@ def test_a_worker_dying_while_files_run_in_threads_is_reported(tmp_path: Path, s
         for _ in it:
             pass
     loader.close()
+
+
+class Timeline(pl.DataReader):
+    """Records when each file's read began and ended (in this process: the trial starts in threads); the
+    first file takes ``first_s``."""
+
+    thread_safe = True  # reads may overlap: nothing here serializes them
+
+    def __init__(self, batch_size: int, first_s: float) -> None:
+        super().__init__(batch_size)
+        self.first_s = first_s
+        self.spans: Dict[str, List[float]] = {}
+
+    def read_file(self, path: str) -> Any:
+        name = os.path.basename(path)
+        self.spans[name] = [time.monotonic()]
+        if name == "part-0000.txt":
+            time.sleep(self.first_s)
+        with open(path) as f:
+            ids = [int(line) for line in f]
+        self.spans[name].append(time.monotonic())
+        return {"id": ids}, len(ids)
+
+
+@needs_workers
+@pytest.mark.timeout(120)
+def test_the_first_file_placed_in_threads_is_read_alone_until_its_first_batch_is_out(tmp_path: Path) -> None:
+    """Beside a first file read in threads, no second one is read (in workers the second goes to another
+    worker): it would share the cores, and with a reader that is not thread-safe the first file's read
+    could wait for the whole read of the second (a stalled file held the first batch up for a minute)."""
+    write_chunks(tmp_path, [8] * 6)
+    reader = Timeline(4, first_s=0.3)
+    loader = pl.DataLoader(reader, pl.IdentityDataset(), ListCollator(), str(tmp_path))
+    assert [b["id"] for b in loader][0] == [0, 1, 2, 3]
+    assert loader.stats["placement"]["measured"]["windows"][0]["place"] == HERE
+    first_done = reader.spans["part-0000.txt"][1]
+    early = {name: span[0] - first_done for name, span in reader.spans.items() if span[0] < first_done}
+    assert set(early) == {"part-0000.txt"}, early

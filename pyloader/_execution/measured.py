@@ -117,11 +117,15 @@ class Measured:
     def current(self) -> Window:
         return self._windows[-1]
 
+    def first_place(self) -> str:
+        """The place of an iteration's first files: the trial's first, or where the last one left off."""
+        return self.current.place if self._windows else self.TRIAL[0]
+
     def new_run(self) -> None:
         """A new iteration: its files are new, the decision and the schedule go on."""
         with self._lock:
             self._files.clear()
-            self._open(self.current.place if self._windows else self.TRIAL[0])
+            self._open(self.first_place())
 
     def place(self, epoch: int, path: str) -> str:
         """The place of a file whose reading starts now."""
