@@ -4,6 +4,7 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Mapping, NoReturn, Tuple
 
+from ._checks import is_integer
 from ._columns import Column, Columns, check_columns, n_rows
 
 __all__ = ["DataReader", "Dataset", "DataCollator", "IdentityDataset"]
@@ -84,7 +85,7 @@ class DataReader(abc.ABC):
     """
 
     def __init__(self, batch_size: int = 16, shuffle: bool = False, random_seed: int = 42) -> None:
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        if not is_integer(batch_size, least=1):
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)

@@ -7,10 +7,11 @@ dataclass field ``name: Annotated[type, Option("one line of doc", check=...)] = 
 """
 from __future__ import annotations
 
+import math
 import os
 import typing
 from dataclasses import dataclass, fields
-from typing import Callable, Dict, Optional, Sequence, Union
+from typing import Callable, Dict, Optional, Sequence, TypeGuard, Union
 
 Check = Callable[[str, object], object]  # raises naming the option when the value is bad
 
@@ -54,14 +55,19 @@ def _read(cls: type) -> Dict[str, Option]:
     return out
 
 
+def is_integer(value: object, least: int = 0, below: float = math.inf) -> TypeGuard[int]:
+    """Whether ``value`` is an ``int`` (a ``bool`` is not) with ``least <= value < below``."""
+    return isinstance(value, int) and not isinstance(value, bool) and least <= value < below
+
+
 def positive(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not is_integer(value, least=1):
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return value
 
 
 def at_least_zero(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not is_integer(value):
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 

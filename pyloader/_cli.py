@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union, cast
 
 import numpy as np
 
@@ -234,7 +234,7 @@ class TreeMemory:
         self._thread = threading.Thread(target=self.watch, name="bench-memory", daemon=True)
 
     def sample(self) -> None:
-        pids = tree_pids(self.pid) if os.path.isdir("/proc") else []
+        pids = tree_pids(self.pid)  # none without /proc
         if pids:
             total = sum(rss(pid) for pid in pids)
         else:
@@ -340,7 +340,7 @@ def faster_than_default(results: Sequence[Result], tolerance: float) -> Optional
     """The fastest setting, when it beats the default's (``auto``) by more than ``tolerance`` (else None)."""
     ran = [r for r in results if r.error is None and r.samples_per_s > 0]
     mine = [r for r in ran if r.workers == auto_workers.AUTO]
-    if not mine or not ran:
+    if not mine:  # nothing ran, or not the default
         return None
     best = max(ran, key=lambda r: r.samples_per_s)
     return best if best.samples_per_s > (1 + tolerance) * mine[0].samples_per_s else None
@@ -405,15 +405,15 @@ def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     places = IndexPlaces.of(reader, args.data, files, None)
     now = _stamps(files, places.folder)
     names = [ix.name_in(places.folder, f) for f in files]
-    found = ix.read_index(places.data_index, places.key)
-    kept = ix.lookup(files, names, now, [found] if found else [])
+    found = ix.read_index(places.data_index, places.key) or {}
+    kept = ix.lookup(files, names, now, [found])
     counted = Counter(reader, files, Exclusive([reader]), None).count(kept.counts, first_failure_stops=False,
                                                                        progress=args.progress)
     entries = {name: ix.entry(stamp, n) for name, stamp, n in zip(names, now, counted.counts) if n is not None}
     ix.write_index(places.data_index, places.key, entries, keep_found=False)
     out(f"{places.data_index}: {len(entries)} files, {sum(e['count'] for e in entries.values())} samples "
         f"({len(files) - counted.counted} from the index there, {counted.counted} counted, in {counted.seconds:.2f} s)")
-    return _report_index(kept.stale, sorted(set(found or {}) - set(names)), counted.failures, out)
+    return _report_index(kept.stale, sorted(set(found) - set(names)), counted.failures, out)
 
 
 def _stamps(files: List[str], folder: str) -> List[ix.Stamp]:
@@ -423,7 +423,7 @@ def _stamps(files: List[str], folder: str) -> List[ix.Stamp]:
     if missing:
         raise FileNotFoundError(f"{missing[0]!r} was listed but is gone" + (f" (and {len(missing) - 1} more)"
                                                                             if len(missing) > 1 else ""))
-    return [stamp for stamp in now if stamp is not None]
+    return cast(List[ix.Stamp], now)  # none missing
 
 
 def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[Tuple[int, PipelineError]],

@@ -17,7 +17,7 @@ import os
 from dataclasses import KW_ONLY, dataclass
 from typing import Annotated, Optional, Union
 
-from ._checks import Option, a_folder, as_path, at_least_zero, declared, one_of, optional, positive
+from ._checks import Option, a_folder, as_path, at_least_zero, declared, is_integer, one_of, optional, positive
 from ._errors import ErrorPolicy
 from ._stages.bucket import BucketBy
 from ._stages.shard import EVEN_BATCHES
@@ -56,7 +56,7 @@ def differs(value: object, default: object) -> bool:
 
 
 def _times(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+    if not is_integer(value, least=2):
         raise ValueError(f"{name} must be an integer >= 2 (each sample served once: rotation=None), got {value!r}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
 
 from ._abc import DataReader
+from ._checks import is_integer
 from ._errors import PipelineError
 from ._rng import USER_COUNT, drawing
 from ._stages.mix import MixSource
@@ -28,7 +29,7 @@ def checked_count(reader: DataReader, path: str) -> int:
             n = reader.count(path)
     except Exception as exc:
         raise PipelineError("count", [path], exc) from exc
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+    if not is_integer(n):
         raise PipelineError("count", [path], ValueError(f"count returned {n!r}, expected an int >= 0"))
     return n
 

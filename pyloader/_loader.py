@@ -10,6 +10,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 from ._abc import DataReader
+from ._checks import is_integer
 from ._compose import callable_name
 from ._counts import Counter, IndexPlaces
 from ._errors import ErrorHandler, PipelineError, Stats
@@ -36,9 +37,9 @@ from ._options import (
     values_of,
 )
 from ._pipeline import batches, launch_workers
-from ._plan import Settings
+from ._plan import Settings, source_of
 from ._stages.batch import Batch, Group, Stacked
-from ._stages.entries import bounds_of, known_counts, stream_data
+from ._stages.entries import known_counts, stream_data
 from ._stages.mix import MixSource, mix_fingerprint
 from ._stages.order import declares_drops_or_repeats
 from ._stages.shard import Sharding
@@ -219,7 +220,7 @@ class DataLoader(Options):
 
         A running iteration is not changed; the next ``iter()`` ends it.
         """
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        if not is_integer(epoch):
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         self._next = fresh(epoch, self.num_epoch)
         self._record = None
@@ -275,7 +276,8 @@ class DataLoader(Options):
                           self._oversized)
 
     def _consumed(self, batch: Batch, record: _Run) -> object:
-        self.epoch = batch.epoch
+        if self.epoch != batch.epoch:  # rarely: assigning goes through the frozen dataclass's __setattr__
+            self.epoch = batch.epoch
         record.epoch, record.consumed, record.last_epoch = batch.epoch, batch.index + 1, batch.epoch
         record.cached = batch.cached
         self._stats.batches += 1
@@ -383,13 +385,9 @@ class DataLoader(Options):
 
     def _plan(self, start: Start, counts: List[Optional[int]],
               elastic: Optional[Elastic] = None) -> Union[FileSource, MixSource]:
-        """The plan of the epochs ``start`` begins, from the counts (as the run makes it: ``_plan.make_source``)."""
-        if self._mix is not None:
-            return MixSource(self._mix, counts, self.stop, self.shuffle, self.random_seed, num_epoch=start.end,
-                             sharding=self.sharding)
-        return FileSource(self.files, start.end, self.shuffle, self.random_seed, sharding=self.sharding, counts=counts,
-                          whole_files=bool(self.stream), file_order=self.file_order, bounds=bounds_of(self._entries),
-                          elastic=elastic)
+        """The plan of the epochs ``start`` begins, from the counts (as a run makes it)."""
+        return source_of(self, self.files, start, counts, sharding=self.sharding, mix=self._mix, entries=self._entries,
+                         elastic=elastic)
 
     def _check_position(self, start: Start) -> None:
         """Refuse a position that the data cannot have, before any run plans from it: a part of the epoch

@@ -130,10 +130,10 @@ def _on_error(name: str, value: object) -> None:
 
 
 def _stream_record(value: object) -> Recorded:
-    s = value if isinstance(value, Stream) else None
-    return Recorded({"stream": s is not None, "seq_len": None if s is None else s.seq_len,
-            "padding_mode": "zeros" if s is None else s.padding_mode,
-            "time_major": True if s is not None and s.time_major else None})  # None at the default: older states
+    if not isinstance(value, Stream):
+        return Recorded(stream=False, seq_len=None, padding_mode="zeros", time_major=None)
+    return Recorded(stream=True, seq_len=value.seq_len, padding_mode=value.padding_mode,
+                    time_major=True if value.time_major else None)  # None at the default: older states
 
 
 def _ranks_record(value: object) -> Recorded:
@@ -143,13 +143,16 @@ def _ranks_record(value: object) -> Recorded:
 
 def _bucket_record(value: object) -> Recorded:
     b = cast(Optional[Bucket], value)
-    return Recorded(bucket_by=None if b is None else b.by if isinstance(b.by, str) else callable_name(b.by),
-                    bucket_buffer=None if b is None else b.buffer)
+    if b is None:
+        return Recorded(bucket_by=None, bucket_buffer=None)
+    return Recorded(bucket_by=b.by if isinstance(b.by, str) else callable_name(b.by), bucket_buffer=b.buffer)
 
 
 def _rotation_record(value: object) -> Recorded:
     r = cast(Optional[Rotation], value)
-    return Recorded(rotation=None if r is None else r.times, rotation_size=None if r is None else r.size)
+    if r is None:
+        return Recorded(rotation=None, rotation_size=None)
+    return Recorded(rotation=r.times, rotation_size=r.size)
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -243,11 +246,12 @@ class Options:
 
 def _check_together(a: Dict[str, Any]) -> None:
     """The rules between options (each one's own check has passed; the groups are stored as groups)."""
-    if a["stream"] and a["shuffle_buffer"]:
-        raise ValueError("stream mode keeps each row in file order: shuffle_buffer must be 0")
-    if a["stream"] and a["datareader"].shuffle:
-        raise ValueError("stream mode reads every file in order: use DataReader(shuffle=False) "
-                         "(DataLoader(shuffle=True) still shuffles the file order)")
+    if a["stream"]:
+        if a["shuffle_buffer"]:
+            raise ValueError("stream mode keeps each row in file order: shuffle_buffer must be 0")
+        if a["datareader"].shuffle:
+            raise ValueError("stream mode reads every file in order: use DataReader(shuffle=False) "
+                             "(DataLoader(shuffle=True) still shuffles the file order)")
     check_compose(a)
     ranks = a["ranks"]
     resolve_sharding(ranks.rank, ranks.world_size, ranks.even_batches)  # explicit values against the found ones
@@ -350,7 +354,7 @@ def fingerprint(options: Options, **resolved: object) -> Dict[str, object]:
         value = getattr(options, name)
         recorded = option.resume(value) if callable(option.resume) else value
         for key, kept in (recorded.items() if isinstance(recorded, Recorded) else [(name, recorded)]):
-            out[key] = resolved[key] if key in resolved else kept
+            out[key] = resolved.get(key, kept)
     return out
 
 
@@ -374,9 +378,8 @@ def bind(owner: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str,
 
 
 def _is_old(key: str, value: object) -> bool:
-    """Whether ``key=value`` is a flat keyword of 0.1 (``rotation=3``: a number of times, not a ``Rotation``)."""
-    if key not in OLD_KEYWORDS:
-        return False
+    """Whether ``key=value``, ``key`` a flat keyword of 0.1, is given as one (``rotation=3``: a number
+    of times, not a ``Rotation``)."""
     return key not in OPTIONS or isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -13,3 +13,8 @@ _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*(://|::)")  # a protocol, or the fir
 
 def is_url(path: str) -> bool:
     return bool(_URL.match(path)) and not path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    """A local file's path as ``open`` takes it (a ``file://`` URL without its scheme)."""
+    return path.removeprefix("file://")

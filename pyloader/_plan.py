@@ -246,13 +246,21 @@ def _buffers(s: Settings, source: Union[FileSource, MixSource]) -> Buffers:
 
 def make_source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Union[FileSource, MixSource]:
     """The plan of files of every epoch of the run (``FileSource``, or ``MixSource`` for sources)."""
-    o = s.options
-    if s.mix is not None:
-        return MixSource(s.mix, counts or [], o.stop, o.shuffle, o.random_seed, num_epoch=start.end,
-                         sharding=s.sharding, counted=s.stats.sources)
-    elastic = Elastic(start.epoch, start.splits, s.batch_size, seq_len_of(o) or 1) if start.splits else None
-    return FileSource(s.files, start.end, o.shuffle, o.random_seed, sharding=s.sharding, counts=counts,
-                      whole_files=bool(o.stream), file_order=o.file_order, bounds=bounds_of(s.entries), elastic=elastic)
+    elastic = Elastic(start.epoch, start.splits, s.batch_size, seq_len_of(s.options) or 1) if start.splits else None
+    return source_of(s.options, s.files, start, counts, sharding=s.sharding, mix=s.mix, entries=s.entries,
+                     elastic=elastic, counted=s.stats.sources)
+
+
+def source_of(o: Options, files: List[str], start: Start, counts: Optional[List[Optional[int]]], *,
+              sharding: Sharding, mix: Optional[Mix], entries: Optional[Entries], elastic: Optional[Elastic] = None,
+              counted: Optional[List[Dict[str, object]]] = None) -> Union[FileSource, MixSource]:
+    """The plan of the epochs ``start`` begins, for a run (``make_source``) or for the loader's own
+    questions before one (its length, a position's check)."""
+    if mix is not None:
+        return MixSource(mix, counts or [], o.stop, o.shuffle, o.random_seed, num_epoch=start.end,
+                         sharding=sharding, counted=counted)
+    return FileSource(files, start.end, o.shuffle, o.random_seed, sharding=sharding, counts=counts,
+                      whole_files=bool(o.stream), file_order=o.file_order, bounds=bounds_of(entries), elastic=elastic)
 
 
 def _planned_steps(s: Settings, source: Union[FileSource, MixSource]) -> Optional[Callable[[int], int]]:

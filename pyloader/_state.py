@@ -22,7 +22,8 @@ import reprlib
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ._paths import is_url
+from ._checks import is_integer
+from ._paths import is_url, local_path
 
 FORMAT = "pyloader.state/2"
 OLD_FORMAT = "pyloader.state/1"  # before epochs went on across iterations: always from epoch 0
@@ -77,7 +78,7 @@ def files_digest(files: Sequence[str]) -> str:
     root = _common_root(names)
     lines = []
     for path, name in zip(files, names):
-        size = "" if is_url(path) else str(os.path.getsize(path[7:] if path.startswith("file://") else path))
+        size = "" if is_url(path) else str(os.path.getsize(local_path(path)))
         lines.append(f"{os.path.relpath(name, root) if root else name}\t{size}")
     return hashlib.sha1("\n".join(lines).encode()).hexdigest()
 
@@ -133,7 +134,7 @@ _PER_RANK = ("rank", "world_size")  # any rank's state resumes every rank, under
 
 def _integer(state: Mapping[str, object], name: str, least: int = 0) -> int:
     value = state.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or not least <= value < LIMIT:
+    if not is_integer(value, least, LIMIT):
         raise ValueError(f"the state's {name} must be an integer >= {least} and < 2**63, got {shown(value)}")
     return value
 
@@ -222,15 +223,14 @@ def _splits(value: object) -> Tuple[Tuple[int, int], ...]:
 
 def _is_split(s: object) -> bool:
     """Whether ``s`` is ``[world_size, batches]``, two integers in ``1 .. LIMIT - 1``."""
-    return isinstance(s, list) and len(s) == 2 and all(
-        isinstance(v, int) and not isinstance(v, bool) and 1 <= v < LIMIT for v in s)
+    return isinstance(s, list) and len(s) == 2 and all(is_integer(v, 1, LIMIT) for v in s)
 
 
 def _elastic(start: Start, theirs: Mapping[str, object], ours: Mapping[str, object]) -> Start:
     """``start`` for this world size: under another one than the state's, the rest of the epoch
     is shared out anew (what the saved ranks took becomes a split)."""
     saved_world, saved_rank = _integer(theirs, "world_size", least=1), theirs.get("rank", 0)
-    if not isinstance(saved_rank, int) or isinstance(saved_rank, bool) or not 0 <= saved_rank < saved_world:
+    if not is_integer(saved_rank, 0, saved_world):
         raise ValueError(f"the state's rank must be an integer >= 0 and below its world_size {saved_world}, "
                          f"got {shown(saved_rank)}")
     taken = start.skip - start.base

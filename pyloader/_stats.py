@@ -32,6 +32,7 @@ from typing import (
     Iterable,
     Iterator,
     List,
+    MutableSequence,
     Optional,
     Protocol,
     Sequence,
@@ -151,10 +152,7 @@ class Busy:
 
     def add_all(self, spent: Iterable[Tuple[str, float]]) -> None:
         with self._lock:
-            for slot, seconds in spent:
-                i = _SLOT.get(slot)
-                if i is not None:  # a step the stats do not list counts only in its stage
-                    self._sums[i] += seconds
+            _add(self._sums, spent)
 
     def track(self, rows: List[Any]) -> None:
         """Count the seconds of workers already running in ``rows`` from now on (until ``fold``)."""
@@ -186,10 +184,15 @@ class RowBusy:
         self.add_all(((slot, seconds),))
 
     def add_all(self, spent: Iterable[Tuple[str, float]]) -> None:
-        for slot, seconds in spent:
-            i = _SLOT.get(slot)
-            if i is not None:
-                self.row[i] += seconds
+        _add(self.row, spent)
+
+
+def _add(sums: MutableSequence[float], spent: Iterable[Tuple[str, float]]) -> None:
+    """Add each ``(slot, seconds)`` of ``spent`` to ``sums`` (a list, or a worker's shared row, by slot)."""
+    for slot, seconds in spent:
+        i = _SLOT.get(slot)
+        if i is not None:  # a step the stats do not list counts only in its stage
+            sums[i] += seconds
 
 
 @dataclasses.dataclass
@@ -387,13 +390,13 @@ class Stats:
         out["counting"] = dataclasses.asdict(self.counting)
         counters, busy = self._counters(), self.busy.seconds()
         watch = self._watch
-        current = watch.figures if watch is not None else Figures()
-        if watch is not None:
-            iteration = _report(current, {k: v - watch.counters[k] for k, v in counters.items()},
-                                {k: v - watch.busy[k] for k, v in busy.items()})
+        if watch is None:  # no iteration yet: nothing counted since its start
+            current, since, busy_since, first_batch_s = Figures(), counters, busy, None
         else:
-            iteration = _report(current, dict.fromkeys(counters, 0), dict.fromkeys(busy, 0.0))
-        iteration["first_batch_s"] = watch.first_batch_s if watch is not None else None
+            current, since, busy_since, first_batch_s = watch.figures, watch.counters, watch.busy, watch.first_batch_s
+        iteration = _report(current, {k: v - since[k] for k, v in counters.items()},
+                            {k: v - busy_since[k] for k, v in busy.items()})
+        iteration["first_batch_s"] = first_batch_s
         out["iteration"] = iteration
         out["total"] = _report(self._finished.plus(current), counters, busy)
         out["total"]["iterations"] = self._iterations

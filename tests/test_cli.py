@@ -142,10 +142,10 @@ held = b"x" * (64 << 20)  # 64 MiB resident in the parent, inherited by both chi
 for _ in range(2):
     if os.fork() == 0:
         own = b"y" * (64 << 20)
-        print("ready", flush=True)
+        os.write(1, b"ready\\n")  # one write: lines of the three processes do not interleave
         sys.stdin.read()
         os._exit(0)
-print("ready", flush=True)
+os.write(1, b"ready\\n")
 sys.stdin.read()
 os.wait(); os.wait()
 """

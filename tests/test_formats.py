@@ -44,6 +44,7 @@ from pyloader.readers import (
     _csv,
     _jsonl,
 )
+from pyloader.readers._parquet import _columns
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -529,6 +530,43 @@ def test_parquet_row_groups_are_the_pieces_with_numpy_numbers_and_python_strings
         assert got["emb"].shape == (k, 2) and got["emb"][1].tolist() == [11.0, 11.0]
     np.testing.assert_array_equal(np.concatenate([p["id"] for p in pieces]), np.arange(10, 20))
     assert not pieces[1]["id"].flags.owndata and not pieces[1]["id"].flags.writeable  # a view of Arrow's buffer
+
+
+@pytest.mark.parametrize("kind", [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(),
+                                  pa.uint32(), pa.uint64(), pa.float16(), pa.float32(), pa.float64()])
+def test_parquet_numbers_of_every_fixed_width_come_out_as_arrow_s_own_conversion_even_from_sliced_arrays(kind):
+    values = pa.array(np.arange(7) * 3, pa.int64()).cast(kind)
+    table = pa.table({"x": values, "pair": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(14)).cast(kind), 2)})
+    for data in (table, table.slice(2, 4), table.slice(5)):
+        got = _columns(data, ["x", "pair"])
+        pairs = np.asarray(data["pair"].to_pylist(), want_dtype(kind))
+        for name, want in (("x", data["x"].to_numpy()), ("pair", pairs)):
+            assert got[name].dtype == want.dtype and got[name].tolist() == want.tolist(), (kind, name, len(data))
+
+
+def want_dtype(kind: pa.DataType) -> np.dtype:
+    return pa.array([], kind).to_numpy().dtype
+
+
+def test_reading_parquet_numbers_and_strings_does_not_try_to_import_pandas(tmp_path):
+    path = str(tmp_path / "d.parquet")
+    write_parquet(tmp_path / "d.parquet", 0, 10, row_group_size=4)
+    code = f"""
+import sys
+tried = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        tried.append(name)
+sys.meta_path.insert(0, Watch())
+from pyloader.readers import ParquetReader
+r = ParquetReader(columns=["id", "score", "name", "emb"])
+cols, n = r.read_file({path!r})
+pieces = list(r.iter_file({path!r}))
+print(n, len(pieces), sorted(m for m in tried if m.split(".")[0] == "pandas"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.split() == ["10", "3", "[]"]  # pyarrow's to_numpy would import it: 0.4 s in every worker
 
 
 def test_parquet_columns_select_and_a_missing_or_unreadable_one_names_the_file(tmp_path):

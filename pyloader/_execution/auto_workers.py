@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from .._abc import releases_gil
+from .._checks import is_integer
 from . import forking
 from .measured import Measured
 
@@ -63,7 +64,7 @@ def check(name: str, value: Any) -> None:
     """``num_workers`` is ``"auto"`` or an integer >= 0."""
     if value == AUTO and isinstance(value, str):
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not is_integer(value):
         raise ValueError(f"{name} must be 'auto' or an integer >= 0, got {value!r}")
 
 

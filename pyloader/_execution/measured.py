@@ -24,13 +24,15 @@ Contract:
   first quarter is left out (batches made while the previous window was consumed). The figure
   holds everything a place costs: copies between processes, the GIL shared with the training
   step, a thread pool of the user's own, a slow consumer (then both places measure alike).
-* **Schedule.** Trial windows take the places in turn (``TRIAL``); the fastest is kept unless
-  ``HERE`` is within ``MARGIN`` of it (nothing is copied between processes there); when
-  another place leads after the first round by less than ``CLEAR`` over the next best, a second
-  round is tried. Then the kept
-  place runs in windows of ``STEADY_S``, with a probe window of another place (in turn) after
-  every ``PROBE_AFTER`` of them; a probe faster by more than ``MARGIN`` than the kept place's
-  last window changes the place.
+* **Schedule.** Trial windows take the places in turn (``TRIAL``), threads first: nothing is
+  copied there and nothing waits on a worker's warm-up, so a short run pays least. ``SPREAD`` is
+  left out when ``THERE`` measured no faster than ``HERE`` (it adds a round trip of the rows to
+  what ``THERE`` pays, so it cannot win where copies already cost more than they save). After one round
+  the fastest place is kept if it measured more than ``CLEAR`` faster than ``HERE``, else ``HERE``
+  is (a single window's figure varies by about that much, and the probes correct a close call).
+  Then the kept place runs in windows of ``STEADY_S``, with a probe window of another place (in
+  turn) after every ``PROBE_AFTER`` of them; a probe faster by more than ``MARGIN`` than the kept
+  place's last window changes the place.
 * **Carried over.** A loader's next iteration goes on from the decision (and the schedule) of the
   one before, so a run of one epoch per ``iter()`` pays for the trial once.
 * **Shown.** ``report()`` (in ``loader.stats["placement"]["measured"]``): the place now (a probe's,
@@ -92,12 +94,12 @@ class Window:
 class Measured:
     """The places of one loader's files, decided by measuring each (see the module's docstring)."""
 
-    TRIAL = (THERE, HERE, SPLIT, SPREAD)  # workers first: they are started, a short run stays where the rule put it
+    TRIAL = (HERE, THERE, SPLIT, SPREAD)
     TRIAL_S = 0.5  # the least measured span of a trial window
     STEADY_S = 8.0  # ... of a window of the kept place
     MIN_BATCHES = 8
-    MARGIN = 0.05  # a place is faster when it measured more than this share faster
-    CLEAR = 0.25  # after one round, a difference this large decides at once
+    MARGIN = 0.05  # a probe is faster when it measured more than this share faster
+    CLEAR = 0.25  # the trial leaves threads for a place that measured more than this share faster
     PROBE_AFTER = 3  # windows of the kept place between two probes of the other
     _KEPT_WINDOWS = 8  # in ``report()``
 
@@ -180,17 +182,12 @@ class Measured:
         return others[(self._probes - 1) % len(others)]
 
     def _trial_step(self) -> str:
-        done = [w for w in self._windows if w.rate() is not None]
-        recent = done[-2 * len(self.TRIAL):]
-        rates = _by_place(recent)
-        if len(rates) < len(self.TRIAL):
-            return self.TRIAL[len(done) % len(self.TRIAL)]
-        first, second = sorted(rates.values(), reverse=True)[:2]
+        rates = _by_place([w for w in self._windows if w.rate() is not None])
+        untried = [p for p in _trial_places(rates) if p not in rates]
+        if untried:
+            return untried[0]
         best = max(rates, key=lambda p: rates[p])
-        kept = HERE if first <= rates[HERE] * (1 + self.MARGIN) else best
-        rounds = min(len(ws) for ws in _windows_by_place(recent).values())
-        if rounds < 2 and kept != HERE and first < second * (1 + self.CLEAR):
-            return self.TRIAL[len(done) % len(self.TRIAL)]
+        kept = best if rates[best] > rates[HERE] * (1 + self.CLEAR) else HERE
         self._change(kept, rates, "trial")
         return kept
 
@@ -212,6 +209,14 @@ class Measured:
             _log.info("num_workers='auto': user code now runs in %s (%s measured %s samples/s)", place, by, figures)
         self.kept = place
         self._steady = 0
+
+
+def _trial_places(rates: Dict[str, float]) -> Tuple[str, ...]:
+    """The places the trial tries, given the figures so far: batches spread over the workers only
+    when the workers measured faster than threads (spreading adds a round trip of the rows)."""
+    if HERE in rates and THERE in rates and rates[THERE] <= rates[HERE]:
+        return tuple(p for p in Measured.TRIAL if p != SPREAD)
+    return Measured.TRIAL
 
 
 def _windows_by_place(windows: List[Window]) -> Dict[str, List[Window]]:

@@ -22,6 +22,7 @@ import time
 import zlib
 from collections import abc
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union, cast, overload
 
 import numpy as np
@@ -202,8 +203,10 @@ class Segments:
 
     parts: Tuple[Tuple[PieceRows, int, int], ...]
 
-    @property
+    @cached_property  # a batch's files are asked for on every hand-over of it
     def paths(self) -> Tuple[str, ...]:
+        if len(self.parts) == 1:  # most batches: rows of one piece
+            return (self.parts[0][0].task.path,)
         return tuple(dict.fromkeys(piece.task.path for piece, _, _ in self.parts))
 
     def local(self) -> Columns:

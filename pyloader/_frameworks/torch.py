@@ -69,23 +69,33 @@ def unstack(value: object) -> Sequence[object]:
     type, sharing its memory where the framework allows; ``TypeError`` for anything else."""
     if isinstance(value, np.ndarray):
         return list(value)
-    torch, tf = sys.modules.get("torch"), sys.modules.get("tensorflow")
-    if torch is not None and isinstance(value, torch.Tensor):
-        return value.unbind(0)
-    if tf is not None and isinstance(value, tf.Tensor):
-        return tf.unstack(value)
+    framework = _framework_of(value)
+    if framework == "torch":
+        return value.unbind(0)  # type: ignore[attr-defined]
+    if framework == "tensorflow":
+        return sys.modules["tensorflow"].unstack(value)
     raise TypeError(f"cannot split a {type(value).__name__} along its first axis")
 
 
 def _converter(batch: Mapping[str, object]) -> Callable[[np.ndarray], object]:
     """Turns a NumPy array into a tensor of the type the collator chose for ``batch``."""
-    torch, tf = sys.modules.get("torch"), sys.modules.get("tensorflow")
     for value in batch.values():
-        if torch is not None and isinstance(value, torch.Tensor):
-            return torch.from_numpy
-        if tf is not None and isinstance(value, tf.Tensor):
-            return tf.convert_to_tensor
+        framework = _framework_of(value)
+        if framework is not None:
+            return getattr(sys.modules[framework], _FROM_NUMPY[framework])
     return _same
+
+
+_FROM_NUMPY = {"torch": "from_numpy", "tensorflow": "convert_to_tensor"}  # each framework's array -> tensor
+
+
+def _framework_of(value: object) -> Optional[str]:
+    """``"torch"`` or ``"tensorflow"`` for a tensor of that framework, else ``None`` (neither is imported here)."""
+    for name in _FROM_NUMPY:
+        module = sys.modules.get(name)
+        if module is not None and isinstance(value, module.Tensor):
+            return name
+    return None
 
 
 def _same(array: np.ndarray) -> np.ndarray:

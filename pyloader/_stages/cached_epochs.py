@@ -261,8 +261,8 @@ class CachedEpochs:
         skipped = s.errors.skipped
         finished = committing = False
         try:
-            steps: List[Step] = [("cache_encoded", writer.write), *(self.after if deliver_from is not None else [])]
-            uses = (s.options.datacollator,) if deliver_from is not None else ()
+            after, uses = (self.after, (s.options.datacollator,)) if deliver_from is not None else ([], ())
+            steps: List[Step] = [("cache_encoded", writer.write), *after]
             run = LocalSteps(steps, self.lane, uses, s.stats.busy).run
             encoded = _to_write(self.from_files(range(epoch, epoch + 1), self.encode, False), writer)
             async for group in OrderedMap(run, s.concurrency, s.errors, s.stats, s.draws).iterate(encoded, self.tasks):
@@ -319,11 +319,12 @@ async def _to_write(groups: AsyncGenerator[Group, None], writer: EpochWriter) ->
 def _from_batch(group: Group, first: Optional[int], stats: Stats) -> Group:
     """The batches of ``group`` from index ``first`` on (``None``: none); those before it were only
     written, to resume after them (counted as replayed)."""
-    if first is not None and group[0].index >= first:
+    if first is None:
+        return []
+    if group[0].index >= first:
         return group
-    kept = [] if first is None else [batch for batch in group if batch.index >= first]
-    if first is not None and len(kept) < len(group):
-        stats.replayed(len(group) - len(kept), {p for b in group if b.index < first for p in b.paths})
+    kept = [batch for batch in group if batch.index >= first]  # the group's first batch is not among them
+    stats.replayed(len(group) - len(kept), {p for b in group if b.index < first for p in b.paths})
     return kept
 
 

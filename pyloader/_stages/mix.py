@@ -39,7 +39,7 @@ from .._columns import Traced, concat, interleave, n_rows, slice_rows
 from .._rng import MIX, MIX_FILES, derive_rng
 from .._state import files_digest
 from .shard import Sharding, batches_of, bounds
-from .source import EpochEnd, FileTask, SourceItem
+from .source import EpochEnd, FileTask, SourceItem, known_counts
 from .sources import Mix
 
 STOPS = ("first_exhausted", "all_exhausted")
@@ -86,8 +86,7 @@ class MixSource:
                  counted: Optional[List[Dict[str, object]]] = None) -> None:
         self.mix = mix
         self.counted = counted  # per source, its "samples" batched are counted here (``loader.stats``)
-        self.counts = [n or 0 for n in counts]
-        self.left_out = frozenset(i for i, n in enumerate(counts) if n is None)  # counts that failed, skipped
+        self.counts, self.left_out = known_counts(counts)
         self.stop = stop
         self.shuffle = shuffle
         self.seed = seed

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Protocol, Sequence, Tuple, Union
+from typing import FrozenSet, Iterator, List, Optional, Protocol, Sequence, Tuple, Union
 
 from .._execution.reading import FileTask
 from .._rng import FILE_ORDER, derive_rng
@@ -59,6 +59,11 @@ class Source(Protocol):
 Bounds = Optional[Tuple[int, int]]  # a stream that is a slice of its file: rows start:end (``_stages.entries``)
 
 
+def known_counts(counts: Sequence[Optional[int]]) -> Tuple[List[int], FrozenSet[int]]:
+    """The samples per file, a count that failed (``None``, skipped) as 0, and those files: left out."""
+    return [n or 0 for n in counts], frozenset(i for i, n in enumerate(counts) if n is None)
+
+
 class FileSource:
     """Yields every epoch's files in order, then an ``EpochEnd`` marker.
 
@@ -85,10 +90,10 @@ class FileSource:
         self.seed = seed
         self.sharding = sharding
         # samples per file; needed to split epochs across ranks
-        self.counts = None if counts is None else [n or 0 for n in counts]
-        self.left_out = frozenset(i for i, n in enumerate(counts or ()) if n is None)
+        self.counts: Optional[List[int]]
+        self.counts, self.left_out = (None, frozenset()) if counts is None else known_counts(counts)
         self.whole_files = whole_files  # stream mode: ranks split files, not sample ranges
-        self.bounds = bounds
+        self.bounds = list(bounds) if bounds is not None else [None] * len(self.files)
         self.elastic = elastic
 
     def order(self, epoch: int) -> List[int]:
@@ -138,7 +143,7 @@ class FileSource:
 
     def _whole(self, epoch: int, pos: int, index: int, count: Optional[int] = None) -> FileTask:
         """The task reading file ``index`` whole, or its slice (checked by its bounds, not a count)."""
-        bounds = self.bounds[index] if self.bounds is not None else None
+        bounds = self.bounds[index]
         if bounds is None:
             return FileTask(epoch, pos, index, self.files[index], count=count, seed=self.seed)
         return FileTask(epoch, pos, index, self.files[index], *bounds, seed=self.seed)
@@ -171,12 +176,11 @@ class FileSource:
         order = self.order(epoch)
         assert self.counts is not None, "planning steps needs the sample counts"
         splits, _ = self._splits(epoch)
+        before = sum(b for _, b in splits)
         if self.whole_files:
             lengths = [[self.length(task) for task in share] for share in self._stream_shares(epoch)]
-            return sum(b for _, b in splits) + stream_target(lengths, batch_size, seq_len or 1,
-                                                              self.sharding.even_batches)
-        return sum(b for _, b in splits) + planned_steps(order, self.counts, self.sharding, batch_size, drop_last,
-                                                          splits)
+            return before + stream_target(lengths, batch_size, seq_len or 1, self.sharding.even_batches)
+        return before + planned_steps(order, self.counts, self.sharding, batch_size, drop_last, splits)
 
     def samples(self, epoch: int) -> int:
         """The samples this rank delivers in ``epoch`` outside stream mode, from the counts alone (as
@@ -195,30 +199,29 @@ class FileSource:
         Needs the counts."""
         assert self.counts is not None, "resuming past whole files needs the sample counts"
         for task in self.tasks(epoch):
-            end = self.counts[task.index] if task.end is None else task.end
-            if rows and rows >= end - task.start:
-                rows -= end - task.start
+            n = self.length(task)
+            if rows and rows >= n:
+                rows -= n
                 continue
             if rows:
-                task = dataclasses.replace(task, start=task.start + rows, end=end, count=self.counts[task.index])
+                task = dataclasses.replace(task, start=task.start + rows, end=task.start + n,
+                                           count=self.counts[task.index])
                 rows = 0
             yield task
 
     def rows(self, epoch: int) -> int:
         """The samples ``tasks(epoch)`` read. Needs the counts."""
-        assert self.counts is not None, "finding a position needs the sample counts"
-        return sum((self.counts[t.index] if t.end is None else t.end) - t.start for t in self.tasks(epoch))
+        return sum(self.length(task) for task in self.tasks(epoch))
 
     def read_again(self, epoch: int, rows: int, read_from: int) -> List[str]:
         """The files a resumed epoch read from row ``read_from`` on (``tasks_after``) holding rows
         before ``rows``, the rows handed out already: with ``read_from == rows``, the file they end
         inside of, if they do."""
-        assert self.counts is not None, "finding a position needs the sample counts"
         out, at = [], 0
         for task in self.tasks(epoch):
             if at >= rows:
                 break
-            n = (self.counts[task.index] if task.end is None else task.end) - task.start
+            n = self.length(task)
             if n and at + n > read_from:
                 out.append(task.path)
             at += n

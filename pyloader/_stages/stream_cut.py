@@ -59,12 +59,14 @@ class Cutter:
         self.padding_mode = shape.padding_mode
         self.pad_value = shape.pad_value
         self.time_major = shape.time_major  # [T, B, ...] rather than [B, T, ...] (with seq_len)
+        self.row_axis = 2 if shape.time_major else 1  # in a group of steps: [steps, T, B, ...] or [steps, B, ...]
         self.template: Optional[Columns] = None
-        self.edge: List[Optional[Dict[str, object]]] = [None] * self.rows
+        self.edge: List[Dict[str, object]] = []  # per row (empty: no real sample yet)
+        self.reset()
 
     def reset(self) -> None:
         self.template = None
-        self.edge = [None] * self.rows
+        self.edge = [{} for _ in range(self.rows)]
 
     def steps_ahead(self, rows: Rows) -> int:
         """How many steps can be cut at once: no row reaches the end of its piece, and every
@@ -99,17 +101,14 @@ class Cutter:
         so that each step's batch is one contiguous block."""
         window = (steps, self.width) if self.seq_len else (steps,)
         dtype, sample = _common_layout(key, [(path, piece[key]) for path, piece in files])
-        if self.time_major:
-            shape = (steps, self.width, len(cuts)) + sample
-        else:
-            shape = (steps, len(cuts)) + window[1:] + sample
+        shape = window[:self.row_axis] + (len(cuts),) + window[self.row_axis:] + sample
         out = np.empty(shape, dtype) if all(cuts) else np.full(shape, self._pad(key), dtype)
         for r, cut in enumerate(cuts):
-            row_out = out[:, :, r] if self.time_major else out[:, r]
+            row_out = out[(slice(None),) * self.row_axis + (r,)]
             if cut is not None:
                 piece, offset = cut
                 row_out[...] = piece[key][offset:offset + steps * self.width].reshape(window + sample)
-            elif self.padding_mode == "edge":
+            else:
                 fill = self._fill(key, r, None, None)
                 if fill is not None:
                     row_out[...] = fill
@@ -120,12 +119,8 @@ class Cutter:
         live = np.array([row is not None for row in rows])
         firsts = np.zeros((steps, len(rows)), dtype=bool)
         firsts[0] = first
-        if self.time_major:
-            valid = np.broadcast_to(live, (steps, self.width) + live.shape).copy()
-        elif self.seq_len:
-            valid = np.broadcast_to(live[:, None], (steps,) + live.shape + (self.width,)).copy()
-        else:
-            valid = np.broadcast_to(live, (steps,) + live.shape).copy()
+        one = self._laid_out(np.broadcast_to(live[:, None], live.shape + (self.width,)))  # one step's __valid__
+        valid = np.broadcast_to(one, (steps,) + one.shape).copy()
         each = _row_meta(rows)
         start = each[POSITION]
         position = np.where(live, start + self.width * np.arange(steps)[:, None], -1)
@@ -143,9 +138,7 @@ class Cutter:
                 for key, like in template.items()}
         if self.padding_mode == "edge":
             self.remember_edges(windows)
-        if not self.seq_len:
-            valid = valid[:, 0]
-        meta = {FIRST: first, VALID: valid.T.copy() if self.time_major else valid, REPLAY: each[REPLAY],
+        meta = {FIRST: first, VALID: self._laid_out(valid), REPLAY: each[REPLAY],
                 STREAM_ID: each[STREAM_ID], POSITION: each[POSITION]}
         return Batch(epoch, index, data, _paths(rows), meta)
 
@@ -183,10 +176,10 @@ class Cutter:
         ``[T, B, ...]`` of their common dtype (``_common_layout``). Otherwise a list of samples,
         of ``T``-sample lists, or (time-major) of ``T`` lists of ``B`` samples.
         """
-        live = [col for col in columns if col is not None]
-        arrays = all(isinstance(col, np.ndarray) for col in live) if live else isinstance(like, np.ndarray)
-        return self._array_field(key, columns, files, like) if arrays else self._list_field(key, columns,
-                                                                                              live[0] if live else like)
+        seen = [col for col in columns if col is not None] or [like]
+        if all(isinstance(col, np.ndarray) for col in seen):
+            return self._array_field(key, columns, files, like)
+        return self._list_field(key, columns, seen[0])
 
     def _array_field(self, key: str, columns: List[Window], files: Sequence[Optional[str]], like: Any) -> np.ndarray:
         pad = self._pad(key)
@@ -240,15 +233,15 @@ class Cutter:
             return pad
         if window is not None and len(window):
             return window[-1]
-        edge = self.edge[r]
-        return pad if edge is None or key not in edge else edge[key]
+        return self.edge[r].get(key, pad)
 
 
 def _row_meta(rows: Rows) -> Dict[str, np.ndarray]:
     """Per row: the file's place in the epoch's order, the row's position in it, whether it is replayed."""
-    return {REPLAY: np.array([row is not None and row.replay for row in rows], dtype=bool),
-            STREAM_ID: np.array([-1 if row is None else row.task.pos for row in rows], dtype=np.int64),
-            POSITION: np.array([-1 if row is None else row.position for row in rows], dtype=np.int64)}
+    each = [(False, -1, -1) if row is None else (row.replay, row.task.pos, row.position) for row in rows]
+    replay, stream_id, position = zip(*each)  # a batch has rows
+    return {REPLAY: np.array(replay, dtype=bool), STREAM_ID: np.array(stream_id, dtype=np.int64),
+            POSITION: np.array(position, dtype=np.int64)}
 
 
 def _paths(rows: Rows) -> Tuple[str, ...]:

@@ -77,7 +77,7 @@ class Row:
 
     async def prime(self) -> None:
         """Make sure a sample is at hand, or mark the file as ended."""
-        while self._piece is None or self._offset >= self._size:
+        while self._offset >= self._size:  # no piece (size 0), or its samples all taken
             piece = await anext(self._pieces, None)
             if piece is None:
                 self.exhausted, self._piece, self._size, self._offset, self.array_keys = True, None, 0, 0, None
@@ -174,9 +174,9 @@ class Rows:
     async def _take_files(self) -> np.ndarray:
         first = np.zeros(len(self.rows), dtype=bool)
         for r, row in enumerate(self.rows):
-            if row is not None and not row.exhausted:
-                continue
             if row is not None:
+                if not row.exhausted:
+                    continue
                 self.rows[r] = None
                 await row.close()
             self.rows[r] = await self._next_file()

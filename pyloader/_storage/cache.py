@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import BinaryIO, Dict, List, Optional, Tuple
 
+from .._checks import is_integer
 from . import writers
 
 logger = logging.getLogger("pyloader")
@@ -166,7 +167,7 @@ def _blocks(meta: object, url: str, size: int, version: str) -> Optional[List[st
     if not isinstance(meta, dict) or not _describes(meta, url, size, version):
         return None
     block_size, blocks = meta.get("block_size"), meta.get("blocks")
-    if type(block_size) is not int or block_size < 1 or type(blocks) is not list \
+    if not is_integer(block_size, least=1) or type(blocks) is not list \
             or len(blocks) != -(-size // block_size) or not all(type(b) is str for b in blocks):
         return None
     return blocks

@@ -122,19 +122,17 @@ def _pack_items(items: Column, name: str, arrays: Arrays) -> Spec:
     if not len(items):
         return {"kind": "empty"}
     kind = _kind_of(items)
-    if kind in (list, tuple):
-        arrays[name + "o"] = _offsets(list(map(len, items)))
-        flat = list(itertools.chain.from_iterable(items))
-        return {"kind": "nested", "container": kind.__name__, "items": _pack_items(flat, name + "i", arrays)}
-    if kind in (str, bytes):
-        return _pack_strings(items, kind, name, arrays)
-    if kind in _SCALARS:
-        return _pack_scalars(items, kind, name, arrays)
-    if kind is np.ndarray:
-        return _pack_arrays(items, name, arrays)
+    if kind in _PACKERS:
+        return _PACKERS[kind](items, kind, name, arrays)
     if issubclass(kind, np.generic) and kind.__module__ == "numpy":
         return _pack_numpy_scalars(items, kind, name, arrays)
     raise _Unsupported(f"items of type {kind.__name__}")
+
+
+def _pack_nested(items: Column, kind: type, name: str, arrays: Arrays) -> Spec:
+    arrays[name + "o"] = _offsets(list(map(len, items)))
+    flat = list(itertools.chain.from_iterable(items))
+    return {"kind": "nested", "container": kind.__name__, "items": _pack_items(flat, name + "i", arrays)}
 
 
 def _pack_strings(items: Column, kind: type, name: str, arrays: Arrays) -> Spec:
@@ -162,7 +160,7 @@ def _pack_numpy_scalars(items: Column, kind: type, name: str, arrays: Arrays) ->
     return {"kind": "scalar"}
 
 
-def _pack_arrays(items: Sequence[np.ndarray], name: str, arrays: Arrays) -> Spec:
+def _pack_arrays(items: Sequence[np.ndarray], kind: type, name: str, arrays: Arrays) -> Spec:
     dtypes, ndims = {a.dtype for a in items}, {a.ndim for a in items}
     if len(dtypes) > 1 or len(ndims) > 1 or next(iter(dtypes)).hasobject:
         raise _Unsupported("NumPy arrays of several dtypes or numbers of dimensions, or of objects")
@@ -171,13 +169,20 @@ def _pack_arrays(items: Sequence[np.ndarray], name: str, arrays: Arrays) -> Spec
     return {"kind": "arrays"}
 
 
+# how items of each exact type are stored (NumPy scalars aside: by subclass)
+_PACKERS: Dict[type, Callable[[Column, type, str, Arrays], Spec]] = {
+    list: _pack_nested, tuple: _pack_nested, str: _pack_strings, bytes: _pack_strings, np.ndarray: _pack_arrays,
+    **dict.fromkeys(_SCALARS, _pack_scalars)}
+
+
 def _offsets(lengths: List[int]) -> np.ndarray:
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=out[1:])
     return out
 
 
-def _unpack_arrays(arrays: Mapping[str, np.ndarray], name: str, rows: Optional[np.ndarray]) -> List[np.ndarray]:
+def _unpack_arrays(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
+                   rows: Optional[np.ndarray]) -> List[np.ndarray]:
     """The NumPy arrays stored under ``name`` (those at ``rows``, copied, when given; else views)."""
     shapes, values = np.asarray(arrays[name + "s"]), arrays[name]
     sizes = np.prod(shapes, axis=1)
@@ -208,12 +213,8 @@ def _unpack_items(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
     kind = spec["kind"]
     if kind == "empty":
         return []
-    if kind == "nested":
-        return _unpack_nested(spec, arrays, name, rows)
-    if kind in ("str", "bytes"):
-        return _unpack_strings(kind, arrays, name, rows)
-    if kind == "arrays":
-        return _unpack_arrays(arrays, name, rows)
+    if kind in _UNPACKERS:
+        return _UNPACKERS[kind](spec, arrays, name, rows)
     values = arrays[name] if rows is None else np.array(arrays[name][rows])
     if kind == "scalar":
         return list(values)
@@ -229,9 +230,14 @@ def _unpack_nested(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
     return [make(flat[a:b]) for a, b in zip(edges[:-1], edges[1:])]
 
 
-def _unpack_strings(kind: str, arrays: Mapping[str, np.ndarray], name: str,
+def _unpack_strings(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
                     rows: Optional[np.ndarray]) -> Sequence[object]:
     starts, ends = _spans(arrays[name + "o"], rows)
     data = arrays[name]
     parts = [bytes(data[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
-    return [p.decode("utf-8", "surrogatepass") for p in parts] if kind == "str" else parts
+    return [p.decode("utf-8", "surrogatepass") for p in parts] if spec["kind"] == "str" else parts
+
+
+# how items stored as each kind are read back (empty columns and the scalar kinds aside)
+_UNPACKERS: Dict[str, Callable[[Spec, Mapping[str, np.ndarray], str, Optional[np.ndarray]], Sequence[object]]] = {
+    "nested": _unpack_nested, "str": _unpack_strings, "bytes": _unpack_strings, "arrays": _unpack_arrays}

@@ -36,7 +36,7 @@ import functools
 import io
 import lzma
 import zlib
-from typing import IO, Any, Callable, List, Optional, Tuple, Type
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Type
 from urllib.parse import urlsplit
 
 __all__ = ["CODECS", "DecompressionError", "codec_for", "decompressed"]
@@ -71,8 +71,7 @@ def codec_for(path: str, mode: str = "rb", compression: Optional[str] = "infer")
                              "'infer' or None")
         return compression
     name = urlsplit(path).path if "://" in path else path
-    dot = name.rfind(".")
-    return SUFFIXES.get(name[dot:].lower()) if dot >= 0 else None
+    return SUFFIXES.get(name[name.rfind("."):].lower())  # no dot: the last character, no suffix
 
 
 def decompressed(raw: IO[bytes], path: str, codec: str, mode: str = "rb", **text_kwargs: Any) -> IO:
@@ -153,16 +152,19 @@ def _zstandard() -> Any:
     return zstandard
 
 
+_STANDARD: Dict[str, Tuple[Callable[[], Any], Tuple[Type[BaseException], ...]]] = {
+    "gzip": (_Gzip, (zlib.error,)),
+    "bz2": (bz2.BZ2Decompressor, (OSError, ValueError)),
+    "xz": (functools.partial(lzma.LZMADecompressor, format=lzma.FORMAT_AUTO), (lzma.LZMAError,)),  # .xz, .lzma
+}
+
+
 def _codec(codec: str) -> Tuple[Callable[[], Any], Tuple[Type[BaseException], ...]]:
     """A new decompressor for each member, and what it raises on bad data (never an error of the
     file's I/O: it only ever sees bytes already read)."""
-    if codec == "gzip":
-        return _Gzip, (zlib.error,)
-    if codec == "bz2":
-        return bz2.BZ2Decompressor, (OSError, ValueError)
-    if codec == "xz":
-        return functools.partial(lzma.LZMADecompressor, format=lzma.FORMAT_AUTO), (lzma.LZMAError,)  # .xz, .lzma
-    return _Zstd, (_zstandard().ZstdError,)
+    if codec in _STANDARD:
+        return _STANDARD[codec]
+    return _Zstd, (_zstandard().ZstdError,)  # zstandard's errors: imported with it
 
 
 class _Decompressing(io.RawIOBase):
@@ -191,12 +193,11 @@ class _Decompressing(io.RawIOBase):
     def _take(self, size: int) -> bytes:
         """At most ``size`` bytes made (``b""`` at the end), or the failure once all before it were taken."""
         if not self._made and size:
-            if self._failure is not None:
+            if self._failure is None:
+                self._made = self._decompress(size)
+            if not self._made and self._failure is not None:
                 raise self._failure
-            self._made = self._decompress(size)
         out, self._made = self._made[:size], self._made[size:]
-        if not out and size and self._failure is not None:
-            raise self._failure
         return out
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, TypedDict
 
+from .._checks import is_integer
 from .._paths import is_url
 from .files import _GLOB_CHARS, _local
 from .remote import Info, filesystem, version
@@ -200,7 +201,7 @@ def _valid(found: object) -> bool:
 def _is_entry(e: object) -> bool:
     """Whether ``e`` is an ``Entry``: an integer size, a version string and a count (an integer >= 0)."""
     return isinstance(e, dict) and isinstance(e.get("size"), int) and isinstance(e.get("version"), str) \
-        and isinstance(e.get("count"), int) and not isinstance(e.get("count"), bool) and e["count"] >= 0
+        and is_integer(e.get("count"))
 
 
 def read_index(path: str, key: IndexKey) -> Optional[Entries]:

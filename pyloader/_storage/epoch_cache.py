@@ -46,8 +46,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 
 import numpy as np
 
+from .._checks import is_integer
 from .._columns import Columns
 from .._npy import HEADER_PARSE
+from .._paths import local_path
 from .codec import pack, unpack
 from .files import is_url
 
@@ -119,25 +121,22 @@ def _check_values(c: CacheEncoded) -> None:
     if os.path.exists(c.dir) and not os.path.isdir(c.dir):
         raise ValueError(f"cache_encoded's dir {os.fspath(c.dir)!r} is not a folder")
     k = c.update_every
-    if k is not None and not _integer_from(k, 2):
+    if k is not None and not is_integer(k, least=2):
         raise ValueError(f"cache_encoded's update_every must be an integer >= 2 (the epochs one cache serves; "
                          f"1 would rewrite it every epoch and never read it) or None (written once), got {k!r}")
-    if c.limit is not None and not _integer_from(c.limit, 1):
+    if c.limit is not None and not is_integer(c.limit, least=1):
         raise ValueError(f"cache_encoded's limit must be an integer >= 1 (bytes) or None, got {c.limit!r}")
-
-
-def _integer_from(value: object, least: int) -> bool:
-    """Whether ``value`` is an integer (not a bool) of at least ``least``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def data_stamp(files: Sequence[str]) -> str:
     """The modification times of the local files (a file rewritten in place changes the key)."""
     stamps = []
     for path in files:
-        local = None if is_url(path) else (path[7:] if path.startswith("file://") else path)
+        if is_url(path):
+            stamps.append("")
+            continue
         with contextlib.suppress(OSError):
-            stamps.append(str(os.stat(local).st_mtime_ns) if local is not None else "")
+            stamps.append(str(os.stat(local_path(path)).st_mtime_ns))
     return hashlib.sha1("\n".join(stamps).encode()).hexdigest()
 
 

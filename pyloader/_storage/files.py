@@ -17,6 +17,7 @@ import threading
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union, cast
 
 from .._paths import is_url
+from .._paths import local_path as _local
 from .compression import codec_for, decompressed
 from .remote import storage_options
 
@@ -25,10 +26,6 @@ DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 _GLOB_CHARS = set("*?[")
 
 logger = logging.getLogger("pyloader")
-
-
-def _local(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
 
 
 class SeekableRaw(io.RawIOBase):
@@ -166,10 +163,13 @@ def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infe
 
 
 def _hidden(name: str) -> bool:
-    return name.startswith(".") or name.startswith("_")
+    return name.startswith((".", "_"))
 
 
 _SPECIAL = ("named pipe", "socket", "device", "special file")
+# what a mode is, tested in this order (a mode none of them names: "special file")
+_KINDS = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "named pipe"), (stat.S_ISSOCK, "socket"),
+          (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device"))
 
 
 def _kind(path: str) -> str:
@@ -183,15 +183,7 @@ def _kind(path: str) -> str:
         return "missing"
     except OSError:
         return "unreachable"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "folder"
-    if stat.S_ISFIFO(mode):
-        return "named pipe"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file"
+    return next((kind for test, kind in _KINDS if test(mode)), "special file")
 
 
 def _refused(described: str, path: str, kind: str) -> FileNotFoundError:
@@ -263,12 +255,12 @@ def _glob_aligns(pattern: Sequence[str], names: Sequence[str], strict: bool) -> 
 def _globstar_aligns(rest: Sequence[str], names: Sequence[str], strict: bool) -> bool:
     """``_glob_aligns`` for a pattern that starts with ``**`` (then ``rest``): it takes any number of
     names, none of them hidden when ``strict``."""
-    for k in range(len(names) + 1):
+    for k, name in enumerate(names):
         if _glob_aligns(rest, names[k:], strict):
             return True
-        if k < len(names) and strict and _hidden(names[k]):
+        if strict and _hidden(name):
             return False
-    return False
+    return _glob_aligns(rest, names[len(names):], strict)  # it takes every name
 
 
 def _glob_keeps(spec: str, path: str) -> bool:

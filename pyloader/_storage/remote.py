@@ -106,10 +106,14 @@ def backoff(attempt: int) -> float:
     return _jitter.uniform(0.0, min(BACKOFF_CAP_S, BACKOFF_S * 2 ** attempt))
 
 
-def _give_up(exc: BaseException, what: str, attempts: int) -> BaseException:
-    if attempts > 1:
-        exc.add_note(f"pyloader: gave up on {what} after {attempts} attempts; this is the last error")
-    return exc
+def _raise_unless_retried(exc: Exception, what: str, attempt: int, retries: int) -> None:
+    """Raise ``exc`` (noting the attempts made, when more than one) unless retry number ``attempt``
+    (0-based) is allowed and may help."""
+    if attempt < retries and is_transient(exc):
+        return
+    if attempt:
+        exc.add_note(f"pyloader: gave up on {what} after {attempt + 1} attempts; this is the last error")
+    raise exc from exc
 
 
 def with_retries(call: Callable[[], T], what: str, retries: int) -> T:
@@ -119,8 +123,7 @@ def with_retries(call: Callable[[], T], what: str, retries: int) -> T:
         try:
             return call()
         except Exception as exc:
-            if attempt >= retries or not is_transient(exc):
-                raise _give_up(exc, what, attempt + 1) from exc
+            _raise_unless_retried(exc, what, attempt, retries)
         time.sleep(backoff(attempt))
         attempt += 1
 
@@ -132,8 +135,7 @@ async def awith_retries(call: Callable[[], Awaitable[T]], what: str, retries: in
         try:
             return await call()
         except Exception as exc:
-            if attempt >= retries or not is_transient(exc):
-                raise _give_up(exc, what, attempt + 1) from exc
+            _raise_unless_retried(exc, what, attempt, retries)
         await asyncio.sleep(backoff(attempt))
         attempt += 1
 
@@ -175,10 +177,10 @@ def storage_options(url: str, retried_here: bool = True) -> Dict[str, Dict[str, 
         config_kwargs = {**fsspec.config.conf.get(protocol, {}).get("config_kwargs", {}),
                          "retries": {"total_max_attempts": 1}}
         config_kwargs.setdefault("http_session_cls", _session_sending_once())
+        options[protocol] = {"config_kwargs": config_kwargs}
         if retried_here:
             config_kwargs["user_agent_extra"] = f"{config_kwargs.get('user_agent_extra', '')} {_MARK}".strip()
-        options[protocol] = {"config_kwargs": config_kwargs}
-        if retried_here:  # s3fs takes its attempts as an attribute only: set on the (cached) instance
+            # s3fs takes its attempts as an attribute only: set on the (cached) instance
             fsspec.filesystem(protocol, **options[protocol]).retries = 1
     return options
 

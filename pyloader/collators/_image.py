@@ -116,12 +116,10 @@ def _check_geometry(size: Optional[Tuple[int, int]], crop: str) -> None:
 def _scaled(key: str, stacked: np.ndarray, float_dtype: np.dtype) -> np.ndarray:
     """``stacked`` as ``float_dtype`` in ``[0, 1]``: integers divided by their dtype's maximum, floats as they are."""
     kind = stacked.dtype.kind
-    if kind == "b":
-        return stacked.astype(float_dtype)
+    if kind in "bf":
+        return stacked.astype(float_dtype)  # a copy: normalizing works in place
     if kind in "iu":
         array = stacked.astype(float_dtype)
         array /= float_dtype.type(np.iinfo(stacked.dtype).max)
         return array
-    if kind == "f":
-        return stacked.astype(float_dtype)  # a copy: normalizing works in place
     raise ValueError(f"image key {key!r}: images must hold numbers, got {stacked.dtype}")

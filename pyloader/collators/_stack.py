@@ -28,6 +28,8 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
+from .._checks import is_integer
+
 __all__ = ["PAD_INFO", "StackOptions", "stack_batch", "stack_column"]
 
 PAD_INFO = ("mask", "lengths", None)
@@ -99,7 +101,7 @@ def _ragged_axes(ragged_keys: Union[Mapping[str, int], Iterable[str]]) -> Dict[s
     """``ragged_keys`` as ``{key: ragged axes}`` (a key alone: one axis); ``ValueError`` names a bad count."""
     ragged = dict(ragged_keys) if isinstance(ragged_keys, abc.Mapping) else dict.fromkeys(ragged_keys, 1)
     for key, n_axes in ragged.items():
-        if not isinstance(n_axes, int) or isinstance(n_axes, bool) or n_axes < 1:
+        if not is_integer(n_axes, least=1):
             raise ValueError(f"ragged_keys[{key!r}] must be an integer >= 1, got {n_axes!r}")
     return ragged
 

@@ -13,6 +13,7 @@ import codecs
 from typing import IO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
 from .._abc import DataReader
+from .._checks import is_integer
 from .._columns import Columns
 from .._storage.compression import DecompressionError
 from .._storage.files import open_file
@@ -30,7 +31,7 @@ def file_error(path: str, what: str, line: Optional[int] = None) -> FileFormatEr
 
 
 def check_piece_size(piece_size: int) -> int:
-    if not isinstance(piece_size, int) or isinstance(piece_size, bool) or piece_size < 1:
+    if not is_integer(piece_size, least=1):
         raise ValueError(f"piece_size must be an integer >= 1, got {piece_size!r}")
     return piece_size
 
@@ -70,7 +71,7 @@ def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1) -> 
     the message is the one they always gave (the codec's error for that line alone).
     """
     decoder = codecs.getincrementaldecoder(encoding)()
-    shown = encoding[:-4] if encoding.endswith("-sig") else encoding
+    shown = encoding.removesuffix("-sig")
     number, pending = 0, ""
     with open_file(path, "rb") as f:
         raws = _raw_blocks(f, blocks_of * BLOCK_BYTES)
@@ -107,9 +108,8 @@ def _decoded(decoder: codecs.IncrementalDecoder, raw: bytes) -> Tuple[str, Optio
 
 
 def _whole_lines(pending: str, text: str) -> Tuple[str, str]:
-    """The whole lines of ``pending + text``, and what follows the last of them."""
-    if not pending and text.endswith("\n"):
-        return text, ""
+    """The whole lines of ``pending + text``, and what follows the last of them (no copy of a block
+    of whole lines: CPython's ``"" + text`` and ``text[:len(text)]`` are ``text``)."""
     pending += text
     cut = pending.rfind("\n") + 1
     return pending[:cut], pending[cut:]
@@ -141,8 +141,7 @@ def _raw_blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
         if not cut:
             carry.append(chunk)
             continue
-        head = chunk if cut == len(chunk) else chunk[:cut]
-        yield b"".join(carry + [head]) if carry else head
+        yield b"".join(carry + [chunk[:cut]])  # no copy of a block alone: join and slice return it
         carry = [chunk[cut:]] if cut < len(chunk) else []
 
 

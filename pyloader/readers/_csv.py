@@ -96,7 +96,7 @@ class CSVReader(LineReader):
         pyarrow where that gives what ``csv`` gives, else by ``csv`` from there on."""
         pending, start = "", 0
         for number, block in blocks:
-            text = pending + block if pending else block
+            text = pending + block
             start = start if pending else number
             cut, columns = fast.take(text)
             if cut < 0 or len(text) - cut > _MAX_PENDING:
@@ -105,7 +105,7 @@ class CSVReader(LineReader):
             if columns is not None:
                 yield columns
             pending = text[cut:]
-            if pending and cut:  # the next block's number counts from the file's start; this does not
+            if pending:  # the next block's number counts from the file's start; this does not
                 start += text.count("\n", 0, cut)
         if pending:  # a record the file ends inside: csv says what is wrong with it
             yield from self._slow(path, iter([(start, pending)]), layout, start)
@@ -217,7 +217,7 @@ class _ArrowBlocks:
         cut = len(text) if quotes % 2 == 0 else _last_record_start(text, quotes)
         if not cut:
             return 0, None
-        data = (text if cut == len(text) else text[:cut]).encode()
+        data = text[:cut].encode()
         if quotes and not _quotes_close_fields(np.frombuffer(data, dtype=np.uint8), self._delimiter):
             return -1, None
         columns = self._parse(data, bool(quotes))
@@ -234,7 +234,7 @@ class _ArrowBlocks:
         except pa.ArrowInvalid:
             return None
         limit = csv.field_size_limit()
-        if len(data) > limit and any(len(column) and _longest(column) > limit for column in table.columns):
+        if len(data) > limit and any(_longest(column) > limit for column in table.columns):
             return None
         return dict(zip(self._fields, table.to_pydict().values()))
 

@@ -143,9 +143,7 @@ def _parse(text: str) -> Optional[list]:
 def _columns(objects: list, fields: List[str], exact: bool) -> Optional[Columns]:
     """The columns of a block's values, checked in one pass each; ``None`` when any is not an
     object with the keys wanted (the line-by-line path then names it)."""
-    if not objects:
-        return {field: [] for field in fields}
-    if set(map(type, objects)) != {dict} or (exact and set(map(len, objects)) != {len(fields)}):
+    if set(map(type, objects)) - {dict} or (exact and set(map(len, objects)) - {len(fields)}):
         return None
     try:
         return {field: list(map(itemgetter(field), objects)) for field in fields}

@@ -113,9 +113,10 @@ class _Rows:
 
     def __init__(self, whole: Optional[np.ndarray] = None, stream: Optional[IO[bytes]] = None,
                  shape: Tuple[int, ...] = (), dtype: Optional[np.dtype] = None) -> None:
+        if whole is not None:
+            shape, dtype = whole.shape, whole.dtype
         self.whole, self.stream = whole, stream
-        self.shape = whole.shape if whole is not None else shape
-        self.dtype = whole.dtype if whole is not None else dtype
+        self.shape, self.dtype = shape, dtype
         self.pos = 0
 
     @classmethod
@@ -179,7 +180,7 @@ def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...
     version only NumPy's whole-array reader knows (3.0). ``ValueError`` unless the header
     describes an array the bytes after it can hold: a shape of integers >= 0 (NumPy takes
     ``-5`` or ``True`` as given), no pickled objects."""
-    start = None if size is None else fp.tell()
+    start = 0 if size is None else fp.tell()  # a stream of unknown size may not tell
     version = npformat.read_magic(fp)
     if version not in ((1, 0), (2, 0)):
         return None
@@ -187,7 +188,7 @@ def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...
     with HEADER_PARSE:  # reads the header's few bytes, then parses them
         shape, fortran_order, dtype = read_header(fp)
     _check_layout(shape, dtype)
-    if start is None or size is None:  # a stream of unknown size: reading finds a short one
+    if size is None:  # a stream of unknown size: reading finds a short one
         return shape, fortran_order, dtype
     needed, held = math.prod(shape) * dtype.itemsize, size - (fp.tell() - start)
     if needed > held:
