@@ -477,13 +477,12 @@ def test_real_sigint_while_waiting_for_a_batch(tmp_path):
     """A real SIGINT that lands while the consumer is blocked waiting for a slow file."""
     fds = fd_count()
     write_chunks(tmp_path / "data", [4, 4, 4])
-    opened = tmp_path / "opened"  # made by the test once the interrupt arrived (or it failed): seen in workers too
+    gate = threading.Event()
 
     class Gated(IdReader):
         def read_file(self, path):
-            deadline = time.monotonic() + 60
-            while not path.endswith("part-0000.txt") and not opened.exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            if not path.endswith("part-0000.txt"):
+                gate.wait(60)  # opened by the test once the interrupt arrived (or it failed)
             return super().read_file(path)
 
     loader = make_loader(str(tmp_path / "data"), Gated(4))
@@ -515,7 +514,7 @@ def test_real_sigint_while_waiting_for_a_batch(tmp_path):
     finally:
         interrupted.set()
         timer.join()
-        opened.touch()
+        gate.set()
         signal.signal(signal.SIGINT, inherited)
     del it
     assert_clean(fds)
