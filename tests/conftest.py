@@ -125,6 +125,14 @@ def spread_positions(epochs: Sequence[Optional[int]]) -> List[int]:
     return sorted({p for p in [0, 1, n - 1, n, *starts, *(k + 1 for k in starts), *middles] if 0 <= p <= n})
 
 
+def first_epoch_and_spread(epochs: Sequence[Optional[int]]) -> List[int]:
+    """Every position up to the first epoch boundary and the batch after it, then those
+    ``spread_positions`` keeps: for a run whose later epochs repeat the first one's kinds of position."""
+    n = len(epochs)
+    first = next((k for k in range(1, n) if epochs[k] != epochs[k - 1]), n)
+    return sorted({*range(min(first + 1, n) + 1), *spread_positions(epochs)})
+
+
 # What an earlier test left behind (and ``_isolated`` reported and tried to end): a leak is the
 # test's that made it, so the leak checks of the tests after it do not see it.
 _carried_threads: Set[int] = set()

@@ -130,9 +130,13 @@ def test_mypy_checks_the_keywords_and_types_users_pass_and_the_options_they_assi
         "    loader = pl.DataLoader(reader, dataset, collator, 'data', 2, nm_workers=2, shuffle_buffer='x')\n"
         "    loader.num_workers = 3\n"
         "    return loader.num_workers + loader.prefetch_files\n")
+    # torch, which pyloader imports inside functions, is not followed: 1,400 of mypy's 2,350 modules otherwise,
+    # four fifths of its time, and none in the signatures checked here
+    config = tmp_path / "mypy.ini"
+    config.write_text("[mypy]\n[mypy-torch.*]\nfollow_imports = skip\n")
     out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-incremental", "--ignore-missing-imports",
-         "--cache-dir", str(tmp_path / "cache"), str(user)],
+        [sys.executable, "-m", "mypy", "--config-file", str(config), "--follow-imports=silent", "--no-incremental",
+         "--ignore-missing-imports", "--cache-dir", str(tmp_path / "cache"), str(user)],
         cwd=tmp_path, env={**os.environ, "MYPYPATH": str(ROOT)}, capture_output=True, text=True, timeout=110)
     errors = [line for line in out.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 3, out.stdout + out.stderr

@@ -1,7 +1,7 @@
 """Stream mode, continued: edge padding, time-major batches, slices of files, in-memory streams.
 
 Each is checked against its definition (``check_epoch``) with 0 and 2 workers and
-under ranks, and resumed at every position.
+under ranks, and resumed at every position (of the first epoch, where the run is long).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import pytest
-from conftest import wait_no_children, wait_no_threads
+from conftest import first_epoch_and_spread, spread_positions, wait_no_children, wait_no_threads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_stream import PieceReader, epoch_order, write_streams
@@ -134,7 +134,8 @@ def test_edge_padding_keeps_ranks_equal_and_resumes_exactly(tmp_path, seq_len):
         seen = [i for rank, r in enumerate(runs) for i in check_epoch(r[epoch], file_streams(lengths), [0] * 5, 2,
                                                                       seq_len, order, edge=True)]
         assert sorted(seen) == sorted(i for s in file_streams(lengths) for i in s)
-    check_resume(lambda: make(1))
+    # seq_len=None: 28 one-sample steps, every position of the first epoch; seq_len=2: 14 steps, every one
+    check_resume(lambda: make(1), first_epoch_and_spread if seq_len is None else None)
     assert wait_no_threads() == []
 
 
@@ -299,7 +300,7 @@ def test_a_time_major_run_over_slices_resumes_exactly_and_refuses_other_bounds(t
                              stream=pl.Stream(seq_len=3, padding_mode="edge", time_major=True), shuffle=True,
                              num_epoch=2)
 
-    check_resume(make)
+    check_resume(make, first_epoch_and_spread)
     assert wait_no_threads() == []
     loader = make()
     next(iter(loader))
@@ -378,7 +379,8 @@ def test_in_memory_streams_resume_exactly_and_refuse_other_data():
                              stream=pl.Stream(seq_len=2, padding_mode="edge"),
                              shuffle=True, num_epoch=2)
 
-    check_resume(make)
+    # every position: test_stream_resume's [memory-one-0], the same streams' settings in threads
+    check_resume(make, spread_positions)
     assert wait_no_threads() == []
     loader = make()
     next(iter(loader))
