@@ -44,8 +44,9 @@ from ._execution import auto_workers
 from ._execution.runners import Exclusive
 from ._length import checked_count
 from ._loader import DataLoader
+from ._paths import local_path
 from ._storage import count_index as ix
-from ._storage.files import DataDir, _local, is_url, list_files
+from ._storage.files import DataDir, is_url, list_files
 
 READERS = {
     "jsonl": ("pyloader.readers", "JsonLinesReader"),
@@ -94,7 +95,7 @@ def file_size(path: str) -> Optional[int]:
 
             fs, _, (one,) = fsspec.get_fs_token_paths(path)
             return fs.size(one)
-        return os.path.getsize(_local(path))
+        return os.path.getsize(local_path(path))
     except Exception:
         return None
 

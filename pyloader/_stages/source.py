@@ -93,7 +93,7 @@ class FileSource:
         self.counts: Optional[List[int]]
         self.counts, self.left_out = (None, frozenset()) if counts is None else known_counts(counts)
         self.whole_files = whole_files  # stream mode: ranks split files, not sample ranges
-        self.bounds = list(bounds) if bounds is not None else [None] * len(self.files)
+        self.bounds = bounds  # None: every file whole (no list of a million Nones for a million files)
         self.elastic = elastic
 
     def order(self, epoch: int) -> List[int]:
@@ -143,7 +143,7 @@ class FileSource:
 
     def _whole(self, epoch: int, pos: int, index: int, count: Optional[int] = None) -> FileTask:
         """The task reading file ``index`` whole, or its slice (checked by its bounds, not a count)."""
-        bounds = self.bounds[index]
+        bounds = None if self.bounds is None else self.bounds[index]
         if bounds is None:
             return FileTask(epoch, pos, index, self.files[index], count=count, seed=self.seed)
         return FileTask(epoch, pos, index, self.files[index], *bounds, seed=self.seed)

@@ -50,9 +50,10 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Prot
 import aiofiles
 import aiofiles.os
 
+from .._paths import local_path
 from .cache import DiskCache, Entry, EntryWriter
 from .cached_file import ServedEntry
-from .files import SeekableRaw, Served, ServedBytes, _local, direct_open, is_url
+from .files import SeekableRaw, Served, ServedBytes, direct_open, is_url
 from .remote import awith_retries, filesystem, version
 
 if TYPE_CHECKING:
@@ -343,7 +344,7 @@ class ReadAhead:
         if not self._wanted(path) or not (streams or remote):
             return None  # a worker process reads a local file itself: its bytes need not cross a socket
         source: Union[_RemoteFile, _LocalFile] = await (self._open_remote(path, demand) if remote
-                                                        else _LocalFile.open(_local(path), self._executor))
+                                                        else _LocalFile.open(local_path(path), self._executor))
         size = source.size
         if size is None or size <= self.budget.limit:
             return await self._whole(path, source, demand, remote)

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, TypedDict
 
 from .._checks import is_integer
-from .._paths import is_url
-from .files import _GLOB_CHARS, _local
+from .._paths import is_url, local_path
+from .files import _GLOB_CHARS
 from .remote import Info, filesystem, version
 from .remote import _with_path as with_path
 
@@ -121,7 +121,7 @@ def _common_folder(files: Sequence[str]) -> str:
     if any(is_url(p) for p in parents):
         common = os.path.commonprefix(sorted(parents))
         return common[:common.rfind("/")] if "/" in common else common
-    return os.path.commonpath([os.path.abspath(_local(p)) for p in parents])
+    return os.path.commonpath([os.path.abspath(local_path(p)) for p in parents])
 
 
 def _as_listed(folder: str) -> str:
@@ -134,7 +134,7 @@ def name_in(folder: str, path: str) -> str:
     if is_url(path) or is_url(folder):
         prefix = folder.rstrip("/") + "/"
         return path[len(prefix):] if path.startswith(prefix) else path
-    relative = os.path.relpath(os.path.abspath(_local(path)), os.path.abspath(_local(folder)))
+    relative = os.path.relpath(os.path.abspath(local_path(path)), os.path.abspath(local_path(folder)))
     return path if relative.startswith("..") else relative.replace(os.sep, "/")
 
 
@@ -147,7 +147,7 @@ def cache_index_path(cache_folder: str, key: IndexKey, folder: str) -> str:
 # -- the files as they are now ------------------------------------------------------------
 def _local_stamp(path: str) -> Optional[Stamp]:
     try:
-        st = os.stat(_local(path))
+        st = os.stat(local_path(path))
     except FileNotFoundError:
         return None
     return st.st_size, f"mtime_ns={st.st_mtime_ns}"
@@ -188,7 +188,7 @@ def _read_bytes(path: str) -> bytes:
     if is_url(path):
         fs, one = _filesystem(path)
         return fs.cat_file(one)
-    with open(_local(path), "rb") as f:
+    with open(local_path(path), "rb") as f:
         return f.read()
 
 

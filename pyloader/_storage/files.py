@@ -16,8 +16,7 @@ import stat
 import threading
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union, cast
 
-from .._paths import is_url
-from .._paths import local_path as _local
+from .._paths import is_url, local_path
 from .compression import codec_for, decompressed
 from .remote import storage_options
 
@@ -128,7 +127,7 @@ def direct_open(path: str) -> IO[bytes]:
         import fsspec  # optional: only remote data needs it
 
         return fsspec.open(path, "rb", **storage_options(path, retried_here=False)).open()
-    return open(_local(path), "rb")
+    return open(local_path(path), "rb")
 
 
 def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infer", **kwargs: Any) -> IO:
@@ -159,7 +158,7 @@ def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infe
         import fsspec  # optional: only remote data needs it
 
         return fsspec.open(path, mode, **kwargs, **storage_options(path, retried_here=False)).open()
-    return open(_local(path), mode, **kwargs)
+    return open(local_path(path), mode, **kwargs)
 
 
 def _hidden(name: str) -> bool:
@@ -276,9 +275,9 @@ def _listed(paths: List[str]) -> List[str]:
     if not paths:
         raise FileNotFoundError("data_dir is an empty list: no files to load")
     for p in paths:
-        kind = "file" if is_url(p) else _kind(_local(p))
+        kind = "file" if is_url(p) else _kind(local_path(p))
         if kind != "file":
-            raise _refused(f"data_dir lists {p!r}, which", _local(p), kind)
+            raise _refused(f"data_dir lists {p!r}, which", local_path(p), kind)
     return paths
 
 
@@ -327,16 +326,16 @@ def _found(spec: str, retries: int) -> List[str]:
         files = list_remote(spec, retries)
         return [f for f in files if _glob_keeps(spec, f)] if globbed else files
     if globbed:
-        matches = sorted(glob.glob(_local(spec), recursive=True))
-        return _readable_entries(p for p in matches if _glob_keeps(_local(spec), p))
+        matches = sorted(glob.glob(local_path(spec), recursive=True))
+        return _readable_entries(p for p in matches if _glob_keeps(local_path(spec), p))
     return _one(spec)
 
 
 def _one(spec: str) -> List[str]:
     """The files of a local path that is not a glob: a folder's walk, or the file itself."""
-    kind = _kind(_local(spec))
+    kind = _kind(local_path(spec))
     if kind == "folder":
-        return _walk(_local(spec))
+        return _walk(local_path(spec))
     if kind == "file":
         return [spec]
-    raise _refused(f"data_dir {spec!r}", _local(spec), kind)
+    raise _refused(f"data_dir {spec!r}", local_path(spec), kind)

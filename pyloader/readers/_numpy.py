@@ -14,8 +14,9 @@ from numpy.lib import format as npformat
 from .._abc import DataReader
 from .._columns import Columns
 from .._npy import HEADER_PARSE, register_mapped
+from .._paths import local_path
 from .._storage.compression import DecompressionError, codec_for
-from .._storage.files import _local, is_url, open_file
+from .._storage.files import is_url, open_file
 from ._base import FileFormatError, check_piece_size, file_error
 
 __all__ = ["NumpyReader"]
@@ -168,9 +169,9 @@ def _archive_rows(path: str, f: IO[bytes], stack: contextlib.ExitStack) -> Dict[
 def _mapped_rows(path: str) -> "_Rows":
     """A local ``.npy`` mapped copy-on-write; its batches cross processes as spans of the file."""
     with HEADER_PARSE:
-        mapped = npformat.open_memmap(_local(path), mode="c")
+        mapped = npformat.open_memmap(local_path(path), mode="c")
     start = mapped.__array_interface__["data"][0]
-    register_mapped(mapped, start, mapped.nbytes, os.path.abspath(_local(path)), int(mapped.offset))
+    register_mapped(mapped, start, mapped.nbytes, os.path.abspath(local_path(path)), int(mapped.offset))
     return _Rows(mapped)
 
 

@@ -11,7 +11,8 @@ import numpy as np
 from .._abc import DataReader
 from .._columns import Column, Columns
 from .._npy import register_mapped
-from .._storage.files import _local, is_url, open_file
+from .._paths import local_path
+from .._storage.files import is_url, open_file
 from ._base import FileFormatError, check_fields, file_error
 
 if TYPE_CHECKING:  # pyarrow is optional and untyped: these names document what a value is
@@ -193,7 +194,7 @@ def _opened(path: str) -> Iterator[_Source]:
 
 
 def _open(pa: ModuleType, path: str, stack: contextlib.ExitStack) -> _Source:
-    f: Union[str, IO[bytes]] = _local(path)
+    f: Union[str, IO[bytes]] = local_path(path)
     if is_url(path):
         f = stack.enter_context(open_file(path, "rb"))
         _read_exactly(f)
