@@ -714,3 +714,15 @@ def test_persistent_workers_need_workers_when_none_are_asked_for(tmp_path):
     with pytest.raises(ValueError, match="num_workers"):
         pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), str(tmp_path / "data"), num_workers=0,
                       persistent_workers=True)
+
+
+def test_a_worker_serves_bookkeeping_then_the_next_piece_of_a_file_under_way_then_batches_then_new_files():
+    from collections import deque
+
+    from pyloader._execution.worker import _next_request
+
+    inbox = deque([("next", 1, 7, 70, False), ("run", 2, []), ("next", 3, 5, 50, False), ("encode", 4, []),
+                   ("release", [9]), ("next", 5, 5, 51, False)])
+    order = [_next_request(inbox, {5})[1] for _ in range(6)]
+    # release; the pieces of file 5, which is under way; the batches in turn; file 7, not started, last
+    assert order == [[9], 3, 5, 2, 4, 1]

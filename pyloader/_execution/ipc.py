@@ -32,7 +32,8 @@ decoded — its pickle fails in this process, or its descriptor was dropped
 because this process has no free one (``EMFILE``) — raises ``MessageLost``
 with them, so what waits for it fails instead of waiting forever. ``Sealed`` wraps one result
 inside a message so that it is unpickled on its own, later: one result that
-cannot be unpickled fails alone, not the whole message.
+cannot be unpickled fails alone, not the whole message; a result that is a dict of
+small arrays is sealed as a ``Packed`` instead (``_execution.packed``: its bytes, no pickle).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .._npy import Identity, file_span, identity_of
+from .packed import Packed, pack
 
 INLINE_MAX = 64 * 1024
 INBAND_MAX = 16 * 1024
@@ -127,7 +129,11 @@ class Sealed:
         self.buffers = buffers
 
     @classmethod
-    def seal(cls, obj: object) -> "Sealed":
+    def seal(cls, obj: object) -> Union["Sealed", Packed]:
+        """``obj`` as a ``Packed`` when it is a dict of small arrays (``_execution.packed``), else pickled."""
+        packed = pack(obj, INBAND_MAX)
+        if packed is not None:
+            return packed
         data, buffers = _dumps(obj)
         return cls(pickle.PickleBuffer(data), buffers)
 

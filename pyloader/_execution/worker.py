@@ -110,23 +110,31 @@ def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns],
 
 
 _URGENT = ("open", "close", "release", "run", "encode", "fetch")
+_BOOKKEEPING = ("open", "close", "release", "fetch")
+
+
+def _rank(msg: tuple, started: Set[int]) -> int:
+    if msg[0] in _BOOKKEEPING:
+        return 0
+    if msg[0] != "next":
+        return 2  # batches
+    return 1 if msg[2] in started else 3
 
 
 def _next_request(inbox: Deque[tuple], started: Set[int]) -> tuple:
-    """Bookkeeping and batches first, then the next piece of a file already under way
-    (often just its end), reading a new file ahead (``next`` of a fresh file) last:
-    a batch the consumer waits for never queues behind the parsing of a file that is
-    not needed yet. Requests of one kind keep their order; ``next`` comes after the
-    ``open`` it needs."""
-    for i, msg in enumerate(inbox):
-        if msg[0] in _URGENT:
-            del inbox[i]
-            return msg
-    for i, msg in enumerate(inbox):
-        if msg[2] in started:
-            del inbox[i]
-            return msg
-    return inbox.popleft()
+    """Bookkeeping first, then the next piece of a file already under way, then batches,
+    reading a new file ahead (``next`` of a fresh file) last.
+
+    A batch the consumer waits for never queues behind the parsing of a file that is not
+    needed yet. The next piece of a file under way goes before batches: the loader cuts
+    batches in order and waits for that piece's length to cut the rest of the file and
+    the next files', so it would otherwise wait for every batch queued here, while the
+    other workers, whose files come next, have nothing to do. Requests of one rank keep
+    their order; ``next`` comes after the ``open`` it needs."""
+    best = min(range(len(inbox)), key=lambda i: _rank(inbox[i], started))
+    msg = inbox[best]
+    del inbox[best]
+    return msg
 
 
 def _failing(error: BaseException) -> Pieces:
