@@ -262,11 +262,16 @@ def test_writers_racing_on_one_path_never_leave_a_torn_index(tmp_path):
         t.join(timeout=60)
     stop.set()
     reader.join(timeout=10)
-    assert seen and all(s is not None for s in seen)  # every read found a whole index
+    one_whole_index_left(path, key, seen, [f"f{w}-29" for w in range(6)])
+
+
+def one_whole_index_left(path: str, key: Any, seen: List[Any], last_entries: List[str]) -> None:
+    """After writers raced on ``path``: every read (``seen``) found a whole index, and the last rename
+    won (a whole index holding one writer's last entry), with no temporary file left."""
+    assert seen and all(s is not None for s in seen)
     final = ix.read_index(path, key)
-    # the last rename wins: a whole index holding its writer's entries (and those it found there)
-    assert final is not None and any(f"f{w}-29" in final for w in range(6))
-    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    assert final is not None and any(name in final for name in last_entries)
+    assert not [p for p in os.listdir(os.path.dirname(path)) if p.endswith(".tmp")]
 
 
 _WRITER = """
@@ -292,7 +297,7 @@ def test_two_processes_writing_one_index_at_once_leave_a_whole_index_and_no_temp
         for p in procs:
             p.stdin.write("go\n")  # type: ignore[union-attr]
             p.stdin.flush()  # type: ignore[union-attr]
-        seen = []
+        seen: List[Any] = []
         while any(p.poll() is None for p in procs):
             if os.path.exists(path):
                 seen.append(ix.read_index(path, key))
@@ -302,10 +307,7 @@ def test_two_processes_writing_one_index_at_once_leave_a_whole_index_and_no_temp
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
-    assert seen and all(s is not None for s in seen)  # every read found a whole index
-    final = ix.read_index(path, key)
-    assert final is not None and any(f"f{w}-149" in final for w in range(2))
-    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    one_whole_index_left(path, key, seen, [f"f{w}-149" for w in range(2)])
 
 
 _KILLED_WRITER = """
