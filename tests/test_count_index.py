@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from conftest import ListCollator
 import pyloader as pl
 from pyloader._cli import main as cli
 from pyloader._storage import count_index as ix
+from pyloader._storage.cache import DiskCache
 from pyloader._storage.latency import LatencyFileSystem
 from pyloader.readers import JsonLinesReader, TextLinesReader
 
@@ -259,11 +262,72 @@ def test_writers_racing_on_one_path_never_leave_a_torn_index(tmp_path):
         t.join(timeout=60)
     stop.set()
     reader.join(timeout=10)
-    assert seen and all(s is not None for s in seen)  # every read found a whole index
+    one_whole_index_left(path, key, seen, [f"f{w}-29" for w in range(6)])
+
+
+def one_whole_index_left(path: str, key: Any, seen: List[Any], last_entries: List[str]) -> None:
+    """After writers raced on ``path``: every read (``seen``) found a whole index, and the last rename
+    won (a whole index holding one writer's last entry), with no temporary file left."""
+    assert seen and all(s is not None for s in seen)
     final = ix.read_index(path, key)
-    # the last rename wins: a whole index holding its writer's entries (and those it found there)
-    assert final is not None and any(f"f{w}-29" in final for w in range(6))
-    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    assert final is not None and any(name in final for name in last_entries)
+    assert not [p for p in os.listdir(os.path.dirname(path)) if p.endswith(".tmp")]
+
+
+_WRITER = """
+import sys
+from pyloader._storage import count_index as ix
+from pyloader.readers import JsonLinesReader
+path, w = sys.argv[1], sys.argv[2]
+key = ix.count_key(JsonLinesReader())
+print("ready", flush=True)
+sys.stdin.readline()  # the test starts both writers at once
+for k in range(150):
+    ix.write_index(path, key, {f"f{w}-{k}": ix.entry((k, "v"), k)})
+"""
+
+
+def test_two_processes_writing_one_index_at_once_leave_a_whole_index_and_no_temporary_file(tmp_path):
+    path = str(tmp_path / "counts-shared.json")
+    key = ix.count_key(JsonLinesReader())
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, path, str(w)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for w in range(2)]
+    try:
+        assert all(p.stdout.readline().strip() == "ready" for p in procs)  # type: ignore[union-attr]
+        for p in procs:
+            p.stdin.write("go\n")  # type: ignore[union-attr]
+            p.stdin.flush()  # type: ignore[union-attr]
+        seen: List[Any] = []
+        while any(p.poll() is None for p in procs):
+            if os.path.exists(path):
+                seen.append(ix.read_index(path, key))
+        assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    one_whole_index_left(path, key, seen, [f"f{w}-149" for w in range(2)])
+
+
+_KILLED_WRITER = """
+import os, sys
+from pyloader._storage import count_index as ix
+from pyloader.readers import JsonLinesReader
+os.replace = lambda *args: os._exit(9)  # killed after writing its temporary file, before renaming it
+ix.write_index(sys.argv[1], ix.count_key(JsonLinesReader()), {"f": ix.entry((1, "v"), 1)})
+"""
+
+
+def test_the_temporary_index_of_a_writer_killed_before_its_rename_goes_with_the_next_cache(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    killed = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(cache / "counts-x.json")])
+    assert killed.wait(timeout=60) == 9
+    left = [p for p in os.listdir(cache) if p.endswith(".tmp")]
+    assert len(left) == 1 and f"-{killed.pid}-" in left[0]  # its writer's tag
+    DiskCache(str(cache), None)  # what the next loader with this cache_dir makes
+    assert os.listdir(cache) == []
 
 
 # -- counting without an index ------------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
 
 import pyloader as pl
+from pyloader._execution.engine import Engine
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -124,6 +125,26 @@ def test_an_exit_request_from_batch_encode_arrives_as_itself_and_leaves_no_pendi
             and (issubclass(w.category, RuntimeWarning) or "pyloader" in w.filename or "asyncio" in w.filename)]
     assert ours == []
     assert wait_no_threads() == []
+
+
+# -- a stop that lands as the run fails ---------------------------------------------------
+def test_a_stop_that_comes_as_the_run_fails_still_ends_the_loop_thread():
+    ready = threading.Event()
+    engines: List[Engine] = []
+
+    async def failing_run(run_blocking: Callable, tasks: asyncio.TaskGroup) -> Any:
+        async def fail() -> None:
+            await run_blocking(ready.wait, 30)
+            engines[0].stop(0)  # the consumer's stop (a dropped iterator), scheduled before the failure below
+            raise LookupError("the run failed")
+
+        tasks.create_task(fail())
+        await asyncio.Event().wait()
+        yield None
+
+    engines.append(Engine(failing_run, max_queue_size=2, threads=2))
+    ready.set()
+    assert wait_no_threads(5.0) == []
 
 
 # -- fork() while a loader runs (issue 18, item 11) --------------------------------------

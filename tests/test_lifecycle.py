@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 import pytest
-from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
+from conftest import IdReader, ListCollator, ids_of, wait_no_children, wait_no_threads, write_chunks
 
 import pyloader as pl
 
@@ -160,6 +160,34 @@ def test_an_exception_in_the_training_loop_stops_the_pipeline(make_loader):
         train()
     gc.collect()
     assert wait_no_threads(1.0) == []
+
+
+def _no_order(files, epoch, rng):
+    raise LookupError("no order today")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_length_that_fails_inside_list_leaves_no_thread_or_process_behind(make_loader, num_workers):
+    # list() calls iter() (the run starts) and then len(), which plans with file_order and raises
+    loader = make_loader([5, 7, 3], batch_size=4, file_order=_no_order, num_workers=num_workers)
+    for _ in range(2):
+        with pytest.raises(LookupError, match="no order today"):
+            list(loader)
+        assert wait_no_threads(2.0) == [] and wait_no_children(2.0) == []
+    loader.close()
+    assert wait_no_threads(1.0) == []
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_list_of_a_loader_whose_length_is_unknown_delivers_every_sample_and_leaves_nothing(make_loader,
+                                                                                           num_workers):
+    loader = make_loader([5, 7, 3], batch_size=4, filter_fn=lambda s: s["id"] % 2 == 0, num_workers=num_workers)
+    with pytest.raises(TypeError, match="length is unknown"):
+        len(loader)
+    for _ in range(2):  # list() takes len()'s TypeError as "no length hint"
+        assert ids_of(list(loader)) == list(range(0, 15, 2))
+        assert wait_no_threads(2.0) == [] and wait_no_children(2.0) == []
+    loader.close()
 
 
 def test_slow_user_method_does_not_block_close(tmp_path):

@@ -222,6 +222,33 @@ def test_a_second_epoch_over_s3_fetches_nothing_that_fits_in_the_cache(s3, tmp_p
     assert s3.proxy.gets(url[len("s3:/"):]) == without + with_cache  # a new loader, a new run: still nothing
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_without_readahead_the_cache_still_serves_every_epoch_after_the_first(s3, tmp_path, num_workers):
+    prefix = f"noreadahead{num_workers}"
+    put_files(s3, prefix, 4)
+    url = f"s3://store/{prefix}"
+    storage = pl.Storage(cache_dir=str(tmp_path / "cache"), readahead_bytes=0)
+    assert ids(loader_over(url, num_epoch=3, storage=storage, num_workers=num_workers)) == \
+        sorted(list(range(40)) * 3)
+    assert s3.proxy.gets(f"/{prefix}/") == 4  # each file once, into the cache
+    assert len(list((tmp_path / "cache").glob("*.data"))) == 4
+    assert ids(loader_over(url, storage=storage, num_workers=num_workers)) == list(range(40))
+    assert s3.proxy.gets(f"/{prefix}/") == 4  # a new loader: every file from the cache
+
+
+@pytest.mark.parametrize("readahead_bytes", [2**20, 0], ids=["whole", "none"])
+def test_an_empty_remote_file_is_cached_like_any_other(s3, tmp_path, readahead_bytes):
+    prefix = f"empty{readahead_bytes}"
+    put_files(s3, prefix, 2)
+    s3.put_object(Bucket="store", Key=f"{prefix}/part-2.jsonl", Body=b"")
+    url, cache = f"s3://store/{prefix}", tmp_path / "cache"
+    storage = pl.Storage(cache_dir=str(cache), readahead_bytes=readahead_bytes)
+    assert ids(loader_over(url, num_epoch=3, storage=storage, num_workers=0)) == sorted(list(range(20)) * 3)
+    assert s3.proxy.gets(f"/{prefix}/part-2.jsonl") == 1  # the first epoch only
+    entries = {json.loads(p.with_suffix(".json").read_text())["url"]: p for p in cache.glob("*.data")}
+    assert len(entries) == 3 and entries[f"{url}/part-2.jsonl"].stat().st_size == 0
+
+
 def test_the_cache_stores_raw_bytes_and_json_descriptions_only(s3, tmp_path):
     bodies = put_files(s3, "raw", 2)
     list(loader_over("s3://store/raw", storage=pl.Storage(cache_dir=str(tmp_path / "cache"))))

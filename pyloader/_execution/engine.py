@@ -127,6 +127,9 @@ class Engine:
             await self._queue.put(Failure(exc))
         else:
             await self._queue.put(_END)
+        if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            # stop() came as the run failed: a TaskGroup whose tasks failed raises their errors, not the cancel
+            raise asyncio.CancelledError
         await asyncio.Event().wait()  # keep the loop up until the consumer took the last item and stop()s
 
     # -- consumer side -------------------------------------------------------------

@@ -35,6 +35,9 @@ Contracts:
   fetched into the cache here first, whole, a block at a time, and then read from its entry
   (``_storage.cached_file``). Without a cache, such a reader reads a larger remote file by
   its ranges itself: a stream in order would fetch it whole, then its ranges again.
+- ``readahead_bytes=0``: nothing is read ahead, readers open their files themselves; but with a
+  cache a remote file is fetched into it first (a block at a time, held only until it is on the
+  disk, outside the budget) and served from its entry, so the cache works whatever the budget.
 """
 from __future__ import annotations
 
@@ -301,7 +304,7 @@ def _finished(fetching: Dict[str, asyncio.Event], path: str, done: asyncio.Event
 def _all_blocks_check(entry: Entry, data: bytes) -> bool:
     size = entry.block_size
     return len(data) == entry.size and all(entry.check(k, data[k * size:(k + 1) * size])
-                                           for k in range(max(1, -(-len(data) // size))))
+                                           for k in range(-(-len(data) // size)))  # none for an empty file
 
 
 def _store(cache: DiskCache, url: str, data: bytes, version: str) -> None:
@@ -323,15 +326,15 @@ class ReadAhead:
         self._executor = _IoExecutor(run_io)
         self._reader = reader
         self.budget = Budget(limit)
-        self.block_size = max(MIN_BLOCK, min(MAX_BLOCK, limit // 4))
+        self.block_size = max(MIN_BLOCK, min(MAX_BLOCK, limit // 4)) if limit else MAX_BLOCK  # 0: cache fills
         self.retries = retries
         self.cache = cache
         self.local = True  # local files are read ahead (until a reader shows it does not use open_file)
         self._fetching: Dict[str, asyncio.Event] = {}  # remote files being fetched into the cache
 
     def _wanted(self, path: str) -> bool:
-        if not self.budget.limit:
-            return False  # readahead_bytes=0: readers open their files themselves
+        if not self.budget.limit:  # readahead_bytes=0: readers open their files themselves, or the cache's entry
+            return is_url(path) and self.cache is not None
         if is_url(path):
             return True
         return self.local and not _maps_itself(self._reader, path)
@@ -346,6 +349,8 @@ class ReadAhead:
         source: Union[_RemoteFile, _LocalFile] = await (self._open_remote(path, demand) if remote
                                                         else _LocalFile.open(local_path(path), self._executor))
         size = source.size
+        if isinstance(source, _RemoteFile) and not self.budget.limit and size != 0:  # readahead_bytes=0
+            return await self._by_ranges(source, size or 0, demand)  # into the cache (unknown size: not at all)
         if size is None or size <= self.budget.limit:
             return await self._whole(path, source, demand, remote)
         if isinstance(source, _RemoteFile) and (not streams or _reads_ranges(self._reader, path)):
@@ -400,7 +405,7 @@ class ReadAhead:
             pos, size = 0, source.size or 0
             while not complete and pos < size:
                 n = min(self.block_size, size - pos)
-                taken = await self.budget.take(n, demand)
+                taken = await self.budget.take(n, demand) if self.budget.limit else 0  # 0: into the cache alone
                 try:
                     data = await source.read(pos, n)
                 finally:

@@ -15,7 +15,9 @@ Contracts:
   folder, so the index moves with the data; in ``cache_dir`` they are the paths or URLs as listed.
 - It is read in one request. It is written whole under a temporary name, then renamed into place
   (a remote object is replaced by one put): several ranks and runs writing at once leave one valid
-  index, the last writer's, which holds the entries it found on disk as well as its own.
+  index, the last writer's, which holds the entries it found on disk as well as its own. Each write's
+  temporary name is its own and carries its writer's tag (``_storage.writers``): one left by a
+  writer killed before its rename goes with the next ``DiskCache`` on the folder.
 
 Every function here blocks on the disk or the network: the loader calls them off the event loop.
 """
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, TypedDi
 
 from .._checks import is_integer
 from .._paths import is_url, local_path
+from . import writers
 from .files import _GLOB_CHARS
 from .remote import Info, filesystem, version
 from .remote import _with_path as with_path
@@ -227,7 +230,7 @@ def read_index(path: str, key: IndexKey) -> Optional[Entries]:
 def _write_local(path: str, data: bytes) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".counts-", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".counts-{writers.tag()}-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
