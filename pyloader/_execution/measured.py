@@ -99,7 +99,7 @@ class Measured:
     STEADY_S = 8.0  # ... of a window of the kept place
     MIN_BATCHES = 8
     MARGIN = 0.05  # a probe is faster when it measured more than this share faster
-    CLEAR = 0.25  # the trial leaves threads for a place that measured more than this share faster
+    CLEAR = 0.15  # the trial leaves threads for a place that measured more than this share faster
     PROBE_AFTER = 3  # windows of the kept place between two probes of the other
     _KEPT_WINDOWS = 8  # in ``report()``
 
