@@ -92,6 +92,35 @@ def test_a_place_clearly_faster_is_kept_after_one_round(short: None) -> None:
     assert isinstance(figures, dict) and figures[THERE] == pytest.approx(2 * figures[HERE], rel=0.01)
 
 
+def test_a_place_flattered_by_its_trial_window_gives_way_to_the_next_best_once_its_first_kept_window_measures(
+        short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    seen: Dict[str, int] = {}
+    places = []
+    for k in range(9):
+        place = m.place(0, f"f{k}")
+        places.append(place)
+        fast_once = place == SPREAD and seen.get(place, 0) == 0  # its trial window came out fast
+        seen[place] = seen.get(place, 0) + 1
+        per_batch = 0.005 if fast_once else {HERE: 0.02, THERE: 0.008, SPLIT: 0.02, SPREAD: 0.012}[place]
+        for _ in range(20):
+            clock.now += per_batch
+            m.handed(0, (f"f{k}",), 10)
+    assert places == [HERE, THERE, SPLIT, SPREAD, SPREAD, THERE, THERE, THERE, THERE]
+    assert [(c["to"], c["by"]) for c in m.changes] == [(SPREAD, "trial"), (THERE, "confirm")]
+    assert m.kept == THERE
+
+
+def test_a_kept_place_whose_first_window_is_within_the_margin_of_another_s_figure_stays(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    places = run_schedule(m, clock, {HERE: 0.02, THERE: 0.010, SPLIT: 0.02, SPREAD: 0.0104}, 8)
+    # workers kept, and its first window confirms it against the spread's figure, within MARGIN
+    assert places == [HERE, THERE, SPLIT, SPREAD, THERE, THERE, THERE, THERE]
+    assert [(c["to"], c["by"]) for c in m.changes] == [(THERE, "trial")]
+
+
 def test_the_trial_leaves_batches_spread_out_when_the_workers_measured_no_faster_than_threads(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
@@ -100,7 +129,7 @@ def test_the_trial_leaves_batches_spread_out_when_the_workers_measured_no_faster
     assert set(m.changes[0]["samples_per_s"]) == {HERE, THERE, SPLIT}  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("lead", [0.02, 0.8 * Measured.CLEAR])  # within a window's noise: the files stay where nothing is copied
+@pytest.mark.parametrize("lead", [0.02, 0.8 * Measured.CLEAR])  # within the noise: kept where nothing is copied
 def test_threads_are_kept_when_no_place_measured_clearly_faster(short: None, lead: float) -> None:
     clock = Clock()
     m = new_measured(clock)

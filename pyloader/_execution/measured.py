@@ -30,6 +30,10 @@ Contract:
   what ``THERE`` pays, so it cannot win where copies already cost more than they save). After one round
   the fastest place is kept if it measured more than ``CLEAR`` faster than ``HERE``, else ``HERE``
   is (a single window's figure varies by about that much, and the probes correct a close call).
+  The kept place's first window (``2 * TRIAL_S``) confirms it: its figure replaces the trial's,
+  and when another place's figure beats it (by ``CLEAR`` to leave threads, else by ``MARGIN``),
+  that place is kept instead and confirmed in turn, once per place. A short trial window can
+  flatter a place: files read ahead during the window before it come out at once.
   Then the kept place runs in windows of ``STEADY_S``, with a probe window of another place (in
   turn) after every ``PROBE_AFTER`` of them; a probe faster by more than ``MARGIN`` than the kept
   place's last window changes the place.
@@ -48,7 +52,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 HERE = "threads"  # read, encoded and collated in threads of this process
 THERE = "workers"  # ... in a worker process
@@ -111,6 +115,9 @@ class Measured:
         self._windows: List[Window] = []
         self._files: Dict[Key, Window] = {}
         self._steady = 0  # windows of the kept place since the last probe
+        self._confirming = False  # the current window of the kept place is its first: it confirms the trial
+        self._trial: Dict[str, float] = {}  # each place's trial figure, then its confirming window's
+        self._checked: Set[str] = set()  # places whose confirming window measured
         self._probes = 0  # probes so far: they take the other places in turn
 
     @property
@@ -163,12 +170,15 @@ class Measured:
         now = self._clock()
         if self._windows:
             self.current.closed_at = now
-        trial = self.kept is None
-        self._windows.append(Window(place, self.TRIAL_S if trial or place != self.kept
-                                    else self.STEADY_S))
+        self._windows.append(Window(place, self._window_s(place)))
         del self._windows[:-2 * self._KEPT_WINDOWS]
         live = {id(w) for w in self._windows[-3:]}  # files of older windows are no longer handed over
         self._files = {k: w for k, w in self._files.items() if id(w) in live}
+
+    def _window_s(self, place: str) -> float:
+        if self._confirming:
+            return 2 * self.TRIAL_S
+        return self.TRIAL_S if self.kept is None or place != self.kept else self.STEADY_S
 
     def _next_place(self) -> str:
         """The place of the window after the current one (which measured enough)."""
@@ -177,6 +187,8 @@ class Measured:
         if self.current.place != self.kept:  # a probe ended
             self._after_probe()
             return self.kept
+        if self._confirming:
+            return self._confirmed()
         self._steady += 1
         if self._steady < self.PROBE_AFTER:
             return self.kept
@@ -193,7 +205,29 @@ class Measured:
         best = max(rates, key=lambda p: rates[p])
         kept = best if rates[best] > rates[HERE] * (1 + self.CLEAR) else HERE
         self._change(kept, rates, "trial")
+        self._trial, self._confirming = dict(rates), True
         return kept
+
+    def _confirmed(self) -> str:
+        """The place after the kept place's first window, which replaces the place's trial figure: a
+        place whose figure beats it (by ``CLEAR`` to leave threads, else ``MARGIN``) is kept instead, and
+        confirmed in turn unless it already was. One short trial window can flatter a place (files
+        read ahead during the window before it come out at once); each place is confirmed once."""
+        kept = self.kept
+        assert kept is not None, "a confirming window follows the trial"
+        rate = self.current.rate()
+        self._confirming = False
+        if rate is None:
+            return kept
+        self._trial[kept] = rate
+        self._checked.add(kept)
+        best = max(self._trial, key=lambda p: self._trial[p])
+        bar = self.CLEAR if kept == HERE else self.MARGIN
+        if best == kept or self._trial[best] <= rate * (1 + bar):
+            return kept
+        self._change(best, {best: self._trial[best], kept: rate}, "confirm")
+        self._confirming = best not in self._checked
+        return best
 
     def _after_probe(self) -> None:
         probe, kept = self.current, self._last_of(self.kept)
