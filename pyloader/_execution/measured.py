@@ -99,7 +99,7 @@ class Measured:
     """The places of one loader's files, decided by measuring each (see the module's docstring)."""
 
     TRIAL = (HERE, THERE, SPLIT, SPREAD)
-    TRIAL_S = 0.5  # the least measured span of a trial window
+    TRIAL_S = 0.25  # the least measured span of a trial window
     STEADY_S = 8.0  # ... of a window of the kept place
     MIN_BATCHES = 8
     MARGIN = 0.05  # a probe is faster when it measured more than this share faster
