@@ -90,9 +90,11 @@ def test_tensors_arrive_as_tensors_of_the_same_dtype_and_layout_and_writable():
     {"x": torch.zeros(3, requires_grad=True)},
     {"x": torch.zeros(3, dtype=torch.bfloat16)},
     {"x": torch.nn.Parameter(torch.zeros(3))},
+    {"x": torch.zeros(3).to_sparse()},
+    {"x": torch.zeros(3, dtype=torch.complex64).conj()},
     {"x": np.ma.masked_array(np.arange(3), mask=[0, 1, 0])},
 ], ids=["a list", "a key not a string", "a list value", "objects", "records", "over the limit", "grad",
-        "bfloat16", "a tensor subclass", "a masked array"])
+        "bfloat16", "a tensor subclass", "sparse", "conjugate", "a masked array"])
 def test_anything_else_is_pickled_as_before(batch):
     assert pack(batch, LIMIT) is None
     assert isinstance(ipc.Sealed.seal(batch), ipc.Sealed)

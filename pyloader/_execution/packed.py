@@ -23,7 +23,7 @@ import numpy as np
 
 from .._npy import file_span
 
-_KINDS = frozenset("biufcmMSU")  # fixed-width dtypes that np.dtype(dtype.str) rebuilds exactly
+_KINDS = frozenset("biufcmMSU")  # fixed-width dtypes that np.dtype(dtype.str) rebuilds exactly (records: "V")
 _ALIGN = 16
 Entry = Tuple[str, bool, str, Tuple[int, ...], int, bool, bool]  # key, tensor, dtype, shape, offset, fortran, writeable
 
@@ -62,18 +62,14 @@ def _as_array(value: Any) -> Optional[Tuple[np.ndarray, bool]]:
     torch = sys.modules.get("torch")
     if torch is None or type(value) is not torch.Tensor:
         return None
-    if not value.is_cpu or value.requires_grad or value.layout != torch.strided:
-        return None
     try:
-        return value.numpy(), True
-    except (TypeError, RuntimeError):  # a dtype NumPy lacks (bfloat16), a conjugate or quantized tensor
+        return value.numpy(), True  # refused for a tensor on a device, requiring grad, sparse, conjugate, ...
+    except (TypeError, RuntimeError):  # ... or of a dtype NumPy lacks (bfloat16)
         return None
 
 
 def _packable(array: np.ndarray, limit: int) -> bool:
-    dtype = array.dtype
-    return (dtype.kind in _KINDS and dtype.names is None and dtype.subdtype is None and array.nbytes <= limit
-            and file_span(array) is None)
+    return array.dtype.kind in _KINDS and array.nbytes <= limit and file_span(array) is None
 
 
 def pack(batch: object, limit: int) -> Optional[Packed]:
