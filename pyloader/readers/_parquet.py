@@ -74,7 +74,7 @@ class ParquetReader(DataReader):
         with _opened(path) as source:
             names = self._names(path, source)
             table = source.read_all(names)
-            return _columns(table, names), table.num_rows
+            return _columns(table, names, source.mapped), table.num_rows
 
     def iter_file(self, path: str) -> Iterator[Columns]:
         with _opened(path) as source:
@@ -82,7 +82,7 @@ class ParquetReader(DataReader):
             for i in range(source.n_pieces):
                 piece = source.piece(i, names)
                 if piece.num_rows:
-                    yield self.checked(path, _columns(piece, names))
+                    yield self.checked(path, _columns(piece, names, source.mapped))
 
     def count(self, path: str) -> int:
         """The rows of ``path``, from its footer."""
@@ -121,6 +121,7 @@ class _Source(Protocol):
     """One open Parquet or Arrow IPC file: its columns, its pieces, its row count."""
 
     names: List[str]
+    mapped: Optional[pyarrow.Buffer]  # the whole file, memory-mapped, or None
 
     @property
     def n_pieces(self) -> int: ...
@@ -139,6 +140,7 @@ class _ParquetSource:
     def __init__(self, parquet: pyarrow.parquet.ParquetFile) -> None:
         self._parquet = parquet
         self.names: List[str] = list(parquet.schema_arrow.names)
+        self.mapped: Optional[pyarrow.Buffer] = None
 
     @property
     def n_pieces(self) -> int:
@@ -158,9 +160,9 @@ class _ParquetSource:
 class _IpcSource:
     """An Arrow IPC file, a record batch a piece."""
 
-    def __init__(self, ipc: pyarrow.ipc.RecordBatchFileReader, keep: Optional[pyarrow.Buffer] = None) -> None:
+    def __init__(self, ipc: pyarrow.ipc.RecordBatchFileReader, mapped: Optional[pyarrow.Buffer] = None) -> None:
         self._ipc = ipc
-        self._keep = keep  # the whole of a mapped file: registered while the file is open
+        self.mapped = mapped  # the whole of a mapped file: registered while it or a column viewed from it lives
         self.names: List[str] = list(ipc.schema.names)
 
     @property
@@ -211,7 +213,7 @@ def _open(pa: ModuleType, path: str, stack: contextlib.ExitStack) -> _Source:
         whole = mapped.read_buffer()  # no copy: its columns cross processes as spans of the file
         mapped.seek(0)
         register_mapped(whole, whole.address, whole.size, os.path.abspath(f), 0)
-        return _IpcSource(pa.ipc.open_file(mapped), keep=whole)
+        return _IpcSource(pa.ipc.open_file(mapped), mapped=whole)
     stack.callback(parquet.close)
     return _ParquetSource(parquet)
 
@@ -235,12 +237,14 @@ def _starts_with(f: Union[str, IO[bytes]], magic: bytes) -> bool:
     return f.read(len(magic)) == magic
 
 
-def _columns(data: Union[pyarrow.Table, pyarrow.RecordBatch], names: List[str]) -> Columns:
-    """The columns of a pyarrow ``Table`` or ``RecordBatch``, as ``ParquetReader`` hands them out."""
-    return {name: _column(data.column(i)) for i, name in enumerate(names)}
+def _columns(data: Union[pyarrow.Table, pyarrow.RecordBatch], names: List[str],
+             mapped: Optional[pyarrow.Buffer] = None) -> Columns:
+    """The columns of a pyarrow ``Table`` or ``RecordBatch``, as ``ParquetReader`` hands them out
+    (``mapped``: the memory-mapped file they lie in, if any)."""
+    return {name: _column(data.column(i), mapped) for i, name in enumerate(names)}
 
 
-def _column(column: Union[pyarrow.Array, pyarrow.ChunkedArray]) -> Column:
+def _column(column: Union[pyarrow.Array, pyarrow.ChunkedArray], mapped: Optional[pyarrow.Buffer]) -> Column:
     import pyarrow as pa
 
     if isinstance(column, pa.ChunkedArray):
@@ -248,23 +252,28 @@ def _column(column: Union[pyarrow.Array, pyarrow.ChunkedArray]) -> Column:
     kind = column.type
     if column.null_count == 0:
         if _numpy_kind(pa, kind):
-            return _to_numpy(pa, column)
+            return _to_numpy(pa, column, mapped)
         if pa.types.is_fixed_size_list(kind) and _numpy_kind(pa, kind.value_type):
             values = column.flatten()
             if values.null_count == 0:
-                return _to_numpy(pa, values).reshape(len(column), kind.list_size)
+                return _to_numpy(pa, values, mapped).reshape(len(column), kind.list_size)
     return column.to_pylist()
 
 
-def _to_numpy(pa: ModuleType, column: pyarrow.Array) -> np.ndarray:
+def _to_numpy(pa: ModuleType, column: pyarrow.Array, mapped: Optional[pyarrow.Buffer] = None) -> np.ndarray:
     """A view of a column of numbers without nulls. Numbers of fixed width are viewed from their
     buffer directly: pyarrow's ``to_numpy`` imports pandas on its first call, about 0.4 s in each
-    process (this one and every worker)."""
+    process (this one and every worker). A buffer inside ``mapped`` is viewed through it, so the
+    file stays registered as mapped (``_npy.register_mapped``) for as long as the view lives, and
+    the view crosses processes as a span of the file even after the file was closed."""
     kind = column.type
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
         code = "f" if pa.types.is_floating(kind) else "i" if pa.types.is_signed_integer(kind) else "u"
         dtype = np.dtype(f"{code}{kind.bit_width // 8}")
-        view = np.frombuffer(column.buffers()[1], dtype=dtype, count=len(column), offset=column.offset * dtype.itemsize)
+        buffer, offset = column.buffers()[1], column.offset * dtype.itemsize
+        if mapped is not None and mapped.address <= buffer.address < mapped.address + mapped.size:
+            buffer, offset = mapped, offset + buffer.address - mapped.address
+        view = np.frombuffer(buffer, dtype=dtype, count=len(column), offset=offset)
         view.flags.writeable = False  # Arrow's buffers are immutable (and may be a file's mapped pages)
         return view
     return column.to_numpy(zero_copy_only=False)
