@@ -726,3 +726,29 @@ def test_a_worker_serves_bookkeeping_then_the_next_piece_of_a_file_under_way_the
     order = [_next_request(inbox, {5})[1] for _ in range(6)]
     # release; the pieces of file 5, which is under way; the batches in turn; file 7, not started, last
     assert order == [[9], 3, 5, 2, 4, 1]
+
+
+class PidReader(pl.DataReader):
+    """Each row says which process read it."""
+
+    def read_file(self, path):
+        with open(path) as f:
+            ids = [int(line) for line in f]
+        return {"id": ids, "read_in": [os.getpid()] * len(ids)}, len(ids)
+
+
+class RanIn(pl.Dataset):
+    def batch_encode(self, batch):
+        return {**batch, "ran_in": [os.getpid()] * len(batch["id"])}
+
+
+def test_a_batch_spanning_two_workers_files_runs_in_the_worker_that_read_most_of_its_rows(tmp_path):
+    write_chunks(tmp_path, [10] * 12)
+    with pl.DataLoader(PidReader(batch_size=12), RanIn(), ListCollator(), str(tmp_path), num_workers=2) as loader:
+        batches = [b for b in loader]
+    assert sorted(i for b in batches for i in b["id"]) == list(range(120))
+    spanning = [b for b in batches if len(set(b["read_in"])) == 2]
+    assert len(spanning) >= 8  # files alternate between the workers, and batches of 12 cross files of 10
+    for b in spanning:
+        most = max(dict.fromkeys(b["read_in"]), key=b["read_in"].count)  # on a tie, the first file's
+        assert set(b["ran_in"]) == {most}, b

@@ -223,7 +223,7 @@ class Measured:
         self._checked.add(kept)
         best = max(self._trial, key=lambda p: self._trial[p])
         bar = self.CLEAR if kept == HERE else self.MARGIN
-        if best == kept or self._trial[best] <= rate * (1 + bar):
+        if self._trial[best] <= rate * (1 + bar):  # the kept place itself, or not faster enough
             return kept
         self._change(best, {best: self._trial[best], kept: rate}, "confirm")
         self._confirming = best not in self._checked

@@ -17,7 +17,7 @@ several times what copying its bytes costs, on both sides of every batch.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import numpy as np
 
@@ -25,7 +25,8 @@ from .._npy import file_span
 
 _KINDS = frozenset("biufcmMSU")  # fixed-width dtypes that np.dtype(dtype.str) rebuilds exactly (records: "V")
 _ALIGN = 16
-Entry = Tuple[str, bool, str, Tuple[int, ...], int, bool, bool]  # key, tensor, dtype, shape, offset, fortran, writeable
+Order = Literal["C", "F"]
+Entry = Tuple[str, bool, str, Tuple[int, ...], int, Order, bool]  # key, tensor, dtype, shape, offset, order, writeable
 
 
 class Packed:
@@ -43,8 +44,8 @@ class Packed:
     def open(self) -> Dict[str, object]:
         memory = bytearray(self.data)  # writable, and owned by the batch's values alone
         out: Dict[str, object] = {}
-        for key, tensor, dtype, shape, offset, fortran, writeable in self.entries:
-            array = np.ndarray(shape, np.dtype(dtype), buffer=memory, offset=offset, order="F" if fortran else "C")
+        for key, tensor, dtype, shape, offset, order, writeable in self.entries:
+            array = np.ndarray(shape, np.dtype(dtype), buffer=memory, offset=offset, order=order)
             if tensor:
                 import torch
 
@@ -84,11 +85,11 @@ def pack(batch: object, limit: int) -> Optional[Packed]:
         if found is None or not _packable(found[0], limit):
             return None
         array, tensor = found
-        fortran = array.flags.f_contiguous and not array.flags.c_contiguous
-        raw = array.tobytes(order="F" if fortran else "C")
+        order: Order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+        raw = array.tobytes(order=order)
         pad = -offset % _ALIGN
         parts.extend((b"\0" * pad, raw))
         offset += pad
-        entries.append((key, tensor, array.dtype.str, array.shape, offset, fortran, bool(array.flags.writeable)))
+        entries.append((key, tensor, array.dtype.str, array.shape, offset, order, bool(array.flags.writeable)))
         offset += len(raw)
     return Packed(tuple(entries), b"".join(parts))

@@ -29,6 +29,7 @@ from typing import (
     Awaitable,
     Callable,
     Deque,
+    Dict,
     Generator,
     List,
     Optional,
@@ -53,6 +54,7 @@ from .reading import FileTask, pieces_with_end
 from .steps import BatchData, Key, Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
 
 _DONE = object()
+_Job = Tuple[List[Tuple[object, int, int]], Tuple[str, ...], Optional[Key]]  # a worker's job: rows, paths, key
 
 
 STEPS = (0,)  # a Lane priority: encoding and collating a group the consumer waits for
@@ -390,23 +392,26 @@ class PoolRunner:
         return workers.pop(), [(p.ref.pid, start, end) for p, start, end in data.parts]
 
     async def _gathered(self, data: BatchData, key: Optional[Key]) -> list:
-        """Run a batch whose rows are not all in one worker: rows come here, then go to the least busy one."""
-        spec: List[Tuple[object, int, int]] = []
-        paths: Tuple[str, ...] = ()
+        """Run a batch whose rows are not all in one worker: in the worker that keeps most of them,
+        the others sent along (a batch that spans two files' pieces moves only the rows of the
+        smaller part); with no rows in a worker, in the least busy one."""
         if not isinstance(data, Segments):
-            spec = [(data, 0, n_rows(data))]
-        else:
-            paths = data.paths
-            for p, start, end in data.parts:
-                if p.ref is None:
-                    assert p.columns is not None, "a piece held here has its columns"
-                    part = slice_rows(p.columns, start, end)
-                else:
-                    part = await self.pool.request(p.ref.worker, "fetch", p.ref.pid, start, end,
-                                                   doing=f"sending rows of {p.task.path!r}")
+            whole: List[_Job] = [([(data, 0, n_rows(data))], (), key)]
+            return await self.pool.request(self.pool.least_loaded(), self.op, whole, doing=_doing(whole))
+        worker = _keeping_most(data, otherwise=self.pool.least_loaded())
+        spec: List[Tuple[object, int, int]] = []
+        for p, start, end in data.parts:
+            if p.ref is not None and p.ref.worker == worker:
+                spec.append((p.ref.pid, start, end))
+            elif p.ref is None:
+                assert p.columns is not None, "a piece held here has its columns"
+                spec.append((slice_rows(p.columns, start, end), 0, end - start))
+            else:
+                part = await self.pool.request(p.ref.worker, "fetch", p.ref.pid, start, end,
+                                               doing=f"sending rows of {p.task.path!r}")
                 spec.append((part, 0, end - start))
-        jobs = [(spec, paths, key)]
-        return await self.pool.request(self.pool.least_loaded(), self.op, jobs, doing=_doing(jobs))
+        jobs: List[_Job] = [(spec, data.paths, key)]
+        return await self.pool.request(worker, self.op, jobs, doing=_doing(jobs))
 
     def _run_here(self, datas: Sequence[BatchData]) -> bool:
         if not all(_rows_here(data) for data in datas):
@@ -462,6 +467,15 @@ def _sendable(served: Optional[Served]) -> Union[None, bytes, ServedEntry]:
 def _jobs_of(datas: Sequence[BatchData]) -> list:
     """``datas`` as jobs for ``_doing``: only their paths."""
     return [(None, d.paths if isinstance(d, Segments) else ()) for d in datas]
+
+
+def _keeping_most(data: Segments, otherwise: int) -> int:
+    """The worker keeping most rows of ``data`` (the first such in its parts), ``otherwise`` if none keeps any."""
+    rows: Dict[int, int] = {}
+    for p, start, end in data.parts:
+        if p.ref is not None:
+            rows[p.ref.worker] = rows.get(p.ref.worker, 0) + end - start
+    return max(rows, key=rows.__getitem__, default=otherwise)
 
 
 def _rows_here(data: BatchData) -> bool:
