@@ -109,8 +109,8 @@ def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns],
         return [_run_job(steps, kept, segments, paths, key, clock.steps) for segments, paths, key in jobs]
 
 
-_URGENT = ("open", "close", "release", "run", "encode", "fetch")
 _BOOKKEEPING = ("open", "close", "release", "fetch")
+_URGENT = (*_BOOKKEEPING, "run", "encode")  # every request but reading a file's next piece
 
 
 def _rank(msg: tuple, started: Set[int]) -> int:
