@@ -34,18 +34,21 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from .._abc import releases_gil
 from .._checks import is_integer
 from . import forking
-from .measured import Measured
+from .measured import THREADS_FIRST, WORKERS_FIRST, Measured
 
 AUTO = "auto"
 ENV = "PYLOADER_NUM_WORKERS"
 MAX_WORKERS = 4  # beyond this, the main process's hand-over is the limit for Python user code
 
 _log = logging.getLogger("pyloader")
+
+# the trial's order: workers started by fork are ready at once, by spawn or forkserver they warm up
+_TRIAL: Dict[Optional[str], Tuple[str, ...]] = {None: WORKERS_FIRST, "fork": WORKERS_FIRST}
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ class Placer:
         if not placement.decided or not placement.num_workers or stream or self.worker_init_fn is not None:
             return None
         if self._measured is None:
-            self._measured = Measured()
+            self._measured = Measured(trial=_TRIAL.get(self.start_method, THREADS_FIRST))
         self._measured.new_run()
         return self._measured
 

@@ -24,19 +24,24 @@ Contract:
   first quarter is left out (batches made while the previous window was consumed). The figure
   holds everything a place costs: copies between processes, the GIL shared with the training
   step, a thread pool of the user's own, a slow consumer (then both places measure alike).
-* **Schedule.** Trial windows take the places in turn (``TRIAL``), threads first: nothing is
-  copied there and nothing waits on a worker's warm-up, so a short run pays least. ``SPREAD`` is
-  left out when ``THERE`` measured no faster than ``HERE`` (it adds a round trip of the rows to
-  what ``THERE`` pays, so it cannot win where copies already cost more than they save). After one round
-  the fastest place is kept if it measured more than ``CLEAR`` faster than ``HERE``, else ``HERE``
-  is (a single window's figure varies by about that much, and the probes correct a close call).
+* **Schedule.** The trial takes the two whole places in turn (``WORKERS_FIRST``), the workers
+  first when they start by fork: ``"auto"`` started them because user code runs Python, which they
+  run beside the consumer, so a short run spends its first seconds in the place most often kept.
+  Workers started by spawn or forkserver warm up for seconds (each imports the user's modules):
+  there threads go first (``THREADS_FIRST``: nothing is copied, nothing waits). The faster is
+  kept if it measured more than ``CLEAR`` faster than ``HERE``, else ``HERE`` is (a single
+  window's figure varies by about that much, and the probes correct a close call).
   The kept place's first window (``2 * TRIAL_S``) confirms it: its figure replaces the trial's,
   and when another place's figure beats it (by ``CLEAR`` to leave threads, else by ``MARGIN``),
   that place is kept instead and confirmed in turn, once per place. A short trial window can
   flatter a place: files read ahead during the window before it come out at once.
-  Then the kept place runs in windows of ``STEADY_S``, with a probe window of another place (in
-  turn) after every ``PROBE_AFTER`` of them; a probe faster by more than ``MARGIN`` than the kept
-  place's last window changes the place.
+  Then the kept place runs in windows of ``STEADY_S``, with a probe window of another place after
+  every ``PROBE_AFTER`` of them: the two mixed places first (``SPLIT``, ``SPREAD``: they pay on
+  some workloads only, and each window in a slower place costs a short run most of what it lasts),
+  then the other places in turn. ``SPREAD`` is left out while ``THERE`` measured no faster than
+  ``HERE`` (it adds a round trip of the rows to what ``THERE`` pays, so it cannot win where copies
+  already cost more than they save). A probe faster by more than ``MARGIN`` than the kept place's
+  last window changes the place, and the new place's first window confirms it as above.
 * **Carried over.** A loader's next iteration goes on from the decision (and the schedule) of the
   one before, so a run of one epoch per ``iter()`` pays for the trial once.
 * **Shown.** ``report()`` (in ``loader.stats["placement"]["measured"]``): the place now (a probe's,
@@ -62,6 +67,9 @@ SPREAD = "workers, batches spread"  # read in a worker, its rows brought here, e
 _log = logging.getLogger("pyloader")
 
 Key = Tuple[int, str]  # (epoch, path) of a file read in a run
+
+WORKERS_FIRST = (THERE, HERE, SPLIT, SPREAD)  # the trial's order when the workers start by fork
+THREADS_FIRST = (HERE, THERE, SPLIT, SPREAD)  # ... by spawn or forkserver
 
 
 @dataclass
@@ -98,7 +106,6 @@ class Window:
 class Measured:
     """The places of one loader's files, decided by measuring each (see the module's docstring)."""
 
-    TRIAL = (HERE, THERE, SPLIT, SPREAD)
     TRIAL_S = 0.25  # the least measured span of a trial window
     STEADY_S = 8.0  # ... of a window of the kept place
     MIN_BATCHES = 8
@@ -107,16 +114,17 @@ class Measured:
     PROBE_AFTER = 3  # windows of the kept place between two probes of the other
     _KEPT_WINDOWS = 8  # in ``report()``
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, trial: Tuple[str, ...] = WORKERS_FIRST) -> None:
         self._clock = clock
+        self.trial = trial  # the places: the trial takes the first two, the probes the others first
         self._lock = threading.Lock()
         self.kept: Optional[str] = None  # the place decided on, once the trial is over
         self.changes: List[Dict[str, object]] = []
         self._windows: List[Window] = []
         self._files: Dict[Key, Window] = {}
         self._steady = 0  # windows of the kept place since the last probe
-        self._confirming = False  # the current window of the kept place is its first: it confirms the trial
-        self._trial: Dict[str, float] = {}  # each place's trial figure, then its confirming window's
+        self._confirming = False  # the current window of the kept place is its first: it confirms the choice
+        self._trial: Dict[str, float] = {}  # each place's trial (or winning probe) figure, then its confirming window's
         self._checked: Set[str] = set()  # places whose confirming window measured
         self._probes = 0  # probes so far: they take the other places in turn
 
@@ -126,7 +134,7 @@ class Measured:
 
     def first_place(self) -> str:
         """The place of an iteration's first files: the trial's first, or where the last one left off."""
-        return self.current.place if self._windows else self.TRIAL[0]
+        return self.current.place if self._windows else self.trial[0]
 
     def new_run(self) -> None:
         """A new iteration: its files are new, the decision and the schedule go on."""
@@ -193,13 +201,13 @@ class Measured:
         if self._steady < self.PROBE_AFTER:
             return self.kept
         self._steady = 0
-        others = [p for p in self.TRIAL if p != self.kept]
+        others = [p for p in _probed(self.trial, self._trial) if p != self.kept]
         self._probes += 1
         return others[(self._probes - 1) % len(others)]
 
     def _trial_step(self) -> str:
         rates = _by_place([w for w in self._windows if w.rate() is not None])
-        untried = [p for p in _trial_places(rates) if p not in rates]
+        untried = [p for p in self.trial[:2] if p not in rates]
         if untried:
             return untried[0]
         best = max(rates, key=lambda p: rates[p])
@@ -236,6 +244,8 @@ class Measured:
             return
         if probe_rate > kept_rate * (1 + self.MARGIN):
             self._change(probe.place, {probe.place: probe_rate, kept.place: kept_rate}, "probe")
+            self._trial.update({probe.place: probe_rate, kept.place: kept_rate})
+            self._confirming = True
 
     def _last_of(self, place: Optional[str]) -> Optional[Window]:
         return next((w for w in reversed(self._windows[:-1]) if w.place == place), None)
@@ -249,12 +259,14 @@ class Measured:
         self._steady = 0
 
 
-def _trial_places(rates: Dict[str, float]) -> Tuple[str, ...]:
-    """The places the trial tries, given the figures so far: batches spread over the workers only
-    when the workers measured faster than threads (spreading adds a round trip of the rows)."""
+def _probed(trial: Tuple[str, ...], rates: Dict[str, float]) -> Tuple[str, ...]:
+    """The places probes take, in turn: the mixed ones first, then the whole ones; batches spread
+    over the workers only while the workers measured faster than threads (spreading adds a round
+    trip of the rows)."""
+    order = trial[2:] + trial[:2]
     if HERE in rates and THERE in rates and rates[THERE] <= rates[HERE]:
-        return tuple(p for p in Measured.TRIAL if p != SPREAD)
-    return Measured.TRIAL
+        return tuple(p for p in order if p != SPREAD)
+    return order
 
 
 def _windows_by_place(windows: List[Window]) -> Dict[str, List[Window]]:
