@@ -154,6 +154,30 @@ def test_a_kept_place_whose_first_window_is_within_the_margin_of_another_s_figur
     assert [(c["to"], c["by"]) for c in m.changes] == [(THERE, "trial")]
 
 
+@pytest.mark.parametrize("seconds_per_batch, ends_early", [(0.05, True), (0.016, False)])
+def test_a_trial_window_measuring_under_half_the_best_figure_ends_after_half_its_batches(
+        short: None, seconds_per_batch: float, ends_early: bool) -> None:
+    clock = Clock()
+    m = Measured(clock)
+    m.new_run()
+    assert measure_window(m, clock, 0, 0.01) == THERE  # 1,000 samples/s
+    half = Measured.MIN_BATCHES // 2
+    assert measure_window(m, clock, 1, seconds_per_batch, batches=half) == HERE
+    # 5 times slower: it cannot be kept, so the trial ends now; at 0.6 times it measures on
+    assert m.place(0, "f2") == (THERE if ends_early else HERE)
+    assert (m.kept == THERE) is ends_early
+
+
+def test_a_window_of_the_kept_place_never_ends_early(short: None) -> None:
+    clock = Clock()
+    m = new_measured(clock)
+    run_schedule(m, clock, {HERE: 0.02, THERE: 0.01, SPLIT: 0.02, SPREAD: 0.02}, 4)
+    assert m.kept == THERE
+    measure_window(m, clock, 10, 0.1, batches=Measured.MIN_BATCHES - 1)  # 10 times slower now
+    window = m.current
+    assert m.place(0, "f11") == THERE and m.current is window  # the same window measures on
+
+
 def test_probes_leave_batches_spread_out_when_the_workers_measured_no_faster_than_threads(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
@@ -224,8 +248,7 @@ def test_the_first_quarter_of_a_window_is_left_out() -> None:
     for gap in [0.001] * 10 + [0.01] * 30:  # a backlog handed at once, then the place's own pace
         clock.now += gap
         m.handed(0, ("f0",), 10)
-    rate = m.current.rate()
-    assert rate is not None and rate == pytest.approx(1000, rel=0.05)
+    assert m.current.rate() == pytest.approx(1000, rel=0.05)
 
 
 def test_a_new_iteration_goes_on_from_the_decision(short: None) -> None:

@@ -41,7 +41,9 @@ Contract:
   then the other places in turn. ``SPREAD`` is left out while ``THERE`` measured no faster than
   ``HERE`` (it adds a round trip of the rows to what ``THERE`` pays, so it cannot win where copies
   already cost more than they save). A probe faster by more than ``MARGIN`` than the kept place's
-  last window changes the place, and the new place's first window confirms it as above.
+  last window changes the place, and the new place's first window confirms it as above. A window
+  of the trial or a probe that measured under half the best figure so far ends after half its
+  batches (``MIN_BATCHES // 2``): such a place cannot be kept, and every batch there is slow.
 * **Carried over.** A loader's next iteration goes on from the decision (and the schedule) of the
   one before, so a run of one epoch per ``iter()`` pays for the trial once.
 * **Shown.** ``report()`` (in ``loader.stats["placement"]["measured"]``): the place now (a probe's,
@@ -54,6 +56,7 @@ one lock keeps them apart. Nothing here runs user code or waits.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -78,29 +81,32 @@ class Window:
 
     place: str
     min_s: float
+    beaten: float = 0.0  # a trial window whose rate is below this (half the best so far) can end early
     handed: List[Tuple[float, int]] = field(default_factory=list)  # (when, samples) of its batches
-    closed_at: Optional[float] = None  # when the next window's first file was placed
+    closed_at: float = math.inf  # when the next window's first file was placed
 
     def measured_s(self) -> float:
         return self.handed[-1][0] - self.handed[0][0] if len(self.handed) > 1 else 0.0
 
     def enough(self) -> bool:
-        return len(self.handed) >= Measured.MIN_BATCHES and self.measured_s() >= self.min_s
+        if len(self.handed) >= Measured.MIN_BATCHES:
+            return self.measured_s() >= self.min_s
+        return len(self.handed) >= Measured.MIN_BATCHES // 2 and self.rate() < self.beaten
 
-    def rate(self) -> Optional[float]:
-        """Samples per second over the window's measured span, less its first quarter."""
+    def rate(self) -> float:
+        """Samples per second over the window's measured span, less its first quarter (0: no figure yet)."""
         if len(self.handed) < 2:
-            return None
+            return 0.0
         first, last = self.handed[0][0], self.handed[-1][0]
         cut = first + 0.25 * (last - first)
         kept = [(t, n) for t, n in self.handed if t > cut]
         span = last - cut
-        return sum(n for _, n in kept) / span if kept and span > 0 else None
+        return sum(n for _, n in kept) / span if kept and span > 0 else 0.0
 
     def as_dict(self) -> Dict[str, object]:
         rate = self.rate()
         return {"place": self.place, "batches": len(self.handed), "seconds": round(self.measured_s(), 3),
-                "samples_per_s": None if rate is None else round(rate, 1)}
+                "samples_per_s": round(rate, 1) if rate else None}
 
 
 class Measured:
@@ -165,7 +171,7 @@ class Measured:
             window = windows[0] if windows else None
             if window is None or any(w is not window for w in windows):
                 return  # rows of files placed in different windows, or of no placed file
-            if window.closed_at is None or now <= window.closed_at:
+            if now <= window.closed_at:
                 window.handed.append((now, samples))
 
     def report(self) -> Dict[str, object]:
@@ -178,10 +184,17 @@ class Measured:
         now = self._clock()
         if self._windows:
             self.current.closed_at = now
-        self._windows.append(Window(place, self._window_s(place)))
+        self._windows.append(Window(place, self._window_s(place), self._beaten(place)))
         del self._windows[:-2 * self._KEPT_WINDOWS]
         live = {id(w) for w in self._windows[-3:]}  # files of older windows are no longer handed over
         self._files = {k: w for k, w in self._files.items() if id(w) in live}
+
+    def _beaten(self, place: str) -> float:
+        """Half the best figure of the windows so far, for a window of the trial or a probe: a place that
+        slow cannot be kept, so its window ends after half the batches (0: a window of the kept place)."""
+        if place == self.kept:
+            return 0.0
+        return 0.5 * max((w.rate() for w in self._windows), default=0.0)
 
     def _window_s(self, place: str) -> float:
         if self._confirming:
@@ -206,7 +219,7 @@ class Measured:
         return others[(self._probes - 1) % len(others)]
 
     def _trial_step(self) -> str:
-        rates = _by_place([w for w in self._windows if w.rate() is not None])
+        rates = _by_place([w for w in self._windows if w.rate()])
         untried = [p for p in self.trial[:2] if p not in rates]
         if untried:
             return untried[0]
@@ -225,7 +238,7 @@ class Measured:
         assert kept is not None, "a confirming window follows the trial"
         rate = self.current.rate()
         self._confirming = False
-        if rate is None:
+        if not rate:
             return kept
         self._trial[kept] = rate
         self._checked.add(kept)
@@ -239,8 +252,8 @@ class Measured:
 
     def _after_probe(self) -> None:
         probe, kept = self.current, self._last_of(self.kept)
-        probe_rate, kept_rate = probe.rate(), None if kept is None else kept.rate()
-        if probe_rate is None or kept is None or kept_rate is None:
+        probe_rate, kept_rate = probe.rate(), 0.0 if kept is None else kept.rate()
+        if not probe_rate or kept is None or not kept_rate:
             return
         if probe_rate > kept_rate * (1 + self.MARGIN):
             self._change(probe.place, {probe.place: probe_rate, kept.place: kept_rate}, "probe")
@@ -278,4 +291,4 @@ def _windows_by_place(windows: List[Window]) -> Dict[str, List[Window]]:
 
 def _by_place(windows: List[Window]) -> Dict[str, float]:
     """Each place's mean rate over ``windows`` (those with a rate)."""
-    return {place: sum(w.rate() or 0.0 for w in ws) / len(ws) for place, ws in _windows_by_place(windows).items()}
+    return {place: sum(w.rate() for w in ws) / len(ws) for place, ws in _windows_by_place(windows).items()}
