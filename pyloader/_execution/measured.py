@@ -24,9 +24,13 @@ Contract:
   first quarter is left out (batches made while the previous window was consumed). The figure
   holds everything a place costs: copies between processes, the GIL shared with the training
   step, a thread pool of the user's own, a slow consumer (then both places measure alike).
-* **Schedule.** The trial takes the two whole places in turn (``WORKERS_FIRST``), the workers
-  first when they start by fork: ``"auto"`` started them because user code runs Python, which they
-  run beside the consumer, so a short run spends its first seconds in the place most often kept.
+* **Schedule.** The trial takes the two whole places in turn, then the first again
+  (``WORKERS_FIRST``: workers, threads, workers), and each place's figure is its last window's:
+  a run's first window holds its start-up, and a window that follows one of the other place
+  starts with the files read ahead for it, which come out at once; both compared windows follow
+  a change of place. The workers go first when they start by fork: ``"auto"`` started them
+  because user code runs Python, which they run beside the consumer, so a short run spends its
+  first seconds in the place most often kept.
   Workers started by spawn or forkserver warm up for seconds (each imports the user's modules):
   there threads go first (``THREADS_FIRST``: nothing is copied, nothing waits). The faster is
   kept if it measured more than ``CLEAR`` faster than ``HERE``, else ``HERE`` is (a single
@@ -133,6 +137,7 @@ class Measured:
         self._trial: Dict[str, float] = {}  # each place's trial (or winning probe) figure, then its confirming window's
         self._checked: Set[str] = set()  # places whose confirming window measured
         self._probes = 0  # probes so far: they take the other places in turn
+        self._trial_windows = 0  # windows of the trial that ended
 
     @property
     def current(self) -> Window:
@@ -219,10 +224,15 @@ class Measured:
         return others[(self._probes - 1) % len(others)]
 
     def _trial_step(self) -> str:
-        rates = _by_place([w for w in self._windows if w.rate()])
+        """The trial's next place, or the place kept once it is over. Its windows are its two places,
+        then the first again: the first window of a run holds its start-up, and each of the others
+        follows a window of the other place (whose files, read ahead, come out at once), so each
+        place's figure is its last window's."""
+        rates = {w.place: w.rate() for w in self._windows if w.rate()}
+        self._trial_windows += 1
         untried = [p for p in self.trial[:2] if p not in rates]
-        if untried:
-            return untried[0]
+        if untried or self._trial_windows == 2:
+            return (untried or [self.trial[0]])[0]
         best = max(rates, key=lambda p: rates[p])
         kept = best if rates[best] > rates[HERE] * (1 + self.CLEAR) else HERE
         self._change(kept, rates, "trial")
@@ -277,18 +287,6 @@ def _probed(trial: Tuple[str, ...], rates: Dict[str, float]) -> Tuple[str, ...]:
     over the workers only while the workers measured faster than threads (spreading adds a round
     trip of the rows)."""
     order = trial[2:] + trial[:2]
-    if HERE in rates and THERE in rates and rates[THERE] <= rates[HERE]:
+    if rates.get(THERE, 0.0) <= rates.get(HERE, 0.0):
         return tuple(p for p in order if p != SPREAD)
     return order
-
-
-def _windows_by_place(windows: List[Window]) -> Dict[str, List[Window]]:
-    out: Dict[str, List[Window]] = {}
-    for w in windows:
-        out.setdefault(w.place, []).append(w)
-    return out
-
-
-def _by_place(windows: List[Window]) -> Dict[str, float]:
-    """Each place's mean rate over ``windows`` (those with a rate)."""
-    return {place: sum(w.rate() for w in ws) / len(ws) for place, ws in _windows_by_place(windows).items()}
