@@ -148,11 +148,14 @@ def test_a_probe_flattered_by_its_window_gives_way_once_its_first_kept_window_me
     assert [(c["to"], c["by"]) for c in m.changes] == [(HERE, "trial"), (SPLIT, "probe"), (HERE, "confirm")]
 
 
-def test_a_kept_place_whose_first_window_is_within_the_margin_of_another_s_figure_stays(short: None) -> None:
+@pytest.mark.parametrize("then", [0.0124, 0.0130])  # 3% and 8% slower than the threads' figure
+def test_a_kept_place_whose_first_window_is_within_clear_of_another_s_figure_stays(short: None, then: float) -> None:
+    """The other figures were measured after a change of place (which can flatter them), the confirming
+    window was not: under ``CLEAR`` apart, a confirming window does not change the place."""
     clock = Clock()
     m = new_measured(clock)
-    # the workers measured 20% faster in the trial, then 3% slower than the threads' figure
-    places = run_varying(m, clock, 7, lambda place, nth: 0.0120 if place == HERE else (0.0100 if nth == 0 else 0.0124))
+    # the workers measured 20% faster in the trial, then slower than the threads' figure
+    places = run_varying(m, clock, 7, lambda place, nth: 0.0120 if place == HERE else (0.0100 if nth == 0 else then))
     assert places == [HERE, THERE, HERE, THERE, THERE, THERE, THERE]
     assert [(c["to"], c["by"]) for c in m.changes] == [(THERE, "trial")]
 

@@ -36,9 +36,10 @@ Contract:
   kept if it measured more than ``CLEAR`` faster than ``HERE``, else ``HERE`` is (a single
   window's figure varies by about that much, and the probes correct a close call).
   The kept place's first window (``2 * TRIAL_S``) confirms it: its figure replaces the trial's,
-  and when another place's figure beats it (by ``CLEAR`` to leave threads, else by ``MARGIN``),
-  that place is kept instead and confirmed in turn, once per place. A short trial window can
-  flatter a place: files read ahead during the window before it come out at once.
+  and when another place's figure beats it by more than ``CLEAR``, that place is kept instead and
+  confirmed in turn, once per place. The bar is ``CLEAR`` both ways: the other figures were
+  measured after a change of place, which can flatter them (files read ahead during the window
+  before come out at once), and the confirming window was not.
   Then the kept place runs in windows of ``STEADY_S``, with a probe window of another place after
   every ``PROBE_AFTER`` of them: the two mixed places first (``SPLIT``, ``SPREAD``: they pay on
   some workloads only, and each window in a slower place costs a short run most of what it lasts),
@@ -241,9 +242,9 @@ class Measured:
 
     def _confirmed(self) -> str:
         """The place after the kept place's first window, which replaces the place's trial figure: a
-        place whose figure beats it (by ``CLEAR`` to leave threads, else ``MARGIN``) is kept instead, and
-        confirmed in turn unless it already was. One short trial window can flatter a place (files
-        read ahead during the window before it come out at once); each place is confirmed once."""
+        place whose figure beats it by more than ``CLEAR`` is kept instead, and confirmed in turn unless
+        it already was. A window after a change of place can flatter it (files read ahead during the
+        window before come out at once); each place is confirmed once."""
         kept = self.kept
         assert kept is not None, "a confirming window follows the trial"
         rate = self.current.rate()
@@ -253,8 +254,7 @@ class Measured:
         self._trial[kept] = rate
         self._checked.add(kept)
         best = max(self._trial, key=lambda p: self._trial[p])
-        bar = self.CLEAR if kept == HERE else self.MARGIN
-        if self._trial[best] <= rate * (1 + bar):  # the kept place itself, or not faster enough
+        if self._trial[best] <= rate * (1 + self.CLEAR):  # the kept place itself, or not faster enough
             return kept
         self._change(best, {best: self._trial[best], kept: rate}, "confirm")
         self._confirming = best not in self._checked
