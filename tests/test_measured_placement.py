@@ -49,12 +49,20 @@ def measure_window(m: Measured, clock: Clock, file: int, seconds_per_batch: floa
 
 def run_schedule(m: Measured, clock: Clock, speed: Dict[str, float], files: int) -> List[str]:
     """The places of ``files`` files, each taking ``speed[place]`` seconds per batch."""
+    return run_varying(m, clock, files, lambda place, nth: speed[place])
+
+
+def run_varying(m: Measured, clock: Clock, files: int, per_batch: Callable[[str, int], float]) -> List[str]:
+    """Like ``run_schedule``, each file's batches taking ``per_batch(place, nth file of that place)``."""
+    seen: Dict[str, int] = {}
     places = []
     for k in range(files):
         place = m.place(0, f"f{k}")
         places.append(place)
+        seconds = per_batch(place, seen.get(place, 0))
+        seen[place] = seen.get(place, 0) + 1
         for _ in range(20):
-            clock.now += speed[place]
+            clock.now += seconds
             m.handed(0, (f"f{k}",), 10)
     return places
 
@@ -112,21 +120,6 @@ def test_a_place_clearly_faster_is_kept_after_the_trial(short: None) -> None:
     assert change["to"] == THERE and change["by"] == "trial"
     figures = change["samples_per_s"]
     assert isinstance(figures, dict) and figures[THERE] == pytest.approx(2 * figures[HERE], rel=0.01)
-
-
-def run_varying(m: Measured, clock: Clock, files: int, per_batch: Callable[[str, int], float]) -> List[str]:
-    """Like ``run_schedule``, each file's batches taking ``per_batch(place, nth window of that place)``."""
-    seen: Dict[str, int] = {}
-    places = []
-    for k in range(files):
-        place = m.place(0, f"f{k}")
-        places.append(place)
-        seconds = per_batch(place, seen.get(place, 0))
-        seen[place] = seen.get(place, 0) + 1
-        for _ in range(20):
-            clock.now += seconds
-            m.handed(0, (f"f{k}",), 10)
-    return places
 
 
 def test_a_place_flattered_by_its_trial_window_gives_way_once_its_first_kept_window_measures(short: None) -> None:

@@ -86,7 +86,7 @@ class Window:
 
     place: str
     min_s: float
-    beaten: float = 0.0  # a trial window whose rate is below this (half the best so far) can end early
+    beaten: float = 0.0  # a window of the trial or a probe whose rate is below this can end early
     handed: List[Tuple[float, int]] = field(default_factory=list)  # (when, samples) of its batches
     closed_at: float = math.inf  # when the next window's first file was placed
 
@@ -229,11 +229,13 @@ class Measured:
         then the first again: the first window of a run holds its start-up, and each of the others
         follows a window of the other place (whose files, read ahead, come out at once), so each
         place's figure is its last window's."""
-        rates = {w.place: w.rate() for w in self._windows if w.rate()}
+        rates = {w.place: rate for w in self._windows if (rate := w.rate())}
         self._trial_windows += 1
         untried = [p for p in self.trial[:2] if p not in rates]
-        if untried or self._trial_windows == 2:
-            return (untried or [self.trial[0]])[0]
+        if untried:
+            return untried[0]
+        if self._trial_windows == 2:  # the first place again
+            return self.trial[0]
         best = max(rates, key=lambda p: rates[p])
         kept = best if rates[best] > rates[HERE] * (1 + self.CLEAR) else HERE
         self._change(kept, rates, "trial")
