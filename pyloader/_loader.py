@@ -550,7 +550,7 @@ class LoaderIterator:
         if self._watch is not None:
             self._watch.handed(batch.epoch, batch.rows, began, got)
         if self._measured is not None:
-            self._measured.handed(batch.epoch, batch.paths, batch.rows)
+            self._measured.handed(batch.epoch, batch.paths, batch.rows, got - began)
         return data
 
     def _asking(self) -> None:

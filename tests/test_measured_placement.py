@@ -168,6 +168,40 @@ def test_a_trial_window_measuring_under_half_the_best_figure_ends_after_half_its
     assert len(m.report()["windows"]) == (3 if ends_early else 2)  # type: ignore[arg-type]
 
 
+def fed_window(m: Measured, clock: Clock, file: int, waited_share: float) -> str:
+    """Place file ``file``; hand over 20 batches 10 ms apart, the consumer waiting ``waited_share`` of each gap."""
+    place = m.place(0, f"f{file}")
+    for _ in range(20):
+        clock.now += 0.01
+        m.handed(0, (f"f{file}",), 10, waited=0.01 * waited_share)
+    return place
+
+
+@pytest.mark.parametrize("waited_share, fed", [(0.0, True), (0.5 * Measured.FED, True), (2 * Measured.FED, False),
+                                               (0.5, False)])
+def test_workers_that_keep_the_consumer_fed_in_their_first_window_are_kept_without_trying_threads(
+        short: None, waited_share: float, fed: bool) -> None:
+    """A training step slower than the loading: the consumer hardly waits, so the loading is hidden, and
+    threads, sharing the GIL with the step, could only slow it down; their window would cost a run of a few
+    seconds most of what it lasted (the files read ahead of a slow consumer all went to the window's place)."""
+    clock = Clock()
+    m = Measured(clock)
+    m.new_run()
+    places = [fed_window(m, clock, k, waited_share) for k in range(4)]
+    if fed:
+        assert places == [THERE] * 4 and m.kept == THERE
+        assert [(c["to"], c["by"]) for c in m.changes] == [(THERE, "fed")]
+    else:
+        assert places[:3] == [THERE, HERE, THERE] and m.kept is not None
+
+
+def test_threads_that_keep_the_consumer_fed_still_go_through_the_trial(short: None) -> None:
+    """Threads slow a training step down by sharing its GIL, whether or not the consumer waits."""
+    clock = Clock()
+    m = new_measured(clock)
+    assert [fed_window(m, clock, k, 0.0) for k in range(3)] == [HERE, THERE, HERE]
+
+
 def test_a_window_of_the_kept_place_never_ends_early(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)
@@ -300,6 +334,24 @@ def test_the_place_that_delivers_faster_is_kept(tmp_path: Path, short: None, mon
     assert measured["changes"][0]["to"] in expected, measured
     # the rest: the trial's windows, and the files read ahead as each window closes
     assert in_main >= 0.7 * files if expected == (HERE,) else in_main <= 0.3 * files, (in_main, measured)
+
+
+@needs_workers
+@pytest.mark.timeout(240)
+def test_behind_a_slow_training_step_the_workers_are_kept_after_their_first_window(
+        tmp_path: Path, short: None) -> None:
+    files = 40
+    write_chunks(tmp_path, [20] * files)
+    loader = pl.DataLoader(SlowSomewhere(5, os.getpid(), "both", delay=0.0), pl.IdentityDataset(), ListCollator(),
+                           str(tmp_path))
+    batches = []
+    for batch in loader:
+        time.sleep(0.01)  # the step: 10 ms a batch, far slower than reading 5 ids
+        batches.append(batch)
+    assert sorted(i for b in batches for i in b["id"]) == list(range(20 * files))
+    measured = loader.stats["placement"]["measured"]
+    assert [(c["to"], c["by"], c["window"]) for c in measured["changes"]] == [(THERE, "fed", 1)], measured
+    assert all(p != os.getpid() for p in pids_by_file(batches).values()), "no file was read in threads"
 
 
 def reference(folder: Path, num_workers: int, **options: Any) -> List[List[int]]:

@@ -35,6 +35,10 @@ Contract:
   there threads go first (``THREADS_FIRST``: nothing is copied, nothing waits). The faster is
   kept if it measured more than ``CLEAR`` faster than ``HERE``, else ``HERE`` is (a single
   window's figure varies by about that much, and the probes correct a close call).
+  A first window in the workers whose consumer waited for batches under ``FED`` of it ends the trial
+  with the workers kept: the loading is hidden, copies and all (a training step slower than the
+  loading), and threads would share the GIL with the step; their window, waiting behind the files
+  read ahead of a slow consumer, would take every file started meanwhile.
   The kept place's first window (``2 * TRIAL_S``) confirms it: its figure replaces the trial's,
   and when another place's figure beats it by more than ``CLEAR``, that place is kept instead and
   confirmed in turn, once per place. The bar is ``CLEAR`` both ways: the other figures were
@@ -88,6 +92,7 @@ class Window:
     min_s: float
     beaten: float = 0.0  # a window of the trial or a probe whose rate is below this can end early
     handed: List[Tuple[float, int]] = field(default_factory=list)  # (when, samples) of its batches
+    waited: List[float] = field(default_factory=list)  # how long the consumer waited for each of them
     closed_at: float = math.inf  # when the next window's first file was placed
 
     def measured_s(self) -> float:
@@ -98,20 +103,37 @@ class Window:
             return self.measured_s() >= self.min_s
         return len(self.handed) >= Measured.MIN_BATCHES // 2 and self.rate() < self.beaten
 
-    def rate(self) -> float:
-        """Samples per second over the window's measured span, less its first quarter (0: no figure yet)."""
+    def _after_cut(self) -> Tuple[List[int], float]:
+        """The batches after the window's first quarter, which its figures leave out, and their span."""
         if len(self.handed) < 2:
-            return 0.0
+            return [], 0.0
         first, last = self.handed[0][0], self.handed[-1][0]
         cut = first + 0.25 * (last - first)
-        kept = [(t, n) for t, n in self.handed if t > cut]
-        span = last - cut
-        return sum(n for _, n in kept) / span if kept and span > 0 else 0.0
+        return [k for k, (t, _) in enumerate(self.handed) if t > cut], last - cut
+
+    def rate(self) -> float:
+        """Samples per second over the window's measured span, less its first quarter (0: no figure yet)."""
+        kept, span = self._after_cut()
+        return sum(self.handed[k][1] for k in kept) / span if kept and span > 0 else 0.0
+
+    def waited_share(self) -> Optional[float]:
+        """The share of that span the consumer waited for batches (``None``: no figure yet, or the waits
+        were not told)."""
+        kept, span = self._after_cut()
+        waited = sum(self.waited[k] for k in kept)
+        return waited / span if span > 0 and math.isfinite(waited) else None
+
+    def fed(self) -> bool:
+        """Whether the consumer waited for batches under ``FED`` of the window: the loading was hidden."""
+        share = self.waited_share()
+        return share is not None and share < Measured.FED
 
     def as_dict(self) -> Dict[str, object]:
         rate = self.rate()
+        share = self.waited_share()
         return {"place": self.place, "batches": len(self.handed), "seconds": round(self.measured_s(), 3),
-                "samples_per_s": round(rate, 1) if rate else None}
+                "samples_per_s": round(rate, 1) if rate else None,
+                "consumer_waited": None if share is None else round(share, 3)}
 
 
 class Measured:
@@ -122,6 +144,7 @@ class Measured:
     MIN_BATCHES = 8
     MARGIN = 0.05  # a probe is faster when it measured more than this share faster
     CLEAR = 0.15  # the trial leaves threads for a place that measured more than this share faster
+    FED = 0.02  # a window whose consumer waited for batches under this share of it hid the loading
     PROBE_AFTER = 3  # windows of the kept place between two probes of the other
     _KEPT_WINDOWS = 8  # in ``report()``
 
@@ -169,8 +192,9 @@ class Measured:
             places = {self._files[k].place if k in self._files else None for k in keys}
         return places.pop() if len(places) == 1 else None
 
-    def handed(self, epoch: int, paths: Iterable[str], samples: int) -> None:
-        """A batch of ``paths`` (of ``epoch``) was handed over to the consumer."""
+    def handed(self, epoch: int, paths: Iterable[str], samples: int, waited: float = math.inf) -> None:
+        """A batch of ``paths`` (of ``epoch``) was handed over to the consumer, who waited ``waited``
+        seconds for it (``inf``: not known)."""
         now = self._clock()
         with self._lock:
             windows = [self._files.get((epoch, p)) for p in paths]
@@ -179,6 +203,7 @@ class Measured:
                 return  # rows of files placed in different windows, or of no placed file
             if now <= window.closed_at:
                 window.handed.append((now, samples))
+                window.waited.append(waited)
 
     def report(self) -> Dict[str, object]:
         with self._lock:
@@ -231,6 +256,10 @@ class Measured:
         place's figure is its last window's."""
         rates = {w.place: rate for w in self._windows if (rate := w.rate())}
         self._trial_windows += 1
+        if self._trial_windows == 1 and self.current.place == THERE and self.current.fed():
+            self._change(THERE, rates, "fed")  # the loading is hidden, copies and all: only a probe can do better
+            self._trial = dict(rates)
+            return THERE
         untried = [p for p in self.trial[:2] if p not in rates]
         if untried:
             return untried[0]
