@@ -7,6 +7,7 @@ every batch with a run in threads.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -19,7 +20,7 @@ from conftest import IdReader, ListCollator, _is_mp_infrastructure, write_chunks
 
 import pyloader as pl
 from pyloader._execution.auto_workers import cpu_share
-from pyloader._execution.measured import HERE, SPLIT, SPREAD, THERE, THREADS_FIRST, Measured
+from pyloader._execution.measured import HERE, SPLIT, SPREAD, THERE, THREADS_FIRST, Measured, Window
 
 needs_workers = pytest.mark.skipif(cpu_share() < 2, reason="'auto' starts no worker on 1 CPU")
 
@@ -193,6 +194,18 @@ def test_workers_that_keep_the_consumer_fed_in_their_first_window_are_kept_witho
         assert [(c["to"], c["by"]) for c in m.changes] == [(THERE, "fed")]
     else:
         assert places[:3] == [THERE, HERE, THERE] and m.kept is not None
+
+
+def test_the_consumer_s_waits_count_within_the_window_s_measured_span() -> None:
+    """A wait counts from the end of the window's first quarter or the batch before, whichever is later:
+    a batch of a group is handed at once after the long wait for the group."""
+    window = Window(THERE, 0.1)
+    window.handed = [(t, 10) for t in (0.0, 1.0, 2.0, 3.0, 4.0)]
+    window.waited = [0.0, 5.0, 5.0, 0.5, 0.0]
+    assert window.waited_share() == pytest.approx((1.0 + 0.5) / 3.0)  # the quarter ends at 1 s
+    assert window.as_dict()["consumer_waited"] == 0.5
+    window.waited = [math.inf] * 5  # not told
+    assert window.waited_share() is None and not window.fed()
 
 
 def test_threads_that_keep_the_consumer_fed_still_go_through_the_trial(short: None) -> None:

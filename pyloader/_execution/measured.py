@@ -103,25 +103,27 @@ class Window:
             return self.measured_s() >= self.min_s
         return len(self.handed) >= Measured.MIN_BATCHES // 2 and self.rate() < self.beaten
 
-    def _after_cut(self) -> Tuple[List[int], float]:
-        """The batches after the window's first quarter, which its figures leave out, and their span."""
+    def _after_cut(self) -> Tuple[List[int], float, float]:
+        """The batches after the window's first quarter, which its figures leave out, when that
+        quarter ends, and the span after it."""
         if len(self.handed) < 2:
-            return [], 0.0
+            return [], 0.0, 0.0
         first, last = self.handed[0][0], self.handed[-1][0]
         cut = first + 0.25 * (last - first)
-        return [k for k, (t, _) in enumerate(self.handed) if t > cut], last - cut
+        return [k for k, (t, _) in enumerate(self.handed) if t > cut], cut, last - cut
 
     def rate(self) -> float:
         """Samples per second over the window's measured span, less its first quarter (0: no figure yet)."""
-        kept, span = self._after_cut()
+        kept, _, span = self._after_cut()
         return sum(self.handed[k][1] for k in kept) / span if kept and span > 0 else 0.0
 
     def waited_share(self) -> Optional[float]:
         """The share of that span the consumer waited for batches (``None``: no figure yet, or the waits
-        were not told)."""
-        kept, span = self._after_cut()
-        waited = sum(self.waited[k] for k in kept)
-        return waited / span if span > 0 and math.isfinite(waited) else None
+        were not told); a wait counts from the span's start or the batch before, whichever is later."""
+        kept, cut, span = self._after_cut()
+        if span <= 0 or not all(map(math.isfinite, self.waited)):
+            return None
+        return sum(min(self.waited[k], self.handed[k][0] - max(cut, self.handed[k - 1][0])) for k in kept) / span
 
     def fed(self) -> bool:
         """Whether the consumer waited for batches under ``FED`` of the window: the loading was hidden."""
