@@ -167,6 +167,27 @@ def test_a_progress_bar_left_early_is_closed(make_loader, capsys):
     assert wait_no_threads() == []
 
 
+def test_a_progress_bar_starts_no_thread_that_a_later_iteration_s_workers_would_be_forked_beside(tmp_path):
+    """tqdm's monitor thread holds tqdm's lock at times: forked beside it, a worker could inherit it held."""
+    pytest.importorskip("tqdm")
+    write_chunks(tmp_path, [10, 7, 13])
+    code = textwrap.dedent("""
+        import sys, threading, warnings
+        warnings.simplefilter("error")  # the warning about threads running at fork fails the script
+        import pyloader as pl
+        from pyloader.collators import NumpyCollator
+        from pyloader.readers import TextLinesReader
+        loader = pl.DataLoader(TextLinesReader(4), pl.IdentityDataset(), NumpyCollator(), sys.argv[1],
+                               num_workers=2, progress=True)
+        for epoch in range(2):
+            assert sum(len(b["text"]) for b in loader) == 30
+            assert [t.name for t in threading.enumerate()] == ["MainThread"], threading.enumerate()
+        loader.close()
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_progress_without_tqdm_says_what_to_install(tmp_path, monkeypatch):
     write_chunks(tmp_path, [3])
     monkeypatch.setitem(sys.modules, "tqdm", None)  # as if it were not installed

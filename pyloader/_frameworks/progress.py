@@ -8,8 +8,9 @@ share of the consumer's time spent inside ``next()``), refreshed at most every
 """
 from __future__ import annotations
 
+import functools
 import time
-from typing import TYPE_CHECKING, Optional, Sized
+from typing import TYPE_CHECKING, Optional, Sized, Type
 
 from .._stats import Figures
 
@@ -28,6 +29,18 @@ def check() -> None:
                           "pyloader-ml)") from exc
 
 
+@functools.lru_cache(maxsize=None)
+def _bar_class() -> Type[tqdm]:
+    """tqdm's bar, without its monitor thread: the next iteration forks its workers, and a thread
+    running at that moment leaves the locks it holds (tqdm's own) held in them forever."""
+    from tqdm.auto import tqdm
+
+    class Bar(tqdm):
+        monitor_interval = 0
+
+    return Bar
+
+
 def describe(f: Figures) -> str:
     return f"{f.rate():,.0f} samples/s, data stall {f.stall_share():.0%}"
 
@@ -36,9 +49,7 @@ class Progress:
     """One iteration's bar; ``initial``: the batches a resumed iteration already handed out."""
 
     def __init__(self, total: Optional[int], initial: int = 0) -> None:
-        from tqdm.auto import tqdm
-
-        self._bar = tqdm(total=total, initial=initial, unit="batch", desc="pyloader", dynamic_ncols=True)
+        self._bar = _bar_class()(total=total, initial=initial, unit="batch", desc="pyloader", dynamic_ncols=True)
         self._next_postfix = time.perf_counter() + POSTFIX_EVERY_S  # the first batches' figures say little
 
     def update(self, figures: Figures, now: float) -> None:
@@ -64,6 +75,4 @@ def progress_bar(loader: Sized, initial: int) -> Progress:
 
 def counting_bar(total: int) -> tqdm:
     """A bar over the files being counted (``DataReader.count``) before the first batch."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="file", desc="pyloader: counting", dynamic_ncols=True)
+    return _bar_class()(total=total, unit="file", desc="pyloader: counting", dynamic_ncols=True)
