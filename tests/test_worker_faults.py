@@ -190,3 +190,33 @@ def test_a_script_without_the_main_guard_gets_one_clear_error(tmp_path, method):
     assert 'Put the script\'s code under `if __name__ == "__main__":`' in last and method in last
     assert str(tmp_path / "script.py") in last
     assert recorded_workers(str(tmp_path / "init")) == []  # no worker got as far as worker_init_fn
+
+
+class ExitingDataset(pl.Dataset):
+    """``batch_encode`` asks to exit on the batch holding id 9."""
+
+    def __init__(self, exc_type: type) -> None:
+        self.exc_type = exc_type
+
+    def batch_encode(self, batch):
+        if 9 in batch["id"]:
+            raise self.exc_type(3) if self.exc_type is SystemExit else self.exc_type()
+        return batch
+
+
+@pytest.mark.parametrize("exc_type", [SystemExit, KeyboardInterrupt])
+def test_an_exit_request_from_batch_encode_in_a_worker_arrives_as_itself_after_the_batches_before_it(
+        tmp_path, exc_type):
+    """As with threads (tests/test_engine.py): the worker lives on, the loader raises what user code raised."""
+    write_chunks(tmp_path, [4] * 6)
+    loader = pl.DataLoader(NumReader(4), ExitingDataset(exc_type), ListCollator(), str(tmp_path), num_workers=2)
+    got = []
+    with pytest.raises(exc_type) as info:
+        for batch in loader:
+            got.append(batch)
+    if exc_type is SystemExit:
+        assert info.value.code == 3
+    assert "in the worker process" in "\n".join(getattr(info.value, "__notes__", []))
+    assert ids_of(got) == list(range(8))  # the batches before the one that asked to exit, in order
+    loader.close()
+

@@ -264,7 +264,7 @@ class _Server:
         self.current.value = rid  # read by the loader if this worker dies now
         try:
             reply = (True, self._answer(op, msg))
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code asking to exit: raised in the loader
             reply = (False, _error(exc))
         self.current.value = -1
         return rid, reply
