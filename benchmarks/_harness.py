@@ -38,41 +38,16 @@ REPO = os.path.dirname(HERE)
 if REPO not in sys.path:  # the scripts measure this checkout's pyloader, not an installed one
     sys.path.insert(0, REPO)
 
+from pyloader._cli import rss as rss_bytes  # noqa: E402  (this checkout's, once it is on the path)
+from pyloader._cli import tree_pids  # noqa: E402
+
 RSS_EVERY_S = 0.02
 PSS_EVERY_S = 0.5
 RESULT_TAG = "@@RESULT "
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 2 ** 20
 
 
-# -- the process tree -----------------------------------------------------------------------------
-def tree_pids(root: int) -> List[int]:
-    """``root`` and all its descendants (children are listed per thread under /proc/<pid>/task)."""
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                    todo.extend(int(c) for c in f.read().split())
-            except OSError:
-                pass
-    return out
-
-
-def rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
+# -- the process tree: ``tree_pids`` and ``rss_bytes`` are ``python -m pyloader bench``'s (``pyloader._cli``) --
 def pss_bytes(pid: int) -> int:
     """PSS from smaps_rollup; falls back to psutil, then to RSS."""
     try:
