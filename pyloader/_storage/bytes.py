@@ -48,7 +48,7 @@ import functools
 import io
 import logging
 import threading
-from typing import IO, TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Protocol, Tuple, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager, Deque, Dict, Optional, Protocol, Tuple, Union
 
 import aiofiles
 import aiofiles.os
@@ -57,7 +57,7 @@ from .._paths import local_path
 from .cache import DiskCache, Entry, EntryWriter
 from .cached_file import ServedEntry
 from .files import SeekableRaw, Served, ServedBytes, direct_open, is_url
-from .remote import awith_retries, filesystem, version
+from .remote import awith_retries, filesystem, serialized, version
 
 if TYPE_CHECKING:
     from aiofiles.threadpool.binary import AsyncBufferedReader
@@ -195,6 +195,11 @@ class _LocalFile:
                 f._file.close()
 
 
+def _holding(lock: ContextManager[object], fn: Callable, *args: object) -> Any:
+    with lock:
+        return fn(*args)
+
+
 class _RemoteFile:
     """A remote file's bytes through its fsspec filesystem, each call retried; served from, or
     written to, the disk cache when there is one."""
@@ -211,7 +216,8 @@ class _RemoteFile:
         self._cached = _LocalFile("", 0, _IoExecutor(run_io))
 
     async def _call(self, fn: Callable, *args: object) -> Any:
-        return await awith_retries(lambda: self._run_io(fn, *args), repr(self.url), self._retries)
+        lock = serialized(self._fs)
+        return await awith_retries(lambda: self._run_io(_holding, lock, fn, *args), repr(self.url), self._retries)
 
     async def open(self) -> None:
         info = await self._call(self._fs.info, self._path)

@@ -18,7 +18,7 @@ from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, 
 
 from .._paths import is_url, local_path
 from .compression import codec_for, decompressed
-from .remote import storage_options
+from .remote import serialized, storage_options
 
 DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -157,7 +157,9 @@ def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infe
     if is_url(path):
         import fsspec  # optional: only remote data needs it
 
-        return fsspec.open(path, mode, **kwargs, **storage_options(path, retried_here=False)).open()
+        opened = fsspec.open(path, mode, **kwargs, **storage_options(path, retried_here=False))
+        with serialized(opened.fs):  # a caching filesystem downloads the file here
+            return opened.open()
     return open(local_path(path), mode, **kwargs)
 
 

@@ -18,14 +18,33 @@ Contracts:
   of the user's fsspec configuration kept; aiohttp's own resending of a GET or HEAD turned off).
   A file a reader opens itself (``files.open_file`` without read-ahead; a reader's ``count``)
   is retried by s3fs alone (its own 5 attempts), never by botocore or aiohttp as well.
+- Calls into one of fsspec's caching filesystems (``filecache::``, ``simplecache::``,
+  ``blockcache::``) run one at a time per instance (``serialized``): their cache metadata and
+  downloads are not thread-safe, and the loader reads several files at once.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import os
 import random
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+import weakref
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Awaitable,
+    Callable,
+    ContextManager,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Tuple,
+    TypeVar,
+)
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -48,6 +67,34 @@ _TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestT
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
 
 _jitter = random.Random()  # private: the global generator is the user's
+
+_locks: "weakref.WeakKeyDictionary[AbstractFileSystem, threading.Lock]" = weakref.WeakKeyDictionary()
+_locks_lock = threading.Lock()
+
+
+def serialized(fs: AbstractFileSystem) -> ContextManager[object]:
+    """The lock that calls into ``fs`` hold when it is one of fsspec's caching filesystems (two threads
+    saving filecache's metadata at once lose one's entry, and the open that needs it fails); else a null
+    context."""
+    from fsspec.implementations.cached import CachingFileSystem
+
+    if not isinstance(fs, CachingFileSystem):
+        return contextlib.nullcontext()
+    with _locks_lock:
+        lock = _locks.get(fs)
+        if lock is None:
+            lock = _locks[fs] = threading.Lock()
+    return lock
+
+
+def _new_locks_in_child() -> None:
+    """A forked child's locks are fresh: one held by a thread of the parent would be held forever."""
+    global _locks_lock
+    _locks_lock = threading.Lock()
+    _locks.clear()
+
+
+os.register_at_fork(after_in_child=_new_locks_in_child)
 
 
 def _chained(exc: BaseException) -> Iterator[BaseException]:

@@ -70,9 +70,9 @@ class Images:
         stacked = np.stack(items)
         if stacked.ndim == 3:
             stacked = stacked[..., None]
-        array = _scaled(key, stacked, float_dtype)
-        array = self._normalized(key, array)
-        return np.ascontiguousarray(array.transpose(0, 3, 1, 2)) if self.channels_first else array
+        channel = 1 if self.channels_first else 3
+        array = _scaled(key, stacked.transpose(0, 3, 1, 2) if self.channels_first else stacked, float_dtype)
+        return self._normalized(key, array, channel)
 
     def _item(self, key: str, image: np.ndarray) -> np.ndarray:
         if image.ndim not in (2, 3):
@@ -94,15 +94,17 @@ class Images:
             top, left = (height - h) // 2, (width - w) // 2
         return image[top:top + h, left:left + w]
 
-    def _normalized(self, key: str, array: np.ndarray) -> np.ndarray:
-        channels = array.shape[-1]
+    def _normalized(self, key: str, array: np.ndarray, channel: int) -> np.ndarray:
+        """``array`` normalized in place per channel (its axis ``channel``)."""
+        channels = array.shape[channel]
         for name, values in (("mean", self.mean), ("std", self.std)):
             if values is not None and values.size not in (1, channels):
                 raise ValueError(f"image key {key!r}: {name} has {values.size} values for {channels} channels")
+        along = (-1,) + (1,) * (array.ndim - 1 - channel)  # broadcast along the channel axis
         if self.mean is not None:
-            array -= self.mean.astype(array.dtype)
+            array -= self.mean.astype(array.dtype).reshape(along)
         if self.std is not None:
-            array /= self.std.astype(array.dtype)
+            array /= self.std.astype(array.dtype).reshape(along)
         return array
 
 
@@ -114,12 +116,14 @@ def _check_geometry(size: Optional[Tuple[int, int]], crop: str) -> None:
 
 
 def _scaled(key: str, stacked: np.ndarray, float_dtype: np.dtype) -> np.ndarray:
-    """``stacked`` as ``float_dtype`` in ``[0, 1]``: integers divided by their dtype's maximum, floats as they are."""
+    """``stacked`` (any layout) as a new C-contiguous ``float_dtype`` array in ``[0, 1]``, in one pass:
+    integers divided by their dtype's maximum, floats as they are."""
     kind = stacked.dtype.kind
+    out = np.empty(stacked.shape, dtype=float_dtype)  # written once; normalizing then works in place
     if kind in "bf":
-        return stacked.astype(float_dtype)  # a copy: normalizing works in place
-    if kind in "iu":
-        array = stacked.astype(float_dtype)
-        array /= float_dtype.type(np.iinfo(stacked.dtype).max)
-        return array
-    raise ValueError(f"image key {key!r}: images must hold numbers, got {stacked.dtype}")
+        np.copyto(out, stacked, casting="unsafe")
+    elif kind in "iu":
+        np.divide(stacked, np.iinfo(stacked.dtype).max, out=out, dtype=float_dtype, casting="unsafe")
+    else:
+        raise ValueError(f"image key {key!r}: images must hold numbers, got {stacked.dtype}")
+    return out
