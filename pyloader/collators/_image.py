@@ -11,7 +11,7 @@ the key. Random crops and flips need a loader run (``pyloader.rng()``); a centre
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -67,12 +67,25 @@ class Images:
                              f"a size= to crop them to")
         if not items:
             raise ValueError(f"image key {key!r}: the batch holds no image")
-        stacked = np.stack(items)
-        if stacked.ndim == 3:
-            stacked = stacked[..., None]
-        channel = 1 if self.channels_first else 3
-        array = _scaled(key, stacked.transpose(0, 3, 1, 2) if self.channels_first else stacked, float_dtype)
-        return self._normalized(key, array, channel)
+        dtype = np.result_type(*items)  # what stacking them would hold: its maximum scales integers
+        if dtype.kind not in "biuf":
+            raise ValueError(f"image key {key!r}: images must hold numbers, got {dtype}")
+        array = self._placed(items, float_dtype)
+        if dtype.kind in "iu":
+            array /= float_dtype.type(np.iinfo(dtype).max)
+        return self._normalized(key, array, 1 if self.channels_first else 3)
+
+    def _placed(self, items: List[np.ndarray], float_dtype: np.dtype) -> np.ndarray:
+        """The items as one new ``float_dtype`` array in the output layout, each cast as it is copied in
+        (one pass over the batch: no stacked copy, no transposed copy)."""
+        first = items[0] if items[0].ndim == 3 else items[0][..., None]
+        height, width, channels = first.shape
+        shape = (len(items), channels, height, width) if self.channels_first else (len(items), height, width, channels)
+        out = np.empty(shape, dtype=float_dtype)
+        for k, item in enumerate(items):
+            item = item if item.ndim == 3 else item[..., None]
+            out[k] = item.transpose(2, 0, 1) if self.channels_first else item
+        return out
 
     def _item(self, key: str, image: np.ndarray) -> np.ndarray:
         if image.ndim not in (2, 3):
@@ -113,17 +126,3 @@ def _check_geometry(size: Optional[Tuple[int, int]], crop: str) -> None:
         raise ValueError(f"size must be (height, width), two integers >= 1, got {size!r}")
     if crop not in CROPS:
         raise ValueError(f"crop must be one of {CROPS}, got {crop!r}")
-
-
-def _scaled(key: str, stacked: np.ndarray, float_dtype: np.dtype) -> np.ndarray:
-    """``stacked`` (any layout) as a new C-contiguous ``float_dtype`` array in ``[0, 1]``, in one pass:
-    integers divided by their dtype's maximum, floats as they are."""
-    kind = stacked.dtype.kind
-    out = np.empty(stacked.shape, dtype=float_dtype)  # written once; normalizing then works in place
-    if kind in "bf":
-        np.copyto(out, stacked, casting="unsafe")
-    elif kind in "iu":
-        np.divide(stacked, np.iinfo(stacked.dtype).max, out=out, dtype=float_dtype, casting="unsafe")
-    else:
-        raise ValueError(f"image key {key!r}: images must hold numbers, got {stacked.dtype}")
-    return out
