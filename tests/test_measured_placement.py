@@ -111,6 +111,19 @@ def test_by_default_the_trial_takes_the_workers_first_and_keeps_a_place_by_the_s
     assert m2.kept == HERE
 
 
+def test_a_place_whose_window_after_the_change_of_place_was_held_back_is_judged_by_its_best_window(
+        short: None) -> None:
+    """JPEG shards of one batch each: the workers' first window measured twice the threads', their second,
+    right after the threads' window, as slow as the threads. Judged by its last window, the workers lost
+    the trial, and the threads were kept until their confirming window measured them slower."""
+    clock = Clock()
+    m = Measured(clock)
+    m.new_run()
+    places = run_varying(m, clock, 5, lambda place, nth: 0.02 if place == HERE else (0.01 if nth == 0 else 0.019))
+    assert places[:4] == [THERE, HERE, THERE, THERE]
+    assert [(c["to"], c["by"]) for c in m.changes] == [(THERE, "trial")]
+
+
 def test_a_place_clearly_faster_is_kept_after_the_trial(short: None) -> None:
     clock = Clock()
     m = new_measured(clock)

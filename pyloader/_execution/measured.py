@@ -25,12 +25,14 @@ Contract:
   holds everything a place costs: copies between processes, the GIL shared with the training
   step, a thread pool of the user's own, a slow consumer (then both places measure alike).
 * **Schedule.** The trial takes the two whole places in turn, then the first again
-  (``WORKERS_FIRST``: workers, threads, workers), and each place's figure is its last window's:
-  a run's first window holds its start-up, and a window that follows one of the other place
-  starts with the files read ahead for it, which come out at once; both compared windows follow
-  a change of place. The workers go first when they start by fork: ``"auto"`` started them
-  because user code runs Python, which they run beside the consumer, so a short run spends its
-  first seconds in the place most often kept.
+  (``WORKERS_FIRST``: workers, threads, workers), and each place's figure is its best window's:
+  a run's first window holds its start-up (which only lowers it), and a window that follows one
+  of the other place starts with the files read ahead for it, which come out at once (which
+  raises it), so the first place's second window is the one that compares with the other's;
+  but when the first window measured faster, the second was held back by the change of place
+  (the other place's files still in flight beside its own). The workers go first when they
+  start by fork: ``"auto"`` started them because user code runs Python, which they run beside
+  the consumer, so a short run spends its first seconds in the place most often kept.
   Workers started by spawn or forkserver warm up for seconds (each imports the user's modules):
   there threads go first (``THREADS_FIRST``: nothing is copied, nothing waits). The faster is
   kept if it measured more than ``CLEAR`` faster than ``HERE``, else ``HERE`` is (a single
@@ -253,10 +255,8 @@ class Measured:
 
     def _trial_step(self) -> str:
         """The trial's next place, or the place kept once it is over. Its windows are its two places,
-        then the first again: the first window of a run holds its start-up, and each of the others
-        follows a window of the other place (whose files, read ahead, come out at once), so each
-        place's figure is its last window's."""
-        rates = {w.place: rate for w in self._windows if (rate := w.rate())}
+        then the first again; each place's figure is its best window's (see the module)."""
+        rates = _best_rates(self._windows)
         self._trial_windows += 1
         if self._trial_windows == 1 and self.current.place == THERE and self.current.fed():
             self._change(THERE, rates, "fed")  # the loading is hidden, copies and all: only a probe can do better
@@ -313,6 +313,14 @@ class Measured:
             _log.info("num_workers='auto': user code now runs in %s (%s measured %s samples/s)", place, by, figures)
         self.kept = place
         self._steady = 0
+
+
+def _best_rates(windows: List[Window]) -> Dict[str, float]:
+    """Each place's best window figure (places with none left out)."""
+    rates: Dict[str, float] = {}
+    for window in windows:
+        rates[window.place] = max(rates.get(window.place, 0.0), window.rate())
+    return {place: rate for place, rate in rates.items() if rate}
 
 
 def _probed(trial: Tuple[str, ...], rates: Dict[str, float]) -> Tuple[str, ...]:
