@@ -19,6 +19,7 @@ from typing import Any, Callable, List
 
 import pytest
 from conftest import IdReader, ListCollator, ids_of, wait_no_threads, write_chunks
+from worker_helpers import ExitingDataset
 
 import pyloader as pl
 from pyloader._execution.engine import Engine
@@ -80,16 +81,6 @@ async def test_async_for_waits_without_a_thread_of_the_callers_loop(make_loader)
 
 
 # -- SystemExit and KeyboardInterrupt from user code (issue 18, item 16) -----------------
-class ExitingDataset(pl.Dataset):
-    def __init__(self, exc_type: type) -> None:
-        self.exc_type = exc_type
-
-    def batch_encode(self, batch):
-        if 9 in batch["id"]:
-            raise self.exc_type(3) if self.exc_type is SystemExit else self.exc_type()
-        return batch
-
-
 def pending_tasks_of_ours() -> List[str]:
     """asyncio tasks of pyloader's code still pending (alive, never finished), after a collection."""
     gc.collect()

@@ -20,6 +20,7 @@ from conftest import write_chunks
 from test_workers import REPO, TESTS, all_notes, consume_until_error, ids_of, nothing_left_behind  # noqa: F401
 from worker_helpers import (
     EncodeDataset,
+    ExitingDataset,
     ListCollator,
     LockReader,
     NumReader,
@@ -190,18 +191,6 @@ def test_a_script_without_the_main_guard_gets_one_clear_error(tmp_path, method):
     assert 'Put the script\'s code under `if __name__ == "__main__":`' in last and method in last
     assert str(tmp_path / "script.py") in last
     assert recorded_workers(str(tmp_path / "init")) == []  # no worker got as far as worker_init_fn
-
-
-class ExitingDataset(pl.Dataset):
-    """``batch_encode`` asks to exit on the batch holding id 9."""
-
-    def __init__(self, exc_type: type) -> None:
-        self.exc_type = exc_type
-
-    def batch_encode(self, batch):
-        if 9 in batch["id"]:
-            raise self.exc_type(3) if self.exc_type is SystemExit else self.exc_type()
-        return batch
 
 
 @pytest.mark.parametrize("exc_type", [SystemExit, KeyboardInterrupt])

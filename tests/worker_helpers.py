@@ -133,6 +133,18 @@ class EncodeDataset(pl.Dataset):
         return {"id": ids, "sq": [i * i for i in ids]}
 
 
+class ExitingDataset(pl.Dataset):
+    """``batch_encode`` asks to exit on the batch holding id 9."""
+
+    def __init__(self, exc_type: type) -> None:
+        self.exc_type = exc_type
+
+    def batch_encode(self, batch):
+        if 9 in batch["id"]:
+            raise self.exc_type(3) if self.exc_type is SystemExit else self.exc_type()
+        return batch
+
+
 class ListCollator(pl.DataCollator):
     """Columns as plain lists; ``fail_on_id`` raises KeyError from ``explode_in_collate``."""
 

@@ -209,6 +209,7 @@ class _RemoteFile:
         self.url, self._run_io, self._retries, self._cache = url, run_io, retries, cache
         self._on_close = on_close
         self._fs, self._path = filesystem(url)
+        self._lock = serialized(self._fs)
         self.size: Optional[int] = None
         self._version = ""
         self.entry: Optional[Entry] = None
@@ -216,8 +217,8 @@ class _RemoteFile:
         self._cached = _LocalFile("", 0, _IoExecutor(run_io))
 
     async def _call(self, fn: Callable, *args: object) -> Any:
-        lock = serialized(self._fs)
-        return await awith_retries(lambda: self._run_io(_holding, lock, fn, *args), repr(self.url), self._retries)
+        return await awith_retries(lambda: self._run_io(_holding, self._lock, fn, *args), repr(self.url),
+                                   self._retries)
 
     async def open(self) -> None:
         info = await self._call(self._fs.info, self._path)

@@ -78,12 +78,11 @@ class Images:
     def _placed(self, items: List[np.ndarray], float_dtype: np.dtype) -> np.ndarray:
         """The items as one new ``float_dtype`` array in the output layout, each cast as it is copied in
         (one pass over the batch: no stacked copy, no transposed copy)."""
-        first = items[0] if items[0].ndim == 3 else items[0][..., None]
-        height, width, channels = first.shape
+        items = [item if item.ndim == 3 else item[..., None] for item in items]
+        height, width, channels = items[0].shape
         shape = (len(items), channels, height, width) if self.channels_first else (len(items), height, width, channels)
         out = np.empty(shape, dtype=float_dtype)
         for k, item in enumerate(items):
-            item = item if item.ndim == 3 else item[..., None]
             out[k] = item.transpose(2, 0, 1) if self.channels_first else item
         return out
 
