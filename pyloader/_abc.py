@@ -18,13 +18,12 @@ def declared(obj: object, flag: str) -> bool:
     ``read_file`` keeping state on ``self``) is back to ``False`` unless it says
     so itself.
     """
-    declared_at, value = None, False
-    for depth, cls in enumerate(type(obj).__mro__):
-        if declared_at is None and flag in cls.__dict__:
-            declared_at, value = depth, bool(cls.__dict__[flag])
-        if declared_at is None and any(callable(v) and not k.startswith("__") for k, v in cls.__dict__.items()):
+    for cls in type(obj).__mro__:
+        if flag in cls.__dict__:
+            return bool(cls.__dict__[flag])
+        if any(callable(v) and not k.startswith("__") for k, v in cls.__dict__.items()):
             return False  # a method defined below any declaration
-    return value
+    return False
 
 
 def is_thread_safe(obj: object) -> bool:

@@ -24,7 +24,9 @@ Exit status: 0; 1 when something failed (the message names the file); 2 for bad 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import itertools
 import json
 import os
 import reprlib
@@ -33,7 +35,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union, cast
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypedDict, Union, cast
 
 import numpy as np
 
@@ -133,8 +135,7 @@ def inspect(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     skipped: List[PipelineError] = []  # files that fail to read: listed, and the batch is made of the others
     with make_loader(reader, files, on_error=skipped.append) as loader:
         batch = next(iter(loader), None)
-    for error in skipped:
-        out(f"error: {error}")
+    _lines("error: ", skipped, out)
     if batch is None:
         out("no batch: the files hold no samples")
         return 1
@@ -150,12 +151,7 @@ def _list_files(reader: DataReader, files: List[str], max_files: int, out: Calla
     sizes, counts = 0, 0
     out(f"{'size':>10}  {'samples':>10}  file")
     for k, path in enumerate(files):
-        size = file_size(path)
-        try:
-            n: Optional[int] = checked_count(reader, path)
-        except PipelineError as exc:
-            n = None
-            failed.append(str(exc))
+        size, n = file_size(path), _counted(reader, path, failed)
         sizes += size or 0
         counts += n or 0
         if k < max_files:
@@ -163,9 +159,23 @@ def _list_files(reader: DataReader, files: List[str], max_files: int, out: Calla
     if len(files) > max_files:
         out(f"... and {len(files) - max_files} more files")
     out(f"{len(files)} files, {human(sizes)}, {counts} samples" + (f", {len(failed)} not counted" if failed else ""))
-    for message in failed:
-        out(f"error: {message}")
+    _lines("error: ", failed, out)
     return failed
+
+
+def _lines(prefix: str, items: Iterable[object], out: Callable[[str], None]) -> None:
+    """One line for each of ``items``, after ``prefix``."""
+    for item in items:
+        out(f"{prefix}{item}")
+
+
+def _counted(reader: DataReader, path: str, failed: List[str]) -> Optional[int]:
+    """The samples of ``path``; ``None`` when they cannot be counted (why, added to ``failed``)."""
+    try:
+        return checked_count(reader, path)
+    except PipelineError as exc:
+        failed.append(str(exc))
+        return None
 
 
 # -- bench -----------------------------------------------------------------------------
@@ -204,12 +214,9 @@ def tree_pids(root: int) -> List[int]:
         except OSError:
             continue
         found.append(pid)
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                    todo.extend(int(child) for child in f.read().split())
-            except OSError:  # the thread or the process ended meanwhile
-                pass
+        for tid in tids:  # a thread or the process that ended meanwhile has no children file: OSError
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                todo.extend(int(child) for child in f.read().split())
     return found
 
 
@@ -279,9 +286,8 @@ def measure(spec: Setting) -> Result:
     """One setting, in this process: the loader's rates over one epoch (or ``max_batches``)."""
     reader = make_reader(spec["reader"], spec["batch_size"])
     with make_loader(reader, spec["data"], spec["workers"]) as loader:
-        for k, _ in enumerate(loader, 1):
-            if spec["max_batches"] and k >= spec["max_batches"]:
-                break
+        for _ in itertools.islice(loader, spec["max_batches"] or None):  # max_batches 0: the whole epoch
+            pass
         seen, placement = loader.stats["iteration"], loader.stats["placement"]
     placed, why = placed_by(placement)
     return Result(spec["workers"], seen["samples_per_s"], seen["samples"], seen["batches"],
@@ -304,10 +310,8 @@ def placed_by(placement: Dict[str, Any]) -> Tuple[str, str]:
 def run_setting(spec: Setting, timeout: float) -> Result:
     """``measure(spec)`` in a fresh Python process running this same pyloader, its tree's memory
     sampled from here."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     command = [sys.executable, "-m", "pyloader", "_measure", json.dumps(spec)]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env())
     with TreeMemory(child.pid) as memory:
         try:
             stdout, stderr = child.communicate(timeout=timeout)
@@ -326,13 +330,17 @@ def run_setting(spec: Setting, timeout: float) -> Result:
     return result
 
 
+def _child_env() -> Dict[str, str]:
+    """This process's environment, with the folder of this pyloader first on ``PYTHONPATH``."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+
+
 def _kill_tree(child: "subprocess.Popen[str]") -> None:
     """Kill a timed-out setting and its workers (the workers first: they would be orphaned), and reap it."""
     for pid in reversed(tree_pids(child.pid)):
-        try:
+        with contextlib.suppress(OSError):  # it ended meanwhile
             os.kill(pid, 9)
-        except OSError:
-            pass
     child.kill()
     child.communicate()
 
@@ -352,7 +360,7 @@ def parse_workers(text: str) -> List[int]:
         workers = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         workers = []
-    if not workers or any(w < 0 for w in workers):
+    if not workers or min(workers) < 0:
         raise argparse.ArgumentTypeError(f"expected numbers of workers >= 0 separated by commas, got {text!r}")
     return workers
 
@@ -368,11 +376,12 @@ def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         r = run_setting(spec, args.timeout)
         results.append(r)
         out(_result_line(r, f"  <- the default: ran in {r.placed}" if workers == auto_workers.AUTO else ""))
-    if all(r.error is not None for r in results):
+    failed = sum(r.error is not None for r in results)
+    if failed == len(results):
         out("no setting ran: nothing to recommend")
         return 1
     _recommend(results, args.tolerance, out)
-    return 1 if any(r.error is not None for r in results) else 0
+    return 1 if failed else 0
 
 
 def _result_line(r: Result, mark: str) -> str:
@@ -429,12 +438,9 @@ def _stamps(files: List[str], folder: str) -> List[ix.Stamp]:
 
 def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[Tuple[int, PipelineError]],
                   out: Callable[[str], None]) -> int:
-    for path in stale:
-        out(f"changed since the index was written, counted again: {path}")
-    for name in gone:
-        out(f"in the old index, no longer in the data: {name}")
-    for _, exc in failures:
-        out(f"error: {exc}")
+    _lines("changed since the index was written, counted again: ", stale, out)
+    _lines("in the old index, no longer in the data: ", gone, out)
+    _lines("error: ", [exc for _, exc in failures], out)
     return 1 if failures else 0
 
 

@@ -73,9 +73,14 @@ def check_columns(columns: object, n_sample: Optional[int], where: str) -> Colum
         elif len(col) != n_sample:
             raise ValueError(f"{where}: key {key!r} has {len(col)} items but n_sample is {n_sample}")
         out[key] = col if isinstance(col, (list, np.ndarray)) else list(col)
+    _check_n_sample(n_sample, where)
+    return out
+
+
+def _check_n_sample(n_sample: Optional[int], where: str) -> None:
+    """``ValueError`` unless ``n_sample`` (``None``: no columns, and none announced) is a non-negative integer."""
     if n_sample is not None and (not isinstance(n_sample, (int, np.integer)) or n_sample < 0):
         raise ValueError(f"{where}: n_sample must be a non-negative integer, got {n_sample!r}")
-    return out
 
 
 def _check_column(key: object, col: object, where: str) -> None:
@@ -126,16 +131,18 @@ def concat(pieces: Sequence[Rows], where: str = "batch") -> Rows:
     if len(pieces) == 1:
         return pieces[0]
     if isinstance(pieces[0], Traced):
-        return Traced(concat([p.columns for p in pieces], where),
-                      Provenance(**concat([p.provenance.arrays() for p in pieces], where)))
+        return _concat_traced(pieces, where)
     keys = list(pieces[0])
-    out: Columns = {}
     for piece in pieces[1:]:
         if set(piece) != set(keys):
             raise ValueError(f"{where}: pieces have different keys: {sorted(keys)} vs {sorted(piece)}")
-    for key in keys:
-        out[key] = _joined([p[key] for p in pieces])
-    return out
+    return {key: _joined([p[key] for p in pieces]) for key in keys}
+
+
+def _concat_traced(pieces: Sequence[Traced], where: str) -> Traced:
+    """``concat`` of traced pieces: their columns, and their provenance's arrays, joined alike."""
+    return Traced(concat([p.columns for p in pieces], where),
+                  Provenance(**concat([p.provenance.arrays() for p in pieces], where)))
 
 
 def _joined(cols: Sequence[Column]) -> Column:

@@ -41,14 +41,18 @@ def check_rotation(a: Mapping[str, Any]) -> None:
     """``rotation`` with the options it cannot go with."""
     if a["rotation"] is None:
         return
-    if a["stream"]:
-        raise ValueError("rotation serves samples again in other batches: stream mode keeps each row in file order")
-    if a["bucket"] is not None:
-        raise ValueError("rotation re-batches samples: the batches of similar lengths bucket makes would not "
-                         "survive it")
-    if a["cache_encoded"] is not None:
-        raise ValueError("rotation and cache_encoded both serve encoded samples again (within an epoch, and "
-                         "across epochs): use one of them")
+    conflicts = (
+        (bool(a["stream"]),
+         "rotation serves samples again in other batches: stream mode keeps each row in file order"),
+        (a["bucket"] is not None,
+         "rotation re-batches samples: the batches of similar lengths bucket makes would not survive it"),
+        (a["cache_encoded"] is not None,
+         "rotation and cache_encoded both serve encoded samples again (within an epoch, and across epochs): "
+         "use one of them"),
+    )
+    for conflict, message in conflicts:
+        if conflict:
+            raise ValueError(message)
 
 
 def check_cache_encoded_applies(a: Mapping[str, Any]) -> None:

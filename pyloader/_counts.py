@@ -71,9 +71,7 @@ class IndexPlaces:
 
     def read(self) -> Tuple[List[ix.Entries], List[ix.Entries]]:
         """The entries of the index next to the data, and of the one in ``cache_dir`` (each list empty or one)."""
-        found = ix.read_index(self.data_index, self.key)
-        kept = None if self.cache_index is None else ix.read_index(self.cache_index, self.key)
-        return [found] if found is not None else [], [kept] if kept is not None else []
+        return _read(self.data_index, self.key), _read(self.cache_index, self.key)
 
 
     def lookup(self, paths: List[str], now: Sequence[Optional[ix.Stamp]], data: List[ix.Entries],
@@ -117,36 +115,32 @@ class Counter:
         counts: List[Optional[int]] = list(known) if known is not None else [None] * len(self.files)
         need = [i for i, n in enumerate(counts) if n is None]
         out = Counted(counts)
-        stamps = self._from_indexes(need, out) if self.places is not None and need else {}
+        places = self.places
+        stamps = self._from_indexes(places, need, out) if places is not None and need else {}
         left = [i for i in need if counts[i] is None]
         self._count(left, out, first_failure_stops, stop or threading.Event(), progress)
         out.counted = len(left)
-        if left and self._keeps_counts():
-            self._keep(need, counts, stamps)
+        if left and places is not None and places.cache_index is not None:  # what is counted is kept there
+            self._keep(places.cache_index, places.key, need, counts, stamps)
         out.seconds = time.perf_counter() - began
         self.counting.add(out.counted, out.indexed, len(out.stale), out.seconds)
         return out
 
-    def _keeps_counts(self) -> bool:
-        """Whether what is counted goes to an index in ``cache_dir``."""
-        return self.places is not None and self.places.cache_index is not None
-
-    def _from_indexes(self, need: List[int], out: Counted) -> Dict[int, ix.Stamp]:
+    def _from_indexes(self, places: IndexPlaces, need: List[int], out: Counted) -> Dict[int, ix.Stamp]:
         """Fill ``out.counts`` from the indexes; the stamps of the files (those found now)."""
-        assert self.places is not None
-        data, kept = self.places.read()
-        if not data and not kept and self.places.cache_index is None:
+        data, kept = places.read()
+        if not data and places.cache_index is None:  # without cache_dir, ``kept`` is empty too
             return {}  # no index to check against nor to keep: no file need be looked at
         paths = [self.files[i] for i in need]
-        now = ix.stamps(paths, self.places.folder)
+        now = ix.stamps(paths, places.folder)
         found = {i: s for i, s in zip(need, now) if s is not None}
-        result = self.places.lookup(paths, now, data, kept)
+        result = places.lookup(paths, now, data, kept)
         for i, n in zip(need, result.counts):
             out.counts[i] = n
         out.indexed = sum(n is not None for n in result.counts)
         out.stale = result.stale
         if result.stale:
-            _warn_stale(self.places.data_index, result.stale)
+            _warn_stale(places.data_index, result.stale)
         return found
 
     def _count(self, left: List[int], out: Counted, first_failure_stops: bool, stop: threading.Event,
@@ -181,17 +175,22 @@ class Counter:
                 bar.close()
         out.failures.sort(key=lambda f: f[0])
 
-    def _keep(self, need: List[int], counts: List[Optional[int]], stamps: Dict[int, ix.Stamp]) -> None:
-        """Write what was counted, and what the indexes gave, to the index in ``cache_dir``; a failure
-        to write is logged, the counts are good."""
-        assert self.places is not None and self.places.cache_index is not None
+    def _keep(self, cache_index: str, key: ix.IndexKey, need: List[int], counts: List[Optional[int]],
+              stamps: Dict[int, ix.Stamp]) -> None:
+        """Write what was counted, and what the indexes gave, to the index in ``cache_dir`` (``cache_index``);
+        a failure to write is logged, the counts are good."""
         entries = {self.files[i]: ix.entry(stamps[i], n) for i in need
                    if i in stamps and (n := counts[i]) is not None}
         try:
-            ix.write_index(self.places.cache_index, self.places.key, entries)
+            ix.write_index(cache_index, key, entries)
         except OSError as exc:
-            logger.warning("pyloader: the count index in cache_dir %r cannot be written: %s",
-                           self.places.cache_index, exc)
+            logger.warning("pyloader: the count index in cache_dir %r cannot be written: %s", cache_index, exc)
+
+
+def _read(index: Optional[str], key: ix.IndexKey) -> List[ix.Entries]:
+    """The entries of the index at ``index``: a list of one, or empty (no index there, or no ``index``)."""
+    found = None if index is None else ix.read_index(index, key)
+    return [] if found is None else [found]
 
 
 def _warn_stale(index: str, stale: List[str]) -> None:

@@ -42,9 +42,8 @@ class Group:
 
     def __repr__(self) -> str:
         fields = dataclasses.fields(self)  # type: ignore[arg-type]
-        first = fields[0].name if fields and not fields[0].kw_only else None
-        shown = [repr(getattr(self, f.name)) if f.name == first else f"{f.name}={getattr(self, f.name)!r}"
-                 for f in fields if f.name == first or differs(getattr(self, f.name), f.default)]
+        shown = [f"{f.name}={getattr(self, f.name)!r}" if f.kw_only else repr(getattr(self, f.name))
+                 for f in fields if not f.kw_only or differs(getattr(self, f.name), f.default)]
         return f"{type(self).__name__}({', '.join(shown)})"
 
 

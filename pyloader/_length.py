@@ -49,10 +49,10 @@ def count_files(counter: Counter, cache: Dict[str, object], skip_failed: bool,
     if counts is not None:
         return counts
     counted = counter.count(known, first_failure_stops=not skip_failed, progress=progress)
-    if counted.failures and not skip_failed:
-        raise counted.failures[0][1]
     if not counted.failures:
         cache.update(files=list(counter.files), counts=counted.counts)
+    elif not skip_failed:
+        raise counted.failures[0][1]
     return counted.counts
 
 
@@ -62,6 +62,12 @@ def epoch_batches(source: FileSource, epoch: int, batch_size: int, drop_last: bo
     times; ``source`` holds the counts (a file whose count failed and was skipped counts as empty)."""
     if not stream:
         return batches_of(source.samples(epoch), batch_size, drop_last, rotation)
+    return _stream_epoch_steps(source, epoch, batch_size, drop_last, seq_len)
+
+
+def _stream_epoch_steps(source: FileSource, epoch: int, batch_size: int, drop_last: bool,
+                        seq_len: Optional[int]) -> int:
+    """``epoch_batches`` in stream mode: the steps of ``epoch`` for this rank."""
     if source.sharding.active:
         return source.steps(epoch, batch_size, seq_len, drop_last)
     counts = source.counts or []

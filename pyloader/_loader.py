@@ -37,15 +37,15 @@ from ._options import (
     values_of,
 )
 from ._pipeline import batches, launch_workers
-from ._plan import Settings, source_of
+from ._plan import Settings, elastic_of, source_of
 from ._stages.batch import Batch, Group, Stacked
-from ._stages.entries import known_counts, stream_data
+from ._stages.entries import Entries, known_counts, stream_data
 from ._stages.mix import MixSource, mix_fingerprint
 from ._stages.order import declares_drops_or_repeats
 from ._stages.shard import Sharding
 from ._stages.shard import resolve as resolve_sharding
 from ._stages.source import Elastic, FileSource
-from ._stages.sources import build_mix, is_mix
+from ._stages.sources import build_mix, is_mix, readers_of
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
 from ._stats import profiled
 from ._storage.cache import DiskCache
@@ -137,22 +137,12 @@ class DataLoader(Options):
         self._reader = self.datareader if self._mix is None else self._mix.readers
         self._exclusive = Exclusive((self._reader, self.datareader, self.dataset, self.datacollator))
         self._kept_workers = self._keep_workers(self.persistent_workers)
-        listed: Tuple[List[str], Any] = (
-            stream_data(self.data_dir, bool(self.stream), self.storage.retries) if self._mix is None
-            else (self._mix.files, None))
-        self.files, self._entries = listed
-        if self._entries is not None:  # an iterator of streams is read once: keep the list it gave
-            self._arguments["data_dir"] = self._entries.listed
+        self.files, self._entries = self._listed()
         storage = self.storage
         self._cache = None if storage.cache_dir is None else DiskCache(str(storage.cache_dir), storage.cache_limit)
-        self._stats = Stats()
+        self._stats = self._new_stats()
         self._counter = self._make_counter()
-        if self.cache_encoded is not None:
-            self._stats.cache = dict.fromkeys(CACHE_COUNTERS, 0)
         self._oversized: Set[Tuple[str, int]] = set()  # blocks of cache_encoded whose write went past its limit
-        if self._mix is not None:
-            self._stats.sources = [{"data_dir": str(s.data_dir), "weight": w, "samples": 0}
-                                   for s, w in zip(self._mix.sources, self._mix.weights())]
         self._finish = pinner() if self.pin_memory else None
         self._move = mover(self.device, self.pin_memory) if self.device is not None else None
         self._iterator: Optional[weakref.ref] = None
@@ -161,6 +151,26 @@ class DataLoader(Options):
         self._next = fresh(0, self.num_epoch)
         self._files_digest: Optional[str] = None
         self.epoch: Optional[int] = None
+
+    def _listed(self) -> Tuple[List[str], Optional[Entries]]:
+        """The files (a name per stream), and the streams ``data_dir`` lists when it lists slices or
+        in-memory streams (``_stages.entries``)."""
+        if self._mix is not None:
+            return self._mix.files, None
+        files, entries = stream_data(self.data_dir, bool(self.stream), self.storage.retries)
+        if entries is not None:  # an iterator of streams is read once: keep the list it gave
+            self._arguments["data_dir"] = entries.listed
+        return files, entries
+
+    def _new_stats(self) -> Stats:
+        """The loader's counters, with those of ``cache_encoded`` and of each weighted source where they count."""
+        stats = Stats()
+        if self.cache_encoded is not None:
+            stats.cache = dict.fromkeys(CACHE_COUNTERS, 0)
+        if self._mix is not None:
+            stats.sources = [{"data_dir": str(s.data_dir), "weight": w, "samples": 0}
+                             for s, w in zip(self._mix.sources, self._mix.weights())]
+        return stats
 
     def _make_counter(self) -> Counter:
         """Counts the files' samples, from and into the count indexes (none for mixed sources and stream entries)."""
@@ -228,9 +238,8 @@ class DataLoader(Options):
 
     def _placement(self) -> Placement:
         """Where this iteration runs user methods (``_execution.auto_workers``)."""
-        readers = self._mix.readers.readers if self._mix is not None else [self.datareader]
         python = [] if self.filter_fn is None else [self.filter_fn]
-        placement = self._placer([*readers, self.dataset, self.datacollator, *python])
+        placement = self._placer([*readers_of(self._mix, self.datareader), self.dataset, self.datacollator, *python])
         self._stats.placement = placement.as_dict()
         return placement
 
@@ -239,15 +248,7 @@ class DataLoader(Options):
         where its files run (``"auto"`` with workers). The workers are started here, in the thread calling
         ``iter()``, before the run's own threads."""
         placement = self._placement()
-        num_workers = placement.num_workers
-        errors = errors_of(self)
-        settings = Settings(
-            options=self.options, files=self.files, reader=self._reader, num_workers=num_workers,
-            concurrency=GROUPS_PER_WORKER * num_workers or GROUPS_IN_FLIGHT,
-            errors=ErrorHandler(errors.policy, errors.max_errors, self._stats), stats=self._stats,
-            finish=self._finish, sharding=self.sharding,
-            count_cache=self._count_cache, exclusive=self._exclusive, cache=self._cache, entries=self._entries,
-            mix=self._mix, encoded_cache=self._epoch_store(), counter=self._counter)
+        settings = self._settings(placement.num_workers)
         settings.pool = launch_workers(settings, self._kept_workers)
         if settings.pool is not None:
             self._stats.placement = {**self._stats.placement, "start_method": settings.pool.method}
@@ -262,6 +263,17 @@ class DataLoader(Options):
             if own is not None:
                 own.close()
             raise
+
+    def _settings(self, num_workers: int) -> Settings:
+        """What a run with ``num_workers`` worker processes is built from (``_plan.Settings``)."""
+        errors = errors_of(self)
+        return Settings(
+            options=self.options, files=self.files, reader=self._reader, num_workers=num_workers,
+            concurrency=GROUPS_PER_WORKER * num_workers or GROUPS_IN_FLIGHT,
+            errors=ErrorHandler(errors.policy, errors.max_errors, self._stats), stats=self._stats,
+            finish=self._finish, sharding=self.sharding,
+            count_cache=self._count_cache, exclusive=self._exclusive, cache=self._cache, entries=self._entries,
+            mix=self._mix, encoded_cache=self._epoch_store(), counter=self._counter)
 
     def _epoch_store(self) -> Optional[EpochStore]:
         """This rank's share of the cache of encoded epochs, keyed by the data and every setting that
@@ -294,11 +306,13 @@ class DataLoader(Options):
     def _stop_run(self, superseded: bool = False) -> None:
         """End the running iteration; ``superseded``: by a newer ``iter()`` (it then says so if used)."""
         it = self._iterator() if self._iterator is not None else None
-        if it is not None and superseded:
-            it.supersede()
-        elif it is not None:
-            it.close()
         self._iterator = None
+        if it is None:
+            return
+        if superseded:
+            it.supersede()
+        else:
+            it.close()
 
     def __enter__(self) -> "DataLoader":
         return self
@@ -320,26 +334,40 @@ class DataLoader(Options):
         errors are skipped (``on_error``), that file counts as empty. With
         ``filter_fn`` the length is unknown (``TypeError``) unless ranks plan it.
         """
-        if self.filter_fn is not None and not self.sharding.active:
+        if self._hides_length():
             raise TypeError("the loader's length is unknown: filter_fn drops samples, and how many is known "
                             "only once they are read (under ranks the planned steps are the length)")
-        r = self._record
-        start = r.start if r is not None and r.ended is None else self._upcoming()
+        start = self._running_start()
         try:
-            counts = count_files(self._counter, self._count_cache, skip_failed=errors_of(self).policy != "raise",
-                                 known=known_counts(self._entries), progress=self.progress)
+            counts = self._counts(progress=self.progress)
         except PipelineError as exc:
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
         source = self._plan(start, counts)
+        epochs = range(start.epoch, start.end)
         if isinstance(source, MixSource):
-            return sum(source.batches(e, self.datareader.batch_size, self.drop_last, times_of(self))
-                       for e in range(start.epoch, start.end))
+            return sum(source.batches(e, self.datareader.batch_size, self.drop_last, times_of(self)) for e in epochs)
         # epochs differ in batches when the order changes the steps (stream mode) or the files read
-        varies = bool(self.stream) or declares_drops_or_repeats(self.file_order)
-        epochs = range(start.epoch, start.end if varies else start.epoch + 1)
-        n = sum(epoch_batches(source, e, self.datareader.batch_size, self.drop_last, stream=bool(self.stream),
-                              seq_len=seq_len_of(self), rotation=times_of(self)) for e in epochs)
-        return n if varies else n * (start.end - start.epoch)
+        if self.stream or declares_drops_or_repeats(self.file_order):
+            return sum(self._epoch_batches(source, e) for e in epochs)
+        return self._epoch_batches(source, start.epoch) * len(epochs)
+
+    def _running_start(self) -> Start:
+        """Where the running iteration began, else where the next one begins."""
+        r = self._record
+        return r.start if r is not None and r.ended is None else self._upcoming()
+
+    def _epoch_batches(self, source: FileSource, epoch: int) -> int:
+        return epoch_batches(source, epoch, self.datareader.batch_size, self.drop_last, stream=bool(self.stream),
+                             seq_len=seq_len_of(self), rotation=times_of(self))
+
+    def _hides_length(self) -> bool:
+        """Whether ``filter_fn`` hides the length: it drops samples, and no ranks plan the steps."""
+        return self.filter_fn is not None and not self.sharding.active
+
+    def _counts(self, progress: bool = False) -> List[Optional[int]]:
+        """Samples per file (``_length.count_files``), counted once for the loader's life."""
+        return count_files(self._counter, self._count_cache, skip_failed=errors_of(self).policy != "raise",
+                           known=known_counts(self._entries), progress=progress)
 
     @property
     def stats(self) -> Dict[str, Any]:
@@ -394,11 +422,10 @@ class DataLoader(Options):
         """Refuse a position that the data cannot have, before any run plans from it: a part of the epoch
         taken under a world size wider than the epoch (stream mode: than its files), or a batch past the
         epoch's end. Where a count fails, or ``filter_fn`` hides the length, the run checks (``_pipeline``)."""
-        if not start.skip or (self.filter_fn is not None and not self.sharding.active and not start.splits):
+        if not start.skip or (self._hides_length() and not start.splits):
             return
         try:
-            counts = count_files(self._counter, self._count_cache, skip_failed=errors_of(self).policy != "raise",
-                                 known=known_counts(self._entries))
+            counts = self._counts()
         except PipelineError:
             return  # the run counts again, and raises this error before planning anything
         total = epoch_steps(self._plan(start, counts, self._elastic(start, counts)), start.epoch,
@@ -413,14 +440,18 @@ class DataLoader(Options):
             return None
         plain = self._plan(start, counts)
         assert isinstance(plain, FileSource), "a mixed loader's state has no splits (load_state_dict)"
-        order = plain.order(start.epoch)
-        size = len(order) if self.stream else sum(counts[i] or 0 for i in order)
+        size, unit = self._epoch_size(plain.order(start.epoch), counts)
         wider = [w for w, _ in start.splits if w > max(size, 1)]
         if wider:
             raise ValueError(f"the state's epoch {start.epoch} was begun under world_size={wider[0]}, more ranks "
-                             f"than its {size} {'files' if self.stream else 'samples'}: it was not saved from this "
+                             f"than its {size} {unit}: it was not saved from this "
                              f"data, or resume it under world_size={wider[0]}")
-        return Elastic(start.epoch, start.splits, self.datareader.batch_size, seq_len_of(self) or 1)
+        return elastic_of(start, self.datareader.batch_size, seq_len_of(self))
+
+    def _epoch_size(self, order: List[int], counts: List[Optional[int]]) -> Tuple[int, str]:
+        """What an epoch reading the files ``order`` shares out among ranks: its files in stream mode, else
+        its samples; and which of them."""
+        return (len(order), "files") if self.stream else (sum(counts[i] or 0 for i in order), "samples")
 
     def shard(self, rank: int, world_size: int) -> "DataLoader":
         """A loader with the same settings that reads only the share of ``rank`` among ``world_size``."""
@@ -509,13 +540,10 @@ class LoaderIterator:
                         group = self._engine.get()
                         break
                     except StopIteration:
-                        self._check_current()  # ended by a newer iter() while this one waited
-                        if not self._ended_empty():
-                            self._ended(began)
+                        if not self._goes_on(began):
                             raise
             got = time.perf_counter()
-            self._ready = _each(group)
-            batch = next(self._ready)  # groups are never empty
+            batch = self._took(group)
         return self._hand_out(batch, began, got)
 
     def __aiter__(self) -> "LoaderIterator":
@@ -533,22 +561,23 @@ class LoaderIterator:
                         group = await self._engine.aget()
                         break
                     except StopAsyncIteration:
-                        self._check_current()  # ended by a newer iter() while this one waited
-                        if not self._ended_empty():
-                            self._ended(began)
+                        if not self._goes_on(began):
                             raise
             got = time.perf_counter()
-            self._ready = _each(group)
-            batch = next(self._ready)
+            batch = self._took(group)
         return self._hand_out(batch, began, got)
+
+    def _took(self, group: Group) -> Batch:
+        """The first batch of a group from the pipeline; the others are handed out next."""
+        self._ready = _each(group)
+        return next(self._ready)  # groups are never empty
 
     def _hand_out(self, batch: Batch, began: float, got: float) -> object:
         """The batch's data, handed over by a ``next()`` that began at ``began`` and had it at ``got``."""
-        if not self._track:
+        if self._watch is None:  # not tracked (``DataLoader._peek``)
             return batch.data
         data = self._loader._consumed(batch, self._record)
-        if self._watch is not None:
-            self._watch.handed(batch.epoch, batch.rows, began, got)
+        self._watch.handed(batch.epoch, batch.rows, began, got)
         if self._measured is not None:
             self._measured.handed(batch.epoch, batch.paths, batch.rows, got - began)
         return data
@@ -557,9 +586,15 @@ class LoaderIterator:
         if self._watch is not None:
             self._watch.asked(self._engine.queued())
 
-    def _ended(self, began: float) -> None:
+    def _goes_on(self, began: float) -> bool:
+        """At the end of the pipeline, found by a ``next()`` that began at ``began``: whether the iteration
+        goes on (``_ended_empty``), else it ends here."""
+        self._check_current()  # ended by a newer iter() while this one waited
+        if self._ended_empty():
+            return True
         if self._watch is not None:
             self._watch.end(began)
+        return False
 
     def _check_current(self) -> None:
         if self._superseded:

@@ -77,12 +77,18 @@ def file_span(array: np.ndarray) -> Optional[FileSpan]:
     if not _REGIONS or not array.nbytes or not array.flags.c_contiguous:
         return None
     address = array.__array_interface__["data"][0]
-    with _LOCK:
-        found = [(start, r) for start, r in _REGIONS.items() if start <= address and address + array.nbytes <= r.end]
-    if not found or _written(address, array.nbytes):
+    found = _region_holding(address, array.nbytes)
+    if found is None or _written(address, array.nbytes):
         return None
-    start, region = found[0]
+    start, region = found
     return FileSpan(region.path, region.identity, region.offset + address - start)
+
+
+def _region_holding(address: int, size: int) -> Optional[Tuple[int, _Region]]:
+    """``(start, region)``: a registered region that holds the ``size`` bytes at ``address``, or ``None``."""
+    with _LOCK:
+        return next(((start, r) for start, r in _REGIONS.items() if start <= address and address + size <= r.end),
+                    None)
 
 
 def _written(address: int, size: int) -> bool:

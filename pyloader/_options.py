@@ -233,6 +233,10 @@ class Options:
             if option.convert is not None:
                 object.__setattr__(self, name, option.convert(getattr(self, name)))
         _check_together(values_of(self))
+        self._resolve_defaults()
+
+    def _resolve_defaults(self) -> None:
+        """The ``None`` defaults resolved (see ``resolved``)."""
         if self.num_threads is None:  # every file read ahead and every group in flight at once
             object.__setattr__(self, "num_threads", self.prefetch_files + GROUPS_IN_FLIGHT)
         batch_size = self.datareader.batch_size
@@ -364,10 +368,7 @@ def bind(owner: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str,
     keyword: with the nearest option)."""
     for key in kwargs:
         if key not in OPTIONS and key not in OLD_KEYWORDS:
-            near = difflib.get_close_matches(key, OPTIONS, n=1) or difflib.get_close_matches(key, OLD_KEYWORDS, n=1)
-            hint = "" if not near else f"; did you mean {near[0]!r}?" if near[0] in OPTIONS else \
-                f"; did you mean {moved_to(near[0])}?"
-            raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}{hint}")
+            raise _unexpected(owner, key)
     kwargs = _regrouped(owner, kwargs)
     try:
         bound = SIGNATURE.bind(*args, **kwargs)
@@ -375,6 +376,14 @@ def bind(owner: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str,
         raise TypeError(f"{owner}(): {exc}") from None
     bound.apply_defaults()
     return dict(bound.arguments)
+
+
+def _unexpected(owner: str, key: str) -> TypeError:
+    """The error for the unknown keyword ``key``, naming the nearest option (or flat keyword of 0.1)."""
+    near = difflib.get_close_matches(key, OPTIONS, n=1) or difflib.get_close_matches(key, OLD_KEYWORDS, n=1)
+    hint = "" if not near else f"; did you mean {near[0]!r}?" if near[0] in OPTIONS else \
+        f"; did you mean {moved_to(near[0])}?"
+    return TypeError(f"{owner}() got an unexpected keyword argument {key!r}{hint}")
 
 
 def _is_old(key: str, value: object) -> bool:
@@ -388,18 +397,22 @@ def _regrouped(owner: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
     out = dict(kwargs)
     for keyword, moved in MOVED.items():
         old = {k: out.pop(k) for k in moved.fields if k in out and _is_old(k, out[k])}
-        if not old:
-            continue
-        written = ", ".join(f"{k}={v!r}" for k, v in old.items())
-        given = out.get(keyword)
-        if isinstance(given, moved.group):
-            raise TypeError(f"{owner}() got {written} and {keyword}={given!r}: give "
-                            f"{', '.join(moved.fields[k] for k in old)} inside the {moved.group.__name__} only")
-        out[keyword] = _group(keyword, moved, given, {moved.fields[k]: v for k, v in old.items()}, written)
-        now = f"{keyword}={out[keyword]!r}" if isinstance(out[keyword], Group) else \
-            f"left out (no effect with {keyword}={out[keyword]!r})"
-        warnings.warn(f"{written} is now {now}; the flat keyword goes in a later release", FutureWarning, stacklevel=4)
+        if old:
+            out[keyword] = _regroup(owner, keyword, moved, out.get(keyword), old)
     return out
+
+
+def _regroup(owner: str, keyword: str, moved: Moved, given: object, old: Dict[str, object]) -> object:
+    """The value of ``keyword`` (``given``: its value, ``None`` when absent) that the flat keywords ``old``
+    of its group go into, with their ``FutureWarning``."""
+    written = ", ".join(f"{k}={v!r}" for k, v in old.items())
+    if isinstance(given, moved.group):
+        raise TypeError(f"{owner}() got {written} and {keyword}={given!r}: give "
+                        f"{', '.join(moved.fields[k] for k in old)} inside the {moved.group.__name__} only")
+    value = _group(keyword, moved, given, {moved.fields[k]: v for k, v in old.items()}, written)
+    now = f"{keyword}={value!r}" if isinstance(value, Group) else f"left out (no effect with {keyword}={value!r})"
+    warnings.warn(f"{written} is now {now}; the flat keyword goes in a later release", FutureWarning, stacklevel=5)
+    return value
 
 
 def _group(keyword: str, moved: Moved, given: object, values: Dict[str, Any], written: str) -> object:
@@ -412,6 +425,12 @@ def _group(keyword: str, moved: Moved, given: object, values: Dict[str, Any], wr
     on = given is True if keyword == "stream" else moved.needs is None or moved.needs in values
     if on:
         return moved.group(**base, **values)
+    return _off(keyword, moved, given, values, written)
+
+
+def _off(keyword: str, moved: Moved, given: object, values: Dict[str, object], written: str) -> object:
+    """What a group keyword that is off takes: its short form, else its default; ``ValueError`` when a
+    flat keyword gave a field a value other than its default (it would have no effect)."""
     defaults = {f.name: f.default for f in dataclasses.fields(moved.group)}  # type: ignore[arg-type]
     if any(differs(v, defaults[f]) for f, v in values.items()):
         inside = ", ".join([*([moved.needs] if moved.needs else []), *(f"{f}={v!r}" for f, v in values.items())])
@@ -446,11 +465,14 @@ def describe() -> str:
     a group's fields follow it."""
     lines = ["", "    Options (in signature order; the README's table says more):", ""]
     for f in fields(Options):
-        default = "" if f.default is MISSING else f" = {f.default!r}"
-        lines.append(f"    ``{f.name}{default}``: {OPTIONS[f.name].doc}")
+        lines.append(f"    ``{f.name}{_default_shown(f)}``: {OPTIONS[f.name].doc}")
         group = group_of(f.name)
         if group is not None:
             for g in dataclasses.fields(group):  # type: ignore[arg-type]
-                shown = "" if g.default is MISSING else f" = {g.default!r}"
-                lines.append(f"        ``{group.__name__}.{g.name}{shown}``: {declared(group)[g.name].doc}")
+                lines.append(f"        ``{group.__name__}.{g.name}{_default_shown(g)}``: {declared(group)[g.name].doc}")
     return "\n".join(lines) + "\n"
+
+
+def _default_shown(f: "dataclasses.Field[object]") -> str:
+    """`` = <default>`` as a field's default is written after its name; nothing for a field without one."""
+    return "" if f.default is MISSING else f" = {f.default!r}"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import AsyncGenerator, AsyncIterator, Iterator, Optional
+from typing import AsyncGenerator, AsyncIterator, Iterator, List, Optional
 
 from ._errors import Stats
 from ._execution.filter import with_filter
@@ -29,10 +29,11 @@ from ._execution.forking import needed_modules
 from ._execution.measured import HERE
 from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Lane, LocalSteps, MeasuredRunner, PoolRunner, Run, Runner, ThreadRunner
+from ._execution.steps import Step
 from ._frameworks.torch import attach_meta
 from ._options import resolved, stream_of
 from ._plan import FirstEpoch, Mode, RunBlocking, RunPlan, Settings, plan_run, split_steps, stream_fallback
-from ._stages.batch import Batcher, Group, RankSteps, RowBatcher, Stacked
+from ._stages.batch import Batcher, Group, RankSteps, RowBatcher, Stacked, drop_replayed
 from ._stages.cached_epochs import CachedEpochs
 from ._stages.entries import with_memory
 from ._stages.even import EvenSteps
@@ -40,6 +41,7 @@ from ._stages.map import OrderedMap
 from ._stages.read import Ramp, ReadFiles
 from ._stages.rotation import Rotation
 from ._stages.source import FileSource, SourceItem
+from ._stages.sources import readers_of
 from ._stages.stream import StreamBatcher
 from ._stages.stream_cut import StreamShape
 from ._state import Start
@@ -54,8 +56,7 @@ def launch_workers(s: Settings, kept: Optional[KeptPool]) -> Optional[WorkerPool
     ``persistent_workers``, else one for this run); called before the run's threads start."""
     if not s.num_workers:
         return None
-    readers = s.mix.readers.readers if s.mix is not None else [s.options.datareader]
-    objects = [*readers, s.options.dataset, s.options.datacollator]
+    objects = [*readers_of(s.mix, s.options.datareader), s.options.dataset, s.options.datacollator]
 
     def make_pool() -> WorkerPool:
         return WorkerPool(s.num_workers, with_filter(s.reader, s.options.filter_fn), split_steps(s).there,
@@ -100,22 +101,12 @@ async def batches(s: Settings, start: Start, run_blocking: RunBlocking,
         runner = _runner(s, lane, ReadAhead(run_blocking, s.reader, storage.readahead_bytes, storage.retries, s.cache))
         plan = await plan_run(s, start, run_blocking)
         chain = Chain(s=s, plan=plan, runner=runner, lane=lane, run_blocking=run_blocking, tasks=tasks)
-        files = FileStages(chain)
-        groups: AsyncIterator[Group]
-        if plan.mode is Mode.CACHED:
-            groups = CachedEpochs(s, start=start, source=plan.source, from_files=files, full=runner.run,
-                                  encode=runner.encoding_only((o.dataset,)), after=split_steps(s).after_encode,
-                                  lane=lane, run_blocking=run_blocking, tasks=tasks).iterate()
-        elif plan.mode is Mode.ROTATED:
-            rotation = _rotation(chain)
-            groups = _rotated(chain, rotation, files(range(start.epoch, start.end),
-                                                     runner.encoding_only((o.dataset,)), False))
-        else:
-            groups = files(range(start.epoch, start.end), runner.run)
+        rotation = _rotation(chain) if plan.mode is Mode.ROTATED else None
+        groups = _by_mode(chain, FileStages(chain), rotation)
         if plan.steps is not None:  # a batch skipped after an error leaves a hole, padded there
             groups = EvenSteps(plan.steps, start.epoch, start.skip, start.end).iterate(groups)
         async for group in groups:
-            yield attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
+            yield _with_meta(group)
     finally:
         if rotation is not None:
             rotation.close()
@@ -123,22 +114,42 @@ async def batches(s: Settings, start: Start, run_blocking: RunBlocking,
             s.pool.finish()
 
 
+def _by_mode(c: Chain, files: FileStages, rotation: Optional[Rotation]) -> AsyncIterator[Group]:
+    """The groups of the run's epochs, by its mode (``Mode``): from the files, through the cache of encoded
+    batches, or through ``rotation``."""
+    start, runner, o = c.plan.start, c.runner, c.s.options
+    if c.plan.mode is Mode.CACHED:
+        return CachedEpochs(c.s, start=start, source=c.plan.source, from_files=files, full=runner.run,
+                            encode=runner.encoding_only((o.dataset,)), after=split_steps(c.s).after_encode,
+                            lane=c.lane, run_blocking=c.run_blocking, tasks=c.tasks).iterate()
+    if rotation is not None:
+        return _rotated(c, rotation, files(range(start.epoch, start.end), runner.encoding_only((o.dataset,)), False))
+    return files(range(start.epoch, start.end), runner.run)
+
+
+def _with_meta(group: Group) -> Group:
+    """``group`` with its batches' metadata (``Batch.meta``) added to their collated data, where they carry any."""
+    return attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
+
+
 def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Runner:
     """Where user methods run: the launched worker processes, threads of this process, or, file by
     file, where they measured faster (``_execution.measured``)."""
     steps = split_steps(s)
-    uses = (s.options.dataset, s.options.datacollator)
     if s.pool is None:
-        reader = with_filter(s.reader, s.options.filter_fn)
-        return with_memory(ThreadRunner(reader, steps.local, lane, readahead, uses=uses, busy=s.stats.busy),
-                           s.entries)
+        return with_memory(_threads(s, steps.local, lane, readahead), s.entries)
     s.pool.attach()
-    there = PoolRunner(s.pool, steps.here, lane, readahead, all_steps=steps.local, uses=uses, busy=s.stats.busy)
+    there = PoolRunner(s.pool, steps.here, lane, readahead, all_steps=steps.local,
+                       uses=(s.options.dataset, s.options.datacollator), busy=s.stats.busy)
     if s.measured is None:
         return with_memory(there, s.entries)
-    here = ThreadRunner(with_filter(s.reader, s.options.filter_fn), steps.local, lane, readahead, uses=uses,
-                        busy=s.stats.busy)
-    return with_memory(MeasuredRunner(here, there, s.measured), s.entries)
+    return with_memory(MeasuredRunner(_threads(s, steps.local, lane, readahead), there, s.measured), s.entries)
+
+
+def _threads(s: Settings, steps: List[Step], lane: Lane, readahead: ReadAhead) -> ThreadRunner:
+    """User methods (``steps``: all of them, as run when a batch is encoded here) run in threads of this process."""
+    return ThreadRunner(with_filter(s.reader, s.options.filter_fn), steps, lane, readahead,
+                        uses=(s.options.dataset, s.options.datacollator), busy=s.stats.busy)
 
 
 class FileStages:
@@ -154,8 +165,7 @@ class FileStages:
     async def __call__(self, epochs: range, run: Run, from_position: bool = True) -> AsyncGenerator[Group, None]:
         c, plan = self.chain, self.chain.plan
         first = plan.first(from_position) if epochs.start == plan.start.epoch else plan.whole
-        if first.read_again:
-            c.s.stats.replayed(0, first.read_again)
+        c.s.stats.replayed(0, first.read_again)
         ramp = Ramp()
         read = _reader_stage(c.s, c.runner, ramp)
         items = read.iterate(self._items(epochs, first), c.tasks)
@@ -181,10 +191,10 @@ def _reader_stage(s: Settings, runner: Runner, ramp: Ramp) -> ReadFiles:
     first batch (no ramp there), and rows whose files end at the same step all need a new one at once:
     a file per row is read ahead."""
     o = s.options
-    ahead = max(o.prefetch_files, s.batch_size) if o.stream else o.prefetch_files
+    if o.stream:
+        return ReadFiles(runner, True, max(o.prefetch_files, s.batch_size), s.errors, s.stats, ramp=ramp)
     buffered = o.shuffle_buffer > 0 or o.bucket is not None or s.mix is not None  # rows meet here
-    return ReadFiles(runner, bool(o.stream) or buffered, ahead, s.errors, s.stats,
-                     start_ahead=None if o.stream else _start_ahead(s), ramp=ramp)
+    return ReadFiles(runner, buffered, o.prefetch_files, s.errors, s.stats, start_ahead=_start_ahead(s), ramp=ramp)
 
 
 def _start_ahead(s: Settings) -> int:
@@ -237,27 +247,19 @@ async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats,
     """``groups`` less the batches of the resumed epoch before its position; ``whole``: that epoch gives all its
     batches here (no ranks pad it later), so one that ends before the position is a state from elsewhere
     (where the counts cannot tell its length, ``DataLoader._check_position`` could not refuse it)."""
-    reach = _Reach(start) if whole else None
+    if whole:
+        groups = _Reach(start).watch(groups)
     async for group in groups:
-        if reach is not None:
-            reach.see(group)
         kept = _past_position(group, start, stats)
         if kept:
             yield kept
-    if reach is not None:
-        reach.check()
 
 
 def _past_position(group: Group, start: Start, stats: Stats) -> Group:
     """The batches of ``group`` past the position; those before it were replayed to rebuild the state,
     and are not encoded again."""
-    kept = [k for k, b in enumerate(group) if b.epoch != start.epoch or b.index >= start.skip]
-    if len(kept) == len(group):
-        return group
-    stats.replayed(len(group) - len(kept), {p for b in group[:len(group) - len(kept)] for p in b.paths})
-    if not kept:
-        return []
-    return group.pick(kept) if isinstance(group, Stacked) else [group[k] for k in kept]
+    return drop_replayed(group, [k for k, b in enumerate(group) if b.epoch != start.epoch or b.index >= start.skip],
+                         stats)
 
 
 class _Reach:
@@ -266,6 +268,13 @@ class _Reach:
     def __init__(self, start: Start) -> None:
         self.start = start
         self.reached = start.base  # its batches so far
+
+    async def watch(self, groups: AsyncIterator[Group]) -> AsyncIterator[Group]:
+        """``groups`` as they come, seen on their way; checked at their end."""
+        async for group in groups:
+            self.see(group)
+            yield group
+        self.check()
 
     def see(self, group: Group) -> None:
         self.reached = max([self.reached] + [b.index + 1 for b in group if b.epoch == self.start.epoch])

@@ -22,6 +22,7 @@ from ._execution.measured import Measured
 from ._execution.pool import WorkerPool
 from ._execution.runners import Exclusive
 from ._execution.steps import Step
+from ._groups import Stream
 from ._length import epoch_steps
 from ._options import Options, resolved, seq_len_of, stream_of, times_of
 from ._stages.batch import FROM_START, Bucketing, Buffers, Cut, ResumeRows, reads_from
@@ -219,16 +220,22 @@ def resumes_past_files(s: Settings, start: Start) -> bool:
 async def plan_run(s: Settings, start: Start, run_blocking: RunBlocking) -> RunPlan:
     """The run from ``start``: the counts are asked for only where the plan needs them."""
     past_files = resumes_past_files(s, start)
-    needs_counts = s.sharding.active or past_files or bool(start.splits) or s.mix is not None
-    source = make_source(s, start, await count_samples(s, run_blocking) if needs_counts else None)
+    counts = await count_samples(s, run_blocking) if _needs_counts(s, start, past_files) else None
+    source = make_source(s, start, counts)
     steps = _planned_steps(s, source)
     buffers = _buffers(s, source)
     whole = FirstEpoch(batcher=ResumeRows(start.epoch, start.base))
-    resumed = _resumed(s, start, source, steps, buffers) if past_files or start.splits else whole
+    resumed = _resumed(s, start, source, steps, buffers, past_files) if past_files or start.splits else whole
     if start.skip and not resumed.past_files:
         resumed = resumed._replace(drop=True)
     return RunPlan(mode=_mode(s), start=start, source=source, steps=steps, cut=Cut(s.batch_size, s.options.drop_last),
                    buffers=buffers, resumed=resumed, whole=whole)
+
+
+def _needs_counts(s: Settings, start: Start, past_files: bool) -> bool:
+    """Whether the plan needs the samples of every file: ranks, a position placed past files, an epoch
+    begun under other world sizes, or weighted sources."""
+    return s.sharding.active or past_files or bool(start.splits) or s.mix is not None
 
 
 def _mode(s: Settings) -> Mode:
@@ -246,9 +253,13 @@ def _buffers(s: Settings, source: Union[FileSource, MixSource]) -> Buffers:
 
 def make_source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Union[FileSource, MixSource]:
     """The plan of files of every epoch of the run (``FileSource``, or ``MixSource`` for sources)."""
-    elastic = Elastic(start.epoch, start.splits, s.batch_size, seq_len_of(s.options) or 1) if start.splits else None
     return source_of(s.options, s.files, start, counts, sharding=s.sharding, mix=s.mix, entries=s.entries,
-                     elastic=elastic, counted=s.stats.sources)
+                     elastic=elastic_of(start, s.batch_size, seq_len_of(s.options)), counted=s.stats.sources)
+
+
+def elastic_of(start: Start, batch_size: int, seq_len: Optional[int]) -> Optional[Elastic]:
+    """The parts of ``start``'s epoch taken under other world sizes (elastic resume), if any."""
+    return Elastic(start.epoch, start.splits, batch_size, seq_len or 1) if start.splits else None
 
 
 def source_of(o: Options, files: List[str], start: Start, counts: Optional[List[Optional[int]]], *,
@@ -284,20 +295,14 @@ def stream_fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
 
 
 def _resumed(s: Settings, start: Start, source: Union[FileSource, MixSource], steps: Optional[Callable[[int], int]],
-             buffers: Buffers) -> FirstEpoch:
+             buffers: Buffers, past_files: bool) -> FirstEpoch:
     """Where each stage begins the first epoch when it resumes past files (``resumes_past_files``) or
     elastically: stream mode, where the rows are (``_stages.stream_resume``); else the rows the source
     skips, and where the buffers rebuild their state from."""
-    o = s.options
-    past_files = resumes_past_files(s, start)
-    stream = stream_of(o)
+    stream = stream_of(s.options)
     if stream is not None:
         assert isinstance(source, FileSource), "stream mode reads no weighted sources"
-        at = stream_start(source, start.epoch, start.base, start.skip - start.base if past_files else 0,
-                          rows=s.batch_size, width=stream.seq_len or 1, replay=stream.padding_mode == "data",
-                          target=None if steps is None else steps(start.epoch), fallback=stream_fallback(s))
-        return FirstEpoch(batcher=ResumeRows(start.epoch, start.base), past_files=past_files, stream=at,
-                          read_again=tuple(at.read_again(edges=stream.padding_mode == "edge")))
+        return _stream_resumed(s, start, source, stream, steps=steps, past_files=past_files)
     if not past_files:
         return FirstEpoch(batcher=ResumeRows(start.epoch, start.base))
     assert isinstance(source, FileSource), "a position is placed past files without weighted sources"
@@ -306,3 +311,13 @@ def _resumed(s: Settings, start: Start, source: Union[FileSource, MixSource], st
     read_from = reads_from(buffers, s.batch_size, batcher)
     return FirstEpoch(batcher=batcher, past_files=True, read_from=read_from,
                       read_again=tuple(source.read_again(start.epoch, skip_rows, read_from)))
+
+
+def _stream_resumed(s: Settings, start: Start, source: FileSource, stream: Stream, *,
+                    steps: Optional[Callable[[int], int]], past_files: bool) -> FirstEpoch:
+    """Stream mode's first epoch, resumed: where the rows are (``_stages.stream_resume``)."""
+    at = stream_start(source, start.epoch, start.base, start.skip - start.base if past_files else 0,
+                      rows=s.batch_size, width=stream.seq_len or 1, replay=stream.padding_mode == "data",
+                      target=None if steps is None else steps(start.epoch), fallback=stream_fallback(s))
+    return FirstEpoch(batcher=ResumeRows(start.epoch, start.base), past_files=past_files, stream=at,
+                      read_again=tuple(at.read_again(edges=stream.padding_mode == "edge")))

@@ -108,10 +108,10 @@ def shown(value: object) -> str:
     """``value`` for an error message: its repr, cut to about ``SHOWN`` characters with a note of
     its full length (a saved value may be any size)."""
     text = _REPR.repr(value)
-    size = len(value) if isinstance(value, (str, bytes, list, tuple, dict)) else None
+    size = len(value) if isinstance(value, (str, bytes, list, tuple, dict)) else 0
     if len(text) > SHOWN:
         text = text[:SHOWN] + "..."
-    if size is not None and size > SHOWN:
+    if size > SHOWN:
         text += f" (cut: {size:,} {'characters' if isinstance(value, (str, bytes)) else 'items'} in all)"
     return text
 
@@ -124,8 +124,8 @@ def _check_depth(state: object) -> None:
         if depth > MAX_DEPTH:
             raise ValueError(f"not a pyloader state: nested more than {MAX_DEPTH} levels deep")
         if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values())
-        elif isinstance(value, (list, tuple)):
+            value = list(value.values())
+        if isinstance(value, (list, tuple)):
             stack.extend((v, depth + 1) for v in value)
 
 
@@ -150,14 +150,21 @@ def read_state(state: object, ours: Mapping[str, object], old_files: str, num_ep
     if not isinstance(theirs, dict):
         raise ValueError("the state has no settings fingerprint")
     if state["format"] == OLD_FORMAT:
-        ours = {**ours, "files": old_files}
-    _check_fingerprint(theirs, ours, every=state["format"] == FORMAT)
+        return _read_old(state, theirs, {**ours, "files": old_files}, num_epoch)
+    _check_fingerprint(theirs, ours, every=True)
     epoch, skip = _integer(state, "epoch"), _integer(state, "batches_in_epoch")
-    if state["format"] == OLD_FORMAT:
-        if epoch > num_epoch:
-            raise ValueError(f"the state's epoch {epoch} is beyond num_epoch={num_epoch}")
-        return Start(epoch, skip, num_epoch)
     return _elastic(_position(state, epoch, skip, _iteration_end(state, epoch, num_epoch)), theirs, ours)
+
+
+def _read_old(state: Mapping[str, object], theirs: Mapping[str, object], ours: Mapping[str, object],
+              num_epoch: int) -> Start:
+    """The ``Start`` of a state of the old format: its iteration began at epoch 0, its files fingerprinted
+    by their paths (``old_files_digest``)."""
+    _check_fingerprint(theirs, ours, every=False)
+    epoch, skip = _integer(state, "epoch"), _integer(state, "batches_in_epoch")
+    if epoch > num_epoch:
+        raise ValueError(f"the state's epoch {epoch} is beyond num_epoch={num_epoch}")
+    return Start(epoch, skip, num_epoch)
 
 
 def _check_fingerprint(theirs: Mapping[str, object], ours: Mapping[str, object], every: bool) -> None:
@@ -181,9 +188,8 @@ def _position(state: Mapping[str, object], epoch: int, skip: int, end: int) -> S
 
 def _differences(name: str, ours: object, theirs: object) -> List[str]:
     """Each setting under ``name`` that differs, with both values; in a dict, each key that does."""
-    if isinstance(ours, dict) and isinstance(theirs, dict):
-        keys = [*ours, *(k for k in theirs if k not in ours)]
-        return [line for k in keys for line in _differences(f"{name}.{k}", ours.get(k), theirs.get(k))]
+    if isinstance(ours, dict) and isinstance(theirs, dict):  # every key of either, ours first
+        return [line for k in {**ours, **theirs} for line in _differences(f"{name}.{k}", ours.get(k), theirs.get(k))]
     if json.dumps(ours) == json.dumps(theirs):
         return []
     return [f"{name} (saved {shown(theirs)}, now {shown(ours)})"]
@@ -198,7 +204,7 @@ def _iteration_end(state: Mapping[str, object], epoch: int, num_epoch: int) -> i
         return end
     saved = _integer(state, "num_epoch", least=1)
     first = end - saved
-    if first < 0 or not first <= epoch < end:
+    if not 0 <= first <= epoch < end:
         raise ValueError(f"the state's epoch {epoch}, end_epoch {end} and num_epoch {saved} disagree "
                          f"(its iteration would be epochs {first} to {end - 1})")
     if epoch >= first + num_epoch:

@@ -163,14 +163,11 @@ class Busy:
         """The workers of ``rows`` have ended: keep their seconds here and let the rows go."""
         with self._lock:
             self._rows = [r for r in self._rows if all(r is not done for done in rows)]
-            for row in rows:
-                self._sums = [a + b for a, b in zip(self._sums, row, strict=True)]
+            self._sums = _summed(self._sums, rows)
 
     def seconds(self) -> Dict[str, float]:
         with self._lock:
-            sums = list(self._sums)
-            for row in self._rows:
-                sums = [a + b for a, b in zip(sums, row, strict=True)]
+            sums = _summed(self._sums, self._rows)
         return dict(zip(BUSY_SLOTS, sums, strict=True))
 
 
@@ -185,6 +182,13 @@ class RowBusy:
 
     def add_all(self, spent: Iterable[Tuple[str, float]]) -> None:
         _add(self.row, spent)
+
+
+def _summed(sums: List[float], rows: Iterable[Sequence[float]]) -> List[float]:
+    """``sums`` plus each of ``rows`` (workers' rows of seconds, by slot), as a new list."""
+    for row in rows:
+        sums = [a + b for a, b in zip(sums, row, strict=True)]
+    return sums
 
 
 def _add(sums: MutableSequence[float], spent: Iterable[Tuple[str, float]]) -> None:
@@ -212,18 +216,22 @@ class Figures:
 
     def rate(self) -> float:
         """Samples handed over per second."""
-        return self.samples / self.seconds if self.seconds > 0 else 0.0
+        return _ratio(self.samples, self.seconds)
 
     def stall_share(self) -> float:
         """The share of the consumer's time spent inside ``next()``."""
-        busy = self.wait_s + self.step_s
-        return self.wait_s / busy if busy > 0 else 0.0
+        return _ratio(self.wait_s, self.wait_s + self.step_s)
 
     def plus(self, other: "Figures") -> "Figures":
         return Figures(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
 
     def minus(self, other: "Figures") -> "Figures":
         return Figures(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)})
+
+
+def _ratio(part: float, whole: float) -> float:
+    """``part / whole``; 0 when ``whole`` is 0 (nothing happened yet)."""
+    return part / whole if whole > 0 else 0.0
 
 
 _COUNTERS = ("files_read", "samples_read", "filtered_samples", "rotated_samples", "skipped_files", "skipped_batches")
@@ -389,6 +397,14 @@ class Stats:
             out["placement"]["measured"] = self.measured.report()
         out["counting"] = dataclasses.asdict(self.counting)
         counters, busy = self._counters(), self.busy.seconds()
+        current, out["iteration"] = self._iteration(counters, busy)
+        out["total"] = _report(self._finished.plus(current), counters, busy)
+        out["total"]["iterations"] = self._iterations
+        return out
+
+    def _iteration(self, counters: Dict[str, int], busy: Dict[str, float]) -> Tuple[Figures, Dict[str, object]]:
+        """The figures of the iteration now (or the last one), and its report: ``counters`` and ``busy``
+        (the loader's so far) less those at its start."""
         watch = self._watch
         if watch is None:  # no iteration yet: nothing counted since its start
             current, since, busy_since, first_batch_s = Figures(), counters, busy, None
@@ -397,10 +413,7 @@ class Stats:
         iteration = _report(current, {k: v - since[k] for k, v in counters.items()},
                             {k: v - busy_since[k] for k, v in busy.items()})
         iteration["first_batch_s"] = first_batch_s
-        out["iteration"] = iteration
-        out["total"] = _report(self._finished.plus(current), counters, busy)
-        out["total"]["iterations"] = self._iterations
-        return out
+        return current, iteration
 
 
 def _report(f: Figures, counters: Dict[str, int], busy: Dict[str, float]) -> Dict[str, Any]:
@@ -410,12 +423,12 @@ def _report(f: Figures, counters: Dict[str, int], busy: Dict[str, float]) -> Dic
         "batches": f.batches,
         "samples": f.samples,
         "seconds": f.seconds,
-        "batches_per_s": f.batches / f.seconds if f.seconds > 0 else 0.0,
+        "batches_per_s": _ratio(f.batches, f.seconds),
         "samples_per_s": f.rate(),
         "wait_s": f.wait_s,
         "step_s": f.step_s,
         "stall_share": f.stall_share(),
-        "queue_fill": f.fill / f.requests if f.requests else 0.0,
+        "queue_fill": _ratio(f.fill, f.requests),
         "stage_s": {"read": busy["read"], "encode": busy["encode"], "hand_over": f.hand_over_s},
         "method_s": {name: busy[name] for name in METHODS},
         "resume_files": f.resume_files,

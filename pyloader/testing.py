@@ -112,7 +112,7 @@ def _check_position(make_loader: Callable[[], DataLoader], first: List[_Step], s
                     k: int) -> None:
     """Stop a new loader after ``k`` batches; its state must resume a new loader and the same one."""
     n = len(first)
-    rest = [first[k:], second] if k < n else [second]
+    rest, how = ([first[k:], second], "after the break") if k < n else ([second], "after the iteration's end")
     where = f"resumed at position {k} of {n}"
     loader = make_loader()
     try:
@@ -123,15 +123,18 @@ def _check_position(make_loader: Callable[[], DataLoader], first: List[_Step], s
                                    f"position: {left} != {state}")
         other = make_loader()
         try:
-            other.load_state_dict(state)
-            _same(rest, [_run(other) for _ in rest], f"{where}, its state loaded into a new loader")
+            _check_resumed(other, state, rest, f"{where}, its state loaded into a new loader")
         finally:
             other.close()
-        how = "after the break" if k < n else "after the iteration's end"
-        loader.load_state_dict(left)
-        _same(rest, [_run(loader) for _ in rest], f"{where}, its state loaded into the same loader {how}")
+        _check_resumed(loader, left, rest, f"{where}, its state loaded into the same loader {how}")
     finally:
         loader.close()
+
+
+def _check_resumed(loader: DataLoader, state: Dict[str, object], rest: List[List[_Step]], where: str) -> None:
+    """Load ``state`` into ``loader``: its next iterations must be ``rest``."""
+    loader.load_state_dict(state)
+    _same(rest, [_run(loader) for _ in rest], where)
 
 
 def _take(loader: DataLoader, k: int, n: int) -> Tuple[List[_Step], Dict[str, object], Dict[str, object]]:
@@ -172,10 +175,9 @@ def _copy(value: object) -> object:
     that the batches kept share no memory with the loader."""
     if isinstance(value, abc.Mapping):
         return {key: _copy(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_copy(item) for item in value]
-    if isinstance(value, tuple):
-        return tuple(_copy(item) for item in value)
+    if isinstance(value, (list, tuple)):
+        items = list(map(_copy, value))
+        return items if isinstance(value, list) else tuple(items)
     if isinstance(value, np.ndarray):
         return _Array("ndarray", value.copy())
     return _copy_tensor(value)
@@ -205,32 +207,45 @@ class _Array:
 
     def difference(self, other: "_Array") -> Optional[str]:
         a, b = self.array, other.array
-        if self.kind != other.kind or a.dtype != b.dtype or a.shape != b.shape:
+        if (self.kind, a.dtype, a.shape) != (other.kind, b.dtype, b.shape):
             return f"expected {self.kind} {a.dtype} {a.shape}, got {other.kind} {b.dtype} {b.shape}"
         differs = np.asarray(a != b)
         if a.dtype.kind in "fc":
             differs &= ~(np.isnan(a) & np.isnan(b))
         if not differs.any():
             return None
-        at = tuple(int(i) for i in np.argwhere(differs)[0]) if differs.ndim else ()
+        at = tuple(np.argwhere(differs)[0].tolist())  # () for a 0-d array
         return f"values differ at {at}: expected {a[at].tolist()!r}, got {b[at].tolist()!r}"
 
 
 def _difference(expected: Any, got: Any) -> Optional[str]:
-    """Where ``got`` first differs from ``expected``, or ``None`` when they are equal."""
+    """Where ``got`` first differs from ``expected``, or ``None`` when they are equal. The values are
+    ``_copy``'s: its containers are plain ``dict``, ``list`` and ``tuple``, its arrays ``_Array``."""
     if type(expected) is not type(got):
         return f"expected {type(expected).__name__}, got {type(got).__name__}"
-    if isinstance(expected, _Array):
-        return expected.difference(got)
-    if isinstance(expected, dict):
-        if list(expected) != list(got):
-            return f"keys differ: expected {list(expected)}, got {list(got)}"
-        return _first((f"key {key!r}", expected[key], got[key]) for key in expected)
-    if isinstance(expected, (list, tuple)):
-        if len(expected) != len(got):
-            return f"expected {len(expected)} items, got {len(got)}"
-        return _first((f"item {i}", e, g) for i, (e, g) in enumerate(zip(expected, got)))
+    return _DIFFERENCES.get(type(expected), _value_difference)(expected, got)
+
+
+def _dict_difference(expected: Dict[object, object], got: Dict[object, object]) -> Optional[str]:
+    if list(expected) != list(got):
+        return f"keys differ: expected {list(expected)}, got {list(got)}"
+    return _first((f"key {key!r}", expected[key], got[key]) for key in expected)
+
+
+def _items_difference(expected: Sequence[object], got: Sequence[object]) -> Optional[str]:
+    if len(expected) != len(got):
+        return f"expected {len(expected)} items, got {len(got)}"
+    return _first((f"item {i}", e, g) for i, (e, g) in enumerate(zip(expected, got)))
+
+
+def _value_difference(expected: object, got: object) -> Optional[str]:
     return None if expected == got else f"expected {expected!r}, got {got!r}"
+
+
+# how ``_difference`` compares two values of one type (others: by ``==``)
+_DIFFERENCES: Dict[type, Callable[..., Optional[str]]] = {
+    _Array: _Array.difference, dict: _dict_difference, list: _items_difference, tuple: _items_difference,
+}
 
 
 def _first(pairs: Iterable[Tuple[str, Any, Any]]) -> Optional[str]:
@@ -244,13 +259,20 @@ def _first(pairs: Iterable[Tuple[str, Any, Any]]) -> Optional[str]:
 def _same(expected: Sequence[List[_Step]], got: Sequence[List[_Step]], where: str) -> None:
     """Assert that each iteration of ``got`` is that of ``expected``, naming the first difference."""
     for it, (want, have) in enumerate(zip(expected, got), 1):
-        for i, ((want_epoch, want_batch), (have_epoch, have_batch)) in enumerate(zip(want, have)):
-            found = _difference(want_batch, have_batch)
-            if found is None and want_epoch != have_epoch:
-                found = f"loader.epoch: expected {want_epoch}, got {have_epoch}"
+        for i, (want_step, have_step) in enumerate(zip(want, have)):
+            found = _step_difference(want_step, have_step)
             _expect(found is None, f"{where}: iteration {it}, batch {i}: {found}")
         _expect(len(want) == len(have), f"{where}: iteration {it} yielded {len(have)} batches, expected {len(want)} "
                                         f"(the first {min(len(want), len(have))} equal)")
+
+
+def _step_difference(expected: _Step, got: _Step) -> Optional[str]:
+    """Where a batch handed out differs from the one expected (its data first, then ``loader.epoch``)."""
+    (want_epoch, want_batch), (have_epoch, have_batch) = expected, got
+    found = _difference(want_batch, have_batch)
+    if found is None and want_epoch != have_epoch:
+        found = f"loader.epoch: expected {want_epoch}, got {have_epoch}"
+    return found
 
 
 def _expect(ok: bool, message: str) -> None:

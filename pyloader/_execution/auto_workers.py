@@ -74,7 +74,7 @@ def check(name: str, value: Any) -> None:
 def from_env() -> Any:
     """``PYLOADER_NUM_WORKERS``: ``"auto"`` when unset."""
     raw = os.environ.get(ENV, "").strip()
-    if not raw or raw == AUTO:
+    if raw in ("", AUTO):
         return AUTO
     try:
         value: Any = int(raw)
@@ -104,8 +104,13 @@ def place(num_workers: Any, objects: Iterable[Any], start_method: Optional[str])
     num_workers = from_env()
     if num_workers != AUTO:
         return Placement(int(num_workers), f"{ENV}={num_workers}", decided=False)
-    objects = list(objects)
-    if all(releases_gil(obj) for obj in objects):
+    return _decided(objects, start_method)
+
+
+def _decided(objects: Iterable[object], start_method: Optional[str]) -> Placement:
+    """``"auto"``'s rules (see the module)."""
+    python = next((type(obj).__name__ for obj in objects if not releases_gil(obj)), None)
+    if python is None:
         return Placement(0, "every user object releases the GIL (releases_gil = True)")
     share = cpu_share()
     if share < 2:
@@ -113,7 +118,6 @@ def place(num_workers: Any, objects: Iterable[Any], start_method: Optional[str])
     unsafe = forking.why_not_fork() if start_method is None else ""
     if unsafe:
         return Placement(0, f"workers would not start by fork ({unsafe}); pass start_method to use them anyway")
-    python = next(type(obj).__name__ for obj in objects if not releases_gil(obj))
     return Placement(min(share, MAX_WORKERS), f"{share} CPUs for this process; {python} runs Python code")
 
 

@@ -64,6 +64,13 @@ def _run_through(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Non
             return  # the future failed or was cancelled (stop()): the consumer is done
 
 
+def _unwrapped(exc: BaseException) -> BaseException:
+    """The one error of a task group that failed with one (raised as itself), else ``exc``."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return exc.exceptions[0]
+    return exc
+
+
 class Engine:
     """Runs ``make(run_blocking, tasks)`` (an async iterator of items) on its own loop thread.
 
@@ -115,22 +122,24 @@ class Engine:
             return loop.run_in_executor(self._executor, fn, *args)
 
         try:
-            async with asyncio.TaskGroup() as tasks:
-                async with contextlib.aclosing(self._make(run_blocking, tasks)) as items:
-                    async for item in items:
-                        await self._queue.put(item)
+            await self._produce(run_blocking)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-                exc = exc.exceptions[0]
-            await self._queue.put(Failure(exc))
+            await self._queue.put(Failure(_unwrapped(exc)))
         else:
             await self._queue.put(_END)
         if asyncio.current_task().cancelling():  # type: ignore[union-attr]
             # stop() came as the run failed: a TaskGroup whose tasks failed raises their errors, not the cancel
             raise asyncio.CancelledError
         await asyncio.Event().wait()  # keep the loop up until the consumer took the last item and stop()s
+
+    async def _produce(self, run_blocking: Callable) -> None:
+        """Every item of the pipeline into the queue, in order, its tasks run in one task group."""
+        async with asyncio.TaskGroup() as tasks:
+            async with contextlib.aclosing(self._make(run_blocking, tasks)) as items:
+                async for item in items:
+                    await self._queue.put(item)
 
     # -- consumer side -------------------------------------------------------------
     def _unpack(self, item: object, join: float = 2.0) -> object:
@@ -178,16 +187,20 @@ class Engine:
 
     def _pending(self) -> bool:
         """Whether items may still come; in a forked child the parent's run raises, once."""
-        if self._pid != os.getpid() and not self._done:
-            self._done = True
-            raise RuntimeError("this pyloader iteration was started before os.fork(), in the parent process, "
-                               "and does not run in this one: start a new iteration here")
+        if self._pid != os.getpid():
+            self._fail_once("this pyloader iteration was started before os.fork(), in the parent process, "
+                            "and does not run in this one: start a new iteration here")
         return not self._done
 
     def _check_alive(self) -> None:
-        if not self._thread.is_alive() and not self._done:
+        if not self._thread.is_alive():
+            self._fail_once("pyloader's background loop stopped unexpectedly")
+
+    def _fail_once(self, message: str) -> None:
+        """End the run for the consumer with a ``RuntimeError`` of ``message``, unless it has ended."""
+        if not self._done:
             self._done = True
-            raise RuntimeError("pyloader's background loop stopped unexpectedly")
+            raise RuntimeError(message)
 
     def stop(self, timeout: float = 2.0) -> None:
         """Cancel the run, join the loop thread, and give the executor's threads a moment to
@@ -202,12 +215,16 @@ class Engine:
         if self._queue is not None:
             self._queue.close()
         if self._thread.is_alive():
-            try:
-                self._loop.call_soon_threadsafe(self._task.cancel)
-            except RuntimeError:
-                pass  # loop already closed
-            if timeout and threading.current_thread() is not self._thread:
-                self._thread.join(timeout)
+            self._cancel(timeout)
         self._executor.shutdown(wait=True, cancel_futures=True, timeout=min(timeout, _JOIN_S))
         if not self._thread.is_alive():
             _live.discard(self)
+
+    def _cancel(self, timeout: float) -> None:
+        """Cancel the running loop's task, and join its thread for up to ``timeout`` seconds (not from itself)."""
+        try:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        except RuntimeError:
+            pass  # loop already closed
+        if timeout and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)

@@ -42,20 +42,22 @@ class SampleFilter:
         """The rows of ``columns`` that ``fn`` keeps (``columns`` itself when it keeps all), and
         how many it dropped; ``first`` is the position of the piece's first row in its file."""
         fields = list(columns.items())
-        kept = []
-        for i in range(n_rows(columns)):
-            sample = {key: column[i] for key, column in fields}
-            try:
-                keep = self.fn(sample)
-            except Exception as exc:
-                raise PipelineError(f"filter_fn (sample {first + i})", [path], exc) from exc
-            if not isinstance(keep, (bool, np.bool_)):
-                raise PipelineError(f"filter_fn (sample {first + i})", [path], TypeError(
-                    f"filter_fn must return a bool, got {type(keep).__name__} ({keep!r:.60})"))
-            if keep:
-                kept.append(i)
+        kept = [i for i in range(n_rows(columns))
+                if self._keeps({key: column[i] for key, column in fields}, path, first + i)]
         dropped = n_rows(columns) - len(kept)
         return (columns, 0) if not dropped else (take(columns, kept), dropped)
+
+    def _keeps(self, sample: dict, path: str, position: int) -> bool:
+        """What ``fn`` says of the sample at ``position`` in file ``path``: a failure, or an answer that
+        is not a bool, is a ``PipelineError`` naming them."""
+        try:
+            keep = self.fn(sample)
+        except Exception as exc:
+            raise PipelineError(f"filter_fn (sample {position})", [path], exc) from exc
+        if not isinstance(keep, (bool, np.bool_)):
+            raise PipelineError(f"filter_fn (sample {position})", [path], TypeError(
+                f"filter_fn must return a bool, got {type(keep).__name__} ({keep!r:.60})"))
+        return bool(keep)
 
     def pieces(self, pieces: Iterator[Columns], path: str, start: int) -> Iterator[Tuple[Columns, int]]:
         """``(kept rows, dropped count)`` for each piece of a file whose first piece starts at row ``start``."""

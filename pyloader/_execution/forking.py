@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Dict, Iterable, List, Set
+from typing import Any, Dict, Iterable, List, Optional, Set
 
 LAUNCHER = "pyloader-workers"  # the name of a pool's launcher thread (its DaemonExecutor's prefix)
 LAUNCH = threading.Lock()  # one launch at a time: a launcher thread is busy only while it holds this
@@ -36,16 +36,19 @@ _SAFE_THREADS = ("fsspecIO",)
 _warned: Set[str] = set()
 
 
-def _ours(thread: threading.Thread) -> bool:
-    return thread.name.startswith("pyloader")
+_OURS = "pyloader"  # the prefix of the names of pyloader's threads
+
+
+def _other_threads(caller: Optional[int] = None) -> List[threading.Thread]:
+    """The threads running now other than this one and ``caller``."""
+    me = threading.current_thread()
+    return [t for t in threading.enumerate() if t is not me and t.ident != caller and t.is_alive()]
 
 
 def busy_threads_of_ours() -> List[str]:
     """Threads of pyloader's running now, other than this one and the launchers (idle
     unless they hold ``LAUNCH``)."""
-    me = threading.current_thread()
-    return [t.name for t in threading.enumerate()
-            if t is not me and _ours(t) and not t.name.startswith(LAUNCHER) and t.is_alive()]
+    return [t.name for t in _other_threads() if t.name.startswith(_OURS) and not t.name.startswith(LAUNCHER)]
 
 
 def why_not_fork() -> str:
@@ -76,8 +79,7 @@ def imports_in_progress(caller: int = 0) -> List[str]:
     locks: Dict[str, Any] = getattr(_bootstrap, "_module_locks", {})
     for name, ref in list(locks.items()):
         lock = ref() if callable(ref) else None
-        owner = getattr(lock, "owner", None)
-        if lock is not None and getattr(lock, "count", None) and owner not in (None, me, caller):
+        if getattr(lock, "count", None) and getattr(lock, "owner", None) not in (None, me, caller):
             held.append(name)
     return held
 
@@ -98,10 +100,7 @@ def wait_for_imports(caller: int, timeout: float = IMPORT_WAIT_S) -> None:
 def warn_about_user_threads(caller: int) -> None:
     """Warn once per set of thread names that other threads run while workers are forked (other than
     ``caller``, which waits for the fork)."""
-    me = threading.current_thread()
-    others = sorted(t.name for t in threading.enumerate()
-                    if t is not me and t.ident != caller and not _ours(t)
-                    and not t.name.startswith(_SAFE_THREADS) and t.is_alive())
+    others = sorted(t.name for t in _other_threads(caller) if not t.name.startswith((_OURS, *_SAFE_THREADS)))
     key = ",".join(others)
     if not others or key in _warned:
         return

@@ -79,8 +79,7 @@ class HandOver:
     def get(self, timeout: float) -> object:
         """The next item, or ``EMPTY`` after ``timeout`` seconds or once closed."""
         with self._cond:
-            if not self._items and not self._closed:
-                self._cond.wait_for(lambda: self._items or self._closed, timeout)
+            self._cond.wait_for(lambda: self._items or self._closed, timeout)
         return self._take()
 
     async def aget(self, timeout: float) -> object:

@@ -83,13 +83,18 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> _Reduction:
         if type(obj) in _ARRAY_TYPES:
             return _span_reduction(obj)
-        torch = sys.modules.get("torch")
-        if torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu" and not obj.requires_grad:
-            try:
-                return torch.from_numpy, (obj.numpy(),)
-            except (TypeError, RuntimeError):
-                return NotImplemented  # dtypes NumPy lacks (bfloat16): torch's own pickling
-        return NotImplemented
+        return _tensor_reduction(obj)
+
+
+def _tensor_reduction(obj: Any) -> _Reduction:
+    """A CPU torch tensor not requiring grad as its NumPy array, rebuilt by ``torch.from_numpy``; else as usual."""
+    torch = sys.modules.get("torch")
+    if torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu" and not obj.requires_grad:
+        try:
+            return torch.from_numpy, (obj.numpy(),)
+        except (TypeError, RuntimeError):
+            return NotImplemented  # dtypes NumPy lacks (bfloat16): torch's own pickling
+    return NotImplemented
 
 
 def _span_reduction(array: np.ndarray) -> _Reduction:
@@ -209,11 +214,7 @@ def recv(sock: socket.socket) -> Tuple[int, int, Any]:
         return tag, gen, _loads(tag, gen, body, [])
     if kind == b"P":
         return tag, gen, _loads(tag, gen, _recv_rest(sock, length), [])
-    fd = _take_fd(ancdata)
-    if fd is None:
-        if flags & socket.MSG_CTRUNC:  # the kernel dropped the descriptor: no free one here
-            raise MessageLost(tag, gen, _out_of_descriptors())
-        raise EOFError("a large message arrived without its memory descriptor")
+    fd = _message_fd(ancdata, flags, tag, gen)
     try:
         spans = [_SPAN.unpack_from(body, i * _SPAN.size) for i in range(n_spans)]
         view = _map_shared(fd, os.fstat(fd).st_size)
@@ -222,6 +223,16 @@ def recv(sock: socket.socket) -> Tuple[int, int, Any]:
     finally:
         os.close(fd)
     return tag, gen, _loads(tag, gen, view[:length], [view[s:s + n] for s, n in spans])
+
+
+def _message_fd(ancdata: list, flags: int, tag: int, gen: int) -> int:
+    """The memory descriptor that came with message ``tag``."""
+    fd = _take_fd(ancdata)
+    if fd is None:
+        if flags & socket.MSG_CTRUNC:  # the kernel dropped the descriptor: no free one here
+            raise MessageLost(tag, gen, _out_of_descriptors())
+        raise EOFError("a large message arrived without its memory descriptor")
+    return fd
 
 
 def _recv_rest(sock: socket.socket, length: int) -> bytes:

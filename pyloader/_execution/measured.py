@@ -202,7 +202,7 @@ class Measured:
         now = self._clock()
         with self._lock:
             windows = [self._files.get((epoch, p)) for p in paths]
-            window = windows[0] if windows else None
+            window = next(iter(windows), None)
             if window is None or any(w is not window for w in windows):
                 return  # rows of files placed in different windows, or of no placed file
             if now <= window.closed_at:
@@ -234,7 +234,7 @@ class Measured:
     def _window_s(self, place: str) -> float:
         if self._confirming:
             return 2 * self.TRIAL_S
-        return self.TRIAL_S if self.kept is None or place != self.kept else self.STEADY_S
+        return self.STEADY_S if place == self.kept else self.TRIAL_S
 
     def _next_place(self) -> str:
         """The place of the window after the current one (which measured enough)."""
@@ -249,6 +249,10 @@ class Measured:
         if self._steady < self.PROBE_AFTER:
             return self.kept
         self._steady = 0
+        return self._next_probe()
+
+    def _next_probe(self) -> str:
+        """The place of the next probe: the places other than the kept one, in turn."""
         others = [p for p in _probed(self.trial, self._trial) if p != self.kept]
         self._probes += 1
         return others[(self._probes - 1) % len(others)]
@@ -258,7 +262,7 @@ class Measured:
         then the first again; each place's figure is its best window's (see the module)."""
         rates = _best_rates(self._windows)
         self._trial_windows += 1
-        if self._trial_windows == 1 and self.current.place == THERE and self.current.fed():
+        if self._fed_at_once():
             self._change(THERE, rates, "fed")  # the loading is hidden, copies and all: only a probe can do better
             self._trial = dict(rates)
             return THERE
@@ -267,6 +271,15 @@ class Measured:
             return untried[0]
         if self._trial_windows == 2:  # the first place again
             return self.trial[0]
+        return self._trial_decided(rates)
+
+    def _fed_at_once(self) -> bool:
+        """The trial's first window ran in the workers and its consumer was fed (see ``Window.fed``)."""
+        return self._trial_windows == 1 and self.current.place == THERE and self.current.fed()
+
+    def _trial_decided(self, rates: Dict[str, float]) -> str:
+        """The place the trial keeps: the fastest if it beat ``HERE`` by more than ``CLEAR``, else ``HERE``;
+        its first window confirms it."""
         best = max(rates, key=lambda p: rates[p])
         kept = best if rates[best] > rates[HERE] * (1 + self.CLEAR) else HERE
         self._change(kept, rates, "trial")
@@ -295,10 +308,10 @@ class Measured:
 
     def _after_probe(self) -> None:
         probe, kept = self.current, self._last_of(self.kept)
-        probe_rate, kept_rate = probe.rate(), 0.0 if kept is None else kept.rate()
-        if not probe_rate or kept is None or not kept_rate:
+        if kept is None:
             return
-        if probe_rate > kept_rate * (1 + self.MARGIN):
+        probe_rate, kept_rate = probe.rate(), kept.rate()
+        if kept_rate and probe_rate > kept_rate * (1 + self.MARGIN):
             self._change(probe.place, {probe.place: probe_rate, kept.place: kept_rate}, "probe")
             self._trial.update({probe.place: probe_rate, kept.place: kept_rate})
             self._confirming = True

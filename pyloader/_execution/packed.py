@@ -73,6 +73,11 @@ def _packable(array: np.ndarray, limit: int) -> bool:
     return array.dtype.kind in _KINDS and array.nbytes <= limit and file_span(array) is None
 
 
+def _order(array: np.ndarray) -> Order:
+    """The array's memory order, as pickling keeps it: Fortran only when it is not also C-contiguous."""
+    return "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+
+
 def pack(batch: object, limit: int) -> Optional[Packed]:
     """``batch`` as a ``Packed``, or ``None`` when it is not a dict of small arrays (see the module)."""
     if type(batch) is not dict or len({id(v) for v in batch.values()}) != len(batch):
@@ -85,7 +90,7 @@ def pack(batch: object, limit: int) -> Optional[Packed]:
         if found is None or not _packable(found[0], limit):
             return None
         array, tensor = found
-        order: Order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+        order = _order(array)
         raw = array.tobytes(order=order)
         pad = -offset % _ALIGN
         parts.extend((b"\0" * pad, raw))

@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 import weakref
+from multiprocessing.context import BaseContext
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .._errors import WorkerDied
@@ -163,6 +164,20 @@ def _exited(pid: Optional[int]) -> bool:
         return False
 
 
+def _waiting(worker: _Worker, tag: int) -> Optional[Tuple[asyncio.Future, str, str]]:
+    """The request ``tag`` of ``worker`` as ``(future, doing, op)``, no longer pending, if its future
+    still waits (else it was cancelled, or its run has ended)."""
+    entry = worker.pending.pop(tag, None)
+    return entry if entry is not None and not entry[0].done() else None
+
+
+def _unwatch(loop: asyncio.AbstractEventLoop, worker: _Worker) -> None:
+    """``loop`` no longer reads ``worker``'s replies and death, nor waits to write to it."""
+    loop.remove_reader(worker.fd)
+    loop.remove_reader(worker.sentinel)
+    loop.remove_writer(worker.fd)
+
+
 class WorkerPool:
     """``num_workers`` processes serving ``_execution.worker.worker_main`` requests."""
 
@@ -201,21 +216,24 @@ class WorkerPool:
         reported by the run (``WorkerDied`` on its first request), not replaced silently."""
         if getattr(multiprocessing.current_process(), "_inheriting", False):
             os._exit(NEEDS_MAIN_GUARD)  # a worker importing a main script without the guard: see the docstring
-        if self._loop is not None:
-            self._detach_elsewhere()  # an earlier run that did not finish in time
+        self._detach_elsewhere()  # from an earlier run that did not finish in time, if any
         with self._lock:
             if self._loop is not None or self._restart:  # busy with an earlier run, or one died: start anew
                 self._loop, self._restart = None, False
                 self._shut_down()
-            if self._dead is None:
-                self._dead = next((w for w in self._workers if w.gone()), None)
-                if self._dead is not None:
-                    self._dead.process.join(0.5)
-                    self._dead.dead = self._death(self._dead, "waiting for work between iterations")
+            self._note_death_between_runs()
             if not self._workers:
                 if not threading.main_thread().is_alive():  # the interpreter exits, killing our workers
                     raise RuntimeError("pyloader: no worker starts while the interpreter exits")
                 self._launch()
+
+    def _note_death_between_runs(self) -> None:
+        """The first worker found dead since the pool was launched (if none was yet), for the run to report."""
+        if self._dead is None:
+            self._dead = next((w for w in self._workers if w.gone()), None)
+            if self._dead is not None:
+                self._dead.process.join(0.5)
+                self._dead.dead = self._death(self._dead, "waiting for work between iterations")
 
     def attach(self) -> None:
         """Join the launched workers to the running loop (the run's), which reads their replies and deaths."""
@@ -245,13 +263,10 @@ class WorkerPool:
             loop, self._loop = self._loop, None
             if loop is None:
                 return
-            if self._generation is not None:
-                self._generation.value += 1
+            self._generation.value += 1  # made with the workers, which an attached pool has
             for worker in self._workers:
                 if not loop.is_closed():
-                    loop.remove_reader(worker.fd)
-                    loop.remove_reader(worker.sentinel)
-                    loop.remove_writer(worker.fd)
+                    _unwatch(loop, worker)
                 worker.outbox = []
                 self._fail(worker, died=False)
             self._fold()
@@ -268,7 +283,7 @@ class WorkerPool:
         """In a forked child: drop the parent's workers without a signal, a join or a word to them."""
         from multiprocessing import process
 
-        children: Set[Any] = getattr(process, "_children", set())
+        children: Set[object] = getattr(process, "_children", set())
         for worker in self._workers:
             children.discard(worker.process)
             worker.sock.close()  # this process's copy: the parent's stays open
@@ -280,8 +295,7 @@ class WorkerPool:
         if self._pid != os.getpid():
             self.forget()  # a forked child's copy of a parent's pool
             return
-        if self._loop is not None:
-            self._detach_elsewhere()
+        self._detach_elsewhere()
         with self._lock:
             self._loop = None  # a loop that did not answer: it is stuck or gone, leave it alone
             self._shut_down(timeout)
@@ -290,7 +304,7 @@ class WorkerPool:
             launcher.shutdown(wait=True, timeout=timeout)
 
     def _detach_elsewhere(self) -> None:
-        """``stop()`` on the loop the pool is attached to, from whatever thread; waits a moment at most."""
+        """``stop()`` on the loop the pool is attached to (if any), from whatever thread; waits a moment at most."""
         loop = self._loop
         try:
             running = asyncio.get_running_loop()
@@ -339,25 +353,28 @@ class WorkerPool:
         self._generation = shared_value(ctx, "q", 0)
         self._rows = [shared_row(ctx, "d", len(BUSY_SLOTS)) for _ in range(self.num_workers)]
         for index in range(self.num_workers):
-            ours, theirs = _ipc.channel_pair()
-            # a forked worker inherits the loader's ends of its siblings' sockets: it closes them,
-            # or a sibling would never see the end of file that tells it the loader has gone
-            siblings = [w.fd for w in self._workers] + [ours.fileno()] if self._method == "fork" else []
-            current = shared_value(ctx, "q", -1)  # the request the worker is running
-            process = ctx.Process(target=worker_main,  # type: ignore[attr-defined]
-                                  args=(index, theirs, siblings, current, self._generation, *self._args,
-                                        self._rows[index]),
-                                  name=f"pyloader-worker-{index}", daemon=True)
-            try:
-                process.start()
-            except Exception as exc:
-                ours.close()
-                theirs.close()
-                self._shut_down()
-                raise _start_failure(index, self._method, exc) from exc
+            self._workers.append(self._start_worker(ctx, index))
+
+    def _start_worker(self, ctx: BaseContext, index: int) -> _Worker:
+        ours, theirs = _ipc.channel_pair()
+        # a forked worker inherits the loader's ends of its siblings' sockets: it closes them,
+        # or a sibling would never see the end of file that tells it the loader has gone
+        siblings = [w.fd for w in self._workers] + [ours.fileno()] if self._method == "fork" else []
+        current = shared_value(ctx, "q", -1)  # the request the worker is running
+        process = ctx.Process(target=worker_main,  # type: ignore[attr-defined]
+                              args=(index, theirs, siblings, current, self._generation, *self._args,
+                                    self._rows[index]),
+                              name=f"pyloader-worker-{index}", daemon=True)
+        try:
+            process.start()
+        except Exception as exc:
+            ours.close()
             theirs.close()
-            ours.setblocking(False)
-            self._workers.append(_Worker(index, process, ours, current))
+            self._shut_down()
+            raise _start_failure(index, self._method, exc) from exc
+        theirs.close()
+        ours.setblocking(False)
+        return _Worker(index, process, ours, current)
 
     def _shut_down(self, timeout: float = 1.0) -> None:
         self._fold()
@@ -389,7 +406,7 @@ class WorkerPool:
 
     def post(self, index: int, message: tuple) -> None:
         """Send without waiting for a reply (tagged with the file id it is about, if any)."""
-        if self._loop is not None and self._workers[index].dead is None:
+        if self.alive(index):
             self._send(self._workers[index], message, message[1] if isinstance(message[1], int) else -1)
 
     def request(self, index: int, op: str, *args: Any, doing: str) -> asyncio.Future:
@@ -494,9 +511,10 @@ class WorkerPool:
         if tag == INIT_FAILED:
             worker.init_error = rebuild_error(value)
             return
-        future, _, op = worker.pending.pop(tag, (None, "", ""))
-        if future is None or future.done():
+        waiting = _waiting(worker, tag)
+        if waiting is None:
             return  # cancelled, or a reply to a run that has ended
+        future, _, op = waiting
         if not ok:
             future.set_exception(rebuild_error(value))
         else:
@@ -519,9 +537,10 @@ class WorkerPool:
 
     def _fail_request(self, worker: _Worker, tag: int, error: BaseException) -> None:
         """The request ``tag`` cannot get its reply: it fails with ``error``, saying what it was."""
-        future, doing, _ = worker.pending.pop(tag, (None, "", ""))
-        if future is None or future.done():
+        waiting = _waiting(worker, tag)
+        if waiting is None:
             return
+        future, doing, _ = waiting
         error.add_note(f"pyloader: while worker {worker.index} was {doing}")
         future.set_exception(error)
 
@@ -530,13 +549,11 @@ class WorkerPool:
             return
         self._take_replies(worker)  # what it said before it ended (worker_init_fn's exception)
         worker.process.join(0.5)
-        running = worker.pending.get(worker.current.value)
-        worker.dead = self._death(worker, running[1] if running is not None else "waiting for work")
+        _, doing, _ = worker.pending.get(worker.current.value, (None, "waiting for work", ""))
+        worker.dead = self._death(worker, doing)
         if self._dead is None:
             self._dead = worker
-        self._loop.remove_reader(worker.fd)
-        self._loop.remove_reader(worker.sentinel)
-        self._loop.remove_writer(worker.fd)
+        _unwatch(self._loop, worker)
         self._fail(worker, died=True)
 
     def _death(self, worker: _Worker, doing: str) -> str:

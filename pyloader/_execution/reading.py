@@ -112,14 +112,19 @@ def _share(pieces: Iterator[Columns], task: FileTask, end: int) -> Iterator[Colu
             yield piece if (lo, hi) == (0, n) else slice_rows(piece, lo, hi)
         offset += n
         if offset >= end:
-            # the share that ends where the count says the file ends checks there is no more
-            if end == task.count and (offset > end or any(n_rows(p) for p in pieces)):
-                raise ValueError(f"file {task.path!r} has more samples than the {task.count} "
-                                 f"DataReader.count said: the rest would be lost")
+            _check_no_more(pieces, task, offset, end)
             return
     if offset >= end:  # no rows asked for: a file counted empty, read to check that it is
         return
     raise _too_short(task, offset)
+
+
+def _check_no_more(rest: Iterator[Columns], task: FileTask, offset: int, end: int) -> None:
+    """The share that ends where the count says the file ends (at ``end``, its pieces read to ``offset``)
+    checks there is no more: ``rest`` holds no row."""
+    if end == task.count and (offset > end or any(n_rows(p) for p in rest)):
+        raise ValueError(f"file {task.path!r} has more samples than the {task.count} "
+                         f"DataReader.count said: the rest would be lost")
 
 
 def _too_short(task: FileTask, offset: int) -> ValueError:
@@ -150,6 +155,12 @@ def pieces_with_end(reader: object, task: FileTask, data: Union[None, bytes, Ser
         for piece, dropped in gen:
             yield piece, False, dropped
         return
+    yield from _looked_ahead(gen)
+
+
+def _looked_ahead(gen: Iterator[Tuple[Columns, int]]) -> Generator[Tuple[Columns, bool, int], None, None]:
+    """``gen``'s pieces with whether each is the last, one piece looked ahead; a failure found by the
+    look-ahead comes after the piece."""
     with contextlib.closing(cast(Generator[object, None, None], gen)):
         ahead = next(gen, None)
         while ahead is not None:

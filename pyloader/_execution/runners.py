@@ -134,7 +134,7 @@ class Lane:
 
     async def run(self, fn: Callable, *args: Any, priority: Any = STEPS, uses: Sequence[Any] = ()) -> Any:
         keys = self.exclusive.keys(uses)
-        if self._free and self.idle(keys):
+        if self._can_start(keys):
             self._take(keys)
         else:
             turn = asyncio.get_running_loop().create_future()
@@ -150,6 +150,10 @@ class Lane:
         finally:
             self._release(keys)
 
+    def _can_start(self, keys: Tuple[int, ...]) -> bool:
+        """A slot is free and no call of this lane holds any of ``keys``."""
+        return self._free > 0 and self.idle(keys)
+
     def _take(self, keys: Tuple[int, ...]) -> None:
         self._free -= 1
         self._busy.update(keys)
@@ -163,7 +167,7 @@ class Lane:
             turn, wanted = entry[3], entry[2]
             if turn.done():  # cancelled while waiting
                 continue
-            if self._free and self.idle(wanted):
+            if self._can_start(wanted):
                 self._take(wanted)
                 turn.set_result(None)
             else:
@@ -208,16 +212,20 @@ class LocalSteps:
         or ``None`` until ``_MEASURED`` groups ran here."""
         return min(self._recent) if len(self._recent) >= self._MEASURED else None
 
+    def _cheap(self) -> bool:
+        """The last ``_WINDOW`` groups took less than ``INLINE_BELOW`` per batch, and the objects are free:
+        the next group runs on the loop itself."""
+        return (len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW
+                and self.lane.idle(self._keys))
+
     async def run(self, datas: Sequence[BatchData],
                   keys: Optional[Sequence[Key]] = None) -> Union[List[Outcome], StackedOutputs]:
         """The steps on each batch (``keys``: each batch's, for ``pyloader.rng()``)."""
         done = run_stacked(self.steps, datas, self.busy)
         if done is not None:
             return done
-        cheap = (len(self._recent) == self._WINDOW and max(self._recent) < self.INLINE_BELOW
-                 and self.lane.idle(self._keys))
-        result, took = self.lane.exclusive.call(self._keys, _timed, self.steps, datas, self.busy, keys) if cheap \
-            else await self.lane.run(_timed, self.steps, datas, self.busy, keys, uses=self.uses)
+        result, took = self.lane.exclusive.call(self._keys, _timed, self.steps, datas, self.busy, keys) \
+            if self._cheap() else await self.lane.run(_timed, self.steps, datas, self.busy, keys, uses=self.uses)
         self._recent.append(took)
         return result
 
@@ -263,8 +271,9 @@ class ThreadRunner:
         """The file's pieces, its bytes read ahead (``demand``: the consumer waits for this file)."""
         served = await self.readahead.fetch(task.path, demand)
         gen = _Stepped(pieces_with_end(self.reader, task, served, self.busy))
+        last = False
         try:
-            while True:
+            while not last:
                 item = await self.lane.run(gen.step, priority=read_priority(task), uses=self._reader_uses)
                 if item is _DONE or item[1]:
                     self.readahead.unused(task.path, served)
@@ -272,8 +281,6 @@ class ThreadRunner:
                     return
                 columns, last, dropped = item
                 yield n_rows(columns), columns, None, dropped
-                if last:
-                    return
         finally:
             gen.close()  # the reader's own clean-up (closing its file)
             if served is not None:
@@ -351,8 +358,9 @@ class PoolRunner:
         worker = self._reader_for_next_file()
         gid = self.pool.new_id()
         self.pool.post(worker, ("open", gid, task, _sendable(served)))
+        last = False
         try:
-            while True:
+            while not last:
                 pid = self.pool.new_id()
                 got = await self.pool.request(worker, "next", gid, pid, fetch, doing=f"reading {task.path!r}")
                 if served is not None:
@@ -361,8 +369,6 @@ class PoolRunner:
                     return
                 n, columns, last, dropped = got
                 yield n, columns, (None if fetch else RemoteRef(self.pool, worker, pid)), dropped
-                if last:
-                    return
         finally:
             self.pool.post(worker, ("close", gid))
             if served is not None:
@@ -382,15 +388,6 @@ class PoolRunner:
         self._turn = (worker + 1) % n
         return worker
 
-    def _kept_in_one_worker(self, data: BatchData) -> Optional[Tuple[int, list]]:
-        """The worker keeping every row of ``data`` and the batch's spec there, if there is one."""
-        if not isinstance(data, Segments) or any(p.ref is None for p, _, _ in data.parts):
-            return None
-        workers = {p.ref.worker for p, _, _ in data.parts}
-        if len(workers) != 1:
-            return None
-        return workers.pop(), [(p.ref.pid, start, end) for p, start, end in data.parts]
-
     async def _gathered(self, data: BatchData, key: Optional[Key]) -> list:
         """Run a batch whose rows are not all in one worker: in the worker that keeps most of them,
         the others sent along (a batch that spans two files' pieces moves only the rows of the
@@ -399,22 +396,27 @@ class PoolRunner:
             whole: List[_Job] = [([(data, 0, n_rows(data))], (), key)]
             return await self.pool.request(self.pool.least_loaded(), self.op, whole, doing=_doing(whole))
         worker = _keeping_most(data, otherwise=self.pool.least_loaded())
+        jobs: List[_Job] = [(await self._spec_in(worker, data), data.paths, key)]
+        return await self.pool.request(worker, self.op, jobs, doing=_doing(jobs))
+
+    async def _spec_in(self, worker: int, data: Segments) -> List[Tuple[object, int, int]]:
+        """The rows of ``data`` as ``worker`` takes them: its own pieces by id, the rows held here and
+        those fetched from other workers sent along."""
         spec: List[Tuple[object, int, int]] = []
         for p, start, end in data.parts:
-            if p.ref is not None and p.ref.worker == worker:
-                spec.append((p.ref.pid, start, end))
-            elif p.ref is None:
+            if p.ref is None:
                 assert p.columns is not None, "a piece held here has its columns"
                 spec.append((slice_rows(p.columns, start, end), 0, end - start))
+            elif p.ref.worker == worker:
+                spec.append((p.ref.pid, start, end))
             else:
                 part = await self.pool.request(p.ref.worker, "fetch", p.ref.pid, start, end,
                                                doing=f"sending rows of {p.task.path!r}")
                 spec.append((part, 0, end - start))
-        jobs: List[_Job] = [(spec, data.paths, key)]
-        return await self.pool.request(worker, self.op, jobs, doing=_doing(jobs))
+        return spec
 
     def _run_here(self, datas: Sequence[BatchData]) -> bool:
-        if not all(_rows_here(data) for data in datas):
+        if not _all_rows_here(datas):
             return False
         cost = self.here.cost()
         if cost is None or cost < self.RUN_HERE_BELOW or self._sent >= self._REMEASURE:
@@ -434,29 +436,42 @@ class PoolRunner:
             return done
         if self._run_here(datas):
             return await self.here.run(datas, keys)
-        parts: List[Tuple[Optional[int], list]] = []  # (worker, jobs), or (None, [(batch, key)]) to gather
-        for k, data in enumerate(datas):
-            key = None if keys is None else keys[k]
-            kept = self._kept_in_one_worker(data)
-            if kept is None:
-                parts.append((None, [(data, key)]))
-                continue
-            worker, spec = kept
-            if not parts or parts[-1][0] != worker:
-                parts.append((worker, []))
-            parts[-1][1].append((spec, cast(Segments, data).paths, key))
-        replies = await asyncio.gather(*(
-            self._gathered(*jobs[0]) if worker is None else self.pool.request(worker, self.op, jobs, doing=_doing(jobs))
-            for worker, jobs in parts), return_exceptions=True)
-        done_replies: List[Any] = []
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise reply
-            done_replies.append(reply)
-        outcomes = [_outcome(ok, value) for reply in done_replies for ok, value in reply]
+        replies = await asyncio.gather(*(self._requested(worker, jobs) for worker, jobs in _requests(datas, keys)),
+                                       return_exceptions=True)
+        outcomes = _outcomes(replies)
         if self.finish:
             outcomes = await self.lane.run(_finish_each, self.finish, outcomes, self.busy, uses=self.uses)
         return outcomes
+
+    def _requested(self, worker: Optional[int], jobs: list) -> Awaitable[list]:
+        if worker is None:
+            return self._gathered(*jobs[0])
+        return self.pool.request(worker, self.op, jobs, doing=_doing(jobs))
+
+
+def _requests(datas: Sequence[BatchData], keys: Optional[Sequence[Key]]) -> List[Tuple[Optional[int], list]]:
+    """``(worker, jobs)`` for each run of consecutive batches kept in one worker, or
+    ``(None, [(batch, key)])`` for a batch whose rows must be gathered."""
+    parts: List[Tuple[Optional[int], list]] = []
+    for k, data in enumerate(datas):
+        key = None if keys is None else keys[k]
+        kept = _kept_in_one_worker(data)
+        if kept is None:
+            parts.append((None, [(data, key)]))
+            continue
+        worker, spec = kept
+        if not parts or parts[-1][0] != worker:
+            parts.append((worker, []))
+        parts[-1][1].append((spec, cast(Segments, data).paths, key))
+    return parts
+
+
+def _outcomes(replies: List[Any]) -> List[Outcome]:
+    """Each batch's outcome in the workers' ``replies`` (from ``gather``: the first failed request raises)."""
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+    return [_outcome(ok, value) for reply in replies for ok, value in reply]
 
 
 def _sendable(served: Optional[Served]) -> Union[None, bytes, ServedEntry]:
@@ -469,6 +484,16 @@ def _jobs_of(datas: Sequence[BatchData]) -> list:
     return [(None, d.paths if isinstance(d, Segments) else ()) for d in datas]
 
 
+def _kept_in_one_worker(data: BatchData) -> Optional[Tuple[int, list]]:
+    """The worker keeping every row of ``data`` and the batch's spec there, if there is one."""
+    if not isinstance(data, Segments) or any(p.ref is None for p, _, _ in data.parts):
+        return None
+    workers = {p.ref.worker for p, _, _ in data.parts}
+    if len(workers) != 1:
+        return None
+    return workers.pop(), [(p.ref.pid, start, end) for p, start, end in data.parts]
+
+
 def _keeping_most(data: Segments, otherwise: int) -> int:
     """The worker keeping most rows of ``data`` (the first such in its parts), ``otherwise`` if none keeps any."""
     rows: Dict[int, int] = {}
@@ -478,8 +503,8 @@ def _keeping_most(data: Segments, otherwise: int) -> int:
     return max(rows, key=rows.__getitem__, default=otherwise)
 
 
-def _rows_here(data: BatchData) -> bool:
-    return not isinstance(data, Segments) or all(p.ref is None for p, _, _ in data.parts)
+def _all_rows_here(datas: Sequence[BatchData]) -> bool:
+    return all(not isinstance(data, Segments) or all(p.ref is None for p, _, _ in data.parts) for data in datas)
 
 
 def _outcome(ok: bool, value: Any) -> Outcome:
@@ -535,7 +560,7 @@ class MeasuredRunner:
         return run
 
     def _placed_here(self, datas: Sequence[BatchData]) -> bool:
-        if not all(_rows_here(data) for data in datas):
+        if not _all_rows_here(datas):
             return False
         files = [(p.task.epoch, p.task.path) for d in datas if isinstance(d, Segments) for p, _, _ in d.parts]
         return (self.measured.window_of(files) if files else self.measured.current.place) in (HERE, SPLIT)

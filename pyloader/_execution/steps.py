@@ -117,21 +117,27 @@ def run_stacked(steps: Sequence[Step], datas: Sequence[object],
     """
     if not isinstance(datas, StackedRows):
         return None
-    columns: Mapping[str, np.ndarray] = datas.columns
     try:
         with timed(busy, "encode"):
-            for name, fn in steps:
-                on_stacked = getattr(fn, "on_stacked", None)
-                with timed(busy, name):
-                    value = on_stacked(columns) if on_stacked is not None else None
-                if value is None:
-                    return None
-                columns = value
-        if any(column.shape[0] != len(datas) for column in columns.values()):
+            columns = _on_stacked(steps, datas.columns, busy)
+        if columns is None or any(column.shape[0] != len(datas) for column in columns.values()):
             return None
     except Exception:
         return None
     return StackedOutputs(columns)
+
+
+def _on_stacked(steps: Sequence[Step], columns: Mapping[str, np.ndarray],
+                busy: Optional[BusySink]) -> Optional[Mapping[str, np.ndarray]]:
+    """Each step's ``on_stacked`` on what the step before gave, or ``None`` as soon as one cannot."""
+    for name, fn in steps:
+        on_stacked = getattr(fn, "on_stacked", None)
+        with timed(busy, name):
+            value = on_stacked(columns) if on_stacked is not None else None
+        if value is None:
+            return None
+        columns = value
+    return columns
 
 
 class StackedOutputs(dict):

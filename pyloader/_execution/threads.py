@@ -53,10 +53,7 @@ class DaemonExecutor(concurrent.futures.Executor):
             return future
 
     def _run(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is _STOP:
-                return
+        for item in iter(self._work.get, _STOP):
             future, fn, args, kwargs = item
             if future.set_running_or_notify_cancel():
                 _busy.add(threading.current_thread())
@@ -92,6 +89,11 @@ class DaemonExecutor(concurrent.futures.Executor):
             for _ in self._threads:
                 self._work.put(_STOP)
         if wait:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            for thread in self._threads:
-                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            _join_all(self._threads, timeout)
+
+
+def _join_all(threads: List[threading.Thread], timeout: Optional[float]) -> None:
+    """Join ``threads``, waiting up to ``timeout`` seconds in all (``None``: until they end)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for thread in threads:
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))

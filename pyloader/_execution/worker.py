@@ -153,13 +153,17 @@ class _Server:
         self.current = current
         self.generation = generation
         self.reader = reader
-        self.steps = steps
         self.gen = generation.value  # every queued request is of this generation
         self.files: Dict[int, Pieces] = {}
         self.started: Set[int] = set()  # files that gave a piece
         self.kept: Dict[int, Columns] = {}
         self.inbox: Deque[tuple] = collections.deque()
         self.grace = 0.0
+        self._steps_of = {"run": steps, "encode": steps[:1]}  # "encode": batch_encode alone
+        self._bookkeeping: Dict[str, Callable[[tuple], None]] = {
+            "open": self._open, "close": self._close, "release": self._release}
+        self._answers: Dict[str, Callable[[tuple], object]] = {
+            "next": self._next_piece, "run": self._run, "encode": self._run, "fetch": self._fetch}
 
     def serve(self) -> None:
         """Answer requests until the loader goes."""
@@ -207,9 +211,13 @@ class _Server:
             if self.generation.value != self.gen:
                 return
         self._drain()
-        if grace and not any(msg[0] in _URGENT for msg in self.inbox):
-            if select.select([self.sock], [], [], grace)[0]:
-                self._drain()
+        if grace:
+            self._linger(grace)
+
+    def _linger(self, grace: float) -> None:
+        """With no urgent request queued, wait up to ``grace`` seconds for one (see ``_receive``)."""
+        if not any(msg[0] in _URGENT for msg in self.inbox) and select.select([self.sock], [], [], grace)[0]:
+            self._drain()
 
     def _drain(self) -> None:
         self.sock.setblocking(False)
@@ -246,19 +254,8 @@ class _Server:
     def _handle(self, msg: tuple) -> Optional[Tuple[int, tuple]]:
         """Carry out one request; ``(rid, reply)`` when it expects one."""
         op = msg[0]
-        if op == "open":
-            _, gid, task, data = msg
-            self.files[gid] = pieces_with_end(self.reader, task, data, self.busy)
-            return None
-        if op == "close":
-            self.started.discard(msg[1])
-            pieces = self.files.pop(msg[1], None)
-            if pieces is not None:
-                pieces.close()
-            return None
-        if op == "release":
-            for pid in msg[1]:
-                self.kept.pop(pid, None)
+        if op in self._bookkeeping:
+            self._bookkeeping[op](msg)
             return None
         rid = msg[1]
         self.current.value = rid  # read by the loader if this worker dies now
@@ -269,24 +266,49 @@ class _Server:
         self.current.value = -1
         return rid, reply
 
+    def _open(self, msg: tuple) -> None:
+        """``("open", gid, task, data)``: start reading a file."""
+        _, gid, task, data = msg
+        self.files[gid] = pieces_with_end(self.reader, task, data, self.busy)
+
+    def _close(self, msg: tuple) -> None:
+        """``("close", gid)``: forget a file."""
+        self.started.discard(msg[1])
+        pieces = self.files.pop(msg[1], None)
+        if pieces is not None:
+            pieces.close()
+
+    def _release(self, msg: tuple) -> None:
+        """``("release", pids)``: forget pieces."""
+        for pid in msg[1]:
+            self.kept.pop(pid, None)
+
     def _answer(self, op: str, msg: tuple) -> object:
-        if op == "next":
-            _, _, gid, pid, fetch = msg
-            item = next(self.files[gid], None)
-            self.started.add(gid)
-            if item is None:
-                return None
-            if fetch:
-                return n_rows(item[0]), item[0], *item[1:]
-            self.kept[pid] = item[0]
-            self.grace = RUN_GRACE_S
-            return n_rows(item[0]), None, *item[1:]
-        if op in ("run", "encode"):
-            return _run_jobs(self.steps if op == "run" else self.steps[:1], self.kept, msg[2], self.busy)
-        if op == "fetch":
-            _, _, pid, start, end = msg
-            return slice_rows(self.kept[pid], start, end)
-        raise ValueError(f"unknown request {op!r}")
+        if op not in self._answers:
+            raise ValueError(f"unknown request {op!r}")
+        return self._answers[op](msg)
+
+    def _next_piece(self, msg: tuple) -> object:
+        """``("next", rid, gid, pid, fetch)``: the file's next piece, kept here under ``pid`` or sent whole."""
+        _, _, gid, pid, fetch = msg
+        item = next(self.files[gid], None)
+        self.started.add(gid)
+        if item is None:
+            return None
+        if fetch:
+            return n_rows(item[0]), item[0], *item[1:]
+        self.kept[pid] = item[0]
+        self.grace = RUN_GRACE_S
+        return n_rows(item[0]), None, *item[1:]
+
+    def _run(self, msg: tuple) -> object:
+        """``("run" or "encode", rid, jobs)``: the steps on each job's batch."""
+        return _run_jobs(self._steps_of[msg[0]], self.kept, msg[2], self.busy)
+
+    def _fetch(self, msg: tuple) -> object:
+        """``("fetch", rid, pid, start, end)``: rows of a kept piece."""
+        _, _, pid, start, end = msg
+        return slice_rows(self.kept[pid], start, end)
 
     def _reply(self, rid: int, reply: tuple) -> bool:
         """Send a reply; false when the loader has gone. A reply that cannot be pickled (rows

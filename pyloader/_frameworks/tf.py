@@ -91,7 +91,7 @@ def _merged(tf: ModuleType, specs: List[Signature]) -> Signature:
     for spec in specs[1:]:
         for key, one in spec.items():
             first = out.get(key)
-            if first is None or first.dtype != one.dtype or first.shape.rank != one.shape.rank:
+            if first is None or (first.dtype, first.shape.rank) != (one.dtype, one.shape.rank):
                 raise ValueError(f"to_tf_dataset: field {key!r} changes between batches ({first} then {one}): "
                                  f"pass output_signature= to say what it is")
             dims = [a if a == b else None for a, b in zip(first.shape.as_list(), one.shape.as_list())]
@@ -103,9 +103,7 @@ def _as_numpy(value: object) -> object:
     return value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value
 
 
-def _check(batch: Dict[str, object], signature: object) -> None:
-    if not isinstance(signature, dict):
-        return
+def _check(batch: Dict[str, object], signature: Signature) -> None:
     for key, value in batch.items():
         spec = signature.get(key)
         shape = getattr(value, "shape", None)
@@ -148,12 +146,12 @@ def to_tf_dataset(loader: _Loader, output_signature: object = None) -> "tensorfl
     cardinality (``len(loader)``) where every pass has as many batches."""
     import tensorflow as tf
 
-    checked = output_signature is None
+    inferred: Optional[Signature] = None  # checked against each batch
     if output_signature is None:
         first = loader._peek(INFER_FROM)
         if not first:
             raise ValueError("cannot infer output_signature: the loader yields no batch")
-        output_signature = _merged(tf, [infer_signature(tf, batch) for batch in first])
+        output_signature = inferred = _merged(tf, [infer_signature(tf, batch) for batch in first])
 
     def generate() -> Iterator[object]:
         it = iter(loader)
@@ -161,8 +159,8 @@ def to_tf_dataset(loader: _Loader, output_signature: object = None) -> "tensorfl
             for batch in it:
                 if isinstance(batch, dict):
                     batch = {k: _as_numpy(v) for k, v in batch.items()}
-                    if checked:
-                        _check(batch, output_signature)
+                    if inferred is not None:
+                        _check(batch, inferred)
                 yield batch
         finally:
             it.close()

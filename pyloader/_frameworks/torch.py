@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING, Callable, Dict, KeysView, Mapping, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Dict, KeysView, Mapping, Optional, Sequence, TypeVar, cast
 
 import numpy as np
 
@@ -21,9 +21,8 @@ OnTensor = Callable[["torch.Tensor"], "torch.Tensor"]
 
 def map_tensors(obj: object, fn: OnTensor) -> object:
     """Apply ``fn`` to every torch tensor inside dicts, lists and tuples."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
-        return fn(obj)
+    if _framework_of(obj) == "torch":
+        return fn(cast("torch.Tensor", obj))
     if isinstance(obj, dict):
         return {k: map_tensors(v, fn) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -116,6 +116,21 @@ class Stacked(list):
         return picked
 
 
+def picked(group: Group, positions: Sequence[int]) -> Group:
+    """The batches of ``group`` at ``positions`` (in order): ``group`` itself when that is all of them,
+    else a plain ``Group`` (``Stacked.pick``)."""
+    if len(positions) == len(group):
+        return group
+    return group.pick(positions) if isinstance(group, Stacked) else [group[k] for k in positions]
+
+
+def drop_replayed(group: Group, kept: List[int], stats: Stats) -> Group:
+    """The batches of ``group`` at ``kept``, its last ones; those before them were read again only to find
+    a resumed position (counted as replayed), and go no further."""
+    stats.replayed(len(group) - len(kept), {p for b in group[:len(group) - len(kept)] for p in b.paths})
+    return picked(group, kept)
+
+
 class GroupSize:
     """How many batches the next group may hold: 1 at first, doubling up to ``limit``.
 
@@ -198,6 +213,7 @@ class ResumeRows(NamedTuple):
 
 
 NO_BUFFERS, NO_RANKS, FROM_START = Buffers(), RankSteps(), ResumeRows()
+Parts = List[Tuple[Any, int, int]]  # rows ``start:end`` of each: all pieces of files, or all traced rows
 
 
 class Batcher:
@@ -235,7 +251,7 @@ class Batcher:
             self._pending.append([piece, 0])
             self._count += piece.n
 
-    def _take(self, size: int) -> List[Tuple[Any, int, int]]:  # all pieces, or all traced rows
+    def _take(self, size: int) -> Parts:
         parts = []
         while size:
             entry = self._pending[0]
@@ -252,18 +268,24 @@ class Batcher:
 
     def _batch(self, epoch: int, index: int, size: int) -> Batch:
         parts = self._take(size)
-        if isinstance(parts[0][0], Piece):
-            segments = Segments(tuple(parts))
-            meta = self._meta(lambda: np.concatenate([np.full(end - start, p.task.pad) for p, start, end in parts]))
-            batch = Batch(epoch, index, segments, segments.paths, meta)
-        else:
-            files = np.concatenate([p.provenance.file[start:end] for p, start, end in parts])
-            paths = tuple(self.files[i] for i in np.unique(files))
-            rows = assemble(parts, paths)
-            batch = Batch(epoch, index, rows.columns, paths, self._meta(lambda: rows.provenance.padding))
+        cut = self._of_pieces if isinstance(parts[0][0], Piece) else self._of_rows
+        batch = cut(epoch, index, parts)
         if self.ranks.steps is not None:
             self._last = (_copy(batch.data), size, batch.paths)
         return batch
+
+    def _of_pieces(self, epoch: int, index: int, parts: Parts) -> Batch:
+        """A batch of rows of file pieces: the ``Segments`` they span."""
+        segments = Segments(tuple(parts))
+        meta = self._meta(lambda: np.concatenate([np.full(end - start, p.task.pad) for p, start, end in parts]))
+        return Batch(epoch, index, segments, segments.paths, meta)
+
+    def _of_rows(self, epoch: int, index: int, parts: Parts) -> Batch:
+        """A batch of rows the buffers let out, joined, its files and flags from their provenance."""
+        files = np.concatenate([p.provenance.file[start:end] for p, start, end in parts])
+        paths = tuple(self.files[i] for i in np.unique(files))
+        rows = assemble(parts, paths)
+        return Batch(epoch, index, rows.columns, paths, self._meta(lambda: rows.provenance.padding))
 
     def _padding(self, epoch: int, index: int) -> Iterator[Group]:
         """Copies of the epoch's last batch, flagged as padding, from batch ``index`` up to the

@@ -61,12 +61,7 @@ class Lengths:
         if key not in columns:
             raise PipelineError("bucket_by", [path], KeyError(
                 f"bucket_by={key!r} is not a field of the file (its fields: {sorted(columns)})"))
-        column = columns[key]
-        if isinstance(column, np.ndarray) and column.ndim > 1:
-            return np.full(len(column), column.shape[1], dtype=np.float64)  # every sample as long
-        if isinstance(column, np.ndarray) and column.dtype.kind in "iuf":
-            return column.astype(np.float64)  # a column of lengths
-        return _item_lengths(key, column, path, first)
+        return _field_lengths(key, columns[key], path, first)
 
     @staticmethod
     def _called(bucket_by: Callable[[dict], float], columns: Columns, path: str,
@@ -82,8 +77,15 @@ class Lengths:
         return _checked(values, path, first, "bucket_by returned")
 
 
-def _item_lengths(key: str, column: Column, path: str, first: int) -> np.ndarray:
-    """The field's items as lengths: numbers as they are, anything else by its ``len``."""
+def _field_lengths(key: str, column: Column, path: str, first: int) -> np.ndarray:
+    """The lengths of field ``key``'s samples: an array's second dimension (samples that are arrays),
+    a numeric array's values (a column of lengths), else each item as a length: numbers as they
+    are, anything else by its ``len``."""
+    if isinstance(column, np.ndarray):
+        if column.ndim > 1:
+            return np.full(len(column), column.shape[1], dtype=np.float64)  # every sample as long
+        if column.dtype.kind in "iuf":
+            return column.astype(np.float64)
     values = []
     for i, value in enumerate(column):
         try:
@@ -139,10 +141,9 @@ class BucketWindows:
 
     def own(self, j: int) -> int:
         """The samples the ``j``-th window of a chain takes in, so that with the ``carry`` each holds at
-        most ``size`` and each but the last lets out whole batches, the last all it holds."""
-        if not self.carry:
-            return self.size
-        return self.size - 1 if j == 0 else self.size - self.batch_size + (j == self.windows - 1)
+        most ``size`` and each but the last lets out whole batches, the last all it holds: ``size``, less
+        the ``carry`` it holds from the window before (but the first) and one (but the last)."""
+        return self.size - (self.carry if j else 0) - (j < self.windows - 1)
 
     def start(self, position: int) -> int:
         """The first position of the chain that holds ``position``."""
@@ -202,7 +203,7 @@ class BucketBuffer:
 
     def _flush(self, final: bool) -> Iterator[Traced]:
         w = self.windows
-        window = self._parts[0] if len(self._parts) == 1 else concat(self._parts, "bucket buffer")
+        window = concat(self._parts, "bucket buffer")
         n, size = n_rows(window), w.batch_size
         rng = derive_rng(w.seed, BUCKETS, w.epoch, self._chain, self._window)
         lengths = window.provenance.length

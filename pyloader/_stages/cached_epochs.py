@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import AsyncGenerator, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import AsyncGenerator, AsyncIterator, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from .._rng import CACHED_EPOCH, derive_rng
 from .._state import Start
 from .._stats import Stats
 from .._storage.epoch_cache import BatchEntry, CachedRef, EpochStore, EpochWriter, Manifest, ToWrite, load
-from .batch import PADDING, Batch, Group, GroupSize
+from .batch import PADDING, Batch, Group, GroupSize, drop_replayed
 from .map import OrderedMap
 from .shard import Sharding
 from .source import Source
@@ -164,18 +164,26 @@ class CachedEpochs:
         """The groups of ``epoch``, by its kind."""
         start, store = self.start, self.store
         block = store.block(epoch)
-        if epoch == start.epoch and start.skip:
-            return await self._resumed(epoch, block)
         if epoch == start.epoch:
+            if start.skip:
+                return await self._resumed(epoch, block)
             await self._restore(epoch, block)
         if epoch != block:
             manifest = await self._manifest(block)
             if manifest is not None:
                 return self._read(epoch, manifest, 0)
-            if (store.key, block) in store.oversized:
+            if self._oversized(block):
                 return self._files(epoch)
+        return await self._written(epoch, 0)
+
+    async def _written(self, epoch: int, deliver_from: int) -> AsyncGenerator[Group, None]:
+        """``epoch`` written to a new cache (``_write``), or from the files when none can be made."""
         writer = await self._writer(epoch)
-        return self._files(epoch) if writer is None else self._write(writer, 0)
+        return self._files(epoch) if writer is None else self._write(writer, deliver_from)
+
+    def _oversized(self, block: int) -> bool:
+        """Whether a write of ``block``'s cache went past its limit (its epochs are read from the files)."""
+        return (self.store.key, block) in self.store.oversized
 
     def _files(self, epoch: int) -> AsyncGenerator[Group, None]:
         """``epoch`` as without the cache (the run's first epoch from its position)."""
@@ -185,9 +193,8 @@ class CachedEpochs:
         """The run's first epoch, resumed past its first batch: by the path the saved run took."""
         cached = self.start.cached
         if cached == epoch and await self._manifest(block, epoch) is None:
-            writer = await self._writer(epoch)  # it was writing the cache, which was not committed: write it whole
-            if writer is not None:
-                return self._write(writer, self.start.skip)
+            # it was writing the cache, which was not committed: write it whole
+            return await self._written(epoch, self.start.skip)
         if cached is None or cached == epoch:
             return self._files(epoch)
         found = await self._manifest(block, cached)
@@ -198,7 +205,7 @@ class CachedEpochs:
         that run left for the epoch's block (``start.cached``); if it is gone, it is written again first, so
         that the epoch reads it as that run would have (if it cannot be, the epoch goes on as it would then)."""
         source, store = self.start.cached, self.store
-        if source is None or source == epoch or store.block(source) != block or (store.key, block) in store.oversized:
+        if source is None or source == epoch or store.block(source) != block or self._oversized(block):
             return
         if await self._manifest(block, source) is None:
             await self._write_again(epoch, source)
@@ -257,15 +264,11 @@ class CachedEpochs:
     async def _write(self, writer: EpochWriter, deliver_from: Optional[int]) -> AsyncGenerator[Group, None]:
         """The whole of the writer's epoch from the files, its encoded batches written to the cache, then
         collated and handed on from batch ``deliver_from`` (``None``: none; they are dropped once written)."""
-        s, epoch = self.s, writer.epoch
+        s = self.s
         skipped = s.errors.skipped
         finished = committing = False
         try:
-            after, uses = (self.after, (s.options.datacollator,)) if deliver_from is not None else ([], ())
-            steps: List[Step] = [("cache_encoded", writer.write), *after]
-            run = LocalSteps(steps, self.lane, uses, s.stats.busy).run
-            encoded = _to_write(self.from_files(range(epoch, epoch + 1), self.encode, False), writer)
-            async for group in OrderedMap(run, s.concurrency, s.errors, s.stats, s.draws).iterate(encoded, self.tasks):
+            async for group in self._encoded(writer, deliver_from is not None):
                 kept = _from_batch(group, deliver_from, s.stats)
                 if kept:
                     yield kept
@@ -281,6 +284,16 @@ class CachedEpochs:
             if not committing:
                 writer.abort()
                 self._abandoned(writer, finished)
+
+    def _encoded(self, writer: EpochWriter, collated: bool) -> AsyncIterator[Group]:
+        """The writer's epoch from the files, each batch encoded then written to the cache, and with
+        ``collated`` given on to ``collate_batch`` and ``pin_memory``."""
+        s, epoch = self.s, writer.epoch
+        after, uses = (self.after, (s.options.datacollator,)) if collated else ([], ())
+        steps: List[Step] = [("cache_encoded", writer.write), *after]
+        run = LocalSteps(steps, self.lane, uses, s.stats.busy).run
+        encoded = _to_write(self.from_files(range(epoch, epoch + 1), self.encode, False), writer)
+        return OrderedMap(run, s.concurrency, s.errors, s.stats, s.draws).iterate(encoded, self.tasks)
 
     def _count_written(self, writer: EpochWriter) -> None:
         self._count("epochs_written")
@@ -321,11 +334,7 @@ def _from_batch(group: Group, first: Optional[int], stats: Stats) -> Group:
     written, to resume after them (counted as replayed)."""
     if first is None:
         return []
-    if group[0].index >= first:
-        return group
-    kept = [batch for batch in group if batch.index >= first]  # the group's first batch is not among them
-    stats.replayed(len(group) - len(kept), {p for b in group if b.index < first for p in b.paths})
-    return kept
+    return drop_replayed(group, [k for k, batch in enumerate(group) if batch.index >= first], stats)
 
 
 async def _refs(epoch: int, manifest: Manifest, order: List[int], skip: int) -> AsyncGenerator[Group, None]:
@@ -339,8 +348,13 @@ async def _refs(epoch: int, manifest: Manifest, order: List[int], skip: int) -> 
             entry = manifest.batches[order[index]]
             if group and entry.rows != group[0].rows:
                 break
-            ref = CachedRef(os.path.join(manifest.folder, entry.name), entry.size, entry.sha256)
-            meta = padding_flags(entry.padding, entry.rows) if manifest.flags else None
-            group.append(Batch(epoch, index, ref, entry.paths, meta, rows=entry.rows, cached=manifest.source_epoch))
+            group.append(_ref(epoch, index, manifest, entry))
         k += len(group)
         yield group
+
+
+def _ref(epoch: int, index: int, manifest: Manifest, entry: BatchEntry) -> Batch:
+    """Batch ``index`` of a read epoch, the cache's ``entry``: its data a reference to its file."""
+    ref = CachedRef(os.path.join(manifest.folder, entry.name), entry.size, entry.sha256)
+    meta = padding_flags(entry.padding, entry.rows) if manifest.flags else None
+    return Batch(epoch, index, ref, entry.paths, meta, rows=entry.rows, cached=manifest.source_epoch)

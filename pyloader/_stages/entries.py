@@ -105,9 +105,14 @@ def parse_entries(data_dir: object, stream: bool) -> Optional[Entries]:
         return None
     if not stream:
         raise _not_paths(listed)
-    if not any(_is_path(item) or _is_slice(item) for item in listed):
-        return _memory_entries(listed)
-    return _file_entries(listed)
+    return _streams(listed)
+
+
+def _streams(listed: List[object]) -> Entries:
+    """Stream mode's streams: files and slices of files, or in-memory streams."""
+    if any(_is_path(item) or _is_slice(item) for item in listed):
+        return _file_entries(listed)
+    return _memory_entries(listed)
 
 
 def _not_paths(listed: List[object]) -> ValueError:

@@ -61,24 +61,28 @@ class EvenSteps:
     async def iterate(self, groups: AsyncIterator[Group]) -> AsyncIterator[Group]:
         last: Optional[Sample] = None  # for holes at the end of the run: keeps one group's arrays alive
         async for group in groups:
-            start = 0
-            # a Stacked group is whole (a failure turns it into a plain one): holes come only before it
-            for k in range(1 if isinstance(group, Stacked) else len(group)):
-                batch = group[k]
-                self._cached[batch.epoch] = batch.cached
-                holes = self._holes((batch.epoch, batch.index))
-                if holes:
-                    if k > start:
-                        yield group[start:k]
-                    for padding in _padding(holes, _sample(group, k), self._cached):
-                        yield padding
-                    start = k
-                self._due = (batch.epoch, batch.index + 1)
-            self._due = (group[-1].epoch, group[-1].index + 1)
+            for part in self._filled(group):
+                yield part
             last = _sample(group, len(group) - 1)
-            yield group[start:] if start else group
         for padding in self._final_padding(last):
             yield padding
+
+    def _filled(self, group: Group) -> Iterator[Group]:
+        """``group``, with padding batches for the holes before its batches (split around them)."""
+        start = 0
+        # a Stacked group is whole (a failure turns it into a plain one): holes come only before it
+        for k in range(1 if isinstance(group, Stacked) else len(group)):
+            batch = group[k]
+            self._cached[batch.epoch] = batch.cached
+            holes = self._holes((batch.epoch, batch.index))
+            if holes:
+                if k > start:
+                    yield group[start:k]
+                yield from _padding(holes, _sample(group, k), self._cached)
+                start = k
+            self._due = (batch.epoch, batch.index + 1)
+        self._due = (group[-1].epoch, group[-1].index + 1)
+        yield group[start:] if start else group
 
     def _final_padding(self, last: Optional[Sample]) -> Iterator[Group]:
         """Padding for the steps this rank still owes at the run's end, copied from its ``last`` batch."""

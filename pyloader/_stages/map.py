@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Tuple, Union, cast
 
 from .._columns import n_rows
 from .._errors import ErrorHandler, Failure
 from .._execution.steps import Key, Outcome, Segments, StackedOutputs, StepFailed
 from .._rng import USER_BATCH
 from .._stats import Stats
-from .batch import Group, Stacked
+from .batch import Group, Stacked, picked
 
 _END = object()
 
@@ -101,33 +101,41 @@ class OrderedMap:
                 finally:
                     running.release()
                 _count_rows(group)
-                if isinstance(outcomes, StackedOutputs):  # a Stacked group run at once
-                    group.columns, group.outputs = None, outcomes
-                    done: Group = group
-                else:
-                    kept: List[int] = []
-                    for k, outcome in enumerate(outcomes):
-                        if isinstance(outcome, StepFailed):
-                            try:
-                                self.errors(outcome.step, group[k].paths, outcome.__cause__ or outcome)
-                            except BaseException:
-                                if kept:
-                                    yield _kept(group, kept)  # the batches before the failed one still arrive, in order
-                                raise
-                            self.stats.skipped_batches += 1
-                        else:
-                            group[k].data = outcome  # the group is this stage's alone: no copy of the Batch
-                            kept.append(k)
-                    done = _kept(group, kept)
+                done, error = self._done(group, outcomes)
                 group = future = outcomes = None  # the raw rows: not kept alive while the consumer holds the loop back
                 if done:
-                    yield done
+                    yield done  # with an error, the batches before the failed one still arrive, in order
+                if error is not None:
+                    raise error
         finally:
             feeder.cancel()
-            while not queue.empty():
-                item = queue.get_nowait()
-                if isinstance(item, tuple):
-                    _discard(item[1])
+            _drop_queued(queue)
+
+    def _done(self, group: Group,
+              outcomes: Union[List[Outcome], StackedOutputs]) -> Tuple[Group, Optional[BaseException]]:
+        """The batches of ``group`` given their outcomes, and the error that ends the run there, if any."""
+        if isinstance(outcomes, StackedOutputs):  # a Stacked group run at once
+            stacked = cast(Stacked, group)
+            stacked.columns, stacked.outputs = None, outcomes
+            return stacked, None
+        kept, error = self._settle(group, outcomes)
+        return _kept(group, kept), error
+
+    def _settle(self, group: Group, outcomes: List[Outcome]) -> Tuple[List[int], Optional[BaseException]]:
+        """Each batch given its outcome (the group is this stage's alone: no copy of the Batch); a failed
+        step goes through the error policy. The positions kept, and what the policy raised, if it did."""
+        kept: List[int] = []
+        for k, outcome in enumerate(outcomes):
+            if not isinstance(outcome, StepFailed):
+                group[k].data = outcome
+                kept.append(k)
+                continue
+            try:
+                self.errors(outcome.step, group[k].paths, outcome.__cause__ or outcome)
+            except BaseException as exc:
+                return kept, exc
+            self.stats.skipped_batches += 1
+        return kept, None
 
 
 def _keys(draws: Tuple[int, int], group: Group) -> List[Key]:
@@ -152,8 +160,15 @@ def _kept(group: Group, kept: List[int]) -> Group:
     """The batches of ``group`` at positions ``kept``, encoded; a whole ``Stacked`` group stays one."""
     if isinstance(group, Stacked):
         group.columns = None
-        return group if len(kept) == len(group) else group.pick(kept)
-    return group if len(kept) == len(group) else [group[k] for k in kept]
+    return picked(group, kept)
+
+
+def _drop_queued(queue: asyncio.Queue) -> None:
+    """Drop the work of the groups left in ``queue``."""
+    while not queue.empty():
+        item = queue.get_nowait()
+        if isinstance(item, tuple):
+            _discard(item[1])
 
 
 def _discard(future: asyncio.Future) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 from .._columns import Traced, concat, interleave, n_rows, slice_rows
 from .._rng import MIX, MIX_FILES, derive_rng
 from .._state import files_digest
-from .shard import Sharding, batches_of, bounds
+from .shard import Sharding, batches_of, shares
 from .source import EpochEnd, FileTask, SourceItem, known_counts
 from .sources import Mix
 
@@ -54,25 +54,17 @@ def check_stop(stop: object) -> None:
 def draw_plan(weights: Sequence[float], totals: Sequence[int], stop: str, seed: int, epoch: int) -> np.ndarray:
     """The source of every sample position of ``epoch``, drawn until ``stop`` says the epoch ends."""
     rng = derive_rng(seed, MIX, epoch)
-    taken = [0] * len(totals)
-    ends: Dict[int, int] = {}  # source -> the position of its last sample's first pass
+    # the epoch ends at the first source's end, or at the last one's
+    needed, pick = (1, min) if stop == "first_exhausted" else (len(totals), max)
+    taken = np.zeros(len(totals), dtype=np.int64)
     chunks: List[np.ndarray] = []
-    offset = 0
-    while True:
-        chunk = rng.choice(len(totals), size=_CHUNK, p=np.asarray(weights, dtype=np.float64)).astype(np.int16)
-        for k, total in enumerate(totals):
-            if k in ends:
-                continue
-            occurs = np.flatnonzero(chunk == k)
-            if taken[k] + len(occurs) >= total:
-                ends[k] = offset + int(occurs[total - taken[k] - 1])
-            taken[k] += len(occurs)
-        chunks.append(chunk)
-        offset += _CHUNK
-        if ends and stop == "first_exhausted":
-            return np.concatenate(chunks)[:min(ends.values()) + 1]
-        if len(ends) == len(totals):
-            return np.concatenate(chunks)[:max(ends.values()) + 1]
+    while np.count_nonzero(taken >= totals) < needed:
+        chunks.append(rng.choice(len(totals), size=_CHUNK, p=np.asarray(weights, dtype=np.float64)).astype(np.int16))
+        taken += np.bincount(chunks[-1], minlength=len(totals))
+    plan = np.concatenate(chunks)
+    # each source exhausted: the position of its last sample's first pass
+    ends = [int(np.flatnonzero(plan == k)[total - 1]) for k, total in enumerate(totals) if taken[k] >= total]
+    return plan[:pick(ends) + 1]
 
 
 Need = Tuple[int, int, int, int]  # (first position needing it, file index, start row, end row)
@@ -116,9 +108,7 @@ class MixSource:
 
     def _share(self, n: int) -> Tuple[int, int, int]:
         """This rank's positions ``[lo, hi)`` of an epoch of ``n``, and the samples every rank delivers."""
-        cuts = bounds(n, self.sharding.world_size)
-        sizes = [cuts[r + 1] - cuts[r] for r in range(self.sharding.world_size)]
-        target = max(sizes) if self.sharding.even_batches == "pad" else min(sizes)
+        cuts, target = shares([(0, n)], self.sharding.world_size, self.sharding.even_batches)
         lo = cuts[self.sharding.rank]
         return lo, min(cuts[self.sharding.rank + 1], lo + target), target
 
@@ -167,8 +157,6 @@ class MixSource:
                     done += hi - lo
                     at += hi - lo
                 offset += size
-                if done >= n:
-                    return
 
     def tasks(self, epoch: int) -> Iterator[FileTask]:
         plan = self.plan(epoch)
@@ -187,8 +175,8 @@ class MixSource:
     def _empty(self, epoch: int, pos: int) -> Iterator[FileTask]:
         """The files counted empty that this rank reads to check they are (every ``world_size``-th one): the
         plan takes no row of them, so a count of 0 that is wrong would otherwise lose the file unseen."""
-        for index, n in enumerate(self.counts):
-            if not n and index % self.sharding.world_size == self.sharding.rank and index not in self.left_out:
+        for index in range(self.sharding.rank, len(self.counts), self.sharding.world_size):
+            if not self.counts[index] and index not in self.left_out:
                 yield FileTask(epoch, pos, index, self.mix.files[index], start=0, end=0, count=0, seed=self.seed)
                 pos += 1
 

@@ -73,14 +73,15 @@ class FileOrder:
         if isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
             raise TypeError(f"file_order must return a list of the files (paths) for epoch {epoch}, "
                             f"got {type(got).__name__}")
-        out = []
-        for item in got:
-            path = os.fspath(item) if isinstance(item, os.PathLike) else item
-            if not isinstance(path, str) or path not in self._slots:
-                raise ValueError(f"file_order returned {item!r} for epoch {epoch}, which is not one of the "
-                                 f"loader's files (it must return paths from the list it is given)")
-            out.append(path)
-        return out
+        return [self._path(item, epoch) for item in got]
+
+    def _path(self, item: object, epoch: int) -> str:
+        """An item of the order ``file_order`` gave for ``epoch``, as one of the loader's files."""
+        path = os.fspath(item) if isinstance(item, os.PathLike) else item
+        if not isinstance(path, str) or path not in self._slots:
+            raise ValueError(f"file_order returned {item!r} for epoch {epoch}, which is not one of the "
+                             f"loader's files (it must return paths from the list it is given)")
+        return path
 
     def _positions(self, order: List[str], epoch: int) -> List[int]:
         """Each path as a position in ``files``; a path listed several times in ``files`` takes
@@ -99,11 +100,13 @@ class FileOrder:
         wanted, got = collections.Counter(self.files), collections.Counter(order)
         if wanted == got:
             return
-        dropped = [p for p in wanted if got[p] < wanted[p]]
-        repeated = [p for p in got if got[p] > wanted[p]]
-        what = "; ".join(part for part in (dropped and f"leaves out {_shown(dropped)}",
-                                           repeated and f"repeats {_shown(repeated)}") if part)
-        raise ValueError(f"file_order's order for epoch {epoch} {what}: it must give every file once, "
+        dropped, repeated = list(wanted - got), list(got - wanted)  # the files it gives less often, more often
+        what = []
+        if dropped:
+            what.append(f"leaves out {_shown(dropped)}")
+        if repeated:
+            what.append(f"repeats {_shown(repeated)}")
+        raise ValueError(f"file_order's order for epoch {epoch} {'; '.join(what)}: it must give every file once, "
                          f"or declare that it does not ({getattr(self.fn, '__name__', 'file_order')}."
                          f"{DECLARATION} = True)")
 

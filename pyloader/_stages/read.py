@@ -128,9 +128,10 @@ class ReadFiles:
         self._source: Iterator[SourceItem] = iter(())
         self._ahead: Deque[ReadItem] = collections.deque()
         self._files_ahead = 0  # the FileStreams in _ahead
-        self._exhausted = False
-        self._limit = prefetch_files if start_ahead is None or ramp is None else min(start_ahead, prefetch_files)
+        self._limit = prefetch_files
         if ramp is not None:
+            if start_ahead is not None:
+                self._limit = min(start_ahead, prefetch_files)
             ramp.observe(self._ramp_ended)
 
     def _ramp_ended(self) -> None:
@@ -161,11 +162,11 @@ class ReadFiles:
 
     def _fill(self, need_one: bool = False) -> None:
         """Open files ahead of the one being batched, up to the limit (at least one when ``need_one``)."""
-        while not self._exhausted and (self._files_ahead < self._limit or (need_one and not self._ahead)):
+        while self._files_ahead < self._limit or (need_one and not self._ahead):
             item: Optional[SourceItem] = next(self._source, None)
-            if item is None:
-                self._exhausted = True
-            elif isinstance(item, EpochEnd):
+            if item is None:  # the plan is over (an iterator, once exhausted, stays so)
+                return
+            if isinstance(item, EpochEnd):
                 self._ahead.append(item)
             else:
                 self._ahead.append(self.open(item))

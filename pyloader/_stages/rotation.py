@@ -85,15 +85,12 @@ class _Feed:
     def __init__(self, groups: AsyncIterator[Group]) -> None:
         self._groups = groups
         self._next: Optional[Group] = None
-        self._ended = False
 
     async def epoch(self) -> Optional[int]:
-        """The epoch of the next group; ``None`` at the end of the run."""
-        if self._next is None and not self._ended:
-            try:
-                self._next = await anext(self._groups)
-            except StopAsyncIteration:
-                self._ended = True
+        """The epoch of the next group; ``None`` at the end of the run (an iterator that has ended
+        stays so)."""
+        if self._next is None:
+            self._next = await anext(self._groups, None)
         return None if self._next is None else self._next[0].epoch
 
     async def take(self, epoch: int) -> Optional[Group]:
@@ -142,26 +139,25 @@ class _Fields:
     array fields, of the epoch's first one."""
 
     def __init__(self) -> None:
-        self.first: Optional[Dict[str, Optional[Tuple[Tuple[int, ...], str]]]] = None
+        self.fields: Optional[List[str]] = None
+        self.shapes: Dict[str, Tuple[Tuple[int, ...], str]] = {}  # the array fields' per-sample shapes and kinds
 
     def check(self, data: object) -> Columns:
         columns = check_columns(data, None, "batch_encode's output, cut into samples by rotation")
-        seen = {key: (col.shape[1:], col.dtype.kind) if isinstance(col, np.ndarray) else None
-                for key, col in columns.items()}
-        if self.first is None:
-            self.first = seen
-        elif seen.keys() != self.first.keys():
-            raise ValueError(f"batch_encode gave fields {sorted(seen)} here and {sorted(self.first)} before: "
+        shapes = {key: (col.shape[1:], col.dtype.kind) for key, col in columns.items() if isinstance(col, np.ndarray)}
+        if self.fields is None:
+            self.fields, self.shapes = sorted(columns), shapes
+        if sorted(columns) != self.fields:
+            raise ValueError(f"batch_encode gave fields {sorted(columns)} here and {self.fields} before: "
                              f"rotation puts samples of different batches together, so every batch needs the "
                              f"same fields")
-        else:
-            for key, shape in seen.items():
-                before = self.first[key]
-                if shape is not None and before is not None and shape != before:
-                    raise ValueError(f"field {key!r} holds arrays of {shape[0]} (dtype kind {shape[1]!r}) per "
-                                     f"sample here and of {before[0]} ({before[1]!r}) before: "
-                                     f"rotation puts samples of different batches together, so pad in "
-                                     f"collate_batch rather than in batch_encode")
+        for key, shape in shapes.items():
+            before = self.shapes.get(key, shape)  # a field that held no array before is not compared
+            if shape != before:
+                raise ValueError(f"field {key!r} holds arrays of {shape[0]} (dtype kind {shape[1]!r}) per "
+                                 f"sample here and of {before[0]} ({before[1]!r}) before: "
+                                 f"rotation puts samples of different batches together, so pad in "
+                                 f"collate_batch rather than in batch_encode")
         return dict(columns)
 
 
@@ -199,7 +195,7 @@ class _Epoch:
                     m = ready
                     for group in await self.out.full():
                         yield group
-                if self.filling != k and m >= ready:
+                if self.filling != k:  # filled, and every cycle at hand served
                     break
                 await self._pull()
             await self.out.settle()  # the samples served so far leave their windows: the oldest goes now
@@ -249,18 +245,24 @@ class _Epoch:
         """The filling window takes the pending samples, up to its size (then it is sealed)."""
         j = self.filling
         assert j is not None, "a window is being filled"
-        held, window = self.stage.held, self.windows[j]
+        window = self.windows[j]
         assert isinstance(window, Window), "the filling window is not sealed yet"
         while self.pending and window.n < self.stage.window:
-            chunk, paths = self.pending.popleft()
-            room, n = self.stage.window - window.n, held.rows(chunk)
-            if n > room:
-                self.pending.appendleft((held.cut(chunk, room, n), paths))
-                chunk = held.cut(chunk, 0, room)
+            chunk, paths = self._pending(self.stage.window - window.n)
             window.add(chunk)
             self.files[j].update(dict.fromkeys(paths))
         if window.n == self.stage.window:
             await self._seal()
+
+    def _pending(self, room: int) -> Tuple[Traced, Tuple[str, ...]]:
+        """The next pending chunk (and its files), cut to ``room`` samples: the rest stays pending, first."""
+        held = self.stage.held
+        chunk, paths = self.pending.popleft()
+        n = held.rows(chunk)
+        if n > room:
+            self.pending.appendleft((held.cut(chunk, room, n), paths))
+            chunk = held.cut(chunk, 0, room)
+        return chunk, paths
 
     async def _seal(self) -> None:
         j, self.filling = self.filling, None
@@ -303,12 +305,14 @@ class _Epoch:
         under ranks its row's padding flag (the only metadata a batch has before rotation)."""
         meta = batch.meta or {}
         assert set(meta) <= {PADDING}, "batches come to rotation with their padding flags alone"
+        files = np.full(n, self._path_id(batch.paths), dtype=np.int32)
         flags = meta.get(PADDING)
-        if flags is not None and len(flags) != n:
+        if flags is None:
+            return Provenance(batch_files=files)
+        if len(flags) != n:
             raise ValueError(f"batch_encode gave {n} samples for {len(flags)} rows: under ranks each "
                              f"sample keeps its row's {PADDING} flag, so rotation needs one per row")
-        return Provenance(padding=None if flags is None else np.asarray(flags),
-                          batch_files=np.full(n, self._path_id(batch.paths), dtype=np.int32))
+        return Provenance(padding=np.asarray(flags), batch_files=files)
 
     def _path_id(self, paths: Tuple[str, ...]) -> int:
         if paths not in self.paths:
@@ -325,11 +329,10 @@ class _Epoch:
         sizes = np.array([self._size(j) for j in lanes.tolist()])
         keep = cycle < sizes[lane]
         window, cycle = lanes[lane[keep]], cycle[keep]
-        rows = cycle.copy()  # round 0: the arrival order
-        for j in np.unique(window).tolist():
-            if j != k:
-                at = window == j
-                rows[at] = self.orders[j][k - j][cycle[at]]
+        rows = cycle.copy()  # round 0 (window k's, filling): the arrival order
+        for j in np.unique(window[window != k]).tolist():
+            at = window == j
+            rows[at] = self.orders[j][k - j][cycle[at]]
         return window, rows, k - window
 
     def take(self, window: np.ndarray, rows: np.ndarray) -> Traced:
@@ -370,7 +373,7 @@ class _Cutter:
         """The next ``n`` samples served, after those carried."""
         window, rows, rounds = (np.concatenate(parts) for parts in zip(*self.entries))
         rest = (window[n:], rows[n:], rounds[n:])
-        self.entries, self.count = ([rest] if len(rest[0]) else []), len(rest[0])
+        self.entries, self.count = [rest], len(rest[0])
         self.stage.stats.rotated_samples += int(np.count_nonzero(rounds[:n]))
         taken = await self.stage.run_blocking(self.epoch.take, window[:n], rows[:n])
         carry, self.carry = self.carry, None

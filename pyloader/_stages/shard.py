@@ -23,6 +23,7 @@ import numpy as np
 from .stream_plan import stream_steps
 
 EVEN_BATCHES = ("pad", "drop")
+EVEN_OUT = {"pad": max, "drop": min}  # per even_batches: what every rank takes of the ranks' counts
 T = TypeVar("T")
 Range = Tuple[int, int, int]  # (position in the epoch's order, first row, end row)
 
@@ -66,7 +67,7 @@ def _check_place(rank: int, world_size: int) -> None:
     for name, value in (("rank", rank), ("world_size", world_size)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{name} must be an integer, got {value!r}")
-    if world_size < 1 or not 0 <= rank < world_size:
+    if not 0 <= rank < world_size:  # no rank fits a world_size below 1
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
 
 
@@ -77,8 +78,7 @@ def bounds(total: int, world_size: int) -> List[int]:
 def offsets(order: Sequence[int], counts: Sequence[int]) -> np.ndarray:
     """Where each file of ``order`` starts in the epoch stream, and (last) where the epoch ends."""
     out = np.zeros(len(order) + 1, dtype=np.int64)
-    if len(order):
-        np.cumsum(np.asarray(counts, dtype=np.int64)[np.asarray(order, dtype=np.int64)], out=out[1:])
+    np.cumsum(np.asarray(counts, dtype=np.int64)[np.asarray(order, dtype=np.int64)], out=out[1:])
     return out
 
 
@@ -119,12 +119,12 @@ def _slice(spans: Sequence[Span], lo: int, hi: int) -> List[Span]:
     return out
 
 
-def _shares(spans: Sequence[Span], world_size: int, even_batches: str) -> Tuple[List[int], int]:
+def shares(spans: Sequence[Span], world_size: int, even_batches: str) -> Tuple[List[int], int]:
     """Where the ranks' shares of ``spans`` start (and the last ends), and how many samples every
     rank reads: the longest share (pad) or the shortest (drop)."""
     cuts = bounds(_length(spans), world_size)
     sizes = [cuts[r + 1] - cuts[r] for r in range(world_size)]
-    return cuts, max(sizes) if even_batches == "pad" else min(sizes)
+    return cuts, EVEN_OUT[even_batches](sizes)
 
 
 def undelivered(total: int, splits: Sequence[Split], batch_size: int, even_batches: str) -> List[Span]:
@@ -133,7 +133,7 @@ def undelivered(total: int, splits: Sequence[Split], batch_size: int, even_batch
     took the same number of batches (from its share; beyond it, padding)."""
     left: List[Span] = [(0, total)]
     for world_size, batches in splits:
-        cuts, target = _shares(left, world_size, even_batches)
+        cuts, target = shares(left, world_size, even_batches)
         rest: List[Span] = []
         for r in range(world_size):
             taken = min(batches * batch_size, cuts[r + 1] - cuts[r], target)
@@ -145,7 +145,7 @@ def undelivered(total: int, splits: Sequence[Split], batch_size: int, even_batch
 def _spans(order: Sequence[int], counts: Sequence[int], splits: Sequence[Split], batch_size: int,
            even_batches: str, total: Optional[int] = None) -> List[Span]:
     total = int(offsets(order, counts)[-1]) if total is None else total
-    return undelivered(total, splits, batch_size, even_batches) if splits else [(0, total)]
+    return undelivered(total, splits, batch_size, even_batches)
 
 
 def batches_of(samples: int, batch_size: int, drop_last: bool, rotation: int = 1) -> int:
@@ -160,7 +160,7 @@ def planned_steps(order: Sequence[int], counts: Sequence[int], s: Sharding, batc
                   splits: Sequence[Split] = ()) -> int:
     """The number of batches every rank gives in an epoch (outside stream mode), or in what the
     ``splits`` before left of it."""
-    target = _shares(_spans(order, counts, splits, batch_size, s.even_batches), s.world_size, s.even_batches)[1]
+    target = shares(_spans(order, counts, splits, batch_size, s.even_batches), s.world_size, s.even_batches)[1]
     return batches_of(target, batch_size, drop_last)
 
 
@@ -174,14 +174,14 @@ def rank_ranges(order: Sequence[int], counts: Sequence[int], s: Sharding, splits
     def as_ranges(lo: int, hi: int) -> List[Range]:
         return [r for a, b in _slice(left, lo, hi) for r in ranges(order, counts, a, b, starts)]
 
-    cuts, target = _shares(left, s.world_size, s.even_batches)
+    cuts, target = shares(left, s.world_size, s.even_batches)
     total = cuts[-1]
     lo, hi = cuts[s.rank], cuts[s.rank + 1]
     if target <= hi - lo:
         return as_ranges(lo, lo + target), []
-    # pad with the samples that follow this rank's share, wrapping around
-    need, pad, start = target - (hi - lo), [], hi % total if total else 0
-    while need and total:
+    # pad with the samples that follow this rank's share, wrapping around (a longer share holds some)
+    need, pad, start = target - (hi - lo), [], hi % total
+    while need:
         take = min(need, total - start)
         pad.extend(as_ranges(start, start + take))
         need -= take
@@ -198,4 +198,4 @@ def stream_target(lengths: Sequence[Sequence[int]], rows: int, width: int, even_
     """The step count every rank gives in stream mode, its files being of ``lengths[rank]``: the
     longest rank's (pad) or the shortest's (drop)."""
     steps = [stream_steps(share, rows, width) for share in lengths]
-    return max(steps) if even_batches == "pad" else min(steps)
+    return EVEN_OUT[even_batches](steps)

@@ -107,37 +107,40 @@ class FileSource:
     def tasks(self, epoch: int) -> Iterator[FileTask]:
         """The files this rank reads in ``epoch``: all of them, or its share plus padding."""
         order = self.order(epoch)
-        if not self.sharding.active and not self._splits(epoch)[0]:
+        if not self.sharding.active and not self._taken(epoch).splits:
             for pos, index in enumerate(order):
                 yield self._whole(epoch, pos, index)
             return
         assert self.counts is not None, "sharding needs the sample counts"
         if self.whole_files:
-            yield from (task for task in self._stream_shares(epoch)[self.sharding.rank]
-                        if task.index not in self.left_out)
+            yield from self._stream_share(epoch, self.counts)
             return
         yield from self._rank_share(epoch, order, self.counts)
 
+    def _stream_share(self, epoch: int, counts: Sequence[int]) -> Iterator[FileTask]:
+        """Stream mode: this rank's files of the epoch, those left out aside."""
+        share = self._stream_shares(epoch, counts)[self.sharding.rank]
+        return (task for task in share if task.index not in self.left_out)
+
     def _rank_share(self, epoch: int, order: List[int], counts: Sequence[int]) -> Iterator[FileTask]:
         """This rank's rows of the epoch's files, then the files counted empty it checks, then its padding."""
-        splits, batch_size = self._splits(epoch)
-        share, padding = rank_ranges(order, counts, self.sharding, splits, batch_size)
+        taken = self._taken(epoch)
+        share, padding = rank_ranges(order, counts, self.sharding, taken.splits, taken.batch_size)
         for pos, start, end in share:
             index = order[pos]
             yield FileTask(epoch, pos, index, self.files[index], start=start, end=end, count=counts[index],
                            seed=self.seed)
-        yield from self._empty(epoch, order)
+        yield from self._empty(epoch, order, counts)
         for pos, start, end in padding:
             index = order[pos]
             yield FileTask(epoch, pos, index, self.files[index], start=start, end=end, pad=True,
                            count=counts[index], seed=self.seed)
 
-    def _empty(self, epoch: int, order: Sequence[int]) -> Iterator[FileTask]:
+    def _empty(self, epoch: int, order: Sequence[int], counts: Sequence[int]) -> Iterator[FileTask]:
         """The files counted empty that this rank reads to check they are (every ``world_size``-th one): no
         share holds a row of them, so a count of 0 that is wrong would otherwise lose the file unseen."""
-        assert self.counts is not None, "sharding needs the sample counts"
         for pos, index in enumerate(order):
-            if pos % self.sharding.world_size == self.sharding.rank and not self.counts[index]:
+            if pos % self.sharding.world_size == self.sharding.rank and not counts[index]:
                 if index not in self.left_out:
                     yield FileTask(epoch, pos, index, self.files[index], start=0, end=0, count=0, seed=self.seed)
 
@@ -148,20 +151,18 @@ class FileSource:
             return FileTask(epoch, pos, index, self.files[index], count=count, seed=self.seed)
         return FileTask(epoch, pos, index, self.files[index], *bounds, seed=self.seed)
 
-    def _stream_shares(self, epoch: int) -> List[List[FileTask]]:
+    def _stream_shares(self, epoch: int, counts: Sequence[int]) -> List[List[FileTask]]:
         """Stream mode: every rank's files (a rank takes every ``world_size``-th one). After an
         elastic resume, what the ranks of the splits before left undelivered, in plan order and
         shared the same way: the files they had not started, and those in progress from where
         their rows were (``_stages.stream_plan.leftover``)."""
-        assert self.counts is not None, "sharding needs the sample counts"
-        tasks = [self._whole(epoch, pos, index, count=self.counts[index])
+        tasks = [self._whole(epoch, pos, index, count=counts[index])
                  for pos, index in enumerate(self.order(epoch))]
-        splits, _ = self._splits(epoch)
-        for world_size, steps in splits:
-            assert self.elastic is not None, "splits come from an elastic resume"
-            rows, width = self.elastic.batch_size, self.elastic.width
+        taken = self._taken(epoch)
+        for world_size, steps in taken.splits:
             left = [seek(task, offset, length) for share in stream_shares(tasks, world_size)
-                    for task, offset, length in leftover([(t, self.length(t)) for t in share], rows, width, steps)]
+                    for task, offset, length in leftover([(t, self.length(t)) for t in share], taken.batch_size,
+                                                         taken.width, steps)]
             tasks = sorted(left, key=lambda task: task.pos)
         return stream_shares(tasks, self.sharding.world_size)
 
@@ -175,10 +176,10 @@ class FileSource:
         (under ranks), so that no rank needs to ask the others."""
         order = self.order(epoch)
         assert self.counts is not None, "planning steps needs the sample counts"
-        splits, _ = self._splits(epoch)
+        splits = self._taken(epoch).splits
         before = sum(b for _, b in splits)
         if self.whole_files:
-            lengths = [[self.length(task) for task in share] for share in self._stream_shares(epoch)]
+            lengths = [[self.length(task) for task in share] for share in self._stream_shares(epoch, self.counts)]
             return before + stream_target(lengths, batch_size, seq_len or 1, self.sharding.even_batches)
         return before + planned_steps(order, self.counts, self.sharding, batch_size, drop_last, splits)
 
@@ -187,11 +188,12 @@ class FileSource:
         ``MixSource.samples``): under ranks its share and its padding, which its tasks read (``rows``)."""
         return self.rows(epoch)
 
-    def _splits(self, epoch: int) -> Tuple[Sequence[Split], int]:
-        """The parts of ``epoch`` taken under other world sizes before this run (elastic resume)."""
+    def _taken(self, epoch: int) -> Elastic:
+        """The parts of ``epoch`` taken under other world sizes before this run (elastic resume): none
+        outside the epoch resumed."""
         if self.elastic is None or self.elastic.epoch != epoch:
-            return (), 1
-        return self.elastic.splits, self.elastic.batch_size
+            return Elastic(epoch, (), 1)
+        return self.elastic
 
     def tasks_after(self, epoch: int, rows: int) -> Iterator[FileTask]:
         """``tasks(epoch)`` less their first ``rows`` rows (a resumed epoch): the files wholly

@@ -32,7 +32,7 @@ class Source:
     """
 
     def __init__(self, data_dir: DataDir, weight: float = 1.0, reader: Optional[DataReader] = None) -> None:
-        if isinstance(data_dir, (list, tuple)) and any(isinstance(d, Source) for d in data_dir):
+        if _holds_sources(data_dir):
             raise ValueError("a Source's data_dir cannot hold Sources: list every Source in the loader's data_dir")
         _check_weight(weight)
         if reader is not None and not isinstance(reader, DataReader):
@@ -50,9 +50,14 @@ def _check_weight(weight: object) -> None:
         raise ValueError(f"Source weight must be a finite number > 0, got {weight!r}")
 
 
+def _holds_sources(data_dir: object) -> TypeGuard[Sequence[object]]:
+    """Whether ``data_dir`` is a list (or tuple) that holds a ``Source``."""
+    return isinstance(data_dir, (list, tuple)) and any(isinstance(d, Source) for d in data_dir)
+
+
 def is_mix(data_dir: object) -> TypeGuard[Sequence[Source]]:
     """Whether ``data_dir`` is a list of ``Source``s (a list mixing sources and paths is refused)."""
-    if not isinstance(data_dir, (list, tuple)) or not any(isinstance(d, Source) for d in data_dir):
+    if not _holds_sources(data_dir):
         return False
     if not all(isinstance(d, Source) for d in data_dir):
         raise TypeError("data_dir mixes Sources with other entries: make every entry a pyloader.Source")
@@ -77,8 +82,21 @@ class Mix:
         return [s.weight / total for s in self.sources]
 
 
+def readers_of(mix: Optional[Mix], default: DataReader) -> List[DataReader]:
+    """The readers of a loader: its sources' (``mix``), else its ``datareader`` (``default``)."""
+    return [default] if mix is None else mix.readers.readers
+
+
 def build_mix(sources: Sequence[Source], default: DataReader, retries: int) -> Mix:
     """List every source's files; a path listed by two sources is a ``ValueError`` naming it and them."""
+    files, spans, owner = _listed(sources, retries)
+    chosen = [s.reader or default for s in sources]
+    cls = SafeReaders if all(map(is_thread_safe, chosen)) else Readers
+    return Mix(tuple(sources), files, tuple(spans), cls(default.batch_size, chosen, owner))
+
+
+def _listed(sources: Sequence[Source], retries: int) -> Tuple[List[str], List[Tuple[int, int]], Dict[str, int]]:
+    """Every source's files end to end, where each source's lie, and the source of each file."""
     files: List[str] = []
     spans: List[Tuple[int, int]] = []
     owner: Dict[str, int] = {}
@@ -91,6 +109,4 @@ def build_mix(sources: Sequence[Source], default: DataReader, retries: int) -> M
             owner[path] = k
         spans.append((len(files), len(files) + len(listed)))
         files.extend(listed)
-    chosen = [s.reader or default for s in sources]
-    cls = SafeReaders if all(map(is_thread_safe, chosen)) else Readers
-    return Mix(tuple(sources), files, tuple(spans), cls(default.batch_size, chosen, owner))
+    return files, spans, owner

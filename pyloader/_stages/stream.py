@@ -20,6 +20,7 @@ from .batch import Group, GroupSize
 from .read import FileStream, OpenFile, PiecesOf, ReadItem
 from .source import EpochEnd, FileTask
 from .stream_cut import FIRST, POSITION, REPLAY, STREAM_ID, VALID, Cutter, StreamShape
+from .stream_plan import before
 from .stream_resume import StreamStart
 from .stream_rows import Rows
 
@@ -60,25 +61,18 @@ class StreamBatcher:
 
     async def iterate(self, items: AsyncIterator[ReadItem]) -> AsyncIterator[Group]:
         items = aiter(items)
-        while True:
-            head = await anext(items, None)
-            if head is None:
-                return
-            if isinstance(head, EpochEnd):
-                if self.target is not None:  # this rank has no file this epoch: padding steps only
-                    async for batch in self._epoch(_nothing(), head.epoch):
-                        yield batch
-                continue
-            epoch = head.task.epoch
+        async for head in items:
+            if isinstance(head, EpochEnd):  # this rank has no file this epoch: under ranks, padding steps only
+                files, epoch = _nothing(), head.epoch
+            else:
+                async def unread(head: FileStream = head) -> AsyncIterator[FileStream]:
+                    yield head
+                    async for item in items:
+                        if isinstance(item, EpochEnd):
+                            return
+                        yield item
 
-            async def unread(head: FileStream = head) -> AsyncIterator[FileStream]:
-                yield head
-                async for item in items:
-                    if isinstance(item, EpochEnd):
-                        return
-                    yield item
-
-            files = unread()
+                files, epoch = unread(), head.task.epoch
             async for batch in self._epoch(files, epoch):
                 yield batch
             async for stream in files:  # cut short (even_batches="drop"): the rest is not read
@@ -94,7 +88,7 @@ class StreamBatcher:
         target = self.target(epoch) if self.target is not None else None
         try:
             index = 0 if start is None else await self._restore(rows, start)
-            while target is None or index < target:
+            while before(index, target):
                 first = await rows.step_files(target is not None, self.cutter.template is not None,
                                               lambda: self._fallback(epoch))
                 if first is None:

@@ -23,13 +23,14 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
-from .._columns import Columns, concat, n_rows, slice_rows
+from .._columns import Columns, concat, slice_rows
 from .batch import Batch, Stacked
 from .stream_rows import Row
 
 FIRST, VALID, REPLAY, STREAM_ID, POSITION = "__first__", "__valid__", "__replay__", "__stream_id__", "__position__"
 Rows = Sequence[Optional[Row]]
-Window = Optional[Sequence]  # a row's samples of one field in a step (``None``: a row without a file)
+Window = Sequence  # a row's samples of one field in a step (empty: a row without a file)
+Cut = Optional[Tuple[str, Columns, int]]  # a row's file, its piece and the offset there (``None``: no file)
 
 
 class StreamShape(NamedTuple):
@@ -70,48 +71,42 @@ class Cutter:
 
     def steps_ahead(self, rows: Rows) -> int:
         """How many steps can be cut at once: no row reaches the end of its piece, and every
-        field is an array (the same fields as the first row's)."""
+        field is an array (the same fields in every row)."""
         live = [row for row in rows if row is not None]
-        steps = min(((row.ahead() - 1) // self.width for row in live), default=0)
-        if steps < 1:
-            return 0
-        keys = live[0].array_keys
-        if keys is None or any(row.array_keys != keys for row in live):
-            return 0
-        return steps
+        steps = max(0, min(((row.ahead() - 1) // self.width for row in live), default=0))
+        layouts = {row.array_keys for row in live}
+        return steps if len(layouts) == 1 and None not in layouts else 0
 
     # -- a group of steps at once ------------------------------------------------------------------
     def cut_steps(self, rows: Rows, first: np.ndarray, epoch: int, index: int, steps: int) -> Stacked:
         """``steps`` consecutive batches, each field filled with one copy per row for all of them."""
         meta = self._group_meta(rows, first, steps)  # positions before the rows move on
         end = steps * self.width
-        cuts = [None if row is None else row.cut(end) for row in rows]
-        template = next(piece for piece, _ in filter(None, cuts))
-        self.template = template
-        files = [(row.task.path, cut[0]) for row, cut in zip(rows, cuts) if row is not None and cut is not None]
-        data = {key: self._stacked_field(key, cuts, files, steps) for key in template}
+        cuts: List[Cut] = [None if row is None else (row.task.path, *row.cut(end)) for row in rows]
+        files = [(path, piece) for path, piece, _ in filter(None, cuts)]
+        self.template = files[0][1]
+        data = {key: self._stacked_field(key, cuts, files, steps) for key in self.template}
         if self.padding_mode == "edge":  # each row's last sample of the group
-            self.remember_edges([None if cut is None else slice_rows(cut[0], cut[1] + end - 1, cut[1] + end)
+            self.remember_edges([None if cut is None else slice_rows(cut[1], cut[2] + end - 1, cut[2] + end)
                                  for cut in cuts])
         return Stacked([Batch(epoch, index + k, None, _paths(rows)) for k in range(steps)], data, meta)
 
-    def _stacked_field(self, key: str, cuts: Sequence[Optional[Tuple[Columns, int]]],
-                       files: Sequence[Tuple[str, Columns]], steps: int) -> np.ndarray:
+    def _stacked_field(self, key: str, cuts: Sequence[Cut], files: Sequence[Tuple[str, Columns]],
+                       steps: int) -> np.ndarray:
         """Field ``key`` of ``steps`` batches: ``[steps, B, (T,) ...]`` or ``[steps, T, B, ...]``,
         so that each step's batch is one contiguous block."""
         window = (steps, self.width) if self.seq_len else (steps,)
         dtype, sample = _common_layout(key, [(path, piece[key]) for path, piece in files])
         shape = window[:self.row_axis] + (len(cuts),) + window[self.row_axis:] + sample
-        out = np.empty(shape, dtype) if all(cuts) else np.full(shape, self._pad(key), dtype)
+        pad = self._pad(key)
+        out = np.empty(shape, dtype) if all(cuts) else np.full(shape, pad, dtype)
         for r, cut in enumerate(cuts):
             row_out = out[(slice(None),) * self.row_axis + (r,)]
             if cut is not None:
-                piece, offset = cut
+                _, piece, offset = cut
                 row_out[...] = piece[key][offset:offset + steps * self.width].reshape(window + sample)
             else:
-                fill = self._fill(key, r, None, None)
-                if fill is not None:
-                    row_out[...] = fill
+                row_out[...] = self._fill(key, r, (), pad)
         return out
 
     def _group_meta(self, rows: Rows, first: np.ndarray, steps: int) -> Dict[str, np.ndarray]:
@@ -131,10 +126,9 @@ class Cutter:
     async def step(self, rows: Rows, first: np.ndarray, epoch: int, index: int) -> Batch:
         """One batch, each row's window taken sample by sample (a row may reach its file's end)."""
         each = _row_meta(rows)  # positions before the rows move on
-        windows, valid = await self._take(rows)
-        files = [None if row is None else row.task.path for row in rows]
-        template = self._template_of(windows, files)
-        data = {key: self._field(key, [None if w is None else w[key] for w in windows], files, like)
+        windows, live, valid = await self._take(rows)
+        template = self._template_of(live)
+        data = {key: self._field(key, [() if w is None else w[key] for w in windows], live, like)
                 for key, like in template.items()}
         if self.padding_mode == "edge":
             self.remember_edges(windows)
@@ -142,57 +136,60 @@ class Cutter:
                 STREAM_ID: each[STREAM_ID], POSITION: each[POSITION]}
         return Batch(epoch, index, data, _paths(rows), meta)
 
-    async def _take(self, rows: Rows) -> Tuple[List[Optional[Columns]], np.ndarray]:
-        """Each row's next window (``None`` for a row without a file), and which of its samples are real."""
+    async def _take(self, rows: Rows) -> Tuple[List[Optional[Columns]], List[Tuple[str, Columns]], np.ndarray]:
+        """Each row's next window (``None`` for a row without a file); the windows with their files, in row
+        order; and which of their samples are real. A row with a file has a sample at hand
+        (``Rows.step_files``): its window is never empty."""
         valid = np.zeros((self.rows, self.width), dtype=bool)
         windows: List[Optional[Columns]] = []
+        live: List[Tuple[str, Columns]] = []
         for r, row in enumerate(rows):
             if row is None:
                 windows.append(None)
                 continue
             parts, got = await row.take(self.width)
             valid[r, :got] = True
-            windows.append(concat(parts, f"file {row.task.path!r}"))
-        return windows, valid
+            window = concat(parts, f"file {row.task.path!r}")
+            windows.append(window)
+            live.append((row.task.path, window))
+        return windows, live, valid
 
-    def _template_of(self, windows: Sequence[Optional[Columns]], files: Sequence[Optional[str]]) -> Columns:
+    def _template_of(self, live: Sequence[Tuple[str, Columns]]) -> Columns:
         """The step's first window (else the last cut's), which every window's fields must match."""
-        template = next((w for w in windows if w is not None), self.template)
+        template = live[0][1] if live else self.template
         assert template is not None, "a step has a window, or follows one"
         self.template = template
-        first_path = next((path for path in files if path is not None), None)
-        for path, window in zip(files, windows):
-            if window is not None and window.keys() != template.keys():
-                raise ValueError(f"files {first_path!r} and {path!r} have different fields ({sorted(template)} and "
+        for path, window in live:
+            if window.keys() != template.keys():
+                raise ValueError(f"files {live[0][0]!r} and {path!r} have different fields ({sorted(template)} and "
                                  f"{sorted(window)}): stream rows in one batch need the same fields")
         return template
 
-    def _field(self, key: str, columns: List[Window], files: Sequence[Optional[str]], like: Sequence) -> object:
-        """Field ``key`` of the batch from each row's window (``<= width`` samples of file
-        ``files[r]``; ``None`` for a row without a file), padded to ``width``. ``like`` is the field in the
-        epoch's template, which gives the layout when no row has a file.
+    def _field(self, key: str, columns: List[Window], live: Sequence[Tuple[str, Columns]], like: Sequence) -> object:
+        """Field ``key`` of the batch from each row's window (``<= width`` samples; empty for a row
+        without a file), padded to ``width``. ``live``: the windows with their files; ``like`` is the
+        field in the epoch's template, which gives the layout when no row has a file.
 
         When every window holds an array: an array ``[B, ...]``, ``[B, T, ...]`` or (time-major)
         ``[T, B, ...]`` of their common dtype (``_common_layout``). Otherwise a list of samples,
         of ``T``-sample lists, or (time-major) of ``T`` lists of ``B`` samples.
         """
-        seen = [col for col in columns if col is not None] or [like]
-        if all(isinstance(col, np.ndarray) for col in seen):
-            return self._array_field(key, columns, files, like)
-        return self._list_field(key, columns, seen[0])
+        seen: List[Tuple[Optional[str], Window]] = [(path, window[key]) for path, window in live] or [(None, like)]
+        if all(isinstance(col, np.ndarray) for _, col in seen):
+            return self._array_field(key, columns, seen)
+        return self._list_field(key, columns, seen[0][1])
 
-    def _array_field(self, key: str, columns: List[Window], files: Sequence[Optional[str]], like: Any) -> np.ndarray:
+    def _array_field(self, key: str, columns: List[Window], seen: Sequence[Tuple[Optional[str], Window]]) -> np.ndarray:
+        """``seen``: the windows that hold samples, with their files (else the template's field)."""
         pad = self._pad(key)
-        live = [(path, col) for path, col in zip(files, columns) if col is not None]
-        dtype, sample = _common_layout(key, cast(Any, live)) if live else (like.dtype, like.shape[1:])
+        dtype, sample = _common_layout(key, cast(Any, seen))
         out = np.full((len(columns), self.width) + sample, pad, dtype=dtype)
         for r, col in enumerate(columns):
-            n = 0 if col is None else len(col)
-            if n:
-                out[r, :n] = col
+            if len(col):
+                out[r, :len(col)] = col
             fill = self._fill(key, r, col, pad)
-            if n < self.width and fill is not pad:
-                out[r, n:] = fill
+            if fill is not pad:
+                out[r, len(col):] = fill
         return self._laid_out(out)
 
     def _laid_out(self, rows: np.ndarray) -> np.ndarray:
@@ -207,17 +204,15 @@ class Cutter:
         pad = self._pad(key)
         if np.ndim(like[0]):  # samples are sequences: pad with one of their shape
             pad = np.full(np.shape(like[0]), pad).tolist()
-        fills = [self._fill(key, r, col, pad) for r, col in enumerate(columns)]
+        rows = [list(col) + [self._fill(key, r, col, pad)] * (self.width - len(col)) for r, col in enumerate(columns)]
         if not self.seq_len:
-            return [fill if col is None else col[0] for col, fill in zip(columns, fills)]
-        rows = [[fill] * self.width if col is None else list(col) + [fill] * (self.width - len(col))
-                for col, fill in zip(columns, fills)]
+            return [row[0] for row in rows]
         return [list(step) for step in zip(*rows)] if self.time_major else rows
 
     def remember_edges(self, windows: Sequence[Optional[Columns]]) -> None:
         """``padding_mode="edge"``: keep each row's last real sample (a copy: not the piece it came from)."""
         for r, window in enumerate(windows):
-            if window is not None and n_rows(window):
+            if window is not None:
                 self.remember_edge(r, window)
 
     def remember_edge(self, r: int, window: Columns) -> None:
@@ -231,7 +226,7 @@ class Cutter:
         last real sample (of this window, else of an earlier step; ``pad`` before it has any)."""
         if self.padding_mode != "edge":
             return pad
-        if window is not None and len(window):
+        if len(window):
             return window[-1]
         return self.edge[r].get(key, pad)
 

@@ -110,8 +110,8 @@ class Schedule:
 
     def run(self, until: Optional[int] = None) -> "Schedule":
         """Follow the plan to step ``until`` (``None``: to the epoch's end)."""
-        while not self.ended and (until is None or self.step < until):
-            self.ended = not self._goes_on() or not self.take_files()
+        while not self.ended and before(self.step, until):
+            self.ended = not before(self.step, self.target) or not self.take_files()
             if not self.ended:
                 self._advance(until)
         return self
@@ -119,16 +119,18 @@ class Schedule:
     def at(self) -> RowsAt:
         """Where the rows are now (see ``RowsAt``)."""
         after = self._fork()  # the files the rows take at this step: which rows stay without one
-        goes_on = not self.ended and self._goes_on() and after.take_files()
-        edges = [(r, held) for r, held in enumerate(self.last) if r in after.idle and held is not None]
+        goes_on = not self.ended and before(self.step, self.target) and after.take_files()
         rows = [None if held is None or held.end(self.width) <= self.step else held.at(self.step, self.width)
                 for held in self.rows]
+        edges, template = self._padding(after) if goes_on else ([], None)
         return RowsAt(self.step, rows, self.started, self.fresh_left, delivered=list(self.delivered),
-                      replays=self.replays, cut=self.cut, ended=not goes_on, edges=edges if goes_on else [],
-                      template=after.template if goes_on and not after.ends else None)
+                      replays=self.replays, cut=self.cut, ended=not goes_on, edges=edges, template=template)
 
-    def _goes_on(self) -> bool:
-        return self.target is None or self.step < self.target
+    def _padding(self, after: "Schedule") -> Tuple[List[Tuple[int, Held]], Optional[Held]]:
+        """What pads the rows once they took files at this step (``after``): ``RowsAt.edges``
+        and ``RowsAt.template``."""
+        edges = [(r, held) for r, held in enumerate(self.last) if r in after.idle and held is not None]
+        return edges, None if after.ends else after.template
 
     def _fork(self) -> "Schedule":
         other = copy.copy(self)
@@ -139,14 +141,8 @@ class Schedule:
     def take_files(self) -> bool:
         """Give each row whose file has ended the next one (``Rows.step_files``); whether the epoch
         has a step here."""
-        ended = []
-        while self.ends and self.ends[0][0] <= self.step:
-            ended.append(heapq.heappop(self.ends)[1])
-        for r in ended:
-            held = self.rows[r]
-            assert held is not None, "a row in the heap holds a file"
-            self.fresh -= not held.replay
-        if ended and not self.ends and len(ended) + len(self.idle) == len(self.rows):
+        ended = self._release()
+        if ended and not self.ends:  # every row is without a file now (each is in the heap or idle)
             self.template = self.rows[min(ended)]  # what the last step with a live row was cut from
         for r in sorted(ended + list(self.idle)):
             self._hold(r, self._next_file())
@@ -159,6 +155,17 @@ class Schedule:
             return self.rows[0] is not None
         return True
 
+    def _release(self) -> List[int]:
+        """The rows whose files have ended by this step, taken out of the heap."""
+        ended = []
+        while self.ends and self.ends[0][0] <= self.step:
+            r = heapq.heappop(self.ends)[1]
+            held = self.rows[r]
+            assert held is not None, "a row in the heap holds a file"
+            self.fresh -= not held.replay
+            ended.append(r)
+        return ended
+
     def _hold(self, r: int, held: Optional[Held]) -> None:
         self.rows[r] = held
         if held is None:
@@ -170,7 +177,7 @@ class Schedule:
         heapq.heappush(self.ends, (held.end(self.width), r))
 
     def _next_file(self) -> Optional[Held]:
-        new = self._next_unread() if self.fresh_left else None
+        new = self._next_unread()  # None once every item is started
         if new is not None:
             self.delivered.append((new.item, new.length))
             return new
@@ -199,6 +206,11 @@ class Schedule:
         bounds = [b for b in (until, self.target) if b is not None]
         self.cut = self.cut or bool(self.ends)
         self.step = min(bounds + [self.ends[0][0]] if self.ends else bounds)
+
+
+def before(step: int, bound: Optional[int]) -> bool:
+    """Whether ``step`` comes before ``bound`` (``None``: no bound)."""
+    return bound is None or step < bound
 
 
 def stream_steps(lengths: Sequence[int], rows: int, width: int) -> int:

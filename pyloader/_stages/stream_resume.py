@@ -46,10 +46,9 @@ class StreamStart:
         """The files read before the position to find the rows' places (``edges``: with edge padding)."""
         if self.at.ended:
             return []
-        held = [h for _, h in self.at.in_progress(replay=False) + self.at.in_progress(replay=True)]
-        held += [h for _, h in self.at.edges] if edges else []
-        held += [] if self.at.template is None else [self.at.template]
-        return [h.item.path for h in held]
+        rows = self.at.in_progress(replay=False) + self.at.in_progress(replay=True) + (self.at.edges if edges else [])
+        template = [] if self.at.template is None else [self.at.template.item.path]
+        return [held.item.path for _, held in rows] + template
 
     def source(self, source: FileSource, until: int) -> Iterator[SourceItem]:
         """``source``'s items to epoch ``until`` (exclusive), the first epoch from the position."""

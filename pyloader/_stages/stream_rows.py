@@ -34,13 +34,13 @@ class Counted:
     the file, as soon as the pieces show it.
     """
 
-    def __init__(self, stream: FileStream) -> None:
+    def __init__(self, stream: FileStream, count: int) -> None:
         self.task = stream.task
         self._stream = stream
+        self._count = count  # the file's ``DataReader.count``
 
     async def pieces(self) -> AsyncGenerator[Piece, None]:
-        count, seen = self.task.count, 0
-        assert count is not None, "a counted stream has a count"
+        count, seen = self._count, 0
         async with contextlib.aclosing(self._stream.pieces()) as pieces:
             async for piece in pieces:
                 seen += piece.n
@@ -55,8 +55,10 @@ class Counted:
 
 def row_pieces(pieces: PiecesOf, stream: FileStream) -> AsyncGenerator[Piece, None]:
     """The pieces a row takes from ``stream``: a whole file with a count is checked against it."""
-    whole = stream.task.count is not None and stream.task.end is None
-    return pieces(Counted(stream) if whole else stream)  # type: ignore[arg-type]
+    count = stream.task.count
+    if count is None or stream.task.end is not None:
+        return pieces(stream)
+    return pieces(Counted(stream, count))  # type: ignore[arg-type]
 
 
 class Row:
@@ -184,7 +186,7 @@ class Rows:
         return first
 
     async def _next_file(self) -> Optional[Row]:
-        new = await self._next_unread() if self.fresh_left else None
+        new = await self._next_unread()  # None once no unread file is left
         if new is not None:
             self.delivered.append(new.task)
             return new

@@ -44,11 +44,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import io
 import logging
 import threading
-from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager, Deque, Dict, Optional, Protocol, Tuple, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager, Deque, Dict, Optional, Protocol, Tuple
 
 import aiofiles
 import aiofiles.os
@@ -114,8 +115,11 @@ class Budget:
 
     async def take(self, n: int, demand: asyncio.Event) -> int:
         """Wait for ``n`` bytes; the bytes taken (``n``, or 0 when ``demand`` came first)."""
-        if not self._waiting and (self.used + n <= self.limit or demand.is_set()):
-            return self._grant(n) if self.used + n <= self.limit else 0
+        if not self._waiting:
+            if self.used + n <= self.limit:
+                return self._grant(n)
+            if demand.is_set():
+                return 0
         turn: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
         waiter = (n, turn)
         self._waiting.append(waiter)
@@ -123,7 +127,7 @@ class Budget:
         try:
             await asyncio.wait((turn, demanded), return_when=asyncio.FIRST_COMPLETED)  # not first_of: turn is a future
         except BaseException:  # cancelled: bytes granted meanwhile go back
-            if turn.done() and not turn.cancelled():
+            if turn.done():  # granted (only the finally below cancels it)
                 self.give(n)
             raise
         finally:
@@ -153,10 +157,8 @@ class Budget:
 def _give_back(loop: asyncio.AbstractEventLoop, budget: Budget, n: int) -> None:
     """``budget.give(n)`` from any thread (nothing, once the run's loop is gone)."""
     if n:
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the run, and its budget, are over
             loop.call_soon_threadsafe(budget.give, n)
-        except RuntimeError:
-            pass  # the loop is closed: the run, and its budget, are over
 
 
 class _LocalFile:
@@ -181,8 +183,7 @@ class _LocalFile:
     async def read(self, start: int, n: int) -> bytes:
         if self._file is None:
             self._file = await aiofiles.open(self.path, "rb", executor=self._executor)
-        if start != await self._file.tell():
-            await self._file.seek(start)
+        await self._file.seek(start)  # where it already is, a seek costs what a tell() to check it would
         return await self._file.read(n)
 
     async def close(self, complete: bool) -> None:
@@ -224,10 +225,9 @@ class _RemoteFile:
         info = await self._call(self._fs.info, self._path)
         self.size = info.get("size")
         self._version = version(info)
-        if self._cache is not None and self.size is not None:
-            self.entry = await self._run_io(self._cache.lookup, self.url, self.size, self._version)
-            if self.entry is not None:
-                self._cached = _LocalFile(self.entry.data_path, self.size, self._cached._executor)
+        entry = await self.cached_entry()
+        if entry is not None:
+            self._cached = _LocalFile(entry.data_path, entry.size, self._cached._executor)
 
     async def cached_entry(self) -> Optional[Entry]:
         """The file's entry in the cache: the one found by ``open``, else the one its read wrote."""
@@ -268,11 +268,7 @@ class _RemoteFile:
             why = "" if await self._run_io(_all_blocks_check, entry, data) else "a block failed its check"
         except OSError as exc:  # gone meanwhile (room made for another file), or not a file
             data, why = b"", f"reading it failed ({exc})"
-        if not why:
-            return data
-        await self._run_io(self._cache.drop, entry, why)  # type: ignore[union-attr]
-        self.entry = None
-        return None
+        return await self._checked(entry, data, why)
 
     async def _cached_block(self, entry: Entry, start: int, n: int) -> Optional[bytes]:
         """Bytes ``start:start + n`` from the cache entry, checked; ``None`` (the entry dropped) when that fails."""
@@ -283,10 +279,15 @@ class _RemoteFile:
                 else f"block {index} failed its check"
         except OSError as exc:  # gone meanwhile (room made for another file), or not a file
             block, why = b"", f"reading block {index} failed ({exc})"
+        return await self._checked(entry, block, why)
+
+    async def _checked(self, entry: Entry, data: bytes, why: str) -> Optional[bytes]:
+        """``data``, read from the cache entry, when ``why`` is empty; else ``None``: the entry is dropped
+        (``why`` says what failed) and the rest comes from the remote file (the blocks before were sound)."""
         if not why:
-            return block
+            return data
         await self._run_io(self._cache.drop, entry, why)  # type: ignore[union-attr]
-        self.entry = None  # the rest comes from the remote file; the blocks before were sound
+        self.entry = None
         await self._cached.close(False)
         return None
 
@@ -339,37 +340,47 @@ class ReadAhead:
         self.local = True  # local files are read ahead (until a reader shows it does not use open_file)
         self._fetching: Dict[str, asyncio.Event] = {}  # remote files being fetched into the cache
 
-    def _wanted(self, path: str) -> bool:
-        if not self.budget.limit:  # readahead_bytes=0: readers open their files themselves, or the cache's entry
-            return is_url(path) and self.cache is not None
-        if is_url(path):
-            return True
-        return self.local and not _maps_itself(self._reader, path)
-
     async def fetch(self, path: str, demand: asyncio.Event, streams: bool = True) -> Optional[Served]:
         """What ``open_file(path)`` will serve, read (or, for a large file, being read) ahead;
         ``None`` when the reader is to open the file itself. ``streams=False`` (for a worker
         process): only remote files are read ahead, those larger than the budget into the cache."""
-        remote = is_url(path)
-        if not self._wanted(path) or not (streams or remote):
-            return None  # a worker process reads a local file itself: its bytes need not cross a socket
-        source: Union[_RemoteFile, _LocalFile] = await (self._open_remote(path, demand) if remote
-                                                        else _LocalFile.open(local_path(path), self._executor))
+        if is_url(path):
+            return await self._fetch_remote(path, demand, streams)
+        # a worker process reads a local file itself: its bytes need not cross a socket;
+        # readahead_bytes=0: readers open their local files themselves
+        if not (streams and self.budget.limit and self.local) or _maps_itself(self._reader, path):
+            return None
+        source = await _LocalFile.open(local_path(path), self._executor)
+        if source.size <= self.budget.limit:
+            return await self._whole(source, demand)
+        return BlockStream(path, source, source.size, self.budget, self.block_size)
+
+    async def _fetch_remote(self, path: str, demand: asyncio.Event, streams: bool) -> Optional[Served]:
+        if not self.budget.limit:
+            return await self._into_cache(path, demand)
+        source = await self._open_remote(path, demand)
         size = source.size
-        if isinstance(source, _RemoteFile) and not self.budget.limit and size != 0:  # readahead_bytes=0
-            return await self._by_ranges(source, size or 0, demand)  # into the cache (unknown size: not at all)
         if size is None or size <= self.budget.limit:
-            return await self._whole(path, source, demand, remote)
-        if isinstance(source, _RemoteFile) and (not streams or _reads_ranges(self._reader, path)):
+            return await self._whole(source, demand)
+        if not streams or _reads_ranges(self._reader, path):
             return await self._by_ranges(source, size, demand)
-        block_size = source.block_size(self.block_size) if isinstance(source, _RemoteFile) else self.block_size
-        return BlockStream(path, source, size, self.budget, block_size)
+        return BlockStream(path, source, size, self.budget, source.block_size(self.block_size))
+
+    async def _into_cache(self, path: str, demand: asyncio.Event) -> Optional[Served]:
+        """``readahead_bytes=0``: a remote file fetched into the cache (unknown size: not at all) and served
+        from its entry; ``None`` (the reader opens the file itself) without a cache."""
+        if self.cache is None:
+            return None
+        source = await self._open_remote(path, demand)
+        if source.size == 0:
+            return await self._whole(source, demand)
+        return await self._by_ranges(source, source.size or 0, demand)
 
     async def _by_ranges(self, source: _RemoteFile, size: int, demand: asyncio.Event) -> Optional[ServedEntry]:
         """A large remote file read by byte ranges: from its cache entry when the cache can hold it,
         else (``None``) by the reader itself."""
         if self.cache is not None and self.cache.fits(size):
-            return await self._cached(source, demand)
+            return await self._cached(source, size, demand)
         await source.close(False)
         return None
 
@@ -392,7 +403,7 @@ class ReadAhead:
             raise
         return source
 
-    async def _whole(self, path: str, source: _ByteSource, demand: asyncio.Event, remote: bool) -> ServedBytes:
+    async def _whole(self, source: _ByteSource, demand: asyncio.Event) -> ServedBytes:
         taken = await self.budget.take(source.size or 0, demand)
         try:
             data = await source.whole()
@@ -403,13 +414,13 @@ class ReadAhead:
             await source.close(False)
         return ServedBytes(data, functools.partial(_give_back, asyncio.get_running_loop(), self.budget, taken))
 
-    async def _cached(self, source: _RemoteFile, demand: asyncio.Event) -> Optional[ServedEntry]:
-        """A large remote file served from its cache entry, written first if there is none yet, a
-        block at a time (each within the budget until it is on the disk); ``None`` when the entry
-        went before it could be served (the reader then opens the remote file itself)."""
+    async def _cached(self, source: _RemoteFile, size: int, demand: asyncio.Event) -> Optional[ServedEntry]:
+        """A large remote file (of ``size`` bytes) served from its cache entry, written first if there is
+        none yet, a block at a time (each within the budget until it is on the disk); ``None`` when the
+        entry went before it could be served (the reader then opens the remote file itself)."""
         complete = source.entry is not None
         try:
-            pos, size = 0, source.size or 0
+            pos = 0
             while not complete and pos < size:
                 n = min(self.block_size, size - pos)
                 taken = await self.budget.take(n, demand) if self.budget.limit else 0  # 0: into the cache alone
@@ -440,15 +451,19 @@ def _reads_ranges(reader: object, path: str) -> bool:
     """A reader that reads byte ranges anywhere in a file (``ParquetReader``: the footer, then the
     chunks of its columns, its ``_reads_ranges``) reads a large remote file by those ranges itself, or
     from its cache entry: streamed in order, it would be fetched whole and then its ranges again."""
-    reads = getattr(reader, "_reads_ranges", None)
-    return bool(reads is not None and reads(path))
+    return _answer(reader, "_reads_ranges", path)
 
 
 def _maps_itself(reader: object, path: str) -> bool:
     """A reader that maps a local file itself (zero copy: ``NumpyReader(mmap=True)`` and a ``.npy``, its
     ``_maps_itself``) would read it twice if it were read ahead. Asked, not looked up: storage imports no reader."""
-    maps = getattr(reader, "_maps_itself", None)
-    return bool(maps is not None and maps(path))
+    return _answer(reader, "_maps_itself", path)
+
+
+def _answer(reader: object, question: str, path: str) -> bool:
+    """The reader's answer to one of the read-ahead's questions about ``path``; no, when it has no such method."""
+    ask = getattr(reader, question, None)
+    return bool(ask is not None and ask(path))
 
 
 class BlockStream(Served, SeekableRaw):
@@ -579,10 +594,8 @@ class BlockStream(Served, SeekableRaw):
     def _stop(self) -> None:
         """Stop reading ahead and give back the budget of the blocks held (``_cond`` held)."""
         if not self._ended:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the task is over
                 self._loop.call_soon_threadsafe(self._task.cancel)
-            except RuntimeError:
-                pass
         while self._blocks:
             _give_back(self._loop, self._budget, self._blocks.popleft()[2])
 

@@ -175,8 +175,8 @@ def _blocks(meta: object, url: str, size: int, version: str) -> Optional[List[st
 
 def _describes(meta: Dict[str, object], url: str, size: int, version: str) -> bool:
     """Whether ``meta`` is of this format and describes ``url`` at this size and version."""
-    return meta.get("format") == FORMAT and meta.get("url") == url and type(meta.get("size")) is int \
-        and meta["size"] == size and meta.get("version") == version
+    described = meta.get("format"), meta.get("url"), type(meta.get("size")), meta.get("size"), meta.get("version")
+    return described == (FORMAT, url, int, size, version)  # the size's type too: True == 1
 
 
 def _mtime(path: str) -> float:

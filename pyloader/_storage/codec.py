@@ -95,10 +95,15 @@ def _pack_column(column: Column, name: str, arrays: Arrays) -> Spec:
     raise _Unsupported(f"it is a {type(column).__name__}: a column must be a list, a tuple or a NumPy array")
 
 
+def _at(array: np.ndarray, rows: Optional[np.ndarray]) -> np.ndarray:
+    """``array``'s rows ``rows``, copied out; all of it as it is when ``rows`` is ``None``."""
+    return array if rows is None else np.array(array[rows])
+
+
 def _unpack_column(spec: Spec, arrays: Mapping[str, np.ndarray], rows: Optional[np.ndarray]) -> Column:
     container = spec["container"]
     if container == "array":
-        return arrays[spec["name"]] if rows is None else np.array(arrays[spec["name"]][rows])
+        return _at(arrays[spec["name"]], rows)
     items = _unpack_items(spec["items"], arrays, spec["name"], rows)
     if container == "tuple":
         return tuple(items)
@@ -161,10 +166,11 @@ def _pack_numpy_scalars(items: Column, kind: type, name: str, arrays: Arrays) ->
 
 
 def _pack_arrays(items: Sequence[np.ndarray], kind: type, name: str, arrays: Arrays) -> Spec:
-    dtypes, ndims = {a.dtype for a in items}, {a.ndim for a in items}
-    if len(dtypes) > 1 or len(ndims) > 1 or next(iter(dtypes)).hasobject:
+    layouts = {(a.dtype, a.ndim) for a in items}
+    dtype, ndim = next(iter(layouts))
+    if len(layouts) > 1 or dtype.hasobject:
         raise _Unsupported("NumPy arrays of several dtypes or numbers of dimensions, or of objects")
-    arrays[name + "s"] = np.array([a.shape for a in items], dtype=np.int64).reshape(len(items), ndims.pop())
+    arrays[name + "s"] = np.array([a.shape for a in items], dtype=np.int64).reshape(len(items), ndim)
     arrays[name] = np.concatenate([a.ravel() for a in items])
     return {"kind": "arrays"}
 
@@ -211,14 +217,17 @@ def _unpack_items(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
                   rows: Optional[np.ndarray] = None) -> Sequence[object]:
     """The items ``_pack_items`` stored under ``name`` (those at ``rows`` when given, copied out of ``arrays``)."""
     kind = spec["kind"]
-    if kind == "empty":
-        return []
     if kind in _UNPACKERS:
         return _UNPACKERS[kind](spec, arrays, name, rows)
-    values = arrays[name] if rows is None else np.array(arrays[name][rows])
+    values = _at(arrays[name], rows)
     if kind == "scalar":
         return list(values)
     return values.tolist()  # bool, int, float, complex: the Python types they were
+
+
+def _unpack_empty(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
+                  rows: Optional[np.ndarray]) -> Sequence[object]:
+    return []
 
 
 def _unpack_nested(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
@@ -238,6 +247,7 @@ def _unpack_strings(spec: Spec, arrays: Mapping[str, np.ndarray], name: str,
     return [p.decode("utf-8", "surrogatepass") for p in parts] if spec["kind"] == "str" else parts
 
 
-# how items stored as each kind are read back (empty columns and the scalar kinds aside)
+# how items stored as each kind are read back (the scalar kinds aside)
 _UNPACKERS: Dict[str, Callable[[Spec, Mapping[str, np.ndarray], str, Optional[np.ndarray]], Sequence[object]]] = {
-    "nested": _unpack_nested, "str": _unpack_strings, "bytes": _unpack_strings, "arrays": _unpack_arrays}
+    "empty": _unpack_empty, "nested": _unpack_nested, "str": _unpack_strings, "bytes": _unpack_strings,
+    "arrays": _unpack_arrays}

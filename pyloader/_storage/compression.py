@@ -32,6 +32,7 @@ standard library's ``bz2``/``lzma`` file objects, with these differences, which 
 from __future__ import annotations
 
 import bz2
+import contextlib
 import functools
 import io
 import lzma
@@ -107,17 +108,15 @@ class _Gzip:
     needs_input = property(lambda self: not self._tail)
 
     def decompress(self, data: bytes, max_length: int) -> bytes:
-        data = self._tail + data if self._tail else data
+        data = self._tail + data
         before = self._d.copy()
         try:
             out = self._d.decompress(data, max_length)
         except zlib.error as e:
             made: List[bytes] = []  # fed again a byte at a time: zlib gives nothing of a call that fails
-            try:
+            with contextlib.suppress(zlib.error):
                 for k in range(len(data)):
                     made.append(before.decompress(data[k:k + 1]))
-            except zlib.error:
-                pass
             raise _Damaged(e, b"".join(made)) from e
         self._tail = self._d.unconsumed_tail
         return out
@@ -223,9 +222,9 @@ class _Decompressing(io.RawIOBase):
                     self._failure = self._error(EOFError("compressed file ended before the end-of-stream "
                                                          "marker was reached"), "truncated")
                     return b""
+                self._fed = True
             else:
                 data = b""
-            self._fed = self._fed or bool(data)
             try:
                 out = self._d.decompress(data, size)
             except _Damaged as damaged:
@@ -244,7 +243,7 @@ class _Decompressing(io.RawIOBase):
             if self._codec == "gzip":
                 rest = rest.lstrip(b"\0")
             if rest:
-                self._d, self._fed = self._new(), False
+                self._d, self._fed = self._new(), True  # fed ``rest`` next
                 return rest
             rest = self._source.read(_FEED)
             if not rest:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, TypedDi
 from .._checks import is_integer
 from .._paths import is_url, local_path
 from . import writers
-from .files import _GLOB_CHARS
+from .files import is_glob
 from .remote import Info, filesystem, version
 from .remote import _with_path as with_path
 
@@ -70,9 +70,12 @@ def _filesystem(url: str) -> Tuple[AbstractFileSystem, str]:
     return filesystem(url, retried_here=False)
 
 
+_JSON_SCALARS = (type(None), bool, int, float, str)
+
+
 def _plain(value: object) -> object:
     """``value`` as JSON keeps it, or its type's name when it is no plain value (a tokenizer, a function)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, _JSON_SCALARS):
         return value
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
@@ -104,7 +107,7 @@ def index_folder(data_dir: object, files: Sequence[str]) -> str:
     of a glob before its first wildcard, or the folder holding every file of a list (or the file)."""
     if isinstance(data_dir, (str, os.PathLike)):
         spec = os.fspath(data_dir)
-        if any(c in spec for c in _GLOB_CHARS):
+        if is_glob(spec):
             return _as_listed(_glob_root(spec))
         return _parent(spec) if list(files) == [spec] else _as_listed(spec.rstrip("/") or "/")
     return _common_folder(files)
@@ -113,7 +116,7 @@ def index_folder(data_dir: object, files: Sequence[str]) -> str:
 def _glob_root(spec: str) -> str:
     """The folder of a glob before its first wildcard (``.`` when the first part has one)."""
     parts = spec.split("/")
-    static = next(k for k, part in enumerate(parts) if any(c in part for c in _GLOB_CHARS))
+    static = next(k for k, part in enumerate(parts) if is_glob(part))
     return "/".join(parts[:static]) or "."
 
 
@@ -136,7 +139,7 @@ def name_in(folder: str, path: str) -> str:
     """``path`` relative to ``folder`` (``/`` separated), or ``path`` itself when it is not below it."""
     if is_url(path) or is_url(folder):
         prefix = folder.rstrip("/") + "/"
-        return path[len(prefix):] if path.startswith(prefix) else path
+        return path.removeprefix(prefix)
     relative = os.path.relpath(os.path.abspath(local_path(path)), os.path.abspath(local_path(folder)))
     return path if relative.startswith("..") else relative.replace(os.sep, "/")
 
@@ -283,5 +286,4 @@ def lookup(files: Sequence[str], names: Sequence[str], stamps_now: Sequence[Opti
 
 def _matching_count(entries: List[Entry], stamp: Optional[Stamp]) -> Optional[int]:
     """The count of the first entry made for the file as it is now (its ``stamp``), if one was."""
-    match = next((e for e in entries if (e["size"], e["version"]) == stamp), None)
-    return None if match is None else match["count"]
+    return next((e["count"] for e in entries if (e["size"], e["version"]) == stamp), None)

@@ -103,9 +103,9 @@ def _check_keys(value: Mapping[str, object]) -> None:
     """The keys of ``cache_encoded`` given as a dict: ``CacheEncoded``'s fields (``dir`` and
     ``update_every`` required)."""
     names = [f.name for f in dataclasses.fields(CacheEncoded)]
-    unknown, missing = sorted(set(value) - set(names)), [n for n in ("dir", "update_every") if n not in value]
-    if unknown or missing:
-        wrong = ([f"unknown {unknown}"] if unknown else []) + ([f"missing {missing}"] if missing else [])
+    unknown, missing = sorted(set(value) - set(names)), sorted({"dir", "update_every"} - set(value))
+    wrong = [f"{what} {keys}" for what, keys in (("unknown", unknown), ("missing", missing)) if keys]
+    if wrong:
         raise ValueError(f"cache_encoded takes the keys {names} (dir and update_every required): "
                          f"{'; '.join(wrong)}")
 
@@ -201,8 +201,8 @@ class EpochStore:
             return None
 
     def _checked(self, meta: object, block: int) -> Manifest:
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("key") != self.key \
-                or meta.get("block") != block:
+        if not isinstance(meta, dict) or (meta.get("format"), meta.get("key"), meta.get("block")) != \
+                (FORMAT, self.key, block):
             raise ValueError("the manifest is of another format, key or block")
         folder = os.path.join(self.folder, os.path.basename(meta["folder"]))
         files = meta["files"]
@@ -282,9 +282,10 @@ class EpochWriter:
         data = buffer.getvalue()
         limit = self.store.config.limit
         with self._lock:
-            if self.failed is None and limit is not None and self.bytes + len(data) > limit:
-                self.failed, self.over_limit = f"its batches take more than limit={limit} bytes", True
             if self.failed is not None:
+                return item.data
+            if limit is not None and self.bytes + len(data) > limit:
+                self.failed, self.over_limit = f"its batches take more than limit={limit} bytes", True
                 return item.data
             self.bytes += len(data)
         try:
@@ -329,7 +330,7 @@ def load(ref: CachedRef) -> Columns:
     """A cached batch, checked against its manifest entry (a step run in the lane's threads)."""
     with open(ref.path, "rb") as f:
         data = f.read()
-    if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+    if (len(data), hashlib.sha256(data).hexdigest()) != (ref.size, ref.sha256):
         raise ValueError(f"the cached batch {ref.path!r} was changed or damaged since it was written "
                          f"(size or SHA-256 differs)")
     with HEADER_PARSE, np.load(io.BytesIO(data), allow_pickle=False) as arrays:  # each member's header

@@ -24,6 +24,11 @@ DataDir = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 _GLOB_CHARS = set("*?[")
 
+
+def is_glob(text: str) -> bool:
+    """Whether ``text`` (a path, or a part of one) holds a glob wildcard."""
+    return any(c in text for c in _GLOB_CHARS)
+
 logger = logging.getLogger("pyloader")
 
 
@@ -321,7 +326,7 @@ def list_files(data_dir: DataDir, retries: int = 0) -> List[str]:
 
 def _found(spec: str, retries: int) -> List[str]:
     """The files of ``spec``: a URL (remote folder, glob or file), a local glob, or a local folder or file."""
-    globbed = any(c in spec for c in _GLOB_CHARS)
+    globbed = is_glob(spec)
     if is_url(spec):
         from .remote import list_remote
 

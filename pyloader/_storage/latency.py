@@ -41,7 +41,7 @@ class LatencyFileSystem(MemoryFileSystem):
     @classmethod
     def _strip_protocol(cls, path: str) -> str:
         prefix = f"{cls.protocol}://"
-        return super()._strip_protocol(path[len(prefix):] if path.startswith(prefix) else path)
+        return super()._strip_protocol(path.removeprefix(prefix))
 
     def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> bytes:
         cls = type(self)

@@ -262,7 +262,7 @@ def filesystem(url: str, retried_here: bool = True) -> Tuple[AbstractFileSystem,
 
 
 def _hidden_below(path: str, root: str) -> bool:
-    return any(part.startswith((".", "_")) for part in path[len(root):].split("/") if part)
+    return any(part.startswith((".", "_")) for part in path[len(root):].split("/"))
 
 
 def _list(url: str) -> List[str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 __all__ = ["dead", "tag"]
 
@@ -59,15 +59,9 @@ def tag() -> str:
     return _tags[pid]
 
 
-def _parse(name: str) -> Optional[Tuple[str, int, int]]:
-    found = _TAG.search(name)
-    return None if found is None else (found[1], int(found[2]), int(found[3]))
-
-
 def dead(name: str) -> bool:
     """Whether ``name`` was written by a process of this machine and namespace that is gone."""
-    parsed = _parse(name)
-    if parsed is None or parsed[0] != _this_scope() or parsed[0] == "x":
+    found = _TAG.search(name)  # scope, pid, start
+    if found is None or found[1] != _this_scope() or found[1] == "x":
         return False
-    _, pid, start = parsed
-    return _start_of(pid) != start
+    return _start_of(int(found[2])) != int(found[3])

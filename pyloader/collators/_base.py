@@ -73,7 +73,7 @@ class ArrayCollator(DataCollator):
         ragged_keys: Union[Mapping[str, int], Iterable[str]] = (),
         images: Optional[Images] = None,
     ) -> None:
-        if images is not None and not isinstance(images, Images):
+        if not isinstance(images, (Images, type(None))):
             raise ValueError(f"images must be a pyloader.collators.Images, got {type(images).__name__}")
         self.images = images
         self.options = StackOptions.create(
@@ -133,7 +133,10 @@ class ArrayCollator(DataCollator):
         """The framework half of ``collate_batch``: ``convert(stack(f)) == collate_batch(f)``."""
         batch, pending = stacked
         convert: Dict[str, Callable[..., object]] = {"array": self.convert_array, "strings": self.convert_strings}
-        return {key: convert[pending[key]](key, value) if key in pending else value for key, value in batch.items()}
+        out = dict(batch)
+        for key, kind in pending.items():
+            out[key] = convert[kind](key, batch[key])
+        return out
 
     @abc.abstractmethod
     def convert_array(self, key: str, array: np.ndarray) -> object:

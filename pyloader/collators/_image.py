@@ -15,8 +15,10 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._checks import one_of
 from .._columns import Column
 from .._rng import rng
+from ._stack import check_not_string
 
 __all__ = ["Images"]
 
@@ -39,8 +41,7 @@ class Images:
     def __init__(self, keys: Iterable[str], size: Optional[Tuple[int, int]] = None, crop: str = "random",
                  flip: bool = False, mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
                  channels_first: bool = True) -> None:
-        if isinstance(keys, (str, bytes)):
-            raise ValueError(f"keys must be a collection of keys, not the string {keys!r}")
+        check_not_string("keys", keys)
         self.keys = list(keys)
         _check_geometry(size, crop)
         self.size, self.crop, self.flip = size, crop, bool(flip)
@@ -61,67 +62,72 @@ class Images:
 
     def _column(self, key: str, column: Column, float_dtype: np.dtype) -> np.ndarray:
         items = [self._item(key, np.asarray(item)) for item in column]
-        shapes = {item.shape for item in items}
-        if len(shapes) > 1:
-            raise ValueError(f"image key {key!r}: the images differ in size ({sorted(shapes)[:3]}...): give Images "
-                             f"a size= to crop them to")
-        if not items:
-            raise ValueError(f"image key {key!r}: the batch holds no image")
-        dtype = np.result_type(*items)  # what stacking them would hold: its maximum scales integers
-        if dtype.kind not in "biuf":
-            raise ValueError(f"image key {key!r}: images must hold numbers, got {dtype}")
-        array = self._placed(items, float_dtype)
+        dtype = _stacked_dtype(key, items)
+        array, channels_last = self._placed(items, float_dtype)
         if dtype.kind in "iu":
             array /= float_dtype.type(np.iinfo(dtype).max)
-        return self._normalized(key, array, 1 if self.channels_first else 3)
+        self._normalize(key, channels_last)
+        return array
 
-    def _placed(self, items: List[np.ndarray], float_dtype: np.dtype) -> np.ndarray:
+    def _placed(self, items: List[np.ndarray], float_dtype: np.dtype) -> Tuple[np.ndarray, np.ndarray]:
         """The items as one new ``float_dtype`` array in the output layout, each cast as it is copied in
-        (one pass over the batch: no stacked copy, no transposed copy)."""
-        items = [item if item.ndim == 3 else item[..., None] for item in items]
-        height, width, channels = items[0].shape
-        shape = (len(items), channels, height, width) if self.channels_first else (len(items), height, width, channels)
-        out = np.empty(shape, dtype=float_dtype)
+        (one pass over the batch: no stacked copy, no transposed copy), and a ``[B, H, W, C]`` view of it."""
+        height, width, channels = np.atleast_3d(items[0]).shape
+        if self.channels_first:
+            out = np.empty((len(items), channels, height, width), dtype=float_dtype)
+            channels_last = out.transpose(0, 2, 3, 1)
+        else:
+            out = channels_last = np.empty((len(items), height, width, channels), dtype=float_dtype)
         for k, item in enumerate(items):
-            out[k] = item.transpose(2, 0, 1) if self.channels_first else item
-        return out
+            channels_last[k] = np.atleast_3d(item)
+        return out, channels_last
 
     def _item(self, key: str, image: np.ndarray) -> np.ndarray:
         if image.ndim not in (2, 3):
             raise ValueError(f"image key {key!r}: an image must be [H, W] or [H, W, C], got shape {image.shape}")
-        if self.size is not None:
-            image = self._cropped(key, image)
+        image = self._cropped(key, image)
         if self.flip and rng().random() < 0.5:
             image = image[:, ::-1]
         return image
 
     def _cropped(self, key: str, image: np.ndarray) -> np.ndarray:
-        assert self.size is not None, "only called with a size"
+        """``image`` cut to ``size`` (at a random place, or centred); as it is without a ``size``."""
+        if self.size is None:
+            return image
         (h, w), (height, width) = self.size, image.shape[:2]
-        if height < h or width < w:
+        spare = np.array([height - h, width - w])  # the rows and columns left out
+        if spare.min() < 0:
             raise ValueError(f"image key {key!r}: an image of {height}x{width} is smaller than size {h}x{w}")
-        if self.crop == "random":
-            top, left = (int(v) for v in rng().integers(0, [height - h + 1, width - w + 1]))
-        else:
-            top, left = (height - h) // 2, (width - w) // 2
+        top, left = (rng().integers(0, spare + 1) if self.crop == "random" else spare // 2).tolist()
         return image[top:top + h, left:left + w]
 
-    def _normalized(self, key: str, array: np.ndarray, channel: int) -> np.ndarray:
-        """``array`` normalized in place per channel (its axis ``channel``)."""
-        channels = array.shape[channel]
-        for name, values in (("mean", self.mean), ("std", self.std)):
-            if values is not None and values.size not in (1, channels):
+    def _normalize(self, key: str, array: np.ndarray) -> None:
+        """Normalize ``array`` (``[B, H, W, C]``) in place per channel with ``mean`` and ``std``."""
+        channels = array.shape[-1]
+        for name, values, operation in (("mean", self.mean, np.subtract), ("std", self.std, np.divide)):
+            if values is None:
+                continue
+            if values.size not in (1, channels):
                 raise ValueError(f"image key {key!r}: {name} has {values.size} values for {channels} channels")
-        along = (-1,) + (1,) * (array.ndim - 1 - channel)  # broadcast along the channel axis
-        if self.mean is not None:
-            array -= self.mean.astype(array.dtype).reshape(along)
-        if self.std is not None:
-            array /= self.std.astype(array.dtype).reshape(along)
-        return array
+            operation(array, values.astype(array.dtype), out=array)
+
+
+def _stacked_dtype(key: str, items: List[np.ndarray]) -> np.dtype:
+    """The dtype stacking ``items`` would give (its maximum scales integers); ``ValueError`` unless they are
+    images of numbers, all of one size."""
+    shapes = {item.shape for item in items}
+    if len(shapes) > 1:
+        raise ValueError(f"image key {key!r}: the images differ in size ({sorted(shapes)[:3]}...): give Images "
+                         f"a size= to crop them to")
+    if not items:
+        raise ValueError(f"image key {key!r}: the batch holds no image")
+    dtype = np.result_type(*items)
+    if dtype.kind not in "biuf":
+        raise ValueError(f"image key {key!r}: images must hold numbers, got {dtype}")
+    return dtype
 
 
 def _check_geometry(size: Optional[Tuple[int, int]], crop: str) -> None:
     if size is not None and (len(size) != 2 or not all(isinstance(v, int) and v >= 1 for v in size)):
         raise ValueError(f"size must be (height, width), two integers >= 1, got {size!r}")
-    if crop not in CROPS:
-        raise ValueError(f"crop must be one of {CROPS}, got {crop!r}")
+    one_of(CROPS)("crop", crop)

@@ -28,15 +28,15 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
-from .._checks import is_integer
+from .._checks import positive
 
-__all__ = ["PAD_INFO", "StackOptions", "stack_batch", "stack_column"]
+__all__ = ["PAD_INFO", "StackOptions", "check_not_string", "stack_batch", "stack_column"]
 
 PAD_INFO = ("mask", "lengths", None)
 _SEQUENCE = (list, tuple, np.ndarray)
 _STRING = (str, bytes)
 _NUMERIC_KINDS = "biufc"
-_PY_BASES = (bool, int, float, complex)  # bool first: it is also an int
+_PY_BASES = (bool, int, float, complex)  # narrowest first (bool: it is also an int)
 _WEAK = {bool: False, int: 0, float: 0.0, complex: 0j}  # Python scalars promote NumPy dtypes weakly
 
 ItemColumn = Union[Sequence, np.ndarray]  # one item per sample: a list, or an array along its first axis
@@ -70,16 +70,12 @@ class StackOptions:
         ragged_keys: Union[Mapping[str, int], Iterable[str]] = (),
     ) -> "StackOptions":
         """Check and normalise the settings; ``ValueError`` names the bad one."""
-        float_dt, int_dt = np.dtype(float_dtype), np.dtype(int_dtype)
-        if float_dt.kind != "f":
-            raise ValueError(f"float_dtype must be a floating dtype, got {float_dt}")
-        if int_dt.kind not in "iu":
-            raise ValueError(f"int_dtype must be an integer dtype, got {int_dt}")
+        float_dt = _checked_dtype("float_dtype", float_dtype, "f", "a floating")
+        int_dt = _checked_dtype("int_dtype", int_dtype, "iu", "an integer")
         if pad_info not in PAD_INFO:
             raise ValueError(f"pad_info must be one of {PAD_INFO}, got {pad_info!r}")
         for name, value in (("keys", keys), ("passthrough", passthrough), ("ragged_keys", ragged_keys)):
-            if isinstance(value, (str, bytes)):
-                raise ValueError(f"{name} must be a collection of keys, not the string {value!r}")
+            check_not_string(name, value)
         ragged = _ragged_axes(ragged_keys)
         return cls(
             float_dtype=float_dt,
@@ -97,13 +93,26 @@ class StackOptions:
         return key not in self.passthrough and (self.keys is None or key in self.keys)
 
 
+def _checked_dtype(name: str, value: npt.DTypeLike, kinds: str, what: str) -> np.dtype:
+    """``value`` as a dtype; ``ValueError`` unless its kind is one of ``kinds`` (``what``: their name)."""
+    dtype = np.dtype(value)
+    if dtype.kind not in kinds:
+        raise ValueError(f"{name} must be {what} dtype, got {dtype}")
+    return dtype
+
+
 def _ragged_axes(ragged_keys: Union[Mapping[str, int], Iterable[str]]) -> Dict[str, int]:
     """``ragged_keys`` as ``{key: ragged axes}`` (a key alone: one axis); ``ValueError`` names a bad count."""
     ragged = dict(ragged_keys) if isinstance(ragged_keys, abc.Mapping) else dict.fromkeys(ragged_keys, 1)
     for key, n_axes in ragged.items():
-        if not is_integer(n_axes, least=1):
-            raise ValueError(f"ragged_keys[{key!r}] must be an integer >= 1, got {n_axes!r}")
+        positive(f"ragged_keys[{key!r}]", n_axes)
     return ragged
+
+
+def check_not_string(name: str, keys: object) -> None:
+    """``ValueError`` where ``keys``, a collection of keys, is a string (its characters would pass for keys)."""
+    if isinstance(keys, (str, bytes)):
+        raise ValueError(f"{name} must be a collection of keys, not the string {keys!r}")
 
 
 def stack_batch(
@@ -135,11 +144,20 @@ def stack_batch(
             )
         if stacked is None:
             out[key] = convert_strings(key, column)
-            continue
-        for name, array in stacked.items():
-            if name != key and name in features:
-                raise ValueError(f"key {key!r}: its companion {name!r} clashes with a key already in the batch")
-            out[name] = convert_array(name, array)
+        else:
+            out.update(_converted(key, stacked, features, convert_array))
+    return out
+
+
+def _converted(key: str, stacked: Dict[str, np.ndarray], features: Mapping[str, ItemColumn],
+               convert_array: ArrayConverter) -> Dict[str, object]:
+    """``stacked`` (the array of ``key``, then its companion) through ``convert_array``; ``ValueError`` where
+    the companion's name is already a key of the batch."""
+    out: Dict[str, object] = {}
+    for name, array in stacked.items():
+        if name != key and name in features:
+            raise ValueError(f"key {key!r}: its companion {name!r} clashes with a key already in the batch")
+        out[name] = convert_array(name, array)
     return out
 
 
@@ -171,16 +189,12 @@ def stack_column(key: str, column: ItemColumn, options: StackOptions) -> Optiona
       Keys in ``ragged_keys`` always get the companion, even when this batch is
       not ragged, with at least the declared number of leading axes in the mask.
     """
+    if isinstance(column, np.ndarray) and column.ndim == 0:
+        raise ValueError(f"key {key!r} holds a 0-d array, expected one item per sample")
+    column = _items(column)
     if isinstance(column, np.ndarray):
-        if column.ndim == 0:
-            raise ValueError(f"key {key!r} holds a 0-d array, expected one item per sample")
-        if column.dtype.kind != "O":
-            return _stacked_array(key, column, options)
-        column = column.tolist()
-    if isinstance(column, _STRING) or not isinstance(column, abc.Sequence):
-        raise ValueError(f"key {key!r} holds {type(column).__name__}, expected a list or an array")
-    if type(None) in set(map(type, column)):
-        raise ValueError(f"key {key!r} holds None; every sample needs a value")
+        return _stacked_array(key, column, options)
+    _check_items(key, column)
     if _holds_strings(column):
         return None
     layout = _Layout(key)
@@ -188,39 +202,49 @@ def stack_column(key: str, column: ItemColumn, options: StackOptions) -> Optiona
     return _stack_walked(key, column, layout, options)
 
 
+def _check_items(key: str, column: ItemColumn) -> None:
+    """``ValueError`` unless ``column`` is a list (or another sequence) of items, none of them ``None``."""
+    if isinstance(column, _STRING) or not isinstance(column, abc.Sequence):
+        raise ValueError(f"key {key!r} holds {type(column).__name__}, expected a list or an array")
+    if type(None) in set(map(type, column)):
+        raise ValueError(f"key {key!r} holds None; every sample needs a value")
+
+
+def _items(node: ItemColumn) -> ItemColumn:
+    """``node``, or the list of its items when it is an object array (its items are Python objects)."""
+    return node.tolist() if isinstance(node, np.ndarray) and node.dtype.kind == "O" else node
+
+
 def _stacked_array(key: str, column: np.ndarray, options: StackOptions) -> Optional[Dict[str, np.ndarray]]:
     """``stack_column`` for a column that is an array of one dtype: strings pass (``None``), others as they are."""
     if column.dtype.kind in "US":
         return None
-    _check_declared(key, column.ndim - 1, options)
-    return {key: column, **_companion(key, column, options)}
+    return _rectangular(key, column, _check_declared(key, column.ndim - 1, options), options)
 
 
 def _stack_walked(key: str, column: ItemColumn, layout: "_Layout", options: StackOptions) -> Dict[str, np.ndarray]:
     """``stack_column`` for a column of numbers, once ``layout`` has walked it: padded where it is ragged."""
     dtype = layout.dtype(options)
-    depth = layout.depth if layout.depth is not None else len(layout.lens) - 1
-    shape = tuple(layout.lens[: depth + 1])
-    ragged = [axis for axis in range(1, depth + 1) if layout.ragged[axis]]
+    depth = layout.last_axis()
+    ragged = layout.last_ragged(depth)
     declared = _check_declared(key, depth, options)
     try:
         if not ragged:
-            array = np.array(column, dtype=dtype)
-            return {key: array, **_companion(key, array, options)}
-        array, mask = _padded(key, column, options, dtype, shape, max(ragged[-1], declared))
+            return _rectangular(key, np.array(column, dtype=dtype), declared, options)
+        array, mask = _padded(key, column, options, dtype, tuple(layout.lens[: depth + 1]), max(ragged, declared))
     except (OverflowError, TypeError, ValueError) as exc:
         raise ValueError(f"key {key!r}: cannot stack as {dtype}: {exc}") from exc
-    return {key: array, **_companion(key, array, options, column, mask)}
+    return {key: array, **_companion(key, options, column, mask)}
 
 
 def _padded(key: str, column: ItemColumn, options: StackOptions, dtype: np.dtype, shape: Tuple[int, ...],
-            last: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-    """The ragged ``column`` in an array of the batch's longest ``shape``, padded, and its mask (``pad_info="mask"``:
-    true on real values, up to the ``last`` ragged axis)."""
+            last: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The ragged ``column`` in an array of the batch's longest ``shape``, padded, and its mask: true on real
+    values, up to the ``last`` ragged axis."""
     array = np.full(shape, options.pad_values.get(key, options.pad_value), dtype=dtype)
-    mask = np.zeros(shape[: last + 1], dtype=bool) if options.pad_info == "mask" else None
+    mask = np.zeros(shape[: last + 1], dtype=bool)
     for i, item in enumerate(column):
-        _fill(item, array[i], None if mask is None else mask[i], 1, last)
+        _fill(item, array[i], mask[i], 1, last)
     return array, mask
 
 
@@ -232,69 +256,59 @@ def _check_declared(key: str, depth: int, options: StackOptions) -> int:
     return declared
 
 
-def _companion(
-    key: str,
-    array: np.ndarray,
-    options: StackOptions,
-    padded_column: Optional[ItemColumn] = None,
-    mask: Optional[np.ndarray] = None,
-) -> Dict[str, np.ndarray]:
-    """The ``<key>_mask``/``<key>_lengths`` entry.
+def _rectangular(key: str, array: np.ndarray, declared: int, options: StackOptions) -> Dict[str, np.ndarray]:
+    """``{key: array}`` for a batch that needed no padding; a key with ``declared`` ragged axes (in
+    ``ragged_keys``) also gets its companion: a mask all true, every item's full length."""
+    if not declared:
+        return {key: array}
+    return {key: array, **_companion(key, options, array, np.ones(array.shape[: declared + 1], dtype=bool))}
 
-    ``padded_column`` is the column when this batch had to be padded (``mask``
-    is then the mask built while padding); a rectangular batch gets a companion
-    only when ``key`` is in ``ragged_keys``.
-    """
-    if options.pad_info is None or (padded_column is None and key not in options.ragged_keys):
-        return {}
+
+def _companion(key: str, options: StackOptions, items: ItemColumn, mask: np.ndarray) -> Dict[str, np.ndarray]:
+    """The ``<key>_mask``/``<key>_lengths`` entry that ``pad_info`` asks for: ``mask`` itself, or the
+    length of each of ``items`` along its first axis."""
     if options.pad_info == "lengths":
-        if padded_column is None:
-            lengths = np.full(array.shape[0], array.shape[1], dtype=np.int64)
-        else:
-            lengths = np.fromiter((len(item) for item in padded_column), dtype=np.int64, count=len(padded_column))
-        return {f"{key}_lengths": lengths}
-    if mask is None:
-        mask = np.ones(array.shape[: options.ragged_keys[key] + 1], dtype=bool)
-    return {f"{key}_mask": mask}
+        return {f"{key}_lengths": np.fromiter((len(item) for item in items), dtype=np.int64, count=len(items))}
+    return {} if options.pad_info is None else {f"{key}_mask": mask}
 
 
 def _holds_strings(column: ItemColumn) -> bool:
     """Whether the first non-empty leaf of ``column`` is a string."""
     for item in column:
-        while isinstance(item, (list, tuple)) and item:
-            item = item[0]
-        if isinstance(item, (list, tuple)):
-            continue
-        if isinstance(item, np.ndarray):
-            return item.dtype.kind in "US"
-        return isinstance(item, _STRING)
+        leaf = _first_leaf(item)
+        if isinstance(leaf, np.ndarray):
+            return leaf.dtype.kind in "US"
+        if not isinstance(leaf, (list, tuple)):  # an empty sequence: look at the next item
+            return isinstance(leaf, _STRING)
     return False
 
 
-def _fill(node: ItemColumn, out: np.ndarray, mask: Optional[np.ndarray], axis: int, last: int) -> None:
-    """Copy one item (``node``, whose first axis is ``axis``) into the top corner of ``out``."""
-    if isinstance(node, np.ndarray) and node.dtype.kind != "O":
-        _fill_array(node, out, mask, axis, last)
-        return
+def _first_leaf(item: object) -> object:
+    """``item``'s first element, that element's first element, and so on down to one that is not a list or a tuple,
+    or is an empty one."""
+    while isinstance(item, (list, tuple)) and item:
+        item = item[0]
+    return item
+
+
+def _fill(node: ItemColumn, out: np.ndarray, mask: np.ndarray, axis: int, last: int) -> None:
+    """Copy one item (``node``, whose first axis is ``axis``) into the top corner of ``out``, marking it in ``mask``."""
+    node = _items(node)
     if isinstance(node, np.ndarray):
-        node = node.tolist()
-    n = len(node)
-    if axis == last or n == 0:
-        if n:
-            out[:n] = node  # below the last ragged axis the item is rectangular
-        if mask is not None:
-            mask[:n] = True
-        return
-    for j, child in enumerate(node):
-        _fill(child, out[j], None if mask is None else mask[j], axis + 1, last)
+        _fill_array(node, out, mask, axis, last)
+    elif axis < last:
+        for j, child in enumerate(node):
+            _fill(child, out[j], mask[j], axis + 1, last)
+    elif node:
+        out[: len(node)] = node  # below the last ragged axis the item is rectangular
+        mask[: len(node)] = True
 
 
-def _fill_array(node: np.ndarray, out: np.ndarray, mask: Optional[np.ndarray], axis: int, last: int) -> None:
+def _fill_array(node: np.ndarray, out: np.ndarray, mask: np.ndarray, axis: int, last: int) -> None:
     """``_fill`` for an item that is a (non-object) array: one copy, its ragged axes masked at once."""
     region = tuple(slice(0, n) for n in node.shape)
     out[region] = node
-    if mask is not None:
-        mask[region[: last - axis + 1]] = True
+    mask[region[: last - axis + 1]] = True
 
 
 class _Layout:
@@ -311,19 +325,16 @@ class _Layout:
         self.np_dtypes: Set[np.dtype] = set()
 
     def walk(self, node: ItemColumn, axis: int) -> None:
-        if isinstance(node, np.ndarray) and node.dtype.kind != "O":
+        node = _items(node)
+        if isinstance(node, np.ndarray):
             self._see_array(node, axis)
             return
-        if isinstance(node, np.ndarray):
-            node = node.tolist()
         self._see_len(axis, len(node))
         types = set(map(type, node))
-        if not types:
-            return  # an empty sequence says nothing about the axes below it
         if type(None) in types:
             raise ValueError(f"key {self.key!r} holds None at nesting level {axis + 1}")
         nested = [issubclass(t, _SEQUENCE) for t in types]
-        if all(nested):
+        if all(nested):  # an empty sequence too: it says nothing about the axes below it
             for child in node:
                 self.walk(child, axis + 1)
         elif not any(nested):
@@ -337,10 +348,18 @@ class _Layout:
         for dt in self.np_dtypes:
             if dt.kind not in _NUMERIC_KINDS:
                 raise ValueError(f"key {self.key!r} holds {dt} values, which cannot be collated")
-        bases = {next(b for b in _PY_BASES if issubclass(t, b)) for t in self.py_types}
+        bases = {_python_base(t) for t in self.py_types}
         if self.np_dtypes:
             return np.result_type(*self.np_dtypes, *(_WEAK[b] for b in bases))
         return _python_dtype(bases, options)
+
+    def last_axis(self) -> int:
+        """The items' last axis: where their scalars are (items all empty: the deepest axis seen)."""
+        return self.depth if self.depth is not None else len(self.lens) - 1
+
+    def last_ragged(self, depth: int) -> int:
+        """The last of the item axes ``1..depth`` along which the items differ in length (0: none)."""
+        return max((axis for axis in range(1, depth + 1) if self.ragged[axis]), default=0)
 
     def _see_array(self, node: np.ndarray, axis: int) -> None:
         for offset, n in enumerate(node.shape):
@@ -374,10 +393,16 @@ class _Layout:
                 raise ValueError(f"key {self.key!r} holds {t.__name__} values, which cannot be collated")
 
 
+def _python_base(scalar_type: type) -> type:
+    """Which of ``bool``, ``int``, ``float`` and ``complex`` the Python scalar type is (``bool`` first: it is also
+    an ``int``)."""
+    return next(base for base in _PY_BASES if issubclass(scalar_type, base))
+
+
 def _python_dtype(bases: AbstractSet[type], options: StackOptions) -> np.dtype:
-    """The dtype of a column of Python scalars of these kinds (``bool``, ``int``, ``float``, ``complex``)."""
-    if complex in bases:
+    """The dtype of a column of Python scalars of these kinds (``bool``, ``int``, ``float``, ``complex``):
+    the widest kind's (none, a column of empty sequences: ``float_dtype``)."""
+    widest = max(bases, key=_PY_BASES.index, default=float)
+    if widest is complex:
         return np.result_type(options.float_dtype, 0j)
-    if float in bases or not bases:
-        return options.float_dtype
-    return options.int_dtype if int in bases else np.dtype(bool)
+    return {bool: np.dtype(bool), int: options.int_dtype, float: options.float_dtype}[widest]

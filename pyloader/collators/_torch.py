@@ -39,10 +39,16 @@ class TorchCollator(ArrayCollator):
     def convert_array(self, key: str, array: np.ndarray) -> "torch.Tensor":
         import torch
 
-        if not array.dtype.isnative or min(array.strides, default=0) < 0:
-            array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+        array = _viewable(array)
         try:
             tensor = torch.from_numpy(array)
         except TypeError as exc:
             raise ValueError(f"key {key!r}: torch cannot hold {array.dtype} values: {exc}") from exc
         return tensor
+
+
+def _viewable(array: np.ndarray) -> np.ndarray:
+    """``array`` as torch can view it: copied only where its byte order is not native or a stride is negative."""
+    if not array.dtype.isnative or min(array.strides, default=0) < 0:
+        return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+    return array

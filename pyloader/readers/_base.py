@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import codecs
+import io
 from typing import IO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
 from .._abc import DataReader
@@ -74,21 +75,17 @@ def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1) -> 
     shown = encoding.removesuffix("-sig")
     number, pending = 0, ""
     with open_file(path, "rb") as f:
-        raws = _raw_blocks(f, blocks_of * BLOCK_BYTES)
-        while True:
-            try:
-                raw = next(raws, None)
-            except DecompressionError as e:
-                raise file_error(path, e.what, number + 1) from e.__cause__
-            if raw is None:
-                break
-            text, error = _decoded(decoder, raw)
-            block, pending = _whole_lines(pending, text)
-            if block:
-                yield number, block
-                number += block.count("\n")
-            if error is not None:
-                raise file_error(path, f"not valid {shown}: {error}", number + 1) from error
+        try:
+            for raw in _raw_blocks(f, blocks_of * BLOCK_BYTES):
+                text, error = _decoded(decoder, raw)
+                block, pending = _whole_lines(pending, text)
+                if block:
+                    yield number, block
+                    number += block.count("\n")
+                if error is not None:
+                    raise file_error(path, f"not valid {shown}: {error}", number + 1) from error
+        except DecompressionError as e:
+            raise file_error(path, e.what, number + 1) from e.__cause__
         try:
             pending += decoder.decode(b"", final=True)
         except UnicodeDecodeError as e:
@@ -127,10 +124,7 @@ def _raw_blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
         try:
             _fill(read, size, got)
         except Exception:
-            whole = b"".join(carry + got)
-            cut = whole.rfind(b"\n") + 1
-            if cut:
-                yield whole[:cut]
+            yield from _complete_lines(carry + got)
             raise
         chunk = b"".join(got)
         if not chunk:
@@ -143,6 +137,14 @@ def _raw_blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
             continue
         yield b"".join(carry + [chunk[:cut]])  # no copy of a block alone: join and slice return it
         carry = [chunk[cut:]] if cut < len(chunk) else []
+
+
+def _complete_lines(parts: List[bytes]) -> Iterator[bytes]:
+    """The whole lines of the bytes ``parts``, joined, if there are any."""
+    whole = b"".join(parts)
+    cut = whole.rfind(b"\n") + 1
+    if cut:
+        yield whole[:cut]
 
 
 def _fill(read: Callable[[int], bytes], size: int, got: List[bytes]) -> None:
@@ -159,14 +161,10 @@ def _fill(read: Callable[[int], bytes], size: int, got: List[bytes]) -> None:
 def _decode_by_line(decoder: codecs.IncrementalDecoder, raw: bytes) -> Tuple[str, Optional[UnicodeDecodeError]]:
     """``raw`` decoded a line at a time, as a binary file's lines: the text before the first line
     that fails, and that line's error (its message as the readers have always given it)."""
-    lines = raw.split(b"\n")
     parts = []
-    for k, line in enumerate(lines):
-        chunk = line + b"\n" if k < len(lines) - 1 else line
-        if not chunk:
-            continue
+    for line in io.BytesIO(raw):
         try:
-            parts.append(decoder.decode(chunk))
+            parts.append(decoder.decode(line))
         except UnicodeDecodeError as e:
             return "".join(parts), e
     return "".join(parts), None
@@ -174,12 +172,7 @@ def _decode_by_line(decoder: codecs.IncrementalDecoder, raw: bytes) -> Tuple[str
 
 def numbered_lines(lines_before: int, text: str) -> Iterator[Tuple[int, str]]:
     """The lines of a block of ``iter_text_blocks``, numbered, each keeping its ``"\\n"``."""
-    lines = text.split("\n")
-    last = lines.pop()
-    for number, line in enumerate(lines, lines_before + 1):
-        yield number, line + "\n"
-    if last:
-        yield lines_before + len(lines) + 1, last
+    return enumerate(io.StringIO(text, newline="\n"), lines_before + 1)  # lines end at "\n" alone
 
 
 def is_blank(line: str) -> bool:
@@ -214,12 +207,13 @@ def count_lines(path: str, encoding: str, skip_blank: bool) -> Optional[int]:
     codec = encoding.replace("-sig", "")  # the BOM is dealt with here, on the first line only
     if not _bytes_tell_lines(codec):
         return None
+    bom = codecs.BOM_UTF8 if encoding.endswith("-sig") else b""
     n = seen = 0
     with open_file(path, "rb") as f:
         try:
             for raw in f:
-                if not seen and raw.startswith(codecs.BOM_UTF8) and encoding.endswith("-sig"):
-                    raw = raw[len(codecs.BOM_UTF8):]
+                if not seen:
+                    raw = raw.removeprefix(bom)
                 seen += 1
                 n += not _blank_bytes(raw, codec) if skip_blank else bool(raw)
         except DecompressionError as e:
@@ -245,11 +239,15 @@ def row_chunks(fields: Sequence[str], rows: Iterable[Row], size: int) -> Iterato
                 yield _transpose(fields, buf)
                 buf = []
     except Exception:
-        if buf:
-            yield _transpose(fields, buf)
+        yield from _last_chunk(fields, buf)
         raise
-    if buf:
-        yield _transpose(fields, buf)
+    yield from _last_chunk(fields, buf)
+
+
+def _last_chunk(fields: Sequence[str], rows: List[Row]) -> Iterator[Columns]:
+    """The rows left over, if any, as a shorter last chunk."""
+    if rows:
+        yield _transpose(fields, rows)
 
 
 def _transpose(fields: Sequence[str], rows: List[Row]) -> Columns:

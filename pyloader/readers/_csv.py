@@ -8,12 +8,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from .._columns import Columns
-from ._base import LineReader, Row, check_fields, file_error, iter_text_blocks, row_chunks
+from ._base import FileFormatError, LineReader, Row, check_fields, file_error, iter_text_blocks, row_chunks
 
 __all__ = ["CSVReader"]
 
 _MAX_PENDING = 64 * 2**20  # text of records not yet whole (a quoted field over many blocks) before giving up
 Layout = Tuple[List[str], List[int], int]  # the fields, their cell indexes, the cells per record
+_ARROW_DELIMITERS = frozenset(map(chr, range(128))) - set('"\r\n')  # those pyarrow's parser splits as csv does
 
 
 class CSVReader(LineReader):
@@ -59,45 +60,42 @@ class CSVReader(LineReader):
         if not isinstance(delimiter, str) or len(delimiter) != 1:
             raise ValueError(f"delimiter must be a single character, got {delimiter!r}")
         self.delimiter = delimiter
-        self.converters = dict(converters or {})
-        _check_converters(self.converters, self.fields)
+        self.converters = _checked_converters(converters, self.fields)
 
     def chunks(self, path: str) -> Tuple[List[str], Iterator[Columns]]:
         lines = _Lines(iter_text_blocks(path, "utf-8-sig"))
         reader = csv.reader(lines, delimiter=self.delimiter, strict=True)
-        records = self._records(path, reader, lines, 0)
-        if not self.header:
-            fields: List[str] = self.fields  # type: ignore[assignment]
-            layout = fields, list(range(len(fields))), len(fields)
-        else:
-            first = next(records, None)
-            if first is None:
-                return list(self.fields or []), iter(())
-            layout = self._layout(path, first, reader.line_num)
-        fast = _ArrowBlocks.make(self.delimiter, layout) if not self.converters else None
+        names = next(self._records(path, reader, lines, 0), None) if self.header else self.fields
+        if names is None:  # an empty file
+            return list(self.fields or []), iter(())
+        layout = self._layout(path, names, reader.line_num)
+        number, text = lines.rest()  # the records after the header are read from here on
+        blocks = itertools.chain([(number, text)], lines.blocks)
+        fast = None if self.converters else _ArrowBlocks.make(self.delimiter, layout)
         if fast is None:
-            return layout[0], row_chunks(layout[0], self._convert(path, reader, records, layout, 0), self.piece_size)
-        number, text = lines.rest()
-        return layout[0], self._fast(path, fast, itertools.chain([(number, text)], lines.blocks), layout)
+            return layout[0], self._slow(path, blocks, layout, number)
+        return layout[0], self._fast(path, fast, blocks, layout, number)
 
     def _layout(self, path: str, names: List[str], line: int) -> Layout:
-        """The fields, their cell indexes and the record width, from the header ``names``."""
+        """The fields, their cell indexes and the record width, from the header ``names`` (without a
+        header: ``fields``, which names each cell)."""
         if len(set(names)) != len(names):
             raise file_error(path, f"header has duplicate column names: {names}", line)
         fields = self.fields or names
-        missing = [f for f in fields if f not in names] + [f for f in self.converters if f not in fields]
+        # the converters' fields are among ``fields`` when it is given (``__init__`` checks)
+        missing = [f for f in dict.fromkeys([*fields, *self.converters]) if f not in names]
         if missing:
             raise file_error(path, f"fields {missing} are not in the header {names}", line)
-        return fields, [names.index(f) for f in fields], len(names)
+        return fields, list(map(names.index, fields)), len(names)
 
     def _fast(self, path: str, fast: "_ArrowBlocks", blocks: Iterator[Tuple[int, str]],
-              layout: Layout) -> Iterator[Columns]:
-        """The columns of the records in ``blocks`` (which start at a record's start), parsed by
-        pyarrow where that gives what ``csv`` gives, else by ``csv`` from there on."""
-        pending, start = "", 0
-        for number, block in blocks:
+              layout: Layout, start: int) -> Iterator[Columns]:
+        """The columns of the records in ``blocks`` (which start at a record's start, after ``start``
+        lines of the file), parsed by pyarrow where that gives what ``csv`` gives, else by ``csv``
+        from there on."""
+        pending = ""
+        for _, block in blocks:  # blocks of whole lines, one after the other
             text = pending + block
-            start = start if pending else number
             cut, columns = fast.take(text)
             if cut < 0 or len(text) - cut > _MAX_PENDING:
                 yield from self._slow(path, itertools.chain([(start, text)], blocks), layout, start)
@@ -105,8 +103,7 @@ class CSVReader(LineReader):
             if columns is not None:
                 yield columns
             pending = text[cut:]
-            if pending:  # the next block's number counts from the file's start; this does not
-                start += text.count("\n", 0, cut)
+            start += text.count("\n", 0, cut)  # the lines before pending
         if pending:  # a record the file ends inside: csv says what is wrong with it
             yield from self._slow(path, iter([(start, pending)]), layout, start)
 
@@ -121,27 +118,20 @@ class CSVReader(LineReader):
         """Non-empty rows of ``reader``; ``csv.Error`` becomes a ``ValueError`` naming the line
         (for a quote never closed, the line where its record starts). ``offset``: the lines of
         the file before the first one ``reader`` reads."""
-        while True:
-            start = offset + reader.line_num + 1
-            try:
-                record = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as e:
-                if lines.done:
-                    raise file_error(path, f"malformed CSV: unterminated quoted field: the file ends "
-                                     f"inside the record starting on line {start} ({e})", start) from e
-                line = offset + reader.line_num
-                where = f" (in the record starting on line {start})" if start < line else ""
-                raise file_error(path, f"malformed CSV: {e}{where}", line) from e
-            if record:
-                yield record
+        start = offset + 1
+        try:
+            for record in reader:
+                if record:
+                    yield record
+                start = offset + reader.line_num + 1
+        except csv.Error as e:
+            raise _malformed(path, e, lines.done, start, offset + reader.line_num) from e
 
     def _convert(self, path: str, reader: Any, records: Iterator[List[str]], layout: Layout,
                  offset: int) -> Iterator[Row]:
         fields, index, width = layout
-        convs = [(i, self.converters.get(f)) for f, i in zip(fields, index)]
-        plain = index == list(range(width)) and not any(conv for _, conv in convs)
+        convs = list(zip(index, map(self.converters.get, fields)))  # (cell index, converter or None)
+        plain = not self.converters and index == list(range(width))
         for record in records:
             if len(record) != width:
                 raise file_error(path, f"expected {width} cells, got {len(record)}", offset + reader.line_num)
@@ -190,7 +180,7 @@ class _ArrowBlocks:
         self._delimiter = ord(delimiter)
         self._read = pacsv.ReadOptions(column_names=names, use_threads=False)  # blocks of a megabyte
         self._convert = pacsv.ConvertOptions(
-            column_types={name: pa.string() for name in names}, include_columns=[names[i] for i in index],
+            column_types=dict.fromkeys(names, pa.string()), include_columns=[names[i] for i in index],
             strings_can_be_null=False, quoted_strings_can_be_null=False, null_values=[])
         self._plain = pacsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=True)
         self._quoted = pacsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=True, newlines_in_values=True)
@@ -198,7 +188,7 @@ class _ArrowBlocks:
     @classmethod
     def make(cls, delimiter: str, layout: Layout) -> Optional["_ArrowBlocks"]:
         """One for ``layout``, or ``None`` without pyarrow or for a delimiter it cannot take alike."""
-        if not delimiter.isascii() or delimiter in '"\r\n':
+        if delimiter not in _ARROW_DELIMITERS:
             return None
         try:
             import pyarrow as pa
@@ -211,10 +201,10 @@ class _ArrowBlocks:
         """``(cut, columns)``: the columns of ``text[:cut]``, the records of ``text`` (whole lines
         from a record's start) up to the last one that ends in it (``cut`` 0: none does, and
         ``columns`` is ``None``); ``cut`` -1 when something in ``text`` needs ``csv``."""
-        if "\0" in text or ("\r" in text and text.count("\r") != text.count("\r\n")):
+        if _needs_csv(text):
             return -1, None
         quotes = text.count('"')
-        cut = len(text) if quotes % 2 == 0 else _last_record_start(text, quotes)
+        cut = _records_end(text, quotes)
         if not cut:
             return 0, None
         data = text[:cut].encode()
@@ -234,23 +224,38 @@ class _ArrowBlocks:
         except pa.ArrowInvalid:
             return None
         limit = csv.field_size_limit()
-        if len(data) > limit and any(_longest(column) > limit for column in table.columns):
+        if len(data) > limit and max(map(_longest, table.columns), default=0) > limit:
             return None
         return dict(zip(self._fields, table.to_pydict().values()))
 
 
-def _last_record_start(text: str, quotes_before: int) -> int:
-    """For ``text``, holding ``quotes_before`` quotes, that ends inside a quoted field: the start of
-    the last line before which an even number of quotes lie (where that field's record starts, if
-    every quote opens or closes a field or is doubled; the caller checks), or 0."""
+def _needs_csv(text: str) -> bool:
+    """Whether ``text`` holds what pyarrow reads otherwise than ``csv``: a NUL, or a ``"\r"`` that does
+    not end a line."""
+    return "\0" in text or text.count("\r") != text.count("\r\n")
+
+
+def _records_end(text: str, quotes_before: int) -> int:
+    """The end of the whole records of ``text`` (whole lines from a record's start), which holds
+    ``quotes_before`` quotes: all of it when they are even; else the start of the last line before
+    which an even number of quotes lie (where the quoted field ``text`` ends inside starts its
+    record, if every quote opens or closes a field or is doubled; the caller checks), or 0."""
     cut = len(text)
-    while cut:
+    while cut and quotes_before % 2:
         start = text.rfind("\n", 0, cut - 1) + 1
         quotes_before -= text.count('"', start, cut)
-        if quotes_before % 2 == 0:
-            return start
         cut = start
-    return 0
+    return cut
+
+
+def _malformed(path: str, error: csv.Error, ended: bool, start: int, line: int) -> FileFormatError:
+    """``csv``'s ``error`` at ``line``, in the record starting on line ``start`` (``ended``: the file
+    ended inside it, so its quoted field was never closed)."""
+    if ended:
+        return file_error(path, f"malformed CSV: unterminated quoted field: the file ends "
+                          f"inside the record starting on line {start} ({error})", start)
+    where = f" (in the record starting on line {start})" if start < line else ""
+    return file_error(path, f"malformed CSV: {error}{where}", line)
 
 
 def _converted(path: str, record: List[str], convs: Sequence[Tuple[int, Optional[Callable[[str], object]]]],
@@ -269,12 +274,16 @@ def _converted(path: str, record: List[str], convs: Sequence[Tuple[int, Optional
     return tuple(row)
 
 
-def _check_converters(converters: Dict[str, Callable[[str], object]], fields: Optional[List[str]]) -> None:
-    for field, conv in converters.items():
+def _checked_converters(converters: Optional[Dict[str, Callable[[str], object]]],
+                        fields: Optional[List[str]]) -> Dict[str, Callable[[str], object]]:
+    """A copy of ``converters`` (``None``: none), each callable and, with ``fields``, one of them."""
+    checked = dict(converters or {})
+    for field, conv in checked.items():
         if not callable(conv):
             raise ValueError(f"converter for {field!r} is not callable: {conv!r}")
         if fields is not None and field not in fields:
             raise ValueError(f"converter given for {field!r}, which is not in fields {fields}")
+    return checked
 
 
 def _longest(column: Any) -> int:
@@ -292,8 +301,6 @@ def _quotes_close_fields(data: np.ndarray, delimiter: int) -> bool:
     quotes = np.flatnonzero(data == 34)
     if len(quotes) % 2:
         return False
-    if not len(quotes):
-        return True
     opens, closes = quotes[0::2], quotes[1::2]
     before = data[np.maximum(opens - 1, 0)]
     opens_ok = (before == delimiter) | (before == 10) | (opens == 0)

@@ -61,18 +61,19 @@ class JsonLinesReader(LineReader):
             return self.fields, self._chunks(path, blocks, self.fields, False)
         for number, text in blocks:  # the first object names the columns
             objects = _parse(text)
-            if objects == []:
-                continue
-            if objects is not None and type(objects[0]) is dict:
-                fields = list(objects[0])
-            else:  # a bad line, maybe before the first object: the line-by-line path raises there
-                found = next(self._objects(path, numbered_lines(number, text)), None)
-                if found is None:  # only blank lines after all
-                    continue
-                fields = list(found[1])
-            head = self._block(path, number, text, fields, True, objects)
-            return fields, itertools.chain(head, self._chunks(path, blocks, fields, True))
+            fields = self._first_keys(path, number, text, objects)
+            if fields is not None:
+                head = self._block(path, number, text, fields, True, objects)
+                return fields, itertools.chain(head, self._chunks(path, blocks, fields, True))
         return [], iter(())
+
+    def _first_keys(self, path: str, number: int, text: str, objects: Optional[list]) -> Optional[List[str]]:
+        """The keys of the first object of a block (``objects``: its values parsed), or ``None`` for a
+        block of blank lines; a bad line, maybe before the first object, raises (the line-by-line path)."""
+        if objects and type(objects[0]) is dict:
+            return list(objects[0])
+        found = next(self._objects(path, numbered_lines(number, text)), None)
+        return None if found is None else list(found[1])
 
     def count(self, path: str) -> int:
         """The samples of ``path``: its non-blank lines, counted without parsing (ranks need it).

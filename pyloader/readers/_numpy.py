@@ -22,6 +22,8 @@ from ._base import FileFormatError, check_piece_size, file_error
 __all__ = ["NumpyReader"]
 
 _UNREADABLE = (ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError)
+# the header readers of the format versions read a row at a time (NumPy alone reads 3.0, whole)
+_READ_HEADER = {(1, 0): npformat.read_array_header_1_0, (2, 0): npformat.read_array_header_2_0}
 
 
 class NumpyReader(DataReader):
@@ -88,17 +90,13 @@ class NumpyReader(DataReader):
 
     def _open(self, path: str, stack: contextlib.ExitStack) -> Dict[str, "_Rows"]:
         f = stack.enter_context(open_file(path, "rb"))
-        compressed = codec_for(path) is not None  # a stream read once, from the start, size unknown
-        head = f.peek(6)[:6] if compressed else f.read(6)  # type: ignore[attr-defined]  # a BufferedReader
-        if not head:
-            raise file_error(path, "empty file, expected .npy or .npz data")
-        if compressed:
-            if head.startswith(b"PK"):
+        if codec_for(path) is not None:  # a stream read once, from the start, size unknown
+            if _is_archive(path, f.peek(6)[:6]):  # type: ignore[attr-defined]  # a BufferedReader
                 raise file_error(path, "a compressed .npz archive is not supported (an .npz is a zip "
                                  "archive already: np.savez_compressed)")
             return {self.key: _Rows.from_stream(f, None)}
-        f.seek(0)
-        if head.startswith(b"PK"):
+        if _is_archive(path, f.read(6)):
+            f.seek(0)
             return _archive_rows(path, f, stack)
         size = f.seek(0, 2)
         f.seek(0)
@@ -126,19 +124,14 @@ class _Rows:
         unknown, for a stream that cannot seek, which is then read once, in order)."""
         start = None if size is None else fp.tell()
         header = _header(fp, size)
-        if header is not None:
-            shape, fortran_order, dtype = header
-            if not fortran_order or len(shape) < 2:
-                return cls(stream=fp, shape=shape, dtype=dtype)
-            whole = np.empty(shape, dtype=dtype, order="F")  # Fortran order: read it whole
-            _fill(fp, whole.T)
-            return cls(whole=whole)
-        if start is None:
-            raise ValueError("a .npy format version NumPy alone reads (3.0) cannot be read from a "
-                             "compressed file")
-        fp.seek(start)  # a newer format: let NumPy read it whole
-        with HEADER_PARSE:
-            return cls(whole=npformat.read_array(fp, allow_pickle=False))
+        if header is None:
+            return cls(whole=_newer_format(fp, start))
+        shape, fortran_order, dtype = header
+        if not fortran_order or len(shape) < 2:
+            return cls(stream=fp, shape=shape, dtype=dtype)
+        whole = np.empty(shape, dtype=dtype, order="F")  # Fortran order: read it whole
+        _fill(fp, whole.T)
+        return cls(whole=whole)
 
     def read(self, k: int) -> np.ndarray:
         """The next ``k`` rows (fewer at the end): a view of an array in hand, or read from
@@ -152,6 +145,24 @@ class _Rows:
             _fill(self.stream, out)
         self.pos += k
         return out
+
+
+def _newer_format(fp: IO[bytes], start: Optional[int]) -> np.ndarray:
+    """The array of ``.npy`` data at ``start`` in ``fp`` (``None``: a stream read once) in a format version
+    NumPy alone reads, which it reads whole."""
+    if start is None:
+        raise ValueError("a .npy format version NumPy alone reads (3.0) cannot be read from a "
+                         "compressed file")
+    fp.seek(start)
+    with HEADER_PARSE:
+        return npformat.read_array(fp, allow_pickle=False)
+
+
+def _is_archive(path: str, head: bytes) -> bool:
+    """Whether the file starting with ``head`` is an ``.npz`` archive, not ``.npy`` data; an empty one is an error."""
+    if not head:
+        raise file_error(path, "empty file, expected .npy or .npz data")
+    return head.startswith(b"PK")
 
 
 def _archive_rows(path: str, f: IO[bytes], stack: contextlib.ExitStack) -> Dict[str, "_Rows"]:
@@ -182,10 +193,9 @@ def _header(fp: IO[bytes], size: Optional[int]) -> Optional[Tuple[Tuple[int, ...
     describes an array the bytes after it can hold: a shape of integers >= 0 (NumPy takes
     ``-5`` or ``True`` as given), no pickled objects."""
     start = 0 if size is None else fp.tell()  # a stream of unknown size may not tell
-    version = npformat.read_magic(fp)
-    if version not in ((1, 0), (2, 0)):
+    read_header = _READ_HEADER.get(npformat.read_magic(fp))
+    if read_header is None:
         return None
-    read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
     with HEADER_PARSE:  # reads the header's few bytes, then parses them
         shape, fortran_order, dtype = read_header(fp)
     _check_layout(shape, dtype)

@@ -13,7 +13,7 @@ from .._columns import Column, Columns
 from .._npy import register_mapped
 from .._paths import local_path
 from .._storage.files import is_url, open_file
-from ._base import FileFormatError, check_fields, file_error
+from ._base import check_fields, file_error
 
 if TYPE_CHECKING:  # pyarrow is optional and untyped: these names document what a value is
     import pyarrow
@@ -187,9 +187,7 @@ def _opened(path: str) -> Iterator[_Source]:
     with contextlib.ExitStack() as stack:
         try:
             yield _open(pa, path, stack)
-        except FileFormatError:
-            raise
-        except pa.ArrowException as e:
+        except pa.ArrowException as e:  # pyarrow's errors (a FileFormatError of _open passes as it is)
             if isinstance(e, OSError):
                 raise type(e)(f"file {path!r}: {e}") from e
             raise file_error(path, f"cannot read as Parquet or Arrow IPC (corrupt or truncated?): {e}") from e
@@ -202,20 +200,24 @@ def _open(pa: ModuleType, path: str, stack: contextlib.ExitStack) -> _Source:
         _read_exactly(f)
     try:
         parquet = pa.parquet.ParquetFile(f, memory_map=False)
-    except pa.ArrowInvalid as e:
+    except pa.ArrowInvalid:
         if not _starts_with(f, _IPC_MAGIC):
-            raise file_error(path, f"cannot read as Parquet or Arrow IPC (corrupt or truncated?): {e}") from e
-        if not isinstance(f, str):
-            f.seek(0)
-        if not isinstance(f, str):
-            return _IpcSource(pa.ipc.open_file(f))
-        mapped = stack.enter_context(pa.memory_map(f))
-        whole = mapped.read_buffer()  # no copy: its columns cross processes as spans of the file
-        mapped.seek(0)
-        register_mapped(whole, whole.address, whole.size, os.path.abspath(f), 0)
-        return _IpcSource(pa.ipc.open_file(mapped), mapped=whole)
+            raise  # not an Arrow IPC file either: ``_opened`` names the file
+        return _ipc_source(pa, f, stack)
     stack.callback(parquet.close)
     return _ParquetSource(parquet)
+
+
+def _ipc_source(pa: ModuleType, f: Union[str, IO[bytes]], stack: contextlib.ExitStack) -> _IpcSource:
+    """An Arrow IPC file, read through the open file ``f``, or memory-mapped (``f`` a local path)."""
+    if not isinstance(f, str):
+        f.seek(0)
+        return _IpcSource(pa.ipc.open_file(f))
+    mapped = stack.enter_context(pa.memory_map(f))
+    whole = mapped.read_buffer()  # no copy: its columns cross processes as spans of the file
+    mapped.seek(0)
+    register_mapped(whole, whole.address, whole.size, os.path.abspath(f), 0)
+    return _IpcSource(pa.ipc.open_file(mapped), mapped=whole)
 
 
 def _read_exactly(f: IO[bytes]) -> None:
@@ -247,8 +249,7 @@ def _columns(data: Union[pyarrow.Table, pyarrow.RecordBatch], names: List[str],
 def _column(column: Union[pyarrow.Array, pyarrow.ChunkedArray], mapped: Optional[pyarrow.Buffer]) -> Column:
     import pyarrow as pa
 
-    if isinstance(column, pa.ChunkedArray):
-        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    column = _one_array(pa, column)
     kind = column.type
     if column.null_count == 0:
         if _numpy_kind(pa, kind):
@@ -260,6 +261,13 @@ def _column(column: Union[pyarrow.Array, pyarrow.ChunkedArray], mapped: Optional
     return column.to_pylist()
 
 
+def _one_array(pa: ModuleType, column: Union[pyarrow.Array, pyarrow.ChunkedArray]) -> pyarrow.Array:
+    """``column`` as one array: a ``ChunkedArray``'s chunks combined (its only chunk as it is, no copy)."""
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
+
+
 def _to_numpy(pa: ModuleType, column: pyarrow.Array, mapped: Optional[pyarrow.Buffer] = None) -> np.ndarray:
     """A view of a column of numbers without nulls. Numbers of fixed width are viewed from their
     buffer directly: pyarrow's ``to_numpy`` imports pandas on its first call, about 0.4 s in each
@@ -268,8 +276,7 @@ def _to_numpy(pa: ModuleType, column: pyarrow.Array, mapped: Optional[pyarrow.Bu
     the view crosses processes as a span of the file even after the file was closed."""
     kind = column.type
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
-        code = "f" if pa.types.is_floating(kind) else "i" if pa.types.is_signed_integer(kind) else "u"
-        dtype = np.dtype(f"{code}{kind.bit_width // 8}")
+        dtype = np.dtype(kind.to_pandas_dtype())  # a NumPy type for these, without pandas
         buffer, offset = column.buffers()[1], column.offset * dtype.itemsize
         if mapped is not None and mapped.address <= buffer.address < mapped.address + mapped.size:
             buffer, offset = mapped, offset + buffer.address - mapped.address
@@ -281,5 +288,5 @@ def _to_numpy(pa: ModuleType, column: pyarrow.Array, mapped: Optional[pyarrow.Bu
 
 def _numpy_kind(pa: ModuleType, kind: pyarrow.DataType) -> bool:
     types = pa.types
-    return bool(types.is_integer(kind) or types.is_floating(kind) or types.is_boolean(kind)
-                or types.is_timestamp(kind) or types.is_date(kind) or types.is_duration(kind))
+    return any(is_kind(kind) for is_kind in (types.is_integer, types.is_floating, types.is_boolean,
+                                              types.is_timestamp, types.is_date, types.is_duration))

@@ -54,7 +54,7 @@ def decode_image(data: bytes, mode: Optional[str] = "RGB") -> np.ndarray:
     except ImportError as exc:
         raise ImportError("decoding images needs Pillow: pip install pyloader-ml[image]") from exc
     with Image.open(io.BytesIO(data)) as opened:
-        image = opened.convert(mode) if mode is not None and opened.mode != mode else opened
+        image = opened.convert(mode) if mode not in (None, opened.mode) else opened
         return np.asarray(image)
 
 
@@ -81,8 +81,8 @@ DECODERS: Dict[str, Decoder] = {
 def split_name(name: str) -> Optional[Tuple[str, str]]:
     """``(key, extension)`` of a member name, or ``None`` when its base name has no dot."""
     folder, _, base = name.rpartition("/")
-    stem, dot, ext = base.partition(".")
-    if not dot or not stem or not ext:
+    stem, _, ext = base.partition(".")
+    if not stem or not ext:  # an extension means a dot
         return None
     return (f"{folder}/{stem}" if folder else stem), ext
 
@@ -181,15 +181,25 @@ class _Shard:
         self.expected = None if keep is None else set(keep)
         self.keep = self.expected
         self.seen: set = set()
+        self.last: Optional[str] = None  # the name of the last member met
+        self.key: Optional[str] = None  # the sample being read: its key,
+        self.members: Dict[str, str] = {}  # the names of its members kept, by extension,
+        self.sample: Dict[str, object] = {}  # and its values
 
     def error(self, what: str) -> FileFormatError:
         return FileFormatError(f"shard {self.path!r}: {what}")
 
-    def finished(self, key: str, members: Dict[str, str], sample: Dict[str, object]) -> Dict[str, object]:
-        """A sample whose members are all read, its columns in one order (``__key__``, then the extensions
-        sorted): its extensions must be those every sample has."""
-        self.check(key, members)
-        return {name: sample[name] for name in [KEY, *sorted(members)] if name in sample}
+    def corrupt(self, exc: Exception) -> FileFormatError:
+        """``exc``, which stopped the reading of the shard, as the error saying where: after member ``last``."""
+        where = "at its start" if self.last is None else f"after member {self.last!r}"
+        return self.error(f"corrupt or truncated {where}: {type(exc).__name__}: {exc}")
+
+    def finished(self) -> Iterator[Dict[str, object]]:
+        """The sample being read (if there is one), its members all read, its columns in one order
+        (``__key__``, then the extensions sorted): its extensions must be those every sample has."""
+        if self.key is not None:
+            self.check(self.key, self.members)
+            yield {name: self.sample[name] for name in [KEY, *sorted(self.members)] if name in self.sample}
 
     def check(self, key: str, members: Dict[str, str]) -> None:
         if self.expected is None:
@@ -212,51 +222,44 @@ class _Shard:
             raise self.error(f"member {name!r} has no extension: members are named <key>.<ext>")
         return parts
 
-    def wanted(self, ext: str, key: str, members: Dict[str, str], name: str) -> bool:
-        """Whether member ``name`` of sample ``key`` is kept (``keep``); a second one of an extension is an error."""
+    def kept(self, ext: str, name: str) -> bool:
+        """Whether member ``name`` of the sample being read is kept (``keep``), and then recorded; a second
+        one of an extension is an error."""
         if self.keep is not None and ext not in self.keep:
             return False
-        if ext in members:
-            raise self.error(f"member {name!r}: sample {key!r} has two members of extension {ext!r}")
+        if ext in self.members:
+            raise self.error(f"member {name!r}: sample {self.key!r} has two members of extension {ext!r}")
+        self.members[ext] = name
         return True
 
     def start(self, key: str, name: str) -> None:
+        """Start reading the sample ``key`` at its first member, ``name``."""
         if key in self.seen:
             raise self.error(f"member {name!r}: key {key!r} comes again after other keys (a sample's members "
                              f"must be consecutive)")
         self.seen.add(key)
+        self.key, self.members, self.sample = key, {}, {KEY: key}
 
 
 def _samples(path: str, keep: Optional[List[str]],
              decode: Optional[Callable[[str, str, bytes], object]]) -> Iterator[Dict[str, object]]:
     """Each sample as ``{__key__, ext: value}`` (``decode``: ``None`` reads no data, for counting)."""
     shard = _Shard(path, keep)
-    key: Optional[str] = None
-    members: Dict[str, str] = {}  # ext -> member name, of the sample being read
-    sample: Dict[str, object] = {}
-    last = None
     try:
         with open_file(path, "rb") as f, tarfile.open(fileobj=f, mode="r|*") as tar:
             for member in tar:
-                last = member.name
+                shard.last = member.name
                 if not member.isfile():
                     continue
-                member_key, ext = shard.split(member.name)
-                if member_key != key:
-                    if key is not None:
-                        yield shard.finished(key, members, sample)
-                    key, members, sample = member_key, {}, {KEY: member_key}
+                key, ext = shard.split(member.name)
+                if key != shard.key:
+                    yield from shard.finished()
                     shard.start(key, member.name)
-                if not shard.wanted(ext, member_key, members, member.name):
-                    continue
-                members[ext] = member.name
-                if decode is not None:
-                    sample[ext] = decode(member.name, ext, _read(tar, member))
+                if shard.kept(ext, member.name) and decode is not None:
+                    shard.sample[ext] = decode(member.name, ext, _read(tar, member))
     except _CORRUPT as exc:
-        where = "at its start" if last is None else f"after member {last!r}"
-        raise shard.error(f"corrupt or truncated {where}: {type(exc).__name__}: {exc}") from exc
-    if key is not None:
-        yield shard.finished(key, members, sample)
+        raise shard.corrupt(exc) from exc
+    yield from shard.finished()
 
 
 def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:

@@ -54,7 +54,7 @@ class TextLinesReader(LineReader):
         if not self.strip_newline:
             lines = [line + "\n" for line in lines]
         elif "\r" in text:
-            lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+            lines = [line.removesuffix("\r") for line in lines]
         if last:
             lines.append(last)
         return list(filter(str.strip, lines)) if self.skip_blank else lines
