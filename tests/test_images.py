@@ -35,6 +35,18 @@ def test_images_become_channels_first_floats_scaled_and_normalized() -> None:
     assert batch["label"].tolist() == [0, 1]
 
 
+@pytest.mark.parametrize("mean, std", [([0.5, 0.25, 0.0], [0.25, 0.5, 2.0]), ([0.5], None), (None, [0.5])])
+@pytest.mark.parametrize("channels_first", [True, False])
+def test_each_channel_is_normalized_with_its_own_values_in_either_layout(
+        channels_first: bool, mean: Any, std: Any) -> None:
+    out = NumpyCollator(images=Images(["img"], mean=mean, std=std, channels_first=channels_first)).collate_batch(
+        {"img": images(3, c=3)})["img"]
+    expected = np.stack(images(3, c=3)).astype(np.float32) / 255  # [B, H, W, C]
+    expected = (expected - np.array(mean or [0.0], np.float32)) / np.array(std or [1.0], np.float32)
+    assert out.flags["C_CONTIGUOUS"]
+    np.testing.assert_allclose(out, expected.transpose(0, 3, 1, 2) if channels_first else expected, rtol=1e-6)
+
+
 def test_one_channel_images_get_a_channel_axis_and_channels_last_is_kept_on_request() -> None:
     gray = [np.full((4, 5), 255, np.uint8)] * 3
     assert NumpyCollator(images=Images(["g"])).collate_batch({"g": gray})["g"].shape == (3, 1, 4, 5)

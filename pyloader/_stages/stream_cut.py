@@ -89,7 +89,8 @@ class Cutter:
         if self.padding_mode == "edge":  # each row's last sample of the group
             self.remember_edges([None if cut is None else slice_rows(cut[1], cut[2] + end - 1, cut[2] + end)
                                  for cut in cuts])
-        return Stacked([Batch(epoch, index + k, None, _paths(rows)) for k in range(steps)], data, meta)
+        paths = _paths(rows)
+        return Stacked([Batch(epoch, index + k, None, paths) for k in range(steps)], data, meta)
 
     def _stacked_field(self, key: str, cuts: Sequence[Cut], files: Sequence[Tuple[str, Columns]],
                        steps: int) -> np.ndarray:
