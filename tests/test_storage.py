@@ -3,6 +3,7 @@ retries of transient errors, against moto's S3 server on loopback and a fault-in
 proxy in front of it."""
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -20,6 +21,7 @@ import pytest
 from conftest import moto_server, wait_no_threads
 
 import pyloader as pl
+from pyloader._storage.bytes import BlockStream, Budget
 from pyloader._storage.remote import is_transient
 from pyloader.collators import NumpyCollator
 from pyloader.readers import JsonLinesReader, NumpyReader
@@ -554,3 +556,36 @@ def test_a_large_remote_npy_streams_through_the_cache(s3, tmp_path):
         assert ids(loader) == list(range(20000))
     gets = s3.proxy.gets("/big/rows.npy")
     assert 0 < gets <= -(-len(buf.getvalue()) // 4096) + 1  # in blocks, and only the first time
+
+
+class _EndsAfterOneBlock:
+    """A byte source of 300 bytes by its size, whose bytes end after the first 100 (a file cut short)."""
+
+    size = 300
+
+    async def read(self, start: int, n: int) -> bytes:
+        return b"x" * n if start == 0 else b""
+
+    async def close(self, complete: bool) -> None:
+        pass
+
+
+def test_a_file_cut_short_while_read_ahead_fails_naming_it_and_gives_back_every_byte_of_its_budget() -> None:
+    async def read_ahead() -> tuple:
+        budget = Budget(1000)
+        stream = BlockStream("cut.bin", _EndsAfterOneBlock(), 300, budget, 100)
+        await asyncio.wait_for(asyncio.shield(stream._task), 5)
+        held = budget.used  # the block read, kept for the parser
+        error = None
+        try:
+            await asyncio.to_thread(stream.readall)
+        except ValueError as exc:
+            error = str(exc)
+        stream.release()
+        await asyncio.sleep(0.05)  # the budget is given back through the loop
+        return held, budget.used, error
+
+    held, left, error = asyncio.run(read_ahead())
+    assert held == 100
+    assert left == 0, f"{left} bytes of the read-ahead budget were never given back"
+    assert error is not None and "'cut.bin' ended at byte 100, before the 300 bytes" in error

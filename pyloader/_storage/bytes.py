@@ -501,12 +501,12 @@ class BlockStream(Served, SeekableRaw):
                 taken = await self._budget.take(n, self._hungry)
                 try:
                     data = await self._source.read(pos, n)
+                    if not data:
+                        raise ValueError(f"{self.path!r} ended at byte {pos}, before the {self.size} bytes "
+                                         "it had when its read began")
                 except BaseException:
                     self._budget.give(taken)
                     raise
-                if not data:
-                    raise ValueError(f"{self.path!r} ended at byte {pos}, before the {self.size} bytes "
-                                     "it had when its read began")
                 with self._cond:
                     self._blocks.append((pos, data, taken))
                     self._cond.notify_all()
