@@ -95,10 +95,12 @@ class Images:
         if self.size is None:
             return image
         (h, w), (height, width) = self.size, image.shape[:2]
-        spare = np.array([height - h, width - w])  # the rows and columns left out
-        if spare.min() < 0:
+        if height < h or width < w:
             raise ValueError(f"image key {key!r}: an image of {height}x{width} is smaller than size {h}x{w}")
-        top, left = (rng().integers(0, spare + 1) if self.crop == "random" else spare // 2).tolist()
+        if self.crop == "random":
+            top, left = rng().integers(0, [height - h + 1, width - w + 1]).tolist()
+        else:
+            top, left = (height - h) // 2, (width - w) // 2
         return image[top:top + h, left:left + w]
 
     def _normalize(self, key: str, out: np.ndarray) -> None:
