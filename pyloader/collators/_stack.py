@@ -238,13 +238,13 @@ def _stack_walked(key: str, column: ItemColumn, layout: "_Layout", options: Stac
 
 
 def _padded(key: str, column: ItemColumn, options: StackOptions, dtype: np.dtype, shape: Tuple[int, ...],
-            last: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The ragged ``column`` in an array of the batch's longest ``shape``, padded, and its mask: true on real
-    values, up to the ``last`` ragged axis."""
+            last: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """The ragged ``column`` in an array of the batch's longest ``shape``, padded, and its mask (``pad_info="mask"``:
+    true on real values, up to the ``last`` ragged axis)."""
     array = np.full(shape, options.pad_values.get(key, options.pad_value), dtype=dtype)
-    mask = np.zeros(shape[: last + 1], dtype=bool)
+    mask = np.zeros(shape[: last + 1], dtype=bool) if options.pad_info == "mask" else None
     for i, item in enumerate(column):
-        _fill(item, array[i], mask[i], 1, last)
+        _fill(item, array[i], None if mask is None else mask[i], 1, last)
     return array, mask
 
 
@@ -261,15 +261,17 @@ def _rectangular(key: str, array: np.ndarray, declared: int, options: StackOptio
     ``ragged_keys``) also gets its companion: a mask all true, every item's full length."""
     if not declared:
         return {key: array}
-    return {key: array, **_companion(key, options, array, np.ones(array.shape[: declared + 1], dtype=bool))}
+    mask = np.ones(array.shape[: declared + 1], dtype=bool) if options.pad_info == "mask" else None
+    return {key: array, **_companion(key, options, array, mask)}
 
 
-def _companion(key: str, options: StackOptions, items: ItemColumn, mask: np.ndarray) -> Dict[str, np.ndarray]:
+def _companion(key: str, options: StackOptions, items: ItemColumn,
+               mask: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
     """The ``<key>_mask``/``<key>_lengths`` entry that ``pad_info`` asks for: ``mask`` itself, or the
     length of each of ``items`` along its first axis."""
     if options.pad_info == "lengths":
         return {f"{key}_lengths": np.fromiter((len(item) for item in items), dtype=np.int64, count=len(items))}
-    return {} if options.pad_info is None else {f"{key}_mask": mask}
+    return {} if mask is None else {f"{key}_mask": mask}
 
 
 def _holds_strings(column: ItemColumn) -> bool:
@@ -291,24 +293,27 @@ def _first_leaf(item: object) -> object:
     return item
 
 
-def _fill(node: ItemColumn, out: np.ndarray, mask: np.ndarray, axis: int, last: int) -> None:
-    """Copy one item (``node``, whose first axis is ``axis``) into the top corner of ``out``, marking it in ``mask``."""
+def _fill(node: ItemColumn, out: np.ndarray, mask: Optional[np.ndarray], axis: int, last: int) -> None:
+    """Copy one item (``node``, whose first axis is ``axis``) into the top corner of ``out``, marking it in ``mask``
+    (if any)."""
     node = _items(node)
     if isinstance(node, np.ndarray):
         _fill_array(node, out, mask, axis, last)
     elif axis < last:
         for j, child in enumerate(node):
-            _fill(child, out[j], mask[j], axis + 1, last)
+            _fill(child, out[j], None if mask is None else mask[j], axis + 1, last)
     elif node:
         out[: len(node)] = node  # below the last ragged axis the item is rectangular
-        mask[: len(node)] = True
+        if mask is not None:
+            mask[: len(node)] = True
 
 
-def _fill_array(node: np.ndarray, out: np.ndarray, mask: np.ndarray, axis: int, last: int) -> None:
+def _fill_array(node: np.ndarray, out: np.ndarray, mask: Optional[np.ndarray], axis: int, last: int) -> None:
     """``_fill`` for an item that is a (non-object) array: one copy, its ragged axes masked at once."""
     region = tuple(slice(0, n) for n in node.shape)
     out[region] = node
-    mask[region[: last - axis + 1]] = True
+    if mask is not None:
+        mask[region[: last - axis + 1]] = True
 
 
 class _Layout:
