@@ -14,9 +14,17 @@ file: then they can travel to another process as ``(file, offset, shape, dtype)`
 mapped there (``_execution.ipc``). Bytes written since the mapping (a copy-on-write map turns
 a written page private) are not the file's: a span is given only where no page of the array
 was written, as ``/proc/self/pagemap`` tells; where it cannot tell, none is given.
+
+``populate(array)``: the pages of a mapped array are put in this process's page tables at once
+(Linux's ``MADV_POPULATE_READ``), by the thread that reads it ahead, GIL released: a consumer
+that touches every page of a batch otherwise takes a fault every few pages, in its own thread,
+holding the GIL. Not done where batches are not used (a worker process sends spans, mapped
+again in the loader's process: ``populating(False)``), for arrays over ``POPULATE_MAX`` bytes
+(the read-ahead must not pull a whole large file into memory), or where the kernel lacks it.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import threading
@@ -48,6 +56,42 @@ class _Region(NamedTuple):
 _REGIONS: Dict[int, _Region] = {}  # start address -> region
 _LOCK = threading.Lock()
 _PAGE = mmap.PAGESIZE
+
+
+POPULATE_MAX = 64 * 1024 * 1024
+_MADV_POPULATE_READ = 22  # Linux 5.14
+
+
+class _Populate:
+    """libc's ``madvise`` (``None``: not here, or not usable), and whether to call it."""
+
+    def __init__(self) -> None:
+        self.on = True
+        try:
+            madvise = ctypes.CDLL(None, use_errno=True).madvise
+            madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            self.madvise: Optional[Any] = madvise
+        except (OSError, AttributeError):
+            self.madvise = None
+
+
+_POPULATE = _Populate()
+
+
+def populating(on: bool) -> None:
+    """Whether ``populate`` does anything in this process (a worker process says ``False``)."""
+    _POPULATE.on = on
+
+
+def populate(array: np.ndarray) -> None:
+    """Map the pages under ``array`` (a view of a mapped file) into this process now (see the module)."""
+    madvise = _POPULATE.madvise
+    if madvise is None or not _POPULATE.on or not 0 < array.nbytes <= POPULATE_MAX:
+        return
+    address = array.__array_interface__["data"][0]
+    start = address - address % _PAGE
+    if madvise(start, address + array.nbytes - start, _MADV_POPULATE_READ) != 0:
+        _POPULATE.madvise = None  # EINVAL: a kernel without it; anything else: not worth a retry either
 
 
 def identity_of(st: os.stat_result) -> Identity:

@@ -206,3 +206,36 @@ def test_columns_of_a_mapped_arrow_file_arrive_equal_and_mapped_from_the_file(tm
     if num_workers:  # every batch crosses as a span of the file
         assert files.count(str(path)) == len(batches) == 16  # even those run after the file was closed there
         assert not batches[0][1].flags.writeable  # read-only, as Arrow's columns are here
+
+
+def resident_bytes(array: np.ndarray) -> int:
+    """The bytes of the mapping under ``array`` that are in this process's page tables (``Rss`` in smaps)."""
+    address, mapping = array.ctypes.data, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                low, high = (int(x, 16) for x in head.split("-"))
+                mapping = low <= address < high
+            elif mapping and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no mapping under the array")
+
+
+@pytest.mark.parametrize("limit, populated", [(None, True), (4096, False)])
+def test_a_mapped_piece_is_in_the_page_tables_once_read_unless_it_is_larger_than_the_limit(
+        tmp_path, monkeypatch, limit, populated):
+    """The consumer then takes no page fault on it; a piece over ``POPULATE_MAX`` is left to fault in. Only
+    the piece is: the rest of the file (four times its size) is not (the kernel may map a few pages more)."""
+    from pyloader import _npy
+
+    if limit is not None:
+        monkeypatch.setattr(_npy, "POPULATE_MAX", limit)
+    path = tmp_path / "big.npy"
+    np.save(path, np.arange(256 * 1024, dtype=np.float32).reshape(-1, 64))  # 1 MiB, in the page cache
+    piece = next(NumpyReader(piece_size=1024).iter_file(str(path)))["x"]  # the first quarter of the file
+    if _npy._POPULATE.madvise is None:
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
+    assert piece.nbytes == 1024 * 256
+    resident = resident_bytes(piece)
+    assert (piece.nbytes <= resident < 4 * piece.nbytes) if populated else resident < piece.nbytes // 4, resident

@@ -47,6 +47,7 @@ import traceback
 from typing import Callable, Deque, Dict, Generator, List, Optional, Set, Tuple, Union
 
 from .._columns import Columns, n_rows, slice_rows
+from .._npy import populating
 from .._stats import BusySink, GroupClock, RowBusy
 from . import ipc as _ipc
 from .reading import pieces_with_end
@@ -345,6 +346,7 @@ def _settle() -> None:
     """The process's own settings, before any user code runs in it."""
     gc.freeze()  # inherited objects: never scanned here, so forked pages stay shared
     _die_with_parent()
+    populating(False)  # mapped batches leave as spans of their files: their pages are used in the loader's process
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
     torch = sys.modules.get("torch")
     if torch is not None:

@@ -13,7 +13,7 @@ from numpy.lib import format as npformat
 
 from .._abc import DataReader
 from .._columns import Columns
-from .._npy import HEADER_PARSE, register_mapped
+from .._npy import HEADER_PARSE, populate, register_mapped
 from .._paths import local_path
 from .._storage.compression import DecompressionError, codec_for
 from .._storage.files import is_url, open_file
@@ -35,8 +35,9 @@ class NumpyReader(DataReader):
     ``.npy`` is memory-mapped copy-on-write (writing to the arrays never changes
     the file; the file must not change while it is read): ``read_file`` returns an
     ``np.memmap`` and ``iter_file`` hands out views of it, ``piece_size`` rows at a
-    time, with no copy at all (pages come from the page cache as the batches
-    are used, and are let go with the last batch using them); a batch that is such a
+    time, with no copy at all (the pages of each piece of up to 64 MiB are mapped in as it is read
+    ahead, where the kernel can (Linux 5.14), so that the consumer takes no page fault on them; they
+    are let go with the last batch using them); a batch that is such a
     view crosses from a worker process as (file, offset, shape, dtype) and is mapped
     again in the loader's process (``_execution.ipc``); other files are read
     through ``open_file`` (``iter_file`` reads them ``piece_size`` rows at a time,
@@ -139,6 +140,8 @@ class _Rows:
         k = min(k, self.shape[0] - self.pos)
         if self.whole is not None:
             out = self.whole[self.pos:self.pos + k]
+            if isinstance(out, np.memmap):
+                populate(out)
         else:
             out = np.empty((k,) + tuple(self.shape[1:]), dtype=self.dtype)
             assert self.stream is not None, "rows not mapped are read from the stream"
