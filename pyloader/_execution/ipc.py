@@ -181,14 +181,19 @@ def _send_memfd(sock: socket.socket, data: bytes, raws: List[memoryview], tag: i
     fd = os.memfd_create("pyloader", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, max(offset, 1))
-        with mmap.mmap(fd, max(offset, 1)) as mem:
-            mem[: len(data)] = data
-            for (start, length), raw in zip(spans, raws):
-                mem[start:start + length] = raw
+        _write_at(fd, memoryview(data), 0)  # not through a map: each fresh page would cost a fault here
+        for (start, _), raw in zip(spans, raws):
+            _write_at(fd, raw, start)
         header = _HEAD.pack(b"M", len(data), len(spans), tag, gen) + b"".join(_SPAN.pack(*s) for s in spans)
         sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))])
     finally:
         os.close(fd)
+
+
+def _write_at(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
 
 
 def _send_fd_less(sock: socket.socket, data: bytes, tag: int, gen: int) -> None:
