@@ -166,6 +166,46 @@ def test_arrays_passed_through_without_copy():
     check(out["ids"], [[1, 0], [2, 3], [4, 0]], np.int64)
 
 
+def _array_columns():
+    """Array columns of every kind the shortcut for arrays takes or leaves (``_stack._as_it_is``)."""
+    base = np.arange(24, dtype=np.int64).reshape(4, 6)
+    records = np.zeros(4, dtype=[("a", "<i4"), ("b", "<f8")])
+    return {
+        "i64": base, "f16": base.astype(np.float16), "u8": base.astype(np.uint8), "b": base % 2 == 0,
+        "c64": base.astype(np.complex64), "dates": np.arange(4).astype("datetime64[D]"),
+        "deltas": np.arange(4).astype("timedelta64[s]"), "big": base.astype(">i4"), "flipped": base[::-1, ::-1],
+        "strided": base[:, ::2], "fortran": np.asfortranarray(base), "records": records,
+        "fixed_str": np.array(["a", "b", "c", "d"]), "fixed_bytes": np.array([b"a", b"b", b"c", b"d"]),
+        "memmap_like": base.view(np.memmap), "ragged_declared": base,
+    }
+
+
+@pytest.mark.parametrize("collator", [NumpyCollator(ragged_keys=["ragged_declared"]),
+                                      TorchCollator(ragged_keys=["ragged_declared"])], ids=["numpy", "torch"])
+def test_array_columns_collate_as_the_full_walk_collates_them(collator, monkeypatch):
+    import pyloader.collators._stack as stack
+
+    columns = {k: v for k, v in _array_columns().items()
+               if not (isinstance(collator, TorchCollator) and k in ("records", "dates", "deltas"))}  # torch has none
+    with pytest.raises(ValueError, match="'zero_d'"):
+        collator.collate_batch({"zero_d": np.array(3)})
+    fast = collator.collate_batch(dict(columns))
+    monkeypatch.setattr(stack, "_as_it_is", lambda column, key, options: False)
+    walked = collator.collate_batch(dict(columns))
+    assert list(fast) == list(walked)
+    for key in walked:
+        a, b = fast[key], walked[key]
+        assert type(a) is type(b), key
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.strides == b.strides, key
+            assert np.array_equal(a, b), key
+            if key in columns:  # not a companion: a copy where the walk copies, the column itself where it does not
+                assert np.shares_memory(a, columns[key]) == np.shares_memory(b, columns[key]), key
+        else:  # torch tensors
+            assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and a.equal(b), key
+    assert "ragged_declared_mask" in fast  # a declared key still gets its companion
+
+
 def test_object_array_column_is_stacked():
     column = np.empty(2, dtype=object)
     column[0], column[1] = np.array([1, 2]), np.array([3])

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.timeout(120)
 
 # bz2 in blocks of 100 kB: a cut file still has whole ones
 TEXT = b"".join(b"line %06d of a file that compresses well\n" % i for i in range(40000))
-COMPRESS = {".gz": lambda data: gzip.compress(data, mtime=0), ".bz2": lambda data: bz2.compress(data, 1), ".xz": lzma.compress,
+COMPRESS = {".gz": lambda data: gzip.compress(data, mtime=0),  # no timestamp: the same bytes every call
+            ".bz2": lambda data: bz2.compress(data, 1), ".xz": lzma.compress,
             ".zst": lambda data: zstandard.ZstdCompressor().compress(data)}
 
 

@@ -22,6 +22,7 @@ from typing import (
     Sequence,
     Set,
     Tuple,
+    TypeGuard,
     Union,
 )
 
@@ -135,18 +136,29 @@ def stack_batch(
         if not options.collates(key):
             out[key] = column
             continue
-        stacked = stack_column(key, column, options)  # rejects what has no length
+        array = column if _as_it_is(column, key, options) else None
+        stacked = None if array is not None else stack_column(key, column, options)  # rejects what has no length
         if first_key is None:
             first_key = key
         elif len(column) != len(features[first_key]):
             raise ValueError(
                 f"key {key!r} has {len(column)} items but key {first_key!r} has {len(features[first_key])}"
             )
-        if stacked is None:
+        if array is not None:
+            out[key] = convert_array(key, array)
+        elif stacked is None:
             out[key] = convert_strings(key, column)
         else:
             out.update(_converted(key, stacked, features, convert_array))
     return out
+
+
+def _as_it_is(column: ItemColumn, key: str, options: StackOptions) -> TypeGuard[np.ndarray]:
+    """Whether ``stack_column`` would return ``column`` itself and no companion, known without its
+    walk: the common column, an array of a dtype that is neither objects nor strings, with no
+    ragged axes declared."""
+    return type(column) is np.ndarray and column.ndim > 0 and column.dtype.kind not in "OUS" \
+        and key not in options.ragged_keys
 
 
 def _converted(key: str, stacked: Dict[str, np.ndarray], features: Mapping[str, ItemColumn],
@@ -163,7 +175,7 @@ def _converted(key: str, stacked: Dict[str, np.ndarray], features: Mapping[str, 
 
 def _check_keys(features: Mapping[str, ItemColumn], options: StackOptions) -> None:
     """``ValueError`` unless ``features`` is a dict of columns holding every key ``options`` asks for."""
-    if not isinstance(features, abc.Mapping):
+    if type(features) is not dict and not isinstance(features, abc.Mapping):  # the ABC's check costs more
         raise ValueError(f"expected a dict of columns, got {type(features).__name__}")
     if options.keys is not None:
         missing = sorted(options.keys.difference(features))
