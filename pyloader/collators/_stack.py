@@ -157,7 +157,7 @@ def _as_it_is(column: ItemColumn, key: str, options: StackOptions) -> TypeGuard[
     """Whether ``stack_column`` would return ``column`` itself and no companion, known without its
     walk: the common column, an array of a dtype that is neither objects nor strings, with no
     ragged axes declared."""
-    return type(column) is np.ndarray and column.ndim > 0 and column.dtype.kind not in "OUS" \
+    return isinstance(column, np.ndarray) and column.ndim > 0 and column.dtype.kind not in "OUS" \
         and key not in options.ragged_keys
 
 
