@@ -33,6 +33,8 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from ._libc import libc
+
 HEADER_PARSE = threading.Lock()
 
 Identity = Tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
@@ -67,12 +69,9 @@ class _Populate:
 
     def __init__(self) -> None:
         self.on = True
-        try:
-            madvise = ctypes.CDLL(None, use_errno=True).madvise
-            madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            self.madvise: Optional[Any] = madvise
-        except (OSError, AttributeError):
-            self.madvise = None
+        self.madvise: Optional[Any] = getattr(libc(), "madvise", None)
+        if self.madvise is not None:
+            self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
 _POPULATE = _Populate()

@@ -52,6 +52,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .._libc import libc as c_library
 from .._npy import Identity, file_span, identity_of
 from .packed import Packed, pack
 
@@ -297,15 +298,17 @@ class _Mapping:
 
 
 def _load_libc() -> Optional[ctypes.CDLL]:
+    libc = c_library()
+    if libc is None:
+        return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                               ctypes.c_long]
         libc.munmap.restype = ctypes.c_int
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         return libc
-    except (OSError, AttributeError):
+    except AttributeError:
         return None
 
 

@@ -35,7 +35,6 @@ the thread that started it dies (Linux ``PR_SET_PDEATHSIG``).
 from __future__ import annotations
 
 import collections
-import ctypes
 import gc
 import os
 import pickle
@@ -47,6 +46,7 @@ import traceback
 from typing import Callable, Deque, Dict, Generator, List, Optional, Set, Tuple, Union
 
 from .._columns import Columns, n_rows, slice_rows
+from .._libc import libc
 from .._npy import populating
 from .._stats import BusySink, GroupClock, RowBusy
 from . import ipc as _ipc
@@ -62,11 +62,10 @@ INIT_FAILED = -2  # the tag of worker_init_fn's exception
 
 
 def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the closed socket still ends the worker
+    found = libc()
+    prctl = getattr(found, "prctl", None)
+    if prctl is not None:  # else not Linux: the closed socket still ends the worker
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class RemoteError(Exception):
