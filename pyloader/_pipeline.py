@@ -129,7 +129,8 @@ def _by_mode(c: Chain, files: FileStages, rotation: Optional[Rotation]) -> Async
 
 def _with_meta(group: Group) -> Group:
     """``group`` with its batches' metadata (``Batch.meta``) added to their collated data, where they carry any."""
-    return attach_meta(group) if isinstance(group, Stacked) or group[0].meta is not None else group
+    meta = group.meta if isinstance(group, Stacked) else group[0].meta
+    return group if meta is None else attach_meta(group)
 
 
 def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Runner:

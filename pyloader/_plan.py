@@ -197,6 +197,8 @@ class RunPlan:
     start: Start
     source: Union[FileSource, MixSource]
     steps: Optional[Callable[[int], int]]  # under ranks: the batches every rank gives in an epoch
+    # stacked groups only where a batch needs nothing on its own before the hand-over: it is encoded in this
+    # process (no workers), with no ranks' padding flags, rotation or cache of encoded batches
     cut: Cut
     buffers: Buffers  # the mix, shuffle and bucket buffers rows meet in before they are cut
     resumed: FirstEpoch  # the first epoch, read from the position
@@ -228,8 +230,10 @@ async def plan_run(s: Settings, start: Start, run_blocking: RunBlocking) -> RunP
     resumed = _resumed(s, start, source, steps, buffers, past_files) if past_files or start.splits else whole
     if start.skip and not resumed.past_files:
         resumed = resumed._replace(drop=True)
-    return RunPlan(mode=_mode(s), start=start, source=source, steps=steps, cut=Cut(s.batch_size, s.options.drop_last),
-                   buffers=buffers, resumed=resumed, whole=whole)
+    mode = _mode(s)
+    cut = Cut(s.batch_size, s.options.drop_last, stack=mode is Mode.FILES and s.pool is None and not s.sharding.active)
+    return RunPlan(mode=mode, start=start, source=source, steps=steps, cut=cut, buffers=buffers, resumed=resumed,
+                   whole=whole)
 
 
 def _needs_counts(s: Settings, start: Start, past_files: bool) -> bool:

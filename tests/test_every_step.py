@@ -181,6 +181,14 @@ def failing_stream_loader(folder: Path, **kwargs: Any) -> Make:
                                  stream=pl.Stream(seq_len=3), on_error="skip", **kwargs)
 
 
+class ArrayIdReader(IdReader):
+    """``IdReader``'s ids as one NumPy array per file: full batches of a file travel as one stacked group."""
+
+    def read_file(self, path: str) -> Any:
+        columns, n = super().read_file(path)
+        return {"id": np.asarray(columns["id"], dtype=np.int64)}, n
+
+
 def failing_encode_loader(folder: Path, **kwargs: Any) -> Make:
     write_chunks(folder, SIZES)
     return lambda: pl.DataLoader(IdReader(3), FailingEncode(), ListCollator(), str(folder), on_error="skip",
@@ -286,6 +294,10 @@ CASES: Dict[str, Callable[[Path], Make]] = {
     "the_csv_reader": lambda d: format_loader(d, write_csv, CSVReader(4, shuffle=True), NumpyCollator()),
     "the_numpy_reader_memory_mapping_npy_files": lambda d: format_loader(
         d, write_npy, NumpyReader(4, piece_size=2), TorchCollator(), num_workers=2),
+    "the_numpy_reader_in_this_process_in_stacked_groups": lambda d: format_loader(
+        d, write_npy, NumpyReader(2), TorchCollator(), num_workers=0),
+    "a_batch_of_a_stacked_group_that_fails_to_encode_skipped": lambda d: (write_chunks(d, SIZES), lambda: pl.DataLoader(
+        ArrayIdReader(2), FailingEncode(), NumpyCollator(), str(d), on_error="skip", num_workers=0, shuffle=True))[1],
     "the_parquet_reader_by_row_group": lambda d: format_loader(d, write_parquet, ParquetReader(4), NumpyCollator()),
     "gzip_compressed_json_lines": lambda d: format_loader(
         d, lambda f: write_jsonl(f, ".jsonl.gz", gzip.open), JsonLinesReader(4, piece_size=2), NumpyCollator()),
@@ -301,7 +313,7 @@ EVERY_POSITION = {
     "stream_mode_replaying_data_as_padding", "a_filter_dropping_odd_ids", "bucketing_by_length",
     "a_curriculum_that_drops_and_repeats_files", "weighted_sources_until_the_first_is_exhausted",
     "a_bad_file_skipped", "a_batch_that_fails_to_encode_skipped", "a_bad_file_skipped_in_stream_mode",
-    "the_last_partial_batch_dropped_under_ranks",
+    "the_last_partial_batch_dropped_under_ranks", "the_numpy_reader_in_this_process_in_stacked_groups",
 }
 
 

@@ -244,3 +244,134 @@ def test_a_stacked_group_weighs_its_batches_in_the_hand_over():
         await asyncio.wait_for(second, 5)
 
     asyncio.run(main())
+
+
+# --- full batches of one piece of arrays, cut as one stacked group ---------------------------------
+
+
+def _cut_groups(files, batch_size, stack):
+    """The groups a ``Batcher`` cuts from ``files`` (one list of column dicts, its pieces, per file)."""
+    import asyncio
+
+    from pyloader._execution.reading import FileTask
+    from pyloader._stages.batch import Batcher, Cut
+    from pyloader._stages.read import Piece
+    from pyloader._stages.source import EpochEnd
+
+    class File:
+        def __init__(self, k, pieces):
+            self.task = FileTask(0, k, k, f"f{k}")
+            offsets = np.cumsum([0] + [len(next(iter(p.values()))) for p in pieces])
+            self.pieces = [Piece(self.task, int(o), len(next(iter(p.values()))), p) for o, p in zip(offsets, pieces)]
+
+    async def items():
+        for k, pieces in enumerate(files):
+            yield File(k, pieces)
+        yield EpochEnd(0)
+
+    async def pieces_of(item):
+        for piece in item.pieces:
+            yield piece
+
+    async def main():
+        batcher = Batcher([f"f{k}" for k in range(len(files))], pieces_of, None, None, cut=Cut(batch_size, stack=stack))
+        return [group async for group in batcher.iterate(items())]
+
+    return asyncio.run(main())
+
+
+def _rows_of(group):
+    """Each batch's raw columns, as the map stage hands them to the steps."""
+    from pyloader._stages.batch import Stacked
+
+    if isinstance(group, Stacked):
+        return list(group.rows())
+    return [batch.data.local() for batch in group]
+
+
+def test_full_batches_of_one_piece_of_arrays_travel_as_one_stacked_group():
+    from pyloader._stages.batch import Stacked
+
+    x = np.arange(200 * 3, dtype=np.float32).reshape(200, 3)
+    files = [[{"x": x[:90], "y": np.arange(90)}, {"x": x[90:150], "y": np.arange(90, 150)}],
+             [{"x": x[150:], "y": np.arange(150, 200)}]]
+    stacked, plain = _cut_groups(files, 8, True), _cut_groups(files, 8, False)
+    assert [b.index for g in stacked for b in g] == [b.index for g in plain for b in g] == list(range(25))
+    assert [b.paths for g in stacked for b in g] == [b.paths for g in plain for b in g]
+    rows_stacked = [r for g in stacked for r in _rows_of(g)]
+    rows_plain = [r for g in plain for r in _rows_of(g)]
+    for a, b in zip(rows_stacked, rows_plain, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key])
+    kinds = [(type(g).__name__, len(g)) for g in stacked]
+    # groups grow 1, 2, 4, 8...: each holds the full batches at hand; two or more of one piece go stacked, and
+    # a batch crossing into the next piece goes alone (90 rows: 1, 2, 4 and 4 batches, then 2 + 6 rows)
+    assert kinds == [("list", 1), ("Stacked", 2), ("Stacked", 4), ("Stacked", 4), ("list", 1), ("Stacked", 6),
+                     ("list", 1), ("Stacked", 6)], kinds
+    group = stacked[2]
+    assert isinstance(group, Stacked) and np.shares_memory(group.columns["x"], x)  # views: nothing copied
+    assert all(not isinstance(g, Stacked) for g in plain)
+
+
+def test_pieces_of_lists_or_in_buffers_are_cut_batch_by_batch():
+    files = [[{"x": list(range(64))}], [{"x": np.arange(64), "s": ["a"] * 64}]]
+    from pyloader._stages.batch import Stacked
+
+    assert not any(isinstance(g, Stacked) for g in _cut_groups(files, 4, True))
+
+
+class _Doubled(pl.Dataset):
+    """A user ``batch_encode`` on arrays: stacked groups fall back to it batch by batch."""
+
+    def __init__(self, bad_first=None):
+        self.bad_first = bad_first
+        self.seen = []
+
+    def batch_encode(self, batch_data):
+        x = batch_data["x"]
+        self.seen.append((type(x), x.shape))
+        if self.bad_first is not None and x[0, 0] == self.bad_first:
+            raise ValueError("bad batch")
+        return {"x": x * 2}
+
+
+def _npy_files(folder, sizes):
+    folder.mkdir()
+    start = 0
+    for i, n in enumerate(sizes):
+        np.save(folder / f"c{i}.npy", np.arange(start, start + n, dtype=np.int64).reshape(-1, 1))
+        start += n
+    return np.arange(start)
+
+
+@pytest.mark.parametrize("collator", ["numpy", "torch"])
+def test_a_run_of_stacked_groups_gives_the_batches_a_plain_loop_cuts(tmp_path, collator):
+    import torch
+
+    from pyloader.collators import TorchCollator
+
+    ids = _npy_files(tmp_path / "npy", [1000, 37, 0, 2000, 5])
+    loader = pl.DataLoader(NumpyReader(batch_size=16), pl.IdentityDataset(),
+                           NumpyCollator() if collator == "numpy" else TorchCollator(), str(tmp_path / "npy"),
+                           num_workers=0)
+    kind = np.ndarray if collator == "numpy" else torch.Tensor
+    for _ in range(2):  # two epochs
+        batches = []
+        for k, batch in enumerate(loader):
+            assert type(batch["x"]) is kind and batch["x"].shape[1:] == (1,)
+            assert loader.state_dict()["batches_in_epoch"] == k + 1  # per batch, not per group
+            batches.append(np.asarray(batch["x"])[:, 0].copy())
+        assert [len(b) for b in batches] == [16] * (len(ids) // 16) + [len(ids) % 16]
+        assert np.array_equal(np.concatenate(batches), ids)
+
+
+def test_a_user_encode_on_stacked_groups_sees_each_batch_and_a_failed_one_is_skipped_alone(tmp_path):
+    ids = _npy_files(tmp_path / "npy", [400, 400])
+    dataset = _Doubled(bad_first=40)  # the 6th batch of 8 rows: inside a stacked group
+    loader = pl.DataLoader(NumpyReader(batch_size=8), dataset, NumpyCollator(), str(tmp_path / "npy"),
+                           num_workers=0, on_error="skip")
+    got = np.concatenate([b["x"][:, 0] for b in loader])
+    assert np.array_equal(got, 2 * np.concatenate([ids[:40], ids[48:]]))
+    assert loader.stats["skipped_batches"] == 1
+    assert set(dataset.seen) == {(np.ndarray, (8, 1))}

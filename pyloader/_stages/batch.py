@@ -35,7 +35,7 @@ from typing import (
 
 import numpy as np
 
-from .._columns import Provenance, Traced
+from .._columns import Columns, Provenance, Traced
 from .._errors import ErrorHandler, PipelineError
 from .._execution.steps import BatchData, Segments, StackedOutputs, StackedRows, assemble
 from .._stats import Stats
@@ -80,7 +80,8 @@ class Stacked(list):
     must go alone its ``data`` and ``meta`` are made at once (``rows``, ``pick``).
     """
 
-    def __init__(self, batches: List[Batch], columns: Dict[str, np.ndarray], meta: Dict[str, np.ndarray]) -> None:
+    def __init__(self, batches: List[Batch], columns: Dict[str, np.ndarray],
+                 meta: Optional[Dict[str, np.ndarray]]) -> None:
         super().__init__(batches)
         self.columns: Optional[Dict[str, np.ndarray]] = columns  # dropped once encoded (``OrderedMap``)
         self.meta: Optional[Dict[str, Any]] = meta
@@ -111,7 +112,8 @@ class Stacked(list):
             batch = self[k]
             if self.columns is not None:
                 batch.data = {key: column[k] for key, column in self.columns.items()}
-            batch.meta = {key: column[k] for key, column in (self.meta or {}).items()}
+            if self.meta is not None:
+                batch.meta = {key: column[k] for key, column in self.meta.items()}
             picked.append(batch)
         return picked
 
@@ -151,10 +153,12 @@ class GroupSize:
 
 
 class Cut(NamedTuple):
-    """How the sample stream is cut: ``batch_size`` rows a batch, the short last one kept unless ``drop_last``."""
+    """How the sample stream is cut: ``batch_size`` rows a batch, the short last one kept unless ``drop_last``;
+    with ``stack``, full batches of one piece of arrays travel as a ``Stacked`` group (``Batcher._stacked``)."""
 
     batch_size: int
     drop_last: bool = False
+    stack: bool = False
 
 
 class Bucketing(NamedTuple):
@@ -259,11 +263,7 @@ class Batcher:
             end = min(piece.n, start + size)
             parts.append((piece, start, end))
             size -= end - start
-            self._count -= end - start
-            if end == piece.n:
-                self._pending.popleft()
-            else:
-                entry[1] = end
+            self._advance(entry, end)
         return parts
 
     def _batch(self, epoch: int, index: int, size: int) -> Batch:
@@ -305,11 +305,40 @@ class Batcher:
     def _full(self, epoch: int, index: int, sizes: GroupSize) -> Iterator[Group]:
         """The full batches at hand, from batch ``index`` on, in groups."""
         while self._count >= self.cut.batch_size:
-            group: Group = []
-            for _ in range(min(sizes.take(), self._count // self.cut.batch_size)):
-                group.append(self._batch(epoch, index + len(group), self.cut.batch_size))
+            count = min(sizes.take(), self._count // self.cut.batch_size)
+            group: Optional[Group] = self._stacked(epoch, index, count) if self.cut.stack else None
+            if group is None:
+                if self.cut.stack:  # up to the batch that ends past the first piece: the next piece may stack
+                    count = min(count, -(-(self._pending[0][0].n - self._pending[0][1]) // self.cut.batch_size))
+                group = [self._batch(epoch, index + k, self.cut.batch_size) for k in range(count)]
             index += len(group)
             yield group
+
+    def _stacked(self, epoch: int, index: int, count: int) -> Optional[Stacked]:
+        """Up to ``count`` full batches of the first pending piece alone, as one ``Stacked`` group (each
+        column seen as ``[batches, rows, ...]``, no copy), when they are two or more and every column
+        is an array; else ``None``."""
+        entry = self._pending[0]
+        piece, start = entry
+        size = self.cut.batch_size
+        count = min(count, (piece.n - start) // size)
+        held = piece.columns if isinstance(piece, Piece) else None
+        if count < 2 or held is None or not _all_arrays(held):
+            return None
+        end = start + count * size
+        columns = {key: column[start:end].reshape(count, size, *column.shape[1:]) for key, column in held.items()}
+        self._advance(entry, end)
+        paths = (piece.task.path,)
+        return Stacked([Batch(epoch, index + k, None, paths) for k in range(count)], columns, None)
+
+    def _advance(self, entry: List, end: int) -> None:
+        """The first pending piece (``entry``) taken up to row ``end``."""
+        piece, start = entry
+        self._count -= end - start
+        if end == piece.n:
+            self._pending.popleft()
+        else:
+            entry[1] = end
 
     def _buffers(self, epoch: int) -> List[RowBuffer]:
         """The buffers samples go through this epoch, in turn: the mix, the shuffle buffer, the bucket buffer."""
@@ -432,6 +461,12 @@ def _drained(buffers: List[RowBuffer]) -> Iterator[Traced]:
     for k, buffer in enumerate(buffers):
         for part in buffer.drain():
             yield from _through(buffers[k + 1:], part)
+
+
+def _all_arrays(columns: Columns) -> bool:
+    """Whether each of ``columns`` is a NumPy array of rows (a memory map's view included), which a
+    group of batches can share as one ``[batches, rows, ...]`` view."""
+    return all(type(c) in (np.ndarray, np.memmap) and c.ndim for c in columns.values())
 
 
 def _copy(data: BatchData) -> BatchData:
