@@ -375,3 +375,15 @@ def test_a_user_encode_on_stacked_groups_sees_each_batch_and_a_failed_one_is_ski
     assert np.array_equal(got, 2 * np.concatenate([ids[:40], ids[48:]]))
     assert loader.stats["skipped_batches"] == 1
     assert set(dataset.seen) == {(np.ndarray, (8, 1))}
+
+
+def test_stacked_groups_of_small_batches_grow_past_32_batches_within_the_samples_and_bytes_bounds():
+    from pyloader._stages.batch import GroupSize
+
+    small = _cut_groups([[{"x": np.zeros((64 * 1200, 2), np.float32)}]], 64, True)
+    assert max(len(g) for g in small) == GroupSize.SAMPLES // 64 == 512  # 32,768 samples
+    assert sum(len(g) for g in small) == 1200
+    wide = np.broadcast_to(np.zeros((1, 1 << 18), np.float32), (4 * 200, 1 << 18))  # 1 MiB rows, 1 MiB held
+    big = _cut_groups([[{"x": wide}]], 4, True)
+    assert max(len(g) for g in big) == GroupSize.LIMIT  # 16 MiB is 4 batches: never fewer than 32
+    assert GroupSize.of_small(4, 4 << 10) == 1024 and GroupSize.of_small(64, 64 << 10) == 256

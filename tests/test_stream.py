@@ -278,12 +278,11 @@ def spy_collate_stacked(monkeypatch):
 
 @pytest.mark.parametrize("rows,seq_len", [(2, 4), (8, 32), (64, 32)])
 def test_stream_groups_are_sized_in_samples(tmp_path, monkeypatch, rows, seq_len):
-    """Small stream batches travel in larger groups (up to GROUP_SAMPLES samples, never fewer
-    than GroupSize.LIMIT batches nor more than MAX_GROUP); the output is unchanged."""
+    """Small stream batches travel in larger groups (up to GroupSize.SAMPLES samples, never fewer
+    than GroupSize.LIMIT batches nor more than GroupSize.MOST); the output is unchanged."""
     from pyloader._stages.batch import GroupSize
-    from pyloader._stages.stream import StreamBatcher
 
-    limit = min(StreamBatcher.MAX_GROUP, max(GroupSize.LIMIT, StreamBatcher.GROUP_SAMPLES // (rows * seq_len)))
+    limit = min(GroupSize.MOST, max(GroupSize.LIMIT, GroupSize.SAMPLES // (rows * seq_len)))
     length = seq_len * (2 * limit + 2)  # enough steps for the groups to grow to the limit
     write_streams(tmp_path, [length] * rows)
     made = spy_collate_stacked(monkeypatch)

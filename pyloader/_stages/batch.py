@@ -5,7 +5,9 @@ an optional shuffle buffer mixes samples across files first, and optional
 length bucketing (``_stages.bucket``) then makes batches of samples of similar length. Consecutive
 batches travel the rest of the pipeline as a ``Group`` (one thread hop, one
 worker request, one hand-over for all of them), so fixed per-hop costs are
-paid once per group rather than once per batch.
+paid once per group rather than once per batch. Full batches of one piece whose
+columns are all arrays may go as a ``Stacked`` group (``Cut.stack``): later stages
+then work on the whole group at once.
 
 Rows that go through the buffers carry their file, their padding flag and
 (bucketing) their length beside the user's columns, as a ``_columns.Traced``;
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import (
     Any,
@@ -139,9 +142,17 @@ class GroupSize:
     The first batch leaves as soon as it is cut (time to first batch), later
     groups grow so that per-group costs shrink per batch. ``limit`` bounds the
     batches a group holds (memory).
+
+    Groups of small batches cut from one array per field (stream batches, ``Stacked``
+    groups) may hold more of them (``of_small``): per-group costs need more batches to
+    be paid off, while the samples (and bytes) a group holds stay those of a group of
+    ordinary batches.
     """
 
     LIMIT = 32
+    SAMPLES = 32768
+    BYTES = 16 << 20
+    MOST = 1024
 
     def __init__(self, limit: int = LIMIT) -> None:
         self.limit = limit
@@ -150,6 +161,15 @@ class GroupSize:
     def take(self) -> int:
         n, self._next = self._next, min(self.limit, self._next * 2)
         return n
+
+    @classmethod
+    def of_small(cls, samples: int, nbytes: Optional[int] = None) -> int:
+        """The batches a group of small batches (``samples`` each, of ``nbytes`` where known) may hold:
+        up to ``SAMPLES`` samples and ``BYTES`` bytes, never fewer than ``LIMIT`` batches nor more than ``MOST``."""
+        most = cls.SAMPLES // max(1, samples)
+        if nbytes:
+            most = min(most, cls.BYTES // nbytes)
+        return min(cls.MOST, max(cls.LIMIT, most))
 
 
 class Cut(NamedTuple):
@@ -305,8 +325,10 @@ class Batcher:
     def _full(self, epoch: int, index: int, sizes: GroupSize) -> Iterator[Group]:
         """The full batches at hand, from batch ``index`` on, in groups."""
         while self._count >= self.cut.batch_size:
-            count = min(sizes.take(), self._count // self.cut.batch_size)
-            group: Optional[Group] = self._stacked(epoch, index, count) if self.cut.stack else None
+            taken = sizes.take()
+            count = min(taken, self._count // self.cut.batch_size)
+            group: Optional[Group] = self._stacked(epoch, index, count, grown=taken == sizes.limit) \
+                if self.cut.stack else None
             if group is None:
                 if self.cut.stack:  # up to the batch that ends past the first piece: the next piece may stack
                     count = min(count, -(-(self._pending[0][0].n - self._pending[0][1]) // self.cut.batch_size))
@@ -314,16 +336,21 @@ class Batcher:
             index += len(group)
             yield group
 
-    def _stacked(self, epoch: int, index: int, count: int) -> Optional[Stacked]:
-        """Up to ``count`` full batches of the first pending piece alone, as one ``Stacked`` group (each
-        column seen as ``[batches, rows, ...]``, no copy), when they are two or more and every column
-        is an array; else ``None``."""
+    def _stacked(self, epoch: int, index: int, count: int, grown: bool) -> Optional[Stacked]:
+        """Up to ``count`` full batches of the first pending piece alone (once the groups have ``grown``,
+        up to ``GroupSize.of_small``), as one ``Stacked`` group (each column seen as ``[batches, rows, ...]``,
+        no copy), when they are two or more and every column is an array; else ``None``."""
         entry = self._pending[0]
         piece, start = entry
         size = self.cut.batch_size
-        count = min(count, (piece.n - start) // size)
         held = piece.columns if isinstance(piece, Piece) else None
-        if count < 2 or held is None or not _all_arrays(held):
+        if held is None or not _all_arrays(held):
+            return None
+        if grown:
+            count = GroupSize.of_small(size, size * sum(c.dtype.itemsize * math.prod(c.shape[1:])
+                                                        for c in held.values()))
+        count = min(count, (piece.n - start) // size)
+        if count < 2:
             return None
         end = start + count * size
         columns = {key: column[start:end].reshape(count, size, *column.shape[1:]) for key, column in held.items()}

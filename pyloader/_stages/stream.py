@@ -31,14 +31,9 @@ PADDING_MODES = ("zeros", "data", "edge")
 class StreamBatcher:
     """Cuts each epoch into stream batches of ``rows`` rows (``seq_len`` samples per row, or one).
 
-    Groups cut from one block hold up to ``GROUP_SAMPLES`` samples (at least
-    ``GroupSize.LIMIT`` batches, at most ``MAX_GROUP`` batches): stream batches are
-    small, so per-group costs need more of them to be paid off, while the samples a
-    group holds stay those of a group of ordinary batches.
+    Groups cut from one block are sized in samples (``GroupSize.of_small``): stream
+    batches are small.
     """
-
-    GROUP_SAMPLES = 32768
-    MAX_GROUP = 1024
 
     def __init__(self, files: Sequence[str], pieces: PiecesOf, open_file: OpenFile, shape: StreamShape, *,
                  target: Optional[Callable[[int], int]] = None,
@@ -57,7 +52,7 @@ class StreamBatcher:
         self.fallback = fallback
         self.start = start  # where the first epoch begins, when not at its first step (``_stages.stream_resume``)
         step = shape.rows * (shape.seq_len or 1)
-        self.group_limit = min(self.MAX_GROUP, max(GroupSize.LIMIT, self.GROUP_SAMPLES // step))
+        self.group_limit = GroupSize.of_small(step)
 
     async def iterate(self, items: AsyncIterator[ReadItem]) -> AsyncIterator[Group]:
         items = aiter(items)
