@@ -12,6 +12,7 @@ whatever their names.
 """
 from __future__ import annotations
 
+import math
 from collections import abc  # isinstance against these, not typing's aliases: several times faster
 from dataclasses import dataclass, fields
 from operator import itemgetter
@@ -118,6 +119,22 @@ def take(columns: Rows, indices: Any) -> Rows:
             got = pick(col)
             out[key] = list(got) if len(idx) > 1 else [got]
     return out
+
+
+def array_row_bytes(columns: Columns) -> Optional[int]:
+    """The bytes of one row of ``columns`` when each is a NumPy array of rows (a memory map's view
+    included): consecutive batches of them can then be one ``[batches, rows, ...]`` view
+    (``stacked_views``); ``None`` otherwise."""
+    if not columns or not all(type(c) in (np.ndarray, np.memmap) and c.ndim for c in columns.values()):
+        return None
+    return sum(c.dtype.itemsize * math.prod(c.shape[1:]) for c in columns.values())
+
+
+def stacked_views(columns: Columns, start: int, count: int, size: int) -> Dict[str, np.ndarray]:
+    """Rows ``start : start + count * size`` of array ``columns``, each seen as ``[count, size, ...]``
+    (a view: splitting the first axis never copies)."""
+    end = start + count * size
+    return {key: col[start:end].reshape(count, size, *col.shape[1:]) for key, col in columns.items()}
 
 
 def slice_rows(columns: Rows, start: int, stop: int) -> Rows:

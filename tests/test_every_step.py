@@ -296,6 +296,8 @@ CASES: Dict[str, Callable[[Path], Make]] = {
         d, write_npy, NumpyReader(4, piece_size=2), TorchCollator(), num_workers=2),
     "the_numpy_reader_in_this_process_in_stacked_groups": lambda d: format_loader(
         d, write_npy, NumpyReader(2), TorchCollator(), num_workers=0),
+    "the_numpy_reader_in_two_workers_in_stacked_groups": lambda d: format_loader(
+        d, write_npy, NumpyReader(2), TorchCollator(), num_workers=2),
     "a_batch_of_a_stacked_group_that_fails_to_encode_skipped": lambda d: (write_chunks(d, SIZES), lambda: pl.DataLoader(
         ArrayIdReader(2), FailingEncode(), NumpyCollator(), str(d), on_error="skip", num_workers=0, shuffle=True))[1],
     "the_parquet_reader_by_row_group": lambda d: format_loader(d, write_parquet, ParquetReader(4), NumpyCollator()),

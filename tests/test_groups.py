@@ -345,36 +345,115 @@ def _npy_files(folder, sizes):
     return np.arange(start)
 
 
-@pytest.mark.parametrize("collator", ["numpy", "torch"])
-def test_a_run_of_stacked_groups_gives_the_batches_a_plain_loop_cuts(tmp_path, collator):
-    import torch
-
-    from pyloader.collators import TorchCollator
-
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("collator", ["numpy", "torch", "tensorflow"])
+def test_a_run_of_stacked_groups_gives_the_batches_a_plain_loop_cuts(tmp_path, collator, workers):
     ids = _npy_files(tmp_path / "npy", [1000, 37, 0, 2000, 5])
-    loader = pl.DataLoader(NumpyReader(batch_size=16), pl.IdentityDataset(),
-                           NumpyCollator() if collator == "numpy" else TorchCollator(), str(tmp_path / "npy"),
-                           num_workers=0)
-    kind = np.ndarray if collator == "numpy" else torch.Tensor
+    if collator == "tensorflow":  # made in this process: with workers the group goes batch by batch
+        import tensorflow as tf
+
+        from pyloader.collators import TFCollator
+        made, kind = TFCollator(), tf.Tensor
+    elif collator == "torch":
+        import torch
+
+        from pyloader.collators import TorchCollator
+        made, kind = TorchCollator(), torch.Tensor
+    else:
+        made, kind = NumpyCollator(), np.ndarray
+    loader = pl.DataLoader(NumpyReader(batch_size=16), pl.IdentityDataset(), made, str(tmp_path / "npy"),
+                           num_workers=workers)
     for _ in range(2):  # two epochs
         batches = []
         for k, batch in enumerate(loader):
-            assert type(batch["x"]) is kind and batch["x"].shape[1:] == (1,)
+            assert isinstance(batch["x"], kind) and tuple(batch["x"].shape[1:]) == (1,)
             assert loader.state_dict()["batches_in_epoch"] == k + 1  # per batch, not per group
             batches.append(np.asarray(batch["x"])[:, 0].copy())
         assert [len(b) for b in batches] == [16] * (len(ids) // 16) + [len(ids) % 16]
         assert np.array_equal(np.concatenate(batches), ids)
 
 
-def test_a_user_encode_on_stacked_groups_sees_each_batch_and_a_failed_one_is_skipped_alone(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_user_encode_on_stacked_groups_sees_each_batch_and_a_failed_one_is_skipped_alone(tmp_path, workers):
     ids = _npy_files(tmp_path / "npy", [400, 400])
     dataset = _Doubled(bad_first=40)  # the 6th batch of 8 rows: inside a stacked group
     loader = pl.DataLoader(NumpyReader(batch_size=8), dataset, NumpyCollator(), str(tmp_path / "npy"),
-                           num_workers=0, on_error="skip")
+                           num_workers=workers, on_error="skip")
     got = np.concatenate([b["x"][:, 0] for b in loader])
     assert np.array_equal(got, 2 * np.concatenate([ids[:40], ids[48:]]))
     assert loader.stats["skipped_batches"] == 1
-    assert set(dataset.seen) == {(np.ndarray, (8, 1))}
+    if not workers:
+        assert set(dataset.seen) == {(np.ndarray, (8, 1))}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failed_batch_of_a_stacked_group_raises_after_the_batches_before_it(tmp_path, workers):
+    ids = _npy_files(tmp_path / "npy", [800])
+    loader = pl.DataLoader(NumpyReader(batch_size=8), _Doubled(bad_first=200), NumpyCollator(), str(tmp_path / "npy"),
+                           num_workers=workers)
+    got = []
+    with pytest.raises(pl.PipelineError, match="bad batch") as info:
+        for batch in loader:
+            got.append(batch["x"][:, 0])
+    assert np.array_equal(np.concatenate(got), 2 * ids[:200])
+    assert isinstance(info.value, ValueError) and "c0.npy" in str(info.value)
+    assert loader.state_dict()["batches_in_epoch"] == 25
+
+
+def test_a_piece_a_worker_keeps_is_cut_into_stacked_groups_of_its_rows_there():
+    from pyloader._execution.reading import FileTask
+    from pyloader._execution.steps import Segments, StackedSegments
+    from pyloader._stages.batch import Stacked
+    from pyloader._stages.read import Piece
+
+    class Ref:
+        worker, pid, row_bytes = 1, 7, 8
+
+    piece = Piece(FileTask(0, 0, 0, "f0"), 0, 100, None, Ref())
+    rows = StackedSegments(piece, 10, 8, 3)
+    assert len(rows) == 3 and rows.paths == ("f0",)
+    assert [s.parts[0][1:] for s in rows] == [(10, 18), (18, 26), (26, 34)]
+    assert rows[-1].parts == ((piece, 26, 34),) and isinstance(rows[0], Segments)
+    assert [s.parts[0][1:] for s in rows[1:]] == [(18, 26), (26, 34)]
+    with pytest.raises(IndexError):
+        rows[3]
+    group = Stacked([pl_batch(k) for k in range(3)], None, None, rows)
+    assert group.rows() is rows and group.rows_each() == 8
+    assert [b.data.parts[0][1:] for b in group.pick([0, 2])] == [(10, 18), (26, 34)]
+    Ref.row_bytes = None  # its columns are not all arrays: cut batch by batch
+    assert not any(isinstance(g, Stacked) for g in _cut_remote(Piece(FileTask(0, 0, 0, "f0"), 0, 100, None, Ref())))
+    Ref.row_bytes = 8
+    assert any(isinstance(g, Stacked) and g.remote is not None
+               for g in _cut_remote(Piece(FileTask(0, 0, 0, "f0"), 0, 100, None, Ref())))
+
+
+def pl_batch(k):
+    from pyloader._stages.batch import Batch
+
+    return Batch(0, k, None, ("f0",))
+
+
+def _cut_remote(piece):
+    import asyncio
+
+    from pyloader._stages.batch import Batcher, Cut
+    from pyloader._stages.source import EpochEnd
+
+    class File:
+        task = piece.task
+
+    async def items():
+        yield File()
+        yield EpochEnd(0)
+
+    async def pieces_of(item):
+        yield piece
+
+    async def main():
+        batcher = Batcher(["f0"], pieces_of, None, None, cut=Cut(4, stack=True))
+        return [group async for group in batcher.iterate(items())]
+
+    return asyncio.run(main())
 
 
 def test_stacked_groups_of_small_batches_grow_past_32_batches_within_the_samples_and_bytes_bounds():

@@ -518,7 +518,8 @@ class WorkerPool:
         if not ok:
             future.set_exception(rebuild_error(value))
         else:
-            future.set_result(self._opened(value, op) if op in ("run", "encode") else value)
+            future.set_result(self._opened(value, op) if op in ("run", "encode") else
+                              (value[0], self._opened(value[1], "run")) if op == "stacked" else value)
 
     def _opened(self, results: List[Tuple[bool, Any]], op: str) -> List[Tuple[bool, Any]]:
         """A ``run`` (or ``encode``) reply with every result unpickled; one that cannot be fails its batch alone."""
@@ -611,11 +612,13 @@ def rebuild_error(value: Tuple[Optional[str], BaseException, str]) -> BaseExcept
 
 
 class RemoteRef:
-    """A piece kept in a worker; the worker forgets it when this object is collected."""
+    """A piece kept in a worker; the worker forgets it when this object is collected. ``row_bytes``:
+    the bytes of one of its rows when its columns are all arrays (``_columns.array_row_bytes``)."""
 
-    __slots__ = ("worker", "pid", "__weakref__")
+    __slots__ = ("worker", "pid", "row_bytes", "__weakref__")
 
-    def __init__(self, pool: WorkerPool, worker: int, pid: int) -> None:
+    def __init__(self, pool: WorkerPool, worker: int, pid: int, row_bytes: Optional[int] = None) -> None:
         self.worker = worker
         self.pid = pid
+        self.row_bytes = row_bytes
         weakref.finalize(self, pool.release, worker, pid)

@@ -51,7 +51,18 @@ from .filter import unbundle
 from .measured import HERE, SPLIT, SPREAD, Measured
 from .pool import RemoteRef, WorkerPool, rebuild_error
 from .reading import FileTask, pieces_with_end
-from .steps import BatchData, Key, Outcome, Segments, StackedOutputs, Step, StepFailed, run_each, run_stacked
+from .steps import (
+    BatchData,
+    Key,
+    Outcome,
+    Segments,
+    StackedOutputs,
+    StackedSegments,
+    Step,
+    StepFailed,
+    run_each,
+    run_stacked,
+)
 
 _DONE = object()
 _Job = Tuple[List[Tuple[object, int, int]], Tuple[str, ...], Optional[Key]]  # a worker's job: rows, paths, key
@@ -367,8 +378,8 @@ class PoolRunner:
                     served.release()  # the bytes are the worker's now
                 if got is None:
                     return
-                n, columns, last, dropped = got
-                yield n, columns, (None if fetch else RemoteRef(self.pool, worker, pid)), dropped
+                n, columns, last, dropped, row_bytes = got
+                yield n, columns, (None if fetch else RemoteRef(self.pool, worker, pid, row_bytes)), dropped
         finally:
             self.pool.post(worker, ("close", gid))
             if served is not None:
@@ -434,6 +445,8 @@ class PoolRunner:
         done = run_stacked(self.here.steps, datas, self.busy)
         if done is not None:
             return done
+        if isinstance(datas, StackedSegments) and self.op == "run" and not self.finish:
+            return await self._stacked(datas, keys)
         if self._run_here(datas):
             return await self.here.run(datas, keys)
         replies = await asyncio.gather(*(self._requested(worker, jobs) for worker, jobs in _requests(datas, keys)),
@@ -442,6 +455,19 @@ class PoolRunner:
         if self.finish:
             outcomes = await self.lane.run(_finish_each, self.finish, outcomes, self.busy, uses=self.uses)
         return outcomes
+
+    async def _stacked(self, datas: StackedSegments,
+                       keys: Optional[Sequence[Key]]) -> Union[List[Outcome], StackedOutputs]:
+        """A group of full batches of one piece kept in a worker, run there: at once where every step can
+        (the outputs of all its batches, one message), else batch by batch."""
+        ref = datas.piece.ref
+        at_once, replies = await self.pool.request(
+            ref.worker, "stacked", (ref.pid, datas.start, datas.size, len(datas)), datas.paths,
+            None if keys is None else list(keys), doing=_doing(_jobs_of(datas)))
+        if not at_once:
+            return _outcomes([replies])
+        ok, value = replies[0]
+        return StackedOutputs(value) if ok else [_outcome(ok, value)] * len(datas)
 
     def _requested(self, worker: Optional[int], jobs: list) -> Awaitable[list]:
         if worker is None:
@@ -481,6 +507,8 @@ def _sendable(served: Optional[Served]) -> Union[None, bytes, ServedEntry]:
 
 def _jobs_of(datas: Sequence[BatchData]) -> list:
     """``datas`` as jobs for ``_doing``: only their paths."""
+    if isinstance(datas, StackedSegments):
+        return [(None, datas.paths)] * len(datas)
     return [(None, d.paths if isinstance(d, Segments) else ()) for d in datas]
 
 

@@ -9,6 +9,7 @@ A step is ``(name, fn)``: ``batch_encode``, ``collate_batch`` or the loader's ow
   batch does not stop the others.
 - ``run_stacked`` runs a whole ``StackedRows`` group at once when every step can
   (``on_stacked``), else gives ``None`` and the caller runs it batch by batch.
+  A group whose rows a worker keeps comes as ``StackedSegments``: the worker runs it so.
 
 A batch reaches a runner as ``Columns``, as ``Segments`` (rows of pieces not joined yet:
 the runner joins them where the pieces are, ``assemble``) or, for a ``Stacked`` group, as
@@ -167,6 +168,33 @@ class StackedRows(abc.Sequence):
         if not -self._count <= k < self._count:
             raise IndexError(k)
         return {key: column[k] for key, column in self.columns.items()}
+
+
+class StackedSegments(abc.Sequence):
+    """Item ``k`` is batch ``k``'s ``Segments``: rows ``start + k * size`` to ``start + (k + 1) * size`` of
+    one piece of arrays kept in a worker process, which can run the whole group at once (``PoolRunner``)."""
+
+    def __init__(self, piece: "PieceRows", start: int, size: int, count: int) -> None:
+        self.piece, self.start, self.size = piece, start, size
+        self.paths = (piece.task.path,)
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, k: int) -> "Segments": ...
+
+    @overload
+    def __getitem__(self, k: slice) -> List["Segments"]: ...
+
+    def __getitem__(self, k: Union[int, slice]) -> Union["Segments", List["Segments"]]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self._count))]
+        if not -self._count <= k < self._count:
+            raise IndexError(k)
+        first = self.start + (k % self._count) * self.size
+        return Segments(((self.piece, first, first + self.size),))
 
 
 def assemble(parts: Sequence[Tuple[Rows, int, int]], paths: Sequence[str]) -> Rows:

@@ -7,13 +7,17 @@ It serves requests from the loader one at a time: batches before reading ahead
   ``data``: its bytes when the loader fetched them ahead);
 * ``("next", rid, gid, pid, fetch)``: the file's next piece: kept here under
   ``pid`` (only its length is sent) or, with ``fetch``, sent whole; the reply
-  says whether the file is known to end with it, and how many samples
-  ``filter_fn`` dropped from it;
+  says whether the file is known to end with it, how many samples
+  ``filter_fn`` dropped from it, and for a kept piece whose columns are all arrays
+  the bytes of a row (``_columns.array_row_bytes``);
 * ``("close", gid)`` and ``("release", pids)``: forget a file or pieces;
 * ``("run", rid, jobs)``: for each ``(segments, paths, key)`` of a group, assemble a
   batch from kept pieces or sent columns and run the steps on it (under ``key``, the
   batch's ``pyloader.rng()``: ``_execution.steps.run_steps``); the reply is
   one ``(ok, value)`` per batch, so one failed batch does not sink its group;
+* ``("stacked", rid, (pid, start, size, count), paths, keys)``: ``count`` batches of ``size`` rows of a
+  kept piece of arrays from row ``start`` on, run at once where every step can (``run_stacked``):
+  the reply is ``(True, [(ok, outputs)])``; else batch by batch, as ``run``: ``(False, [(ok, value), ...])``;
 * ``("encode", rid, jobs)``: as ``run``, with ``batch_encode`` alone (an epoch whose
   encoded batches are cached: they are written and collated in the loader's process);
 * ``("fetch", rid, pid, start, end)``: send rows of a kept piece.
@@ -45,14 +49,14 @@ import sys
 import traceback
 from typing import Callable, Deque, Dict, Generator, List, Optional, Set, Tuple, Union
 
-from .._columns import Columns, n_rows, slice_rows
+from .._columns import Columns, array_row_bytes, n_rows, slice_rows, stacked_views
 from .._libc import libc
 from .._npy import populating
 from .._stats import BusySink, GroupClock, RowBusy
 from . import ipc as _ipc
 from .reading import pieces_with_end
 from .shared import SharedNumber, SharedRow
-from .steps import Key, StepFailed, assemble, run_steps
+from .steps import Key, StackedRows, StepFailed, assemble, run_stacked, run_steps
 
 Segment = Tuple[Union[int, Columns], int, int]  # (pid or inline columns, start, end)
 Pieces = Generator[Tuple[Columns, bool, int], None, None]  # a file's (piece, last, dropped), from pieces_with_end
@@ -92,6 +96,11 @@ def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segmen
         result = run_steps(steps, assemble(parts, paths), spent, key)
     except Exception as exc:
         return False, _error(exc)
+    return _sealed(steps, result)
+
+
+def _sealed(steps: List[Tuple[str, Callable]], result: object) -> Tuple[bool, object]:
+    """``(True, result)`` sealed to be sent, or ``(False, error)`` of the last step when it cannot be pickled."""
     try:
         return True, _ipc.Sealed.seal(result)
     except Exception as exc:  # a lock, a generator, a lambda, ... in the batch
@@ -110,7 +119,7 @@ def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns],
 
 
 _BOOKKEEPING = ("open", "close", "release", "fetch")
-_URGENT = (*_BOOKKEEPING, "run", "encode")  # every request but reading a file's next piece
+_URGENT = (*_BOOKKEEPING, "run", "encode", "stacked")  # every request but reading a file's next piece
 
 
 def _rank(msg: tuple, started: Set[int]) -> int:
@@ -163,7 +172,8 @@ class _Server:
         self._bookkeeping: Dict[str, Callable[[tuple], None]] = {
             "open": self._open, "close": self._close, "release": self._release}
         self._answers: Dict[str, Callable[[tuple], object]] = {
-            "next": self._next_piece, "run": self._run, "encode": self._run, "fetch": self._fetch}
+            "next": self._next_piece, "run": self._run, "encode": self._run, "fetch": self._fetch,
+            "stacked": self._stacked}
 
     def serve(self) -> None:
         """Answer requests until the loader goes."""
@@ -296,14 +306,25 @@ class _Server:
         if item is None:
             return None
         if fetch:
-            return n_rows(item[0]), item[0], *item[1:]
+            return n_rows(item[0]), item[0], *item[1:], None
         self.kept[pid] = item[0]
         self.grace = RUN_GRACE_S
-        return n_rows(item[0]), None, *item[1:]
+        return n_rows(item[0]), None, *item[1:], array_row_bytes(item[0])
 
     def _run(self, msg: tuple) -> object:
         """``("run" or "encode", rid, jobs)``: the steps on each job's batch."""
         return _run_jobs(self._steps_of[msg[0]], self.kept, msg[2], self.busy)
+
+    def _stacked(self, msg: tuple) -> object:
+        """``("stacked", rid, (pid, start, size, count), paths, keys)``: a group of full batches of one kept piece."""
+        _, _, (pid, start, size, count), paths, keys = msg
+        steps = self._steps_of["run"]
+        outputs = run_stacked(steps, StackedRows(stacked_views(self.kept[pid], start, count, size), count), self.busy)
+        if outputs is not None:
+            return True, [_sealed(steps, dict(outputs))]
+        jobs = [([(pid, start + k * size, start + (k + 1) * size)], paths, keys[k] if keys else None)
+                for k in range(count)]
+        return False, _run_jobs(steps, self.kept, jobs, self.busy)
 
     def _fetch(self, msg: tuple) -> object:
         """``("fetch", rid, pid, start, end)``: rows of a kept piece."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 from dataclasses import dataclass
 from typing import (
     Any,
@@ -38,9 +37,9 @@ from typing import (
 
 import numpy as np
 
-from .._columns import Columns, Provenance, Traced
+from .._columns import Provenance, Traced, array_row_bytes, stacked_views
 from .._errors import ErrorHandler, PipelineError
-from .._execution.steps import BatchData, Segments, StackedOutputs, StackedRows, assemble
+from .._execution.steps import BatchData, Segments, StackedOutputs, StackedRows, StackedSegments, assemble
 from .._stats import Stats
 from .bucket import BucketWindows, Lengths
 from .read import Piece, PiecesOf, ReadItem
@@ -73,7 +72,8 @@ Group = List[Batch]  # consecutive batches of one epoch, in order
 
 class Stacked(list):
     """A ``Group`` cut from one array per field: ``columns[key][k]`` is batch ``k``'s
-    ``data[key]`` and ``meta[key][k]`` its ``meta[key]`` (arrays with a leading step axis).
+    ``data[key]`` and ``meta[key][k]`` its ``meta[key]`` (arrays with a leading step axis);
+    or, for rows a worker process keeps, ``remote``: the group's rows there.
 
     Later stages work on the arrays once for the whole group (one conversion per
     field rather than one per field and batch) and keep the result as
@@ -83,10 +83,12 @@ class Stacked(list):
     must go alone its ``data`` and ``meta`` are made at once (``rows``, ``pick``).
     """
 
-    def __init__(self, batches: List[Batch], columns: Dict[str, np.ndarray],
-                 meta: Optional[Dict[str, np.ndarray]]) -> None:
+    def __init__(self, batches: List[Batch], columns: Optional[Dict[str, np.ndarray]],
+                 meta: Optional[Dict[str, np.ndarray]], remote: Optional[StackedSegments] = None) -> None:
         super().__init__(batches)
-        self.columns: Optional[Dict[str, np.ndarray]] = columns  # dropped once encoded (``OrderedMap``)
+        # the raw rows, dropped once encoded (``OrderedMap``)
+        self.columns: Optional[Dict[str, np.ndarray]] = columns
+        self.remote = remote
         self.meta: Optional[Dict[str, Any]] = meta
         self.outputs: Optional[StackedOutputs] = None
 
@@ -102,19 +104,35 @@ class Stacked(list):
             batch.data = {key: values[k] for key, values in split}
             yield batch
 
-    def rows(self) -> "StackedRows":
-        """Each batch's raw columns, made on demand."""
+    def rows(self) -> Union[StackedRows, StackedSegments]:
+        """Each batch's raw columns (or, kept in a worker, ``Segments``), made on demand."""
+        if self.remote is not None:
+            return self.remote
         assert self.columns is not None, "a stacked group's rows are taken once"
         return StackedRows(self.columns, len(self))
 
+    def rows_each(self) -> int:
+        """The samples of each of its batches, as cut (its columns are ``[batches, rows, ...]``)."""
+        if self.remote is not None:
+            return self.remote.size
+        for column in (self.columns or {}).values():
+            return int(column.shape[1]) if column.ndim > 1 else 1
+        return 0
+
+    def drop_rows(self) -> None:
+        """Its raw rows are not needed any more (encoded)."""
+        self.columns = self.remote = None
+
     def pick(self, positions: Sequence[int]) -> Group:
         """The batches at ``positions`` as a plain ``Group``, each given its own ``meta``
-        (and its raw columns, while the group still has them)."""
+        (and its raw rows, while the group still has them)."""
         picked = []
         for k in positions:
             batch = self[k]
             if self.columns is not None:
                 batch.data = {key: column[k] for key, column in self.columns.items()}
+            elif self.remote is not None:
+                batch.data = self.remote[k]
             if self.meta is not None:
                 batch.meta = {key: column[k] for key, column in self.meta.items()}
             picked.append(batch)
@@ -342,21 +360,23 @@ class Batcher:
         no copy), when they are two or more and every column is an array; else ``None``."""
         entry = self._pending[0]
         piece, start = entry
-        size = self.cut.batch_size
-        held = piece.columns if isinstance(piece, Piece) else None
-        if held is None or not _all_arrays(held):
+        if not isinstance(piece, Piece):
             return None
+        row_bytes = array_row_bytes(piece.columns) if piece.columns is not None else getattr(piece.ref, "row_bytes",
+                                                                                               None)
+        if row_bytes is None:
+            return None
+        size = self.cut.batch_size
         if grown:
-            count = GroupSize.of_small(size, size * sum(c.dtype.itemsize * math.prod(c.shape[1:])
-                                                        for c in held.values()))
+            count = GroupSize.of_small(size, size * row_bytes)
         count = min(count, (piece.n - start) // size)
         if count < 2:
             return None
-        end = start + count * size
-        columns = {key: column[start:end].reshape(count, size, *column.shape[1:]) for key, column in held.items()}
-        self._advance(entry, end)
-        paths = (piece.task.path,)
-        return Stacked([Batch(epoch, index + k, None, paths) for k in range(count)], columns, None)
+        self._advance(entry, start + count * size)
+        batches = [Batch(epoch, index + k, None, (piece.task.path,)) for k in range(count)]
+        if piece.columns is not None:
+            return Stacked(batches, stacked_views(piece.columns, start, count, size), None)
+        return Stacked(batches, None, None, StackedSegments(piece, start, size, count))
 
     def _advance(self, entry: List, end: int) -> None:
         """The first pending piece (``entry``) taken up to row ``end``."""
@@ -488,12 +508,6 @@ def _drained(buffers: List[RowBuffer]) -> Iterator[Traced]:
     for k, buffer in enumerate(buffers):
         for part in buffer.drain():
             yield from _through(buffers[k + 1:], part)
-
-
-def _all_arrays(columns: Columns) -> bool:
-    """Whether each of ``columns`` is a NumPy array of rows (a memory map's view included), which a
-    group of batches can share as one ``[batches, rows, ...]`` view."""
-    return all(type(c) in (np.ndarray, np.memmap) and c.ndim for c in columns.values())
 
 
 def _copy(data: BatchData) -> BatchData:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Tuple, Union, cast
+from typing import AsyncIterator, Awaitable, Callable, List, Optional, Tuple, Union, cast
 
 from .._columns import n_rows
 from .._errors import ErrorHandler, Failure
@@ -23,13 +23,6 @@ def batch_rows(data: object) -> int:
             return parts[0][2] - parts[0][1]
         return sum(end - start for _, start, end in parts)
     return n_rows(data) if isinstance(data, dict) else 0
-
-
-def _stacked_rows(columns: Any) -> int:
-    """The rows of each batch of a ``Stacked`` group (its columns are ``[steps, rows, ...]``)."""
-    for column in (columns or {}).values():
-        return int(column.shape[1]) if column.ndim > 1 else 1
-    return 0
 
 
 class OrderedMap:
@@ -116,7 +109,8 @@ class OrderedMap:
         """The batches of ``group`` given their outcomes, and the error that ends the run there, if any."""
         if isinstance(outcomes, StackedOutputs):  # a Stacked group run at once
             stacked = cast(Stacked, group)
-            stacked.columns, stacked.outputs = None, outcomes
+            stacked.drop_rows()
+            stacked.outputs = outcomes
             return stacked, None
         kept, error = self._settle(group, outcomes)
         return _kept(group, kept), error
@@ -147,7 +141,7 @@ def _count_rows(group: Group) -> None:
     """Give each batch its ``rows`` while its raw data is still at hand (once: a batch that goes through
     a second map, or that was read from the cache of encoded batches, has them already)."""
     if isinstance(group, Stacked):
-        rows = _stacked_rows(group.columns)
+        rows = group.rows_each()
         for batch in group:
             batch.rows = rows
     else:
@@ -159,7 +153,7 @@ def _count_rows(group: Group) -> None:
 def _kept(group: Group, kept: List[int]) -> Group:
     """The batches of ``group`` at positions ``kept``, encoded; a whole ``Stacked`` group stays one."""
     if isinstance(group, Stacked):
-        group.columns = None
+        group.drop_rows()
     return picked(group, kept)
 
 
