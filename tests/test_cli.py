@@ -128,7 +128,8 @@ def test_a_setting_measured_faster_than_the_default_is_named_not_recommended():
 
 
 def test_bench_memory_is_the_whole_process_tree_with_every_worker(tmp_path):
-    write_jsonl(tmp_path / "data", [30, 30, 30])
+    # enough batches for the run to outlast many of the sampler's 20 ms rounds on a busy machine
+    write_jsonl(tmp_path / "data", [3000] * 8)
     rc, lines = run(["bench", str(tmp_path / "data"), "--reader", "jsonl", "--workers", "0,2", "--batch-size", "4"])
     assert rc == 0, lines
     processes = {line.split()[0]: int(line.split()[6]) for line in lines[1:] if line.split()[0] in ("0", "2")}
