@@ -55,6 +55,22 @@ def test_torch_training_loop(tmp_path):
     assert np.mean(losses[-10:]) < np.mean(losses[:10])
 
 
+def test_a_stacked_torch_tensor_is_split_into_views_of_its_memory():
+    import torch
+
+    from pyloader._frameworks.torch import unstack
+
+    stacked = torch.arange(24, dtype=torch.float32).reshape(4, 3, 2)
+    parts = unstack(stacked)
+    assert len(parts) == 4 and all(type(p) is torch.Tensor and p.shape == (3, 2) for p in parts)
+    assert [p.tolist() for p in parts] == stacked.tolist()
+    parts[2][0, 0] = -1.0  # views: the group's memory, nothing copied
+    assert stacked[2, 0, 0] == -1.0
+    assert [a.tolist() for a in unstack(np.arange(6).reshape(3, 2))] == [[0, 1], [2, 3], [4, 5]]
+    with pytest.raises(TypeError, match="cannot split"):
+        unstack([1, 2])
+
+
 def test_device_cpu_moves_batches(tmp_path):
     import torch
 

@@ -69,8 +69,8 @@ def unstack(value: object) -> Sequence[object]:
     if isinstance(value, np.ndarray):
         return list(value)
     framework = _framework_of(value)
-    if framework == "torch":
-        return value.unbind(0)  # type: ignore[attr-defined]
+    if framework == "torch":  # indexing holds the GIL; ``unbind`` lets it go, and waits for a thread busy with it
+        return [value[k] for k in range(len(value))]  # type: ignore[arg-type,index]
     if framework == "tensorflow":
         return sys.modules["tensorflow"].unstack(value)
     raise TypeError(f"cannot split a {type(value).__name__} along its first axis")
