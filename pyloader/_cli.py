@@ -12,7 +12,8 @@
   with where it ran the files: with workers started it places each file by measurement
   (``_execution.measured``), so its row says what it settled on. The advice is the
   default, with what it did here; a setting measured faster than it by more than
-  ``--tolerance`` is named as such, not recommended by a rule of its own.
+  ``--tolerance`` is named as such, not recommended by a rule of its own (with, when the run
+  ended during the default's trial of places, that a run this short is mostly that trial).
 
 * ``index DATA --reader R``: count every file and write the index of counts next to the data
   (``_storage.count_index``), reusing the entries of an index there that still match; it names
@@ -202,6 +203,7 @@ class Result:
     processes: int = 0  # the most processes of the tree seen at once (0: not sampled)
     placed: str = ""  # where the run's files ran: "workers", "threads"... (from ``loader.stats["placement"]``)
     why: str = ""  # how that was decided
+    settled: bool = True  # False: the run ended while its trial of places for the files was still on
 
 
 def tree_pids(root: int) -> List[int]:
@@ -289,22 +291,23 @@ def measure(spec: Setting) -> Result:
         for _ in itertools.islice(loader, spec["max_batches"] or None):  # max_batches 0: the whole epoch
             pass
         seen, placement = loader.stats["iteration"], loader.stats["placement"]
-    placed, why = placed_by(placement)
+    placed, why, settled = placed_by(placement)
     return Result(spec["workers"], seen["samples_per_s"], seen["samples"], seen["batches"],
                   first_batch_s=seen["first_batch_s"] or 0.0, peak_mib=own_peak_bytes() / 2**20,
                   memory="peak RSS of the process plus its largest worker's (the tree could not be sampled)",
-                  placed=placed, why=why)
+                  placed=placed, why=why, settled=settled)
 
 
-def placed_by(placement: Dict[str, Any]) -> Tuple[str, str]:
-    """Where a run's files ran, and how that was decided, from its ``stats["placement"]``."""
+def placed_by(placement: Dict[str, Any]) -> Tuple[str, str, bool]:
+    """Where a run's files ran, how that was decided, and whether it was (not while the trial of places
+    for the files was still on), from its ``stats["placement"]``."""
     measured = placement.get("measured")
     if measured is None:
-        return ("workers" if placement["num_workers"] else "threads"), placement["why"]
+        return ("workers" if placement["num_workers"] else "threads"), placement["why"], True
     rates = next((c["samples_per_s"] for c in reversed(measured["changes"])), None)
     how = f"measured: {', '.join(f'{p} {r:,.0f}' for p, r in rates.items())} samples/s" if rates else \
         "measuring: the run ended before the trial did"
-    return measured["place"], f"{placement['num_workers']} workers started; {how}"
+    return measured["place"], f"{placement['num_workers']} workers started; {how}", bool(measured["trial_over"])
 
 
 def run_setting(spec: Setting, timeout: float) -> Result:
@@ -401,6 +404,9 @@ def _recommend(results: List[Result], tolerance: float, out: Callable[[str], Non
     if faster is not None:
         out(f"measured: num_workers={faster.workers} was {faster.samples_per_s / default.samples_per_s - 1:.0%} "
             f"faster than the default on this data")
+        if not default.settled:
+            out(f"  this run ended during the default's trial of where to run the files: for runs as short as "
+                f"this one, num_workers={faster.workers} skips that trial")
     ran = f"which ran in {default.placed} here ({default.why})" if default.error is None else \
         f"which failed here: {default.error}"
     out(f'recommended: num_workers="auto" (the default), {ran}')

@@ -127,6 +127,19 @@ def test_a_setting_measured_faster_than_the_default_is_named_not_recommended():
     assert _cli.faster_than_default([*results(900.0)[:3], _cli.Result("auto", error="died")], 0.05) is None
 
 
+@pytest.mark.parametrize("settled", [True, False])
+def test_a_faster_setting_is_explained_when_the_run_ended_during_the_defaults_trial(settled):
+    lines: list = []
+    default = _cli.Result("auto", samples_per_s=900.0, memory="m", placed="workers",
+                          why="2 workers started; measuring: the run ended before the trial did", settled=settled)
+    _cli._recommend([_cli.Result(0, samples_per_s=1000.0, memory="m"), default], 0.05, lines.append)
+    assert lines[1] == "measured: num_workers=0 was 11% faster than the default on this data", lines
+    trial = [line for line in lines if "trial of where to run the files" in line]
+    assert trial == ([] if settled else ["  this run ended during the default's trial of where to run the files: for "
+                                         "runs as short as this one, num_workers=0 skips that trial"]), lines
+    assert lines[-1].startswith('recommended: num_workers="auto" (the default), which ran in workers here'), lines
+
+
 def test_bench_memory_is_the_whole_process_tree_with_every_worker(tmp_path):
     # enough batches for the run to outlast many of the sampler's 20 ms rounds on a busy machine
     write_jsonl(tmp_path / "data", [3000] * 8)
