@@ -441,12 +441,13 @@ class PoolRunner:
         """Consecutive batches kept in one worker go in one request, sent at once; a batch
         whose rows must be gathered first (a file boundary) does not hold them up. ``keys``:
         each batch's, for ``pyloader.rng()`` (they travel with the jobs)."""
-        self.pool.check(_doing(_jobs_of(datas)))
+        doing = _doing(_jobs_of(datas))
+        self.pool.check(doing)
         done = run_stacked(self.here.steps, datas, self.busy)
         if done is not None:
             return done
         if isinstance(datas, StackedSegments) and self.op == "run" and not self.finish:
-            return await self._stacked(datas, keys)
+            return await self._stacked(datas, keys, doing)
         if self._run_here(datas):
             return await self.here.run(datas, keys)
         replies = await asyncio.gather(*(self._requested(worker, jobs) for worker, jobs in _requests(datas, keys)),
@@ -456,14 +457,14 @@ class PoolRunner:
             outcomes = await self.lane.run(_finish_each, self.finish, outcomes, self.busy, uses=self.uses)
         return outcomes
 
-    async def _stacked(self, datas: StackedSegments,
-                       keys: Optional[Sequence[Key]]) -> Union[List[Outcome], StackedOutputs]:
+    async def _stacked(self, datas: StackedSegments, keys: Optional[Sequence[Key]],
+                       doing: str) -> Union[List[Outcome], StackedOutputs]:
         """A group of full batches of one piece kept in a worker, run there: at once where every step can
         (the outputs of all its batches, one message), else batch by batch."""
         ref = datas.piece.ref
         at_once, replies = await self.pool.request(
             ref.worker, "stacked", (ref.pid, datas.start, datas.size, len(datas)), datas.paths,
-            None if keys is None else list(keys), doing=_doing(_jobs_of(datas)))
+            None if keys is None else list(keys), doing=doing)
         if not at_once:
             return _outcomes([replies])
         ok, value = replies[0]

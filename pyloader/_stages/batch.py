@@ -349,7 +349,7 @@ class Batcher:
                 if self.cut.stack else None
             if group is None:
                 if self.cut.stack:  # up to the batch that ends past the first piece: the next piece may stack
-                    count = min(count, -(-(self._pending[0][0].n - self._pending[0][1]) // self.cut.batch_size))
+                    count = min(count, self._to_first_piece_end())
                 group = [self._batch(epoch, index + k, self.cut.batch_size) for k in range(count)]
             index += len(group)
             yield group
@@ -377,6 +377,11 @@ class Batcher:
         if piece.columns is not None:
             return Stacked(batches, stacked_views(piece.columns, start, count, size), None)
         return Stacked(batches, None, None, StackedSegments(piece, start, size, count))
+
+    def _to_first_piece_end(self) -> int:
+        """The batches that take the rest of the first pending piece (the last may go past its end)."""
+        piece, start = self._pending[0]
+        return -(-(piece.n - start) // self.cut.batch_size)
 
     def _advance(self, entry: List, end: int) -> None:
         """The first pending piece (``entry``) taken up to row ``end``."""
