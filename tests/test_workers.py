@@ -752,3 +752,60 @@ def test_a_batch_spanning_two_workers_files_runs_in_the_worker_that_read_most_of
     for b in spanning:
         most = max(dict.fromkeys(b["read_in"]), key=b["read_in"].count)  # on a tie, the first file's
         assert set(b["ran_in"]) == {most}, b
+
+
+class SlowIdReader(pl.DataReader):
+    """``read_file`` takes a while (each file's parse, as a slow reader's); ``iter_file`` gives the same rows."""
+
+    def __init__(self, streaming: bool) -> None:
+        super().__init__(batch_size=4)
+        if streaming:
+            self.iter_file = self._pieces  # type: ignore[method-assign]
+
+    def read_file(self, path):
+        time.sleep(0.2)
+        with open(path) as f:
+            ids = [int(line) for line in f]
+        return {"id": ids}, len(ids)
+
+    def _pieces(self, path):
+        yield self.read_file(path)[0]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole_file", "streaming"])
+def test_a_worker_runs_the_batch_of_a_file_it_just_read_before_reading_the_next_file_ahead(tmp_path, streaming):
+    """The loader sends the next file to read ahead before the batch that needs the rows just read (as
+    at a run's start): the worker waits a little for that batch rather than parse the next file first.
+    With a streaming reader the file's end is a reply of its own, and the wait follows it."""
+    from types import SimpleNamespace
+
+    from pyloader._execution import ipc
+    from pyloader._execution.reading import FileTask
+    from pyloader._execution.worker import _Server
+
+    paths = write_chunks(tmp_path, [5, 5])
+    ours, theirs = ipc.channel_pair()
+    server = _Server(theirs, SimpleNamespace(value=-1), SimpleNamespace(value=0), SlowIdReader(streaming),
+                     [("collate_batch", lambda batch: batch)], None)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        ipc.send(ours, ("open", 0, FileTask(epoch=0, pos=0, index=0, path=paths[0]), None), gen=0)
+        ipc.send(ours, ("next", 1, 0, 10, False), gen=0)
+        assert ipc.recv(ours)[0] == 1  # the file's piece, kept under 10
+        if streaming:
+            ipc.send(ours, ("next", 2, 0, 11, False), gen=0)
+            tag, _, (ok, reply) = ipc.recv(ours)
+            assert (tag, ok, reply) == (2, True, None)  # the file ends
+        ipc.send(ours, ("open", 3, FileTask(epoch=0, pos=1, index=1, path=paths[1]), None), gen=0)
+        ipc.send(ours, ("next", 4, 3, 12, False), gen=0)
+        time.sleep(0.002)  # the batch is sent a moment later, once the loader has cut it
+        ipc.send(ours, ("run", 5, [([(10, 0, 4)], (paths[0],), None)]), gen=0)
+        tag, _, (ok, reply) = ipc.recv(ours)
+        assert (tag, ok) == (5, True)  # the batch first, not after the next file's parse
+        assert reply[0][0] and list(reply[0][1].open()["id"]) == [0, 1, 2, 3]
+        assert ipc.recv(ours)[0] == 4  # then the file read ahead
+    finally:
+        ours.close()
+        thread.join(timeout=10)
+    assert not thread.is_alive()

@@ -1,7 +1,9 @@
 """The worker process: runs ``read_file``/``iter_file``, ``batch_encode`` and ``collate_batch``.
 
 It serves requests from the loader one at a time: batches before reading ahead
-(see ``_next_request``), otherwise in the order they arrive:
+(see ``_next_request``), otherwise in the order they arrive. Right after it read a
+piece, or found its file's end, it waits a little (a share of the read's time) for the
+batches of that piece before it reads another file ahead (``_receive``):
 
 * ``("open", gid, task, data)``: start reading a file (its pieces, in order;
   ``data``: its bytes when the loader fetched them ahead);
@@ -46,6 +48,7 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Callable, Deque, Dict, Generator, List, Optional, Set, Tuple, Union
 
@@ -60,7 +63,8 @@ from .steps import Key, StackedRows, StepFailed, assemble, run_stacked, run_step
 
 Segment = Tuple[Union[int, Columns], int, int]  # (pid or inline columns, start, end)
 Pieces = Generator[Tuple[Columns, bool, int], None, None]  # a file's (piece, last, dropped), from pieces_with_end
-RUN_GRACE_S = 0.005
+RUN_GRACE_S = 0.005  # the least a worker waits for the batches of what it just read
+RUN_GRACE_SHARE, RUN_GRACE_MOST_S = 0.25, 0.025  # ... and the share of the read's time it may wait, up to this
 READY = -1  # the tag of the message saying that the worker is ready (worker_init_fn ran)
 INIT_FAILED = -2  # the tag of worker_init_fn's exception
 
@@ -119,7 +123,8 @@ def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns],
 
 
 _BOOKKEEPING = ("open", "close", "release", "fetch")
-_URGENT = (*_BOOKKEEPING, "run", "encode", "stacked")  # every request but reading a file's next piece
+_NO_REPLY = ("open", "close", "release")
+_READ_AHEAD = 3  # the rank of a request to read a file not started yet
 
 
 def _rank(msg: tuple, started: Set[int]) -> int:
@@ -127,7 +132,12 @@ def _rank(msg: tuple, started: Set[int]) -> int:
         return 0
     if msg[0] != "next":
         return 2  # batches
-    return 1 if msg[2] in started else 3
+    return 1 if msg[2] in started else _READ_AHEAD
+
+
+def _awaited(msg: tuple, started: Set[int]) -> bool:
+    """The loader waits for the reply: anything but reading a file ahead and the requests with no reply."""
+    return msg[0] not in _NO_REPLY and _rank(msg, started) != _READ_AHEAD
 
 
 def _next_request(inbox: Deque[tuple], started: Set[int]) -> tuple:
@@ -168,6 +178,7 @@ class _Server:
         self.kept: Dict[int, Columns] = {}
         self.inbox: Deque[tuple] = collections.deque()
         self.grace = 0.0
+        self.read_s = 0.0  # how long the last piece read here took
         self._steps_of = {"run": steps, "encode": steps[:1]}  # "encode": batch_encode alone
         self._bookkeeping: Dict[str, Callable[[tuple], None]] = {
             "open": self._open, "close": self._close, "release": self._release}
@@ -211,9 +222,10 @@ class _Server:
         """Wait for a request if none is queued, then take every request already sent.
 
         With ``grace``, when no urgent request is queued, wait up to that long for one:
-        right after a piece was kept here, the loader is about to send the batches that
-        run on it, and starting to parse another file first would hold them up for the
-        whole parse.
+        right after a piece was kept here, or its file was found to end, the loader is
+        about to send the batches that run on it (and the rows of it a batch crossing
+        into the next file needs), and starting to parse another file first would hold
+        them up for the whole parse.
         """
         grace, self.grace = self.grace, 0.0
         while not self.inbox:
@@ -225,9 +237,16 @@ class _Server:
             self._linger(grace)
 
     def _linger(self, grace: float) -> None:
-        """With no urgent request queued, wait up to ``grace`` seconds for one (see ``_receive``)."""
-        if not any(msg[0] in _URGENT for msg in self.inbox) and select.select([self.sock], [], [], grace)[0]:
+        """Until a request the loader waits for is queued, wait up to ``grace`` seconds for one (see
+        ``_receive``): the requests to read the next file ahead may come first."""
+        deadline = time.monotonic() + grace
+        while not any(_awaited(msg, self.started) for msg in self.inbox):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                return
             self._drain()
+            if self.generation.value != self.gen:
+                return
 
     def _drain(self) -> None:
         self.sock.setblocking(False)
@@ -301,15 +320,24 @@ class _Server:
     def _next_piece(self, msg: tuple) -> object:
         """``("next", rid, gid, pid, fetch)``: the file's next piece, kept here under ``pid`` or sent whole."""
         _, _, gid, pid, fetch = msg
+        began = time.monotonic()
         item = next(self.files[gid], None)
         self.started.add(gid)
         if item is None:
+            if self.kept:
+                self._await_batches()
             return None
         if fetch:
             return n_rows(item[0]), item[0], *item[1:], None
+        self.read_s = time.monotonic() - began
         self.kept[pid] = item[0]
-        self.grace = RUN_GRACE_S
+        self._await_batches()
         return n_rows(item[0]), None, *item[1:], array_row_bytes(item[0])
+
+    def _await_batches(self) -> None:
+        """Wait for the batches of the pieces kept here before reading on (``_receive``): longer after a
+        slow read, whose batches a parse of the next file would hold up as long."""
+        self.grace = min(RUN_GRACE_MOST_S, max(RUN_GRACE_S, RUN_GRACE_SHARE * self.read_s))
 
     def _run(self, msg: tuple) -> object:
         """``("run" or "encode", rid, jobs)``: the steps on each job's batch."""
