@@ -14,7 +14,9 @@ Contract:
   ``SPLIT`` (read in a worker, encoded and collated here: a Python parse beside a
   ``batch_encode`` that releases the GIL or runs its own thread pool, as a tokenizer) or
   ``SPREAD`` (read in a worker, each batch encoded by the least busy worker: a file of many
-  batches whose encoding is the cost, which ``THERE`` leaves to the one worker that read it). A file's
+  batches whose encoding is the cost, which ``THERE`` leaves to the one worker that read it) or
+  ``FEWER`` (as ``THERE``, in all the workers but one, whose core is then left to a consumer busy
+  with its own work: a training step sharing the cores with the workers). A file's
   place never changes once its reading began, and the batches are the same in both places (their
   cut, order, positions and ``pyloader.rng()`` draws do not depend on where they ran), so a change
   of place loses, repeats and reorders nothing, and resume is unaffected.
@@ -42,7 +44,8 @@ Contract:
   loading), and threads would share the GIL with the step; their window, waiting behind the files
   read ahead of a slow consumer, would take every file started meanwhile. ``FED`` (13%) is the
   share of waiting whose removal would make the run ``CLEAR`` faster: no place can beat the workers
-  by more by feeding the consumer better.
+  by more by feeding the consumer better. The window after that one is a probe of ``FEWER``: the
+  consumer is the busy one, and may run faster with a core of its own.
   The kept place's first window (``2 * TRIAL_S``) confirms it: its figure replaces the trial's,
   and when another place's figure beats it by more than ``CLEAR``, that place is kept instead and
   confirmed in turn, once per place. The bar is ``CLEAR`` both ways: the other figures were
@@ -53,7 +56,8 @@ Contract:
   some workloads only, and each window in a slower place costs a short run most of what it lasts),
   then the other places in turn. ``SPREAD`` is left out while ``THERE`` measured no faster than
   ``HERE`` (it adds a round trip of the rows to what ``THERE`` pays, so it cannot win where copies
-  already cost more than they save). A probe faster by more than ``MARGIN`` than the kept place's
+  already cost more than they save), and ``FEWER`` while the kept place's last window was not fed
+  (fewer workers cannot feed a waiting consumer faster). A probe faster by more than ``MARGIN`` than the kept place's
   last window changes the place, and the new place's first window confirms it as above. A window
   of the trial or a probe that measured under half the best figure so far ends after half its
   batches (``MIN_BATCHES // 2``): such a place cannot be kept, and every batch there is slow.
@@ -79,13 +83,14 @@ HERE = "threads"  # read, encoded and collated in threads of this process
 THERE = "workers"  # ... in a worker process
 SPLIT = "workers, then threads"  # read in a worker, its rows brought here, encoded and collated in threads
 SPREAD = "workers, batches spread"  # read in a worker, its rows brought here, each batch sent to the least busy one
+FEWER = "workers, one fewer"  # as THERE, in all the workers but one: a core left to a busy consumer
 
 _log = logging.getLogger("pyloader")
 
 Key = Tuple[int, str]  # (epoch, path) of a file read in a run
 
-WORKERS_FIRST = (THERE, HERE, SPLIT, SPREAD)  # the trial's order when the workers start by fork
-THREADS_FIRST = (HERE, THERE, SPLIT, SPREAD)  # ... by spawn or forkserver
+WORKERS_FIRST = (THERE, HERE, SPLIT, SPREAD, FEWER)  # the trial's order when the workers start by fork
+THREADS_FIRST = (HERE, THERE, SPLIT, SPREAD, FEWER)  # ... by spawn or forkserver
 
 
 @dataclass
@@ -257,7 +262,7 @@ class Measured:
 
     def _next_probe(self) -> str:
         """The place of the next probe: the places other than the kept one, in turn."""
-        others = [p for p in _probed(self.trial, self._trial) if p != self.kept]
+        others = [p for p in _probed(self.trial, self._trial, self.current.fed()) if p != self.kept]
         self._probes += 1
         return others[(self._probes - 1) % len(others)]
 
@@ -269,7 +274,7 @@ class Measured:
         if self._fed_at_once():
             self._change(THERE, rates, "fed")  # the loading is hidden, copies and all: only a probe can do better
             self._trial = dict(rates)
-            return THERE
+            return FEWER if FEWER in self.trial else THERE  # the consumer is busy: a core of its own may help it
         untried = [p for p in self.trial[:2] if p not in rates]
         if untried:
             return untried[0]
@@ -340,11 +345,13 @@ def _best_rates(windows: List[Window]) -> Dict[str, float]:
     return {place: rate for place, rate in rates.items() if rate}
 
 
-def _probed(trial: Tuple[str, ...], rates: Dict[str, float]) -> Tuple[str, ...]:
+def _probed(trial: Tuple[str, ...], rates: Dict[str, float], fed: bool) -> Tuple[str, ...]:
     """The places probes take, in turn: the mixed ones first, then the whole ones; batches spread
     over the workers only while the workers measured faster than threads (spreading adds a round
-    trip of the rows)."""
+    trip of the rows); one worker fewer only while the consumer was ``fed`` (a core of its own can
+    only help a consumer that the loading keeps waiting for nothing)."""
     order = trial[2:] + trial[:2]
-    if rates.get(THERE, 0.0) <= rates.get(HERE, 0.0):
-        return tuple(p for p in order if p != SPREAD)
-    return order
+    left_out = {SPREAD} if rates.get(THERE, 0.0) <= rates.get(HERE, 0.0) else set()
+    if not fed:
+        left_out.add(FEWER)
+    return tuple(p for p in order if p not in left_out)

@@ -48,7 +48,7 @@ from .._storage.bytes import ReadAhead
 from .._storage.cached_file import ServedEntry
 from .._storage.files import Served
 from .filter import unbundle
-from .measured import HERE, SPLIT, SPREAD, Measured
+from .measured import FEWER, HERE, SPLIT, SPREAD, Measured
 from .pool import RemoteRef, WorkerPool, rebuild_error
 from .reading import FileTask, pieces_with_end
 from .steps import (
@@ -360,13 +360,13 @@ class PoolRunner:
         return PoolRunner(self.pool, [], self.lane, self.readahead, all_steps=self.here.steps[:1], uses=uses,
                           busy=self.busy, op="encode").run
 
-    async def pieces(self, task: FileTask, fetch: bool,
-                     demand: asyncio.Event) -> Pieces:
+    async def pieces(self, task: FileTask, fetch: bool, demand: asyncio.Event, fewer: bool = False) -> Pieces:
         """The file's pieces, read in a worker from the bytes read ahead here (a file larger than
-        the read-ahead budget: from its cache entry, written here, else read by the worker itself)."""
+        the read-ahead budget: from its cache entry, written here, else read by the worker itself);
+        ``fewer``: in any worker but the last."""
         self.pool.check(f"reading {task.path!r}")
         served = await self.readahead.fetch(task.path, demand, streams=False)
-        worker = self._reader_for_next_file()
+        worker = self._reader_for_next_file(fewer)
         gid = self.pool.new_id()
         self.pool.post(worker, ("open", gid, task, _sendable(served)))
         last = False
@@ -385,18 +385,19 @@ class PoolRunner:
             if served is not None:
                 served.release()
 
-    def _reader_for_next_file(self) -> int:
-        """The next live worker in turn: files go round the workers in plan order.
+    def _reader_for_next_file(self, fewer: bool = False) -> int:
+        """The next live worker in turn: files go round the workers in plan order (``fewer``: all
+        but the last, which then leaves its core to the consumer).
 
         A file's in-file batches run where it was read, so consecutive files on
         different workers means that while the consumer waits for one file's
         batches, the other workers encode the next files' (choosing "the least
         busy worker now" sent runs of files to one worker).
         """
-        n = self.pool.num_workers
+        n = self.pool.num_workers - (fewer and self.pool.num_workers > 1)
         order = [(self._turn + i) % n for i in range(n)]
         worker = next((w for w in order if self.pool.alive(w)), order[0])
-        self._turn = (worker + 1) % n
+        self._turn = (worker + 1) % self.pool.num_workers
         return worker
 
     async def _gathered(self, data: BatchData, key: Optional[Key]) -> list:
@@ -574,7 +575,8 @@ class MeasuredRunner:
         self.there.pool.check(f"reading {task.path!r}")
         place = self.measured.place(task.epoch, task.path)
         pieces: Pieces = (self.here.pieces(task, fetch, demand) if place == HERE
-                          else self.there.pieces(task, fetch or place in (SPLIT, SPREAD), demand))
+                          else self.there.pieces(task, fetch or place in (SPLIT, SPREAD), demand,
+                                                 fewer=place == FEWER))
         async with contextlib.aclosing(pieces):  # closed as soon as this is: the file's clean-up does not wait
             async for piece in pieces:
                 yield piece
