@@ -252,7 +252,7 @@ class DataLoader(Options):
         settings.pool = launch_workers(settings, self._kept_workers)
         if settings.pool is not None:
             self._stats.placement = {**self._stats.placement, "start_method": settings.pool.method}
-            settings.measured = self._placer.measured(placement, bool(self.stream))
+            settings.measured = self._placer.measured(placement, bool(self.stream), len(self.files))
         self._stats.measured = settings.measured
         own = settings.pool if self._kept_workers is None else None
         try:

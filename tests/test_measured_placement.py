@@ -424,7 +424,7 @@ def test_behind_a_slow_training_step_the_workers_are_kept_after_their_first_wind
 def test_files_placed_in_one_worker_fewer_are_all_read_by_the_other_workers_with_the_batches_of_threads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_chunks(tmp_path, [20] * 12)
-    monkeypatch.setattr(Measured, "place", lambda self, epoch, path: FEWER)
+    monkeypatch.setattr(Measured, "place", lambda self, epoch, path, pos=None: FEWER)
     loader = pl.DataLoader(SlowSomewhere(7, os.getpid(), "both", delay=0.0), pl.IdentityDataset(), ListCollator(),
                            str(tmp_path))
     batches = [b for b in loader]
@@ -578,3 +578,26 @@ def test_with_workers_started_by_forkserver_the_trial_starts_in_threads_reading_
     first_done = reader.spans["part-0000.txt"][1]
     early = {name: span[0] - first_done for name, span in reader.spans.items() if span[0] < first_done}
     assert set(early) == {"part-0000.txt"}, early
+
+
+def test_an_epoch_s_last_files_stay_in_the_window_when_fewer_are_left_than_it_took_to_measure() -> None:
+    """16 files an epoch, read ahead: the first window measured enough once 12 were placed. A window of
+    threads for the last 4 could not measure as much before the epoch ends (in a run of one epoch, its
+    files would only run in the place not yet measured), so the workers go on; the next epoch's first
+    file opens it."""
+    clock = Clock()
+    m = Measured(clock)
+    m.new_run(16)
+    places = []
+    for pos in range(16):
+        places.append(m.place(0, f"f{pos}", pos))
+        if pos >= 4:  # four files read ahead: each file's batches are handed as the file four later is placed
+            for _ in range(3):
+                clock.now += 0.012
+                m.handed(0, (f"f{pos - 4}",), 10)
+    assert m.current.files_to_enough == 12  # eight files handed over: 24 batches in 0.28 s
+    assert places == [THERE] * 16  # enough before the epoch's end, too late to change
+    assert m.place(1, "f0", 0) == HERE  # the next epoch has enough files left: the trial goes on
+    m2 = Measured(Clock())
+    m2.new_run()  # the files of an epoch not told: places change as soon as a window measured enough
+    assert m2._ending(3) is False

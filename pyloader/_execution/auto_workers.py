@@ -130,16 +130,17 @@ class Placer:
         self.last: Optional[Placement] = None
         self._measured: Optional[Measured] = None
 
-    def measured(self, placement: Placement, stream: bool) -> Optional[Measured]:
+    def measured(self, placement: Placement, stream: bool, files: Optional[int] = None) -> Optional[Measured]:
         """Where each file of an iteration runs, measured (``_execution.measured``), when ``"auto"`` gave it
         workers; kept across the loader's iterations. Stream mode keeps the rule: each of its batches
         takes rows from as many files as it has rows, so no window of files can be measured alone; a
-        ``worker_init_fn`` prepares each worker for the user's code, which then must run there."""
+        ``worker_init_fn`` prepares each worker for the user's code, which then must run there. ``files``:
+        how many an epoch reads."""
         if not placement.decided or not placement.num_workers or stream or self.worker_init_fn is not None:
             return None
         if self._measured is None:
             self._measured = Measured(trial=_TRIAL.get(self.start_method, THREADS_FIRST))
-        self._measured.new_run()
+        self._measured.new_run(files)
         return self._measured
 
     def __call__(self, objects: Iterable[Any]) -> Placement:

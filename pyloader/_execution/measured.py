@@ -61,6 +61,11 @@ Contract:
   last window changes the place, and the new place's first window confirms it as above. A window
   of the trial or a probe that measured under half the best figure so far ends after half its
   batches (``MIN_BATCHES // 2``): such a place cannot be kept, and every batch there is slow.
+* **Not at an epoch's end.** When an epoch has fewer files left than the current window had placed
+  when it measured enough, the window goes on to the epoch's end: the next one could not measure as
+  much before it (with read-ahead, most of its files would be those it cannot judge), and in a run
+  of one short epoch its files would only run in a place not yet measured. The next epoch's first
+  file opens it.
 * **Carried over.** A loader's next iteration goes on from the decision (and the schedule) of the
   one before, so a run of one epoch per ``iter()`` pays for the trial once.
 * **Shown.** ``report()`` (in ``loader.stats["placement"]["measured"]``): the place now (a probe's,
@@ -103,6 +108,8 @@ class Window:
     handed: List[Tuple[float, int]] = field(default_factory=list)  # (when, samples) of its batches
     waited: List[float] = field(default_factory=list)  # how long the consumer waited for each of them
     closed_at: float = math.inf  # when the next window's first file was placed
+    files: int = 0  # placed in it so far
+    files_to_enough: Optional[int] = None  # placed in it when it had measured enough
 
     def measured_s(self) -> float:
         return self.handed[-1][0] - self.handed[0][0] if len(self.handed) > 1 else 0.0
@@ -175,6 +182,7 @@ class Measured:
         self._checked: Set[str] = set()  # places whose confirming window measured
         self._probes = 0  # probes so far: they take the other places in turn
         self._trial_windows = 0  # windows of the trial that ended
+        self._epoch_files: Optional[int] = None  # how many files an epoch of the run reads
 
     @property
     def current(self) -> Window:
@@ -184,20 +192,33 @@ class Measured:
         """The place of an iteration's first files: the trial's first, or where the last one left off."""
         return self.current.place if self._windows else self.trial[0]
 
-    def new_run(self) -> None:
-        """A new iteration: its files are new, the decision and the schedule go on."""
+    def new_run(self, epoch_files: Optional[int] = None) -> None:
+        """A new iteration (whose epochs read ``epoch_files`` files): its files are new, the decision and the
+        schedule go on."""
         with self._lock:
             self._files.clear()
+            self._epoch_files = epoch_files
             self._open(self.first_place())
 
-    def place(self, epoch: int, path: str) -> str:
-        """The place of a file whose reading starts now."""
+    def place(self, epoch: int, path: str, pos: Optional[int] = None) -> str:
+        """The place of a file whose reading starts now (the ``pos``-th of its epoch)."""
         with self._lock:
-            if self.current.enough():
+            if self.current.enough() and not self._ending(pos):
                 self._open(self._next_place())
             window = self.current
+            window.files += 1
             self._files[(epoch, path)] = window
             return window.place
+
+    def _ending(self, pos: Optional[int]) -> bool:
+        """The epoch has fewer files left than the current window took to measure enough: the next window
+        could not measure as much before the epoch ends, so the current one goes on until then."""
+        window = self.current
+        if window.files_to_enough is None:
+            window.files_to_enough = window.files
+        if pos is None or self._epoch_files is None:
+            return False
+        return self._epoch_files - pos < window.files_to_enough
 
     def window_of(self, keys: Iterable[Key]) -> Optional[str]:
         """The place of files already placed, if they all have the same one."""

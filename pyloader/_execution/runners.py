@@ -573,7 +573,7 @@ class MeasuredRunner:
 
     async def pieces(self, task: FileTask, fetch: bool, demand: asyncio.Event) -> Pieces:
         self.there.pool.check(f"reading {task.path!r}")
-        place = self.measured.place(task.epoch, task.path)
+        place = self.measured.place(task.epoch, task.path, task.pos)
         pieces: Pieces = (self.here.pieces(task, fetch, demand) if place == HERE
                           else self.there.pieces(task, fetch or place in (SPLIT, SPREAD), demand,
                                                  fewer=place == FEWER))
