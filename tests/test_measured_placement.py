@@ -600,4 +600,4 @@ def test_an_epoch_s_last_files_stay_in_the_window_when_fewer_are_left_than_it_to
     assert m.place(1, "f0", 0) == HERE  # the next epoch has enough files left: the trial goes on
     m2 = Measured(Clock())
     m2.new_run()  # the files of an epoch not told: places change as soon as a window measured enough
-    assert m2._ending(3) is False
+    assert m2._ending(3, files_to_enough=1) is False

@@ -203,22 +203,23 @@ class Measured:
     def place(self, epoch: int, path: str, pos: Optional[int] = None) -> str:
         """The place of a file whose reading starts now (the ``pos``-th of its epoch)."""
         with self._lock:
-            if self.current.enough() and not self._ending(pos):
-                self._open(self._next_place())
+            window = self.current
+            if window.enough():
+                if window.files_to_enough is None:
+                    window.files_to_enough = window.files
+                if not self._ending(pos, window.files_to_enough):
+                    self._open(self._next_place())
             window = self.current
             window.files += 1
             self._files[(epoch, path)] = window
             return window.place
 
-    def _ending(self, pos: Optional[int]) -> bool:
+    def _ending(self, pos: Optional[int], files_to_enough: int) -> bool:
         """The epoch has fewer files left than the current window took to measure enough: the next window
         could not measure as much before the epoch ends, so the current one goes on until then."""
-        window = self.current
-        if window.files_to_enough is None:
-            window.files_to_enough = window.files
         if pos is None or self._epoch_files is None:
             return False
-        return self._epoch_files - pos < window.files_to_enough
+        return self._epoch_files - pos < files_to_enough
 
     def window_of(self, keys: Iterable[Key]) -> Optional[str]:
         """The place of files already placed, if they all have the same one."""

@@ -122,8 +122,8 @@ def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns],
         return [_run_job(steps, kept, segments, paths, key, clock.steps) for segments, paths, key in jobs]
 
 
-_BOOKKEEPING = ("open", "close", "release", "fetch")
 _NO_REPLY = ("open", "close", "release")
+_BOOKKEEPING = (*_NO_REPLY, "fetch")
 _READ_AHEAD = 3  # the rank of a request to read a file not started yet
 
 
