@@ -511,6 +511,30 @@ def test_an_epoch_left_without_batches_is_padded_from_the_next_real_batch(tmp_pa
     assert got == [(0, [0, 1, 2], [True] * 3), (1, [0, 1, 2], [False] * 3)]
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_rank_left_without_samples_at_the_run_end_pads_with_flagged_copies(tmp_path, num_workers):
+    """Issue 47: in epoch 1 filter_fn leaves rank 0 no sample; its step is a copy of its last batch (of
+    epoch 0), which must be flagged as padding in full, not delivered as the real data it was copied from."""
+    write_chunks(tmp_path, [7, 1])
+
+    def order(files, epoch, rng):
+        return [files[i] for i in rng.permutation(len(files))]
+
+    epochs: Dict[int, List[int]] = {}
+    steps = []
+    for rank in range(3):
+        loader = pl.DataLoader(IdReader(3, shuffle=True, random_seed=0), pl.IdentityDataset(), ListCollator(),
+                               str(tmp_path), num_epoch=2, random_seed=0, shuffle_buffer=11, file_order=order,
+                               filter_fn=lambda sample: sample["id"] % 2 == 0, num_workers=num_workers,
+                               ranks=pl.Ranks(rank=rank, world_size=3))
+        got = [(loader.epoch, _real(batch)) for batch in loader]
+        steps.append(len(got))
+        for epoch, ids in got:
+            epochs.setdefault(epoch, []).extend(ids)
+    assert len(set(steps)) == 1
+    assert {epoch: sorted(ids) for epoch, ids in epochs.items()} == {0: [0, 2, 4, 6], 1: [0, 2, 4, 6]}
+
+
 def test_a_rank_whose_every_batch_fails_raises_rather_than_give_fewer_steps(tmp_path):
     write_chunks(tmp_path, [3, 3])
     loader = pl.DataLoader(IdReader(3), FailOn(4), ListCollator(), str(tmp_path), ranks=pl.Ranks(rank=1, world_size=2),

@@ -61,9 +61,10 @@ class EvenSteps:
     async def iterate(self, groups: AsyncIterator[Group]) -> AsyncIterator[Group]:
         last: Optional[Sample] = None  # for holes at the end of the run: keeps one group's arrays alive
         async for group in groups:
+            # taken before the group is handed on: the consumer adds the metadata to its batches' data
+            last = _sample(group, len(group) - 1)
             for part in self._filled(group):
                 yield part
-            last = _sample(group, len(group) - 1)
         for padding in self._final_padding(last):
             yield padding
 
