@@ -420,3 +420,106 @@ def test_padding_steps_of_a_short_rank_give_list_samples_the_shape_of_its_other_
     assert [b["pair"].shape for b in batches] == [(2, 3, 2)] * 3
     edge = [1000, -1000] if padding_mode == "edge" else [-5, -5]
     assert batches[1]["pair"].tolist() == [[edge] * 3, [[-5, -5]] * 3]
+
+
+# -- samples that are not numbers or arrays: tuples, tensors, ragged lists ----------------------------
+class SampleReader(pl.DataReader):
+    """Streams one field, ``"x"``: ``make(id)`` for each id of the file (``write_streams``), in pieces of 2."""
+
+    def __init__(self, rows, make):
+        super().__init__(rows)
+        self.make = make
+
+    def read_file(self, path):
+        raise AssertionError("stream mode must read through iter_file")
+
+    def iter_file(self, path):
+        with open(path) as f:
+            ids = [int(line) for line in f]
+        for start in range(0, len(ids), 2):
+            yield {"x": [self.make(i) for i in ids[start:start + 2]]}
+
+
+class AsIs(pl.DataCollator):
+    def collate_batch(self, features):
+        return dict(features)
+
+
+def frames_and_label(i):
+    """A sample as pytorch-stream-dataloader's iterators yield it: ``([frames], label)``."""
+    return [np.full(2, i), np.full(2, -i)], i % 7
+
+
+def stream_rows(batches, seq_len):
+    """Each batch's ``"x"`` as ``(sample, valid)`` per row and step, in row order."""
+    out = []
+    for batch in batches:
+        valid = np.asarray(batch[VALID]).reshape(len(batch["x"]), -1)
+        rows = batch["x"] if seq_len else [[sample] for sample in batch["x"]]
+        out.append([list(zip(row, flags)) for row, flags in zip(rows, valid.tolist())])
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("seq_len", [None, 2])
+def test_stream_samples_that_are_tuples_batch_as_outside_stream_mode(tmp_path, workers, seq_len):
+    write_streams(tmp_path, [5, 2])
+
+    def make(**kwargs):
+        return pl.DataLoader(SampleReader(2, frames_and_label), pl.IdentityDataset(), AsIs(), str(tmp_path),
+                             num_workers=workers, **kwargs)
+
+    outside = [sample for batch in make() for sample in batch["x"]]
+    batches = list(make(stream=pl.Stream(seq_len=seq_len, pad_value=-1)))
+    real, padding = [], []
+    for row in (row for batch in stream_rows(batches, seq_len) for row in batch):
+        for sample, valid in row:
+            assert isinstance(sample, tuple) and isinstance(sample[0], list)
+            (real if valid else padding).append(sample)
+    by_id = sorted(real, key=lambda sample: sample[0][0][0])
+    assert [(frames[0].tolist(), frames[1].tolist(), label) for frames, label in by_id] == \
+        [(frames[0].tolist(), frames[1].tolist(), label) for frames, label in outside]
+    assert padding and all(frames[0].tolist() == [-1, -1] and frames[0].dtype == np.int64 and label == -1
+                           for frames, label in padding)
+
+
+def stacked(features):
+    """A collator's ``torch.stack`` of each row's samples: every sample, padding too, must be a tensor."""
+    import torch
+
+    return {"x": torch.stack([torch.stack(list(row)) for row in features["x"]])}
+
+
+class Stacking(pl.DataCollator):
+    def collate_batch(self, features):
+        return stacked(features)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stream_padding_of_tensor_samples_is_tensors_that_stack(tmp_path, workers):
+    import torch
+
+    write_streams(tmp_path, [3, 1])
+    for pad in (torch.tensor(-1), -1, torch.full((2,), -1)):
+        loader = pl.DataLoader(SampleReader(2, lambda i: torch.tensor([i, i + 1])), pl.IdentityDataset(), Stacking(),
+                               str(tmp_path), stream=pl.Stream(seq_len=2, pad_value=pad), num_workers=workers)
+        got = [(b["x"].tolist(), b[VALID].tolist()) for b in loader]
+        assert got == [([[[0, 1], [1, 2]], [[1000, 1001], [-1, -1]]], [[True, True], [True, False]]),
+                       ([[[2, 3], [-1, -1]], [[-1, -1], [-1, -1]]], [[True, False], [False, False]])]
+
+
+@pytest.mark.parametrize("pad, padding", [(-1, ([-1, -1], -1)), ((None, 0), (None, 0)), (([], 0), ([], 0))])
+def test_stream_padding_of_tuple_samples_is_tuples(tmp_path, pad, padding):
+    write_streams(tmp_path, [3])
+    loader = pl.DataLoader(SampleReader(1, lambda i: ([i, i], i)), pl.IdentityDataset(), AsIs(), str(tmp_path),
+                           stream=pl.Stream(seq_len=2, pad_value=pad), num_workers=0)
+    assert [b["x"] for b in loader] == [[[([0, 0], 0), ([1, 1], 1)]], [[([2, 2], 2), padding]]]
+
+
+@pytest.mark.parametrize("pad, padding", [([-1, -1], [[-1, -1], [-1, -1]]), (-1, [[-1] * 3, [-1] * 4])])
+def test_stream_padding_of_ragged_list_samples_takes_the_pad_value_or_each_rows_shape(tmp_path, pad, padding):
+    write_streams(tmp_path, [1, 2])  # row 0 ends after a sample of 3 numbers, row 1 after one of 4
+    loader = pl.DataLoader(SampleReader(2, lambda i: [i] * (i % 1000 + 3)), pl.IdentityDataset(), AsIs(),
+                           str(tmp_path), stream=pl.Stream(seq_len=3, pad_value=pad), num_workers=0)
+    (batch,) = list(loader)
+    assert batch["x"] == [[[0] * 3] + [padding[0]] * 2, [[1000] * 3, [1001] * 4, padding[1]]]

@@ -201,11 +201,14 @@ class Cutter:
         return np.ascontiguousarray(rows.swapaxes(0, 1)) if self.time_major else rows
 
     def _list_field(self, key: str, columns: List[Window], like: Sequence) -> List[Any]:
-        """``like``: samples of the field (of a window, else of the template)."""
+        """``like``: samples of the field (of a window, else of the template). A row is padded
+        with a sample like its own last one (else like ``like``'s first): ``pad_like``."""
         pad = self._pad(key)
-        if np.ndim(like[0]):  # samples are sequences: pad with one of their shape
-            pad = np.full(np.shape(like[0]), pad).tolist()
-        rows = [list(col) + [self._fill(key, r, col, pad)] * (self.width - len(col)) for r, col in enumerate(columns)]
+        rows = []
+        for r, col in enumerate(columns):
+            short = self.width - len(col)
+            fill = self._fill(key, r, col, pad_like(col[-1] if len(col) else like[0], pad)) if short else None
+            rows.append(list(col) + [fill] * short)
         if not self.seq_len:
             return [row[0] for row in rows]
         return [list(step) for step in zip(*rows)] if self.time_major else rows
@@ -262,6 +265,24 @@ def _common_layout(key: str, columns: Sequence[Tuple[str, np.ndarray]]) -> Tuple
                 raise TypeError(f"field {key!r} holds {first.dtype} in file {first_path!r} and {col.dtype} in "
                                 f"file {path!r}, which have no common dtype: {exc}") from exc
     return dtype, sample
+
+
+def pad_like(sample: object, pad: object) -> object:
+    """The padding of a list field whose real samples are like ``sample``: ``pad`` itself when it is
+    a sample of its own (a list, tuple, array or tensor), else ``sample``'s type and shape with every
+    number ``pad``: a tuple ``([frames], label)`` gives a tuple, an array an array of its dtype, a
+    tensor a tensor, a ragged list a list of its lengths."""
+    if isinstance(pad, (list, tuple)) or getattr(pad, "ndim", None):  # an array or tensor of 1 dim or more
+        return pad
+    if isinstance(sample, (list, tuple)):
+        parts = [pad_like(part, pad) for part in sample]
+        kind: Any = type(sample)
+        return kind(*parts) if hasattr(sample, "_fields") else kind(parts)  # a named tuple, else a list or tuple
+    if isinstance(sample, np.ndarray):
+        return np.full_like(sample, pad)
+    if hasattr(sample, "new_full") and hasattr(sample, "shape"):  # a torch tensor (stages import no framework)
+        return sample.new_full(tuple(sample.shape), pad.item() if hasattr(pad, "item") else pad)
+    return pad
 
 
 def _copy_sample(sample: object) -> object:
