@@ -435,23 +435,19 @@ class DataLoader(Options):
                              f"which has {total} batches on this rank: it was not saved from this data and settings")
 
     def _elastic(self, start: Start, counts: List[Optional[int]]) -> Optional[Elastic]:
-        """The parts of ``start``'s epoch taken under other world sizes, each no wider than the epoch."""
+        """The parts of ``start``'s epoch taken under other world sizes, each no wider than the epoch's
+        samples; in stream mode of any width (a rank without a file of its own streamed padding)."""
         if not start.splits:
             return None
         plain = self._plan(start, counts)
         assert isinstance(plain, FileSource), "a mixed loader's state has no splits (load_state_dict)"
-        size, unit = self._epoch_size(plain.order(start.epoch), counts)
-        wider = [w for w, _ in start.splits if w > max(size, 1)]
+        size = sum(counts[i] or 0 for i in plain.order(start.epoch))
+        wider = [] if self.stream else [w for w, _ in start.splits if w > max(size, 1)]
         if wider:
             raise ValueError(f"the state's epoch {start.epoch} was begun under world_size={wider[0]}, more ranks "
-                             f"than its {size} {unit}: it was not saved from this "
+                             f"than its {size} samples: it was not saved from this "
                              f"data, or resume it under world_size={wider[0]}")
         return elastic_of(start, self.datareader.batch_size, seq_len_of(self))
-
-    def _epoch_size(self, order: List[int], counts: List[Optional[int]]) -> Tuple[int, str]:
-        """What an epoch reading the files ``order`` shares out among ranks: its files in stream mode, else
-        its samples; and which of them."""
-        return (len(order), "files") if self.stream else (sum(counts[i] or 0 for i in order), "samples")
 
     def shard(self, rank: int, world_size: int) -> "DataLoader":
         """A loader with the same settings that reads only the share of ``rank`` among ``world_size``."""

@@ -262,6 +262,40 @@ def test_a_stream_state_resumes_under_another_world_size_delivering_every_sample
         assert later[rank] == [as_lists(b) for b in fresh if fresh.epoch == 1]
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_state_saved_under_more_ranks_than_files_resumes_under_fewer(tmp_path, workers):
+    """Issue 47: 3 ranks over 2 files, rank 2 streaming padding only; its state (as any rank's) resumes
+    under 2 ranks and under 1: every sample once, equal steps, later epochs as usual, and a resume of
+    the resumed run gives what it would have given."""
+    lengths = [9, 5]
+    write_streams(tmp_path, lengths)
+    make = elastic_make(tmp_path, num_workers=workers)
+    delivered, _ = take_steps(make, 3, 1, real_ids)
+    head, padding_rank = resume_after(lambda: make(2, 3), 1)
+    assert real_ids(head[0]) == [] and (len(make(0, 3)) // 2) == 3
+    state = padding_rank.state_dict()
+    for new in (2, 1):
+        rest, steps, later = the_rest(make, new, state)
+        assert steps == [2] * new
+        assert sorted(delivered + rest) == sorted(f * 1000 + p for f, n in enumerate(lengths) for p in range(n))
+        for rank in range(new):
+            fresh = make(rank, new)
+            fresh.set_epoch(1)
+            assert later[rank] == [as_lists(b) for b in fresh if fresh.epoch == 1]
+
+    def resumed_under_two() -> pl.DataLoader:
+        loader = make(0, 2)
+        loader.load_state_dict(state)
+        return loader
+
+    uninterrupted = [as_lists(b) for b in resumed_under_two()]
+    again, resumed = resume_after(resumed_under_two, 1, lambda: make(0, 2))
+    assert again + [as_lists(b) for b in resumed] == uninterrupted
+    # ranks past the files add nothing but padding: under 2**62 ranks the state is the same one
+    wide = {**state, "settings": {**state["settings"], "world_size": 2**62}}
+    assert the_rest(make, 2, wide) == the_rest(make, 2, state)
+
+
 def test_a_file_in_progress_goes_on_from_its_rows_position_as_a_new_stream(tmp_path):
     write_streams(tmp_path, [10, 10, 10])
     make = elastic_make(tmp_path, num_epoch=1, shuffle=False)  # 2 ranks of 2 rows: rank 0 has files 0 and 2

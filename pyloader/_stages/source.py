@@ -160,7 +160,8 @@ class FileSource:
                  for pos, index in enumerate(self.order(epoch))]
         taken = self._taken(epoch)
         for world_size, steps in taken.splits:
-            left = [seek(task, offset, length) for share in stream_shares(tasks, world_size)
+            # ranks past the files had none (they streamed padding): as many ranks as files share alike
+            left = [seek(task, offset, length) for share in stream_shares(tasks, min(world_size, max(len(tasks), 1)))
                     for task, offset, length in leftover([(t, self.length(t)) for t in share], taken.batch_size,
                                                          taken.width, steps)]
             tasks = sorted(left, key=lambda task: task.pos)
