@@ -105,3 +105,18 @@ def test_a_padding_batch_has_every_metadata_field_saying_padding():
     assert {key: flags.tolist() for key, flags in padding.meta.items()} == {
         key: [value] * 3 for key, value in PAD_FLAGS.items()}
     assert not out[1][0].meta[PADDING].any(), "the batch copied keeps its own flags"
+
+
+def test_holes_at_the_end_of_the_run_are_copied_from_the_last_batch_as_it_came_not_as_the_consumer_changed_it():
+    """The consumer adds each batch's metadata to its data as it takes it (``_pipeline._with_meta``): the
+    copy for the run's last holes is of the batch before that, flagged as padding in full."""
+    async def run() -> List[Tuple[int, int, Any, Any]]:
+        out = []
+        async for group in EvenSteps(lambda e: 3, 0, 0, 1).iterate(made([[batch(0, 0)]])):
+            for b in group:
+                b.data, b.meta = {**b.data, **(b.meta or {})}, None  # as the consumer attaches it
+                out.append((b.epoch, b.index, b.data["x"], b.data[PADDING].tolist()))
+        return out
+
+    out = asyncio.run(asyncio.wait_for(run(), 10))
+    assert out == [(0, 0, "0.0", [False, False]), (0, 1, "0.0", [True, True]), (0, 2, "0.0", [True, True])]
