@@ -483,16 +483,13 @@ def test_stream_samples_that_are_tuples_batch_as_outside_stream_mode(tmp_path, w
                            for frames, label in padding)
 
 
-def stacked(features):
-    """A collator's ``torch.stack`` of each row's samples: every sample, padding too, must be a tensor."""
-    import torch
-
-    return {"x": torch.stack([torch.stack(list(row)) for row in features["x"]])}
-
-
 class Stacking(pl.DataCollator):
+    """``torch.stack`` of each row's samples: every sample, padding too, must be a tensor."""
+
     def collate_batch(self, features):
-        return stacked(features)
+        import torch
+
+        return {"x": torch.stack([torch.stack(list(row)) for row in features["x"]])}
 
 
 @pytest.mark.parametrize("workers", [0, 2])
