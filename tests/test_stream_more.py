@@ -513,6 +513,15 @@ def test_stream_padding_of_tuple_samples_is_tuples(tmp_path, pad, padding):
     assert [b["x"] for b in loader] == [[[([0, 0], 0), ([1, 1], 1)]], [[([2, 2], 2), padding]]]
 
 
+def test_stream_padding_of_dict_samples_is_dicts(tmp_path):
+    write_streams(tmp_path, [1])
+    loader = pl.DataLoader(SampleReader(1, lambda i: {"frames": np.arange(2), "label": 3}), pl.IdentityDataset(),
+                           AsIs(), str(tmp_path), stream=pl.Stream(seq_len=2, pad_value=-1), num_workers=0)
+    (batch,) = list(loader)
+    (real, padding), = batch["x"]
+    assert padding["frames"].tolist() == [-1, -1] and padding["label"] == -1
+
+
 @pytest.mark.parametrize("pad, padding", [([-1, -1], [[-1, -1], [-1, -1]]), (-1, [[-1] * 3, [-1] * 4])])
 def test_stream_padding_of_ragged_list_samples_takes_the_pad_value_or_each_rows_shape(tmp_path, pad, padding):
     write_streams(tmp_path, [1, 2])  # row 0 ends after a sample of 3 numbers, row 1 after one of 4

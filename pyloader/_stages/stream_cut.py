@@ -270,10 +270,12 @@ def _common_layout(key: str, columns: Sequence[Tuple[str, np.ndarray]]) -> Tuple
 def pad_like(sample: object, pad: object) -> object:
     """The padding of a list field whose real samples are like ``sample``: ``pad`` itself when it is
     a sample of its own (a list, tuple, array or tensor), else ``sample``'s type and shape with every
-    number ``pad``: a tuple ``([frames], label)`` gives a tuple, an array an array of its dtype, a
-    tensor a tensor, a ragged list a list of its lengths."""
+    number ``pad``: a tuple ``([frames], label)`` gives a tuple, a dict a dict, an array an array of
+    its dtype, a tensor a tensor, a ragged list a list of its lengths."""
     if isinstance(pad, (list, tuple)) or getattr(pad, "ndim", None):  # an array or tensor of 1 dim or more
         return pad
+    if isinstance(sample, abc.Mapping):
+        return {key: pad_like(value, pad) for key, value in sample.items()}
     if isinstance(sample, (list, tuple)):
         parts = [pad_like(part, pad) for part in sample]
         kind: Any = type(sample)
