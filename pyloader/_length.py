@@ -17,6 +17,7 @@ from ._stages.mix import MixSource
 from ._stages.shard import batches_of
 from ._stages.source import FileSource
 from ._stages.stream_plan import stream_steps
+from ._stages.tiles import TiledSource
 
 if TYPE_CHECKING:
     from ._counts import Counter
@@ -74,7 +75,7 @@ def _stream_epoch_steps(source: FileSource, epoch: int, batch_size: int, drop_la
     return stream_steps([counts[i] for i in source.order(epoch)], batch_size, seq_len or 1)
 
 
-def epoch_steps(source: Union[FileSource, MixSource], epoch: int, batch_size: int, drop_last: bool,
+def epoch_steps(source: Union[FileSource, MixSource, TiledSource], epoch: int, batch_size: int, drop_last: bool,
                 seq_len: Optional[int], rotation: int = 1) -> int:
     """Every batch (step) of ``epoch`` on this rank as planned from the counts, those of the parts
     taken under other world sizes included (elastic resume): under ranks, the steps every rank gives."""
