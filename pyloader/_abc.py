@@ -154,6 +154,9 @@ class DataReader(abc.ABC):
 
         Example:
             ```python
+            import os
+            from pyloader import DataReader, open_file
+
             class Records(DataReader):      # fixed-size records of 16 bytes
                 def read_file(self, path):
                     return self.read_range(path, 0, self.count(path))

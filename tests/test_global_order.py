@@ -10,7 +10,7 @@ import pytest
 from conftest import IdReader, ListCollator, ids_of, write_chunks
 
 import pyloader as pl
-from pyloader.readers import JsonLinesReader, TextLinesReader
+from pyloader.readers import JsonLinesReader, TextLinesReader, _ranges
 from pyloader.testing import check_resume
 
 G = 12  # the global batch in these tests: world sizes 1, 2, 3, 4, 6 and 12 divide it
@@ -205,3 +205,43 @@ def _tv(classes: np.ndarray) -> float:
     """Total-variation distance of a batch's class histogram from the uniform one over 100 classes."""
     hist = np.bincount(classes, minlength=100) / len(classes)
     return 0.5 * float(np.abs(hist - 0.01).sum())
+
+
+@pytest.mark.parametrize("skip_blank", [False, True])
+def test_a_line_reader_reads_a_range_from_its_bytes_as_iter_file_gives_it(tmp_path, skip_blank):
+    path = tmp_path / "lines.txt"
+    lines = [f"line {i}" if i % 7 else "  " for i in range(300)]
+    path.write_text("\n".join(lines) + "\n")
+    assert _ranges.line_table(str(path), "utf-8", skip_blank) is not None
+    reader = TextLinesReader(skip_blank=skip_blank)
+    whole = [t for piece in reader.iter_file(str(path)) for t in piece["text"]]
+    for start, stop in [(0, 1), (5, 70), (63, 64), (64, 200), (len(whole) - 3, len(whole))]:
+        columns, n = reader.read_range(str(path), start, stop)
+        assert n == stop - start and list(columns["text"]) == whole[start:stop], (start, stop)
+
+
+def test_a_compressed_line_file_is_read_through_iter_file_up_to_its_range(tmp_path):
+    import gzip
+    path = tmp_path / "lines.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps({"i": i}) + "\n" for i in range(100))
+    columns, n = JsonLinesReader().read_range(str(path), 40, 45)
+    assert n == 5 and list(columns["i"]) == [40, 41, 42, 43, 44]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_built_in_reader_reading_ranges_from_its_bytes_gives_the_same_global_batches_for_any_world_size(
+        data, num_workers):
+    def batches(world_size):
+        per_rank = []
+        for rank in range(world_size):
+            ld = pl.DataLoader(
+                TextLinesReader(batch_size=G // world_size, piece_size=2), pl.IdentityDataset(), ListCollator(),
+                str(data), shuffle=pl.Shuffle(block=36), ranks=pl.Ranks(rank=rank, world_size=world_size),
+                num_workers=num_workers)
+            per_rank.append([[t for t, pad in zip(b["text"], b.get("__padding__", [False] * len(b["text"])))
+                              if not pad] for b in ld])
+        return [sorted(sum((per_rank[r][k] for r in range(world_size)), [])) for k in range(len(per_rank[0]))]
+    one = batches(1)
+    assert sorted(int(t) for b in one for t in b) == list(range(sum(SIZES)))
+    assert batches(2) == one and batches(3) == one
