@@ -51,7 +51,7 @@ def count_files(counter: Counter, cache: Dict[str, object], skip_failed: bool,
         return counts
     counted = counter.count(known, first_failure_stops=not skip_failed, progress=progress)
     if not counted.failures:
-        cache.update(files=list(counter.files), counts=counted.counts)
+        cache.update(files=list(counter.files), counts=counted.counts, runs=counted.runs)
     elif not skip_failed:
         raise counted.failures[0][1]
     return counted.counts

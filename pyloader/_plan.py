@@ -158,7 +158,7 @@ async def count_samples(s: Settings, run_blocking: RunBlocking) -> List[Optional
         for i, exc in counted.failures:
             s.errors("count", [s.files[i]], exc)
             s.stats.skipped_files += 1
-        s.count_cache.update(files=list(s.files), counts=counted.counts)
+        s.count_cache.update(files=list(s.files), counts=counted.counts, runs=counted.runs)
     counts: List[Optional[int]] = s.count_cache["counts"]  # type: ignore[assignment]
     return counts
 
@@ -265,7 +265,8 @@ def _buffers(s: Settings, source: PlannedSource) -> Buffers:
 def make_source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> PlannedSource:
     """The plan of files of every epoch of the run (``FileSource``, or ``MixSource`` for sources)."""
     return source_of(s.options, s.files, start, counts, sharding=s.sharding, mix=s.mix, entries=s.entries,
-                     elastic=elastic_of(start, s.batch_size, seq_len_of(s.options)), counted=s.stats.sources)
+                     elastic=elastic_of(start, s.batch_size, seq_len_of(s.options)), counted=s.stats.sources,
+                     runs=s.count_cache.get("runs"))  # type: ignore[arg-type]
 
 
 def elastic_of(start: Start, batch_size: int, seq_len: Optional[int]) -> Optional[Elastic]:
@@ -275,13 +276,14 @@ def elastic_of(start: Start, batch_size: int, seq_len: Optional[int]) -> Optiona
 
 def source_of(o: Options, files: List[str], start: Start, counts: Optional[List[Optional[int]]], *,
               sharding: Sharding, mix: Optional[Mix], entries: Optional[Entries], elastic: Optional[Elastic] = None,
-              counted: Optional[List[Dict[str, object]]] = None) -> PlannedSource:
+              counted: Optional[List[Dict[str, object]]] = None,
+              runs: Optional[Dict[int, Dict[str, object]]] = None) -> PlannedSource:
     """The plan of the epochs ``start`` begins, for a run (``make_source``) or for the loader's own
     questions before one (its length, a position's check)."""
     if isinstance(o.shuffle, Shuffle):
         return TiledSource(files, counts or [], batch_size=o.datareader.batch_size, block=o.shuffle.block,
                            seed=o.random_seed, num_epoch=start.end, drop_last=o.drop_last, sharding=sharding,
-                           resume=(start.epoch, start.skip))
+                           resume=(start.epoch, start.skip), runs=runs or {})
     if mix is not None:
         return MixSource(mix, counts or [], o.stop, o.shuffle, o.random_seed, num_epoch=start.end,
                          sharding=sharding, counted=counted)

@@ -245,3 +245,24 @@ def test_a_built_in_reader_reading_ranges_from_its_bytes_gives_the_same_global_b
     one = batches(1)
     assert sorted(int(t) for b in one for t in b) == list(range(sum(SIZES)))
     assert batches(2) == one and batches(3) == one
+
+
+def test_the_index_holds_where_samples_start_and_ranges_are_read_from_it_without_reading_the_file_whole(
+        tmp_path, monkeypatch):
+    from pyloader import _cli
+    from pyloader._storage import count_index
+
+    folder = tmp_path / "idx"
+    folder.mkdir()
+    for f in range(3):
+        (folder / f"p{f}.jsonl").write_text("".join(json.dumps({"i": f * 100 + i}) + "\n" for i in range(100)))
+    assert _cli.main(["index", str(folder), "--reader", "jsonl"]) == 0
+    entries = json.loads((folder / count_index.INDEX_NAME).read_text())["files"]
+    assert {e["count"] for e in entries.values()} == {100} and all(len(e["runs"]["at"]) == 2 for e in entries.values())
+
+    def no_table(*args):
+        raise AssertionError("the table was made from the file's bytes, not read from the index")
+    monkeypatch.setattr(_ranges, "line_table", no_table)
+    ld = pl.DataLoader(JsonLinesReader(batch_size=10), pl.IdentityDataset(), ListCollator(), str(folder),
+                       shuffle=pl.Shuffle(block=40), num_workers=0)
+    assert sorted(i for b in ld for i in b["i"]) == list(range(300))

@@ -23,6 +23,7 @@ from .._columns import Columns, n_rows, slice_rows, take
 from .._rng import IN_FILE, USER_READ, derive_rng, drawing, stepped
 from .._stats import BusySink, clocked, timed
 from .._storage.files import Served, prefetched
+from .._storage.sample_index import Extent
 from .filter import unbundle
 
 
@@ -45,6 +46,7 @@ class FileTask:
     count: Optional[int] = None
     seed: int = 0  # the loader's ``random_seed``: what ``pyloader.rng()`` draws from in the reader
     ranged: bool = False  # rows ``start:end`` read alone where the reader can (the global order, ``_stages.tiles``)
+    extent: Optional[Extent] = None  # where a line reader's range lies in the file, from the sample index
 
 
 class Readers(DataReader):
@@ -190,8 +192,12 @@ def _ranged(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Ite
     if type(reader).read_range is DataReader.read_range:
         yield from _share(_in_order(reader, task, busy), task, task.end)
         return
+    extent, read_extent = task.extent, getattr(reader, "read_extent", None)
     with timed(busy, "read_file"), drawing(task.seed, USER_READ, task.epoch, task.index, task.start):
-        columns, n = read_result(task.path, reader.read_range(task.path, task.start, task.end))
+        if extent is not None and read_extent is not None:
+            columns, n = read_extent(task.path, extent, task.end - task.start)
+        else:
+            columns, n = read_result(task.path, reader.read_range(task.path, task.start, task.end))
     if n != task.end - task.start:
         raise ValueError(f"file {task.path!r}: read_range({task.start}, {task.end}) gave {n} samples, "
                          f"not {task.end - task.start}")

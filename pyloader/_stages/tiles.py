@@ -26,13 +26,14 @@ workers, the placement, or where a run was resumed. With ``drop_last`` an epoch 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .._columns import Traced, concat, slice_rows, take
 from .._execution.reading import FileTask
 from .._rng import TILE_COLUMNS, TILE_SPANS, derive_rng
+from .._storage.sample_index import table_of
 from .shard import Sharding
 from .source import EpochEnd, SourceItem, known_counts
 
@@ -131,7 +132,7 @@ class TiledSource:
 
     def __init__(self, files: Sequence[str], counts: Sequence[Optional[int]], *, batch_size: int, block: int,
                  seed: int, num_epoch: int, drop_last: bool, sharding: Sharding,
-                 resume: Tuple[int, int] = (-1, 0)) -> None:
+                 resume: Tuple[int, int] = (-1, 0), runs: Optional[Dict[int, Dict[str, object]]] = None) -> None:
         self.files = list(files)
         self.counts, self.left_out = known_counts(counts)
         self.batch_size = batch_size
@@ -140,6 +141,7 @@ class TiledSource:
         self.seed = seed
         self.num_epoch = num_epoch
         self.resume = resume
+        self.tables = {i: t for i, r in (runs or {}).items() if (t := table_of(r, self.counts[i])) is not None}
 
     @property
     def places(self) -> range:
@@ -159,8 +161,10 @@ class TiledSource:
             for c in places[self.places.start:self.places.stop]:
                 lo = int(tile.starts[c])
                 for index, start, end in self.order.ranges(lo, lo + int(tile.lengths[c]), stream):
+                    table = self.tables.get(index)
                     yield FileTask(epoch, pos, index, self.files[index], start=start, end=end,
-                                   count=self.counts[index], seed=self.seed, ranged=True)
+                                   count=self.counts[index], seed=self.seed, ranged=True,
+                                   extent=None if table is None else table.extent(start, end))
                     pos += 1
 
     def iterate(self, start_epoch: int = 0, skip_rows: int = 0, until: Optional[int] = None) -> Iterator[SourceItem]:

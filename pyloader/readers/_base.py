@@ -18,6 +18,7 @@ from .._checks import is_integer
 from .._columns import Columns, n_rows
 from .._storage.compression import DecompressionError
 from .._storage.files import open_file
+from .._storage.sample_index import Extent, LineTable
 
 Row = Tuple
 
@@ -308,7 +309,7 @@ class _Recut:
             yield self.buf
 
 
-def _joined(pieces: List[Columns], n: int) -> Tuple[Dict[str, Sequence], int]:
+def _joined(pieces: List[Columns]) -> Tuple[Dict[str, Sequence], int]:
     """Pieces of one file as one ``read_file`` result."""
     if not pieces:
         return {}, 0
@@ -362,15 +363,30 @@ class LineReader(DataReader):
     def read_range(self, path: str, start: int, stop: int) -> Tuple[Dict[str, Sequence], int]:
         """Samples ``start:stop``: read alone where a sample is a line of an uncompressed file (``_ranges``),
         else through ``iter_file`` from the file's start."""
+        from . import _ranges  # it stands on this module
+
+        table = self._table(path)
+        if table is None:
+            return _joined(list(_ranges.rows_of(self.iter_file(path), start, stop - start)))
+        return self.read_extent(path, table.extent(start, stop), stop - start)
+
+    def read_extent(self, path: str, extent: Extent, n: int) -> Tuple[Dict[str, Sequence], int]:
+        """The ``n`` samples that start ``skip`` samples into bytes ``lo:hi`` of ``path`` (``extent``)."""
+        from . import _ranges
+
+        lo, hi, skip = extent
+        fields, chunks = self.chunks(path, io.BytesIO(_ranges.range_bytes(path, lo, hi)))
+        pieces = (self.checked(path, chunk) for chunk in recut(fields, chunks, self.piece_size))
+        return _joined(list(_ranges.rows_of(pieces, skip, n)))
+
+    def sample_runs(self, path: str) -> Optional[Dict[str, object]]:
+        """Where every ``RUN``-th sample of ``path`` starts, for the index (``python -m pyloader index``);
+        ``None`` where ranges cannot be found from the bytes."""
+        table = self._table(path)
+        return None if table is None else table.as_json()
+
+    def _table(self, path: str) -> Optional[LineTable]:
         from . import _ranges
 
         lines = self.lines()
-        table = None if lines is None else _ranges.line_table(path, *lines)
-        if table is None:
-            pieces = _ranges.rows_of(self.iter_file(path), start, stop - start)
-        else:
-            lo, hi, skip = table.extent(start, stop)
-            fields, chunks = self.chunks(path, io.BytesIO(_ranges.range_bytes(path, lo, hi)))
-            pieces = _ranges.rows_of((self.checked(path, c) for c in recut(fields, chunks, self.piece_size)),
-                                     skip, stop - start)
-        return _joined(list(pieces), stop - start)
+        return None if lines is None else _ranges.line_table(path, *lines)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import posixpath
 import threading
-from dataclasses import dataclass
 from typing import Iterator, Optional, OrderedDict, Tuple
 
 import numpy as np
@@ -22,30 +21,13 @@ from .._columns import Columns, n_rows, slice_rows
 from .._storage.compression import codec_for
 from .._storage.count_index import stamps
 from .._storage.files import open_file
+from .._storage.sample_index import RUN, LineTable
 from ._base import _ASCII_SPACE, _bytes_tell_lines, is_blank
 
-RUN = 64  # samples per entry of a table
 KEPT = 256  # files whose tables a process keeps
 
 _lock = threading.Lock()
 _tables: OrderedDict[Tuple[str, str, bool, str], Optional["LineTable"]] = collections.OrderedDict()
-
-
-@dataclass(frozen=True)
-class LineTable:
-    """Where sample ``k * RUN`` starts, for every ``k``, and where the file's bytes end."""
-
-    starts: np.ndarray
-    size: int
-    samples: int
-
-    def extent(self, start: int, stop: int) -> Tuple[int, int, int]:
-        """The bytes holding samples ``start:stop`` (from the run of ``start`` to the run after ``stop - 1``),
-        and the samples before ``start`` in them."""
-        first = start // RUN
-        last = -(-stop // RUN)
-        end = int(self.starts[last]) if last < len(self.starts) else self.size
-        return int(self.starts[first]), end, start - first * RUN
 
 
 def line_table(path: str, codec: str, skip_blank: bool) -> Optional[LineTable]:
