@@ -434,7 +434,7 @@ def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
 
 
 def _runs(reader: object, path: str, kept: Optional[Dict[str, object]]) -> Optional[Dict[str, object]]:
-    """Where the samples of ``path`` start (the sample index, ``_storage.sample_index``): kept from the index
+    """Where the samples of ``path`` start (the sample index, ``_sample_index``): kept from the index
     there while the file is as it was, else found from its bytes, for the readers that can."""
     if kept is not None:
         return kept

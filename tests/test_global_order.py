@@ -266,3 +266,14 @@ def test_the_index_holds_where_samples_start_and_ranges_are_read_from_it_without
     ld = pl.DataLoader(JsonLinesReader(batch_size=10), pl.IdentityDataset(), ListCollator(), str(folder),
                        shuffle=pl.Shuffle(block=40), num_workers=0)
     assert sorted(i for b in ld for i in b["i"]) == list(range(300))
+
+
+def test_the_default_placement_delivers_every_sample_once_in_the_same_order(tmp_path):
+    folder = tmp_path / "many"
+    write_chunks(folder, [300] * 12)
+    def ids(**kwargs):
+        return ids_of(pl.DataLoader(IdReader(batch_size=16), pl.IdentityDataset(), ListCollator(), str(folder),
+                                    shuffle=pl.Shuffle(block=512), num_epoch=2, **kwargs))
+    default = ids()
+    assert sorted(default) == sorted(list(range(3600)) * 2)
+    assert default == ids(num_workers=0)

@@ -21,9 +21,9 @@ from typing import Generator, Iterator, Mapping, Optional, Sequence, Tuple, Unio
 from .._abc import DataReader, read_result
 from .._columns import Columns, n_rows, slice_rows, take
 from .._rng import IN_FILE, USER_READ, derive_rng, drawing, stepped
+from .._sample_index import Extent
 from .._stats import BusySink, clocked, timed
 from .._storage.files import Served, prefetched
-from .._storage.sample_index import Extent
 from .filter import unbundle
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from .._columns import Traced, concat, slice_rows, take
 from .._execution.reading import FileTask
 from .._rng import TILE_COLUMNS, TILE_SPANS, derive_rng
-from .._storage.sample_index import table_of
+from .._sample_index import table_of
 from .shard import Sharding
 from .source import EpochEnd, SourceItem, known_counts
 

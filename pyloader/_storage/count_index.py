@@ -56,7 +56,7 @@ IndexKey = Dict[str, object]  # what an index is made for (``count_key``), as JS
 
 class Entry(TypedDict, total=False):
     """What an index holds for one file: its size, version and count, and for a line file where its
-    samples start (``runs``: ``_storage.sample_index``)."""
+    samples start (``runs``: ``_sample_index``)."""
 
     size: int
     version: str

@@ -16,9 +16,9 @@ from typing import IO, Callable, Dict, Iterable, Iterator, List, Optional, Seque
 from .._abc import DataReader
 from .._checks import is_integer
 from .._columns import Columns, n_rows
+from .._sample_index import Extent, LineTable
 from .._storage.compression import DecompressionError
 from .._storage.files import open_file
-from .._storage.sample_index import Extent, LineTable
 
 Row = Tuple
 

@@ -11,17 +11,17 @@ ranges are read through ``iter_file`` from the file's start. A table is kept for
 from __future__ import annotations
 
 import collections
-import posixpath
+import os
 import threading
-from typing import Iterator, Optional, OrderedDict, Tuple
+from typing import IO, Iterator, Optional, OrderedDict, Tuple
 
 import numpy as np
 
 from .._columns import Columns, n_rows, slice_rows
+from .._paths import is_url, local_path
+from .._sample_index import RUN, LineTable
 from .._storage.compression import codec_for
-from .._storage.count_index import stamps
 from .._storage.files import open_file
-from .._storage.sample_index import RUN, LineTable
 from ._base import _ASCII_SPACE, _bytes_tell_lines, is_blank
 
 KEPT = 256  # files whose tables a process keeps
@@ -35,13 +35,12 @@ def line_table(path: str, codec: str, skip_blank: bool) -> Optional[LineTable]:
     from the bytes (compressed, or an encoding that hides line ends)."""
     if codec_for(path) is not None or not _bytes_tell_lines(codec.replace("-sig", "")):
         return None
-    stamp = stamps([path], posixpath.dirname(path))[0]
-    key = (path, codec, skip_blank, repr(stamp))
-    with _lock:
-        if key in _tables:
-            _tables.move_to_end(key)
-            return _tables[key]
     with open_file(path, "rb", compression=None) as f:
+        key = (path, codec, skip_blank, _version(f, path))
+        with _lock:
+            if key in _tables:
+                _tables.move_to_end(key)
+                return _tables[key]
         data = f.read()
     table = _made(data, codec, skip_blank)
     with _lock:
@@ -49,6 +48,19 @@ def line_table(path: str, codec: str, skip_blank: bool) -> Optional[LineTable]:
         while len(_tables) > KEPT:
             _tables.popitem(last=False)
     return table
+
+
+_VERSIONS = ("size", "ETag", "etag", "mtime", "LastModified", "generation", "last_modified")
+
+
+def _version(f: IO[bytes], path: str) -> str:
+    """The file as it is now: a local file's size and modification time, a remote one's details."""
+    if is_url(path):
+        details = getattr(f, "details", None)
+        found = details if isinstance(details, dict) else {"size": getattr(f, "size", None)}
+        return repr(sorted((k, str(v)) for k, v in found.items() if k in _VERSIONS))
+    st = os.stat(local_path(path))
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def _made(data: bytes, codec: str, skip_blank: bool) -> LineTable:
