@@ -143,6 +143,36 @@ class DataReader(abc.ABC):
         """
         return sum(n_rows(dict(piece)) for piece in self.iter_file(path))
 
+    def read_range(self, path: str, start: int, stop: int) -> Tuple[Mapping[str, Column], int]:
+        """Samples ``start:stop`` of ``path`` (counted as ``iter_file`` gives them), as ``read_file`` returns a file.
+
+        Optional. The global order (``DataLoader(shuffle=Shuffle(...))``) reads files as ranges of a few
+        hundred samples; override this where your format can go straight to a sample (an offset index,
+        fixed-size records, row groups), and each range costs what it holds. Without it a range is read
+        through ``iter_file`` from the file's start (correct, but it costs the whole file up to the range).
+        The built-in readers go straight to a range through the sample index (``python -m pyloader index``).
+
+        Example:
+            ```python
+            import os
+            from pyloader import DataReader, open_file
+
+            class Records(DataReader):      # fixed-size records of 16 bytes
+                def read_file(self, path):
+                    return self.read_range(path, 0, self.count(path))
+
+                def count(self, path):
+                    return os.path.getsize(path) // 16
+
+                def read_range(self, path, start, stop):
+                    with open_file(path, "rb") as f:
+                        f.seek(16 * start)
+                        data = f.read(16 * (stop - start))
+                    return {"record": [data[i:i + 16] for i in range(0, len(data), 16)]}, stop - start
+            ```
+        """
+        raise NotImplementedError(f"{type(self).__name__} reads no range of a file")
+
     def checked(self, path: str, columns: Mapping[str, Column], n_sample: int | None = None) -> Columns:
         """Validate what ``read_file``/``iter_file`` returned; ``ValueError`` names the file and key."""
         return check_columns(columns, n_sample, f"file {path!r}")

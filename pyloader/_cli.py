@@ -425,11 +425,21 @@ def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     kept = ix.lookup(files, names, now, [found])
     counted = Counter(reader, files, Exclusive([reader]), None).count(kept.counts, first_failure_stops=False,
                                                                        progress=args.progress)
-    entries = {name: ix.entry(stamp, n) for name, stamp, n in zip(names, now, counted.counts) if n is not None}
+    entries = {name: ix.entry(stamp, n, _runs(reader, path, runs))
+               for path, name, stamp, n, runs in zip(files, names, now, counted.counts, kept.runs) if n is not None}
     ix.write_index(places.data_index, places.key, entries, keep_found=False)
     out(f"{places.data_index}: {len(entries)} files, {sum(e['count'] for e in entries.values())} samples "
         f"({len(files) - counted.counted} from the index there, {counted.counted} counted, in {counted.seconds:.2f} s)")
     return _report_index(kept.stale, sorted(set(found) - set(names)), counted.failures, out)
+
+
+def _runs(reader: object, path: str, kept: Optional[Dict[str, object]]) -> Optional[Dict[str, object]]:
+    """Where the samples of ``path`` start (the sample index, ``_sample_index``): kept from the index
+    there while the file is as it was, else found from its bytes, for the readers that can."""
+    if kept is not None:
+        return kept
+    sample_runs = getattr(reader, "sample_runs", None)
+    return None if sample_runs is None else sample_runs(path)
 
 
 def _stamps(files: List[str], folder: str) -> List[ix.Stamp]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from ._execution.filter import check_filter
-from ._groups import Bucket
+from ._groups import Bucket, Shuffle
 from ._stages.order import check_file_order, declares_drops_or_repeats
 from ._stages.sources import is_mix
 
@@ -25,6 +25,26 @@ def check_compose(a: Mapping[str, Any]) -> None:
     check_bucket(a["bucket"], bool(a["stream"]), a["datareader"].batch_size)
     check_rotation(a)
     check_cache_encoded_applies(a)
+    check_global_order(a)
+
+
+def check_global_order(a: Mapping[str, Any]) -> None:
+    """``shuffle=Shuffle(...)`` makes the whole order: the orders it replaces are refused beside it, and the
+    features that do not compose with it yet say so."""
+    if not isinstance(a["shuffle"], Shuffle):
+        return
+    if a["datareader"].shuffle:
+        raise ValueError("shuffle=Shuffle(...) makes the order of every sample: use DataReader(shuffle=False)")
+    if a["shuffle_buffer"]:
+        raise ValueError("shuffle=Shuffle(...) replaces the shuffle buffer: use shuffle_buffer=0 (Shuffle.block "
+                         "is its budget)")
+    clash = [name for name, on in (("stream", a["stream"]), ("bucket", a["bucket"] is not None),
+                                   ("rotation", a["rotation"] is not None), ("filter_fn", a["filter_fn"] is not None),
+                                   ("weighted sources", is_mix(a["data_dir"])),
+                                   ("cache_encoded", a["cache_encoded"] is not None)) if on]
+    if clash:
+        raise ValueError(f"shuffle=Shuffle(...) does not compose with {clash[0]} yet: use shuffle=True "
+                         f"(the file order, with shuffle_buffer for samples) for it")
 
 
 def check_bucket(bucket: Optional[Bucket], stream: bool, batch_size: int) -> None:

@@ -50,6 +50,7 @@ class Counted:
     counted: int = 0  # files whose count was asked of the reader
     indexed: int = 0  # files whose count came from an index
     stale: List[str] = field(default_factory=list)  # files an index held, changed since
+    runs: Dict[int, Dict[str, object]] = field(default_factory=dict)  # where samples start, from an index
 
 
 @dataclass
@@ -82,6 +83,7 @@ class IndexPlaces:
         result = ix.lookup(paths, names, now, data)
         again = ix.lookup(paths, paths, now, kept)  # stale is reported of the index next to the data only
         result.counts = [a if a is not None else b for a, b in zip(result.counts, again.counts)]
+        result.runs = [a if a is not None else b for a, b in zip(result.runs, again.runs)]
         return result
 
 
@@ -93,7 +95,7 @@ class Counter:
         self.reader = reader
         self.counting = counting or Counting()  # the loader's stats of counting
         self._lock = threading.Lock()  # len() and a run's start may count at once: the second waits, then reuses
-        self._done: Optional[List[Optional[int]]] = None  # every count, once all succeeded
+        self._done: Optional[Counted] = None  # every count, once all succeeded
         self.files = list(files)
         self.exclusive = exclusive
         self.places = places
@@ -103,10 +105,10 @@ class Counter:
         """The count of every file (``known[i]``, where not ``None``, is file ``i``'s without asking)."""
         with self._lock:
             if self._done is not None:
-                return Counted(list(self._done))
+                return Counted(list(self._done.counts), runs=self._done.runs)
             out = self._count_all(known, first_failure_stops, stop, progress)
             if None not in out.counts:  # not when a count failed, nor when stopped before every count began
-                self._done = list(out.counts)
+                self._done = Counted(list(out.counts), runs=out.runs)
             return out
 
     def _count_all(self, known: Optional[Sequence[Optional[int]]], first_failure_stops: bool,
@@ -135,8 +137,10 @@ class Counter:
         now = ix.stamps(paths, places.folder)
         found = {i: s for i, s in zip(need, now) if s is not None}
         result = places.lookup(paths, now, data, kept)
-        for i, n in zip(need, result.counts):
+        for i, n, runs in zip(need, result.counts, result.runs):
             out.counts[i] = n
+            if runs is not None:
+                out.runs[i] = runs
         out.indexed = sum(n is not None for n in result.counts)
         out.stale = result.stale
         if result.stale:

@@ -1,6 +1,6 @@
 """The option groups of ``DataLoader``: one small frozen dataclass per feature, given as one keyword.
 
-``Stream`` (``stream=``), ``Ranks`` (``ranks=``), ``Storage`` (``storage=``), ``Rotation``
+``Shuffle`` (``shuffle=``), ``Stream`` (``stream=``), ``Ranks`` (``ranks=``), ``Storage`` (``storage=``), ``Rotation``
 (``rotation=``), ``Bucket`` (``bucket=``) and ``OnError`` (``on_error=``). Each field is declared
 as the loader's options are (``Annotated[type, Option(doc, check=...)]``, ``_checks``): each
 group checks its own values when it is made (one ``ValueError`` or ``TypeError`` per bad value,
@@ -22,6 +22,7 @@ from ._errors import ErrorPolicy
 from ._stages.bucket import BucketBy
 from ._stages.shard import EVEN_BATCHES
 from ._stages.stream import PADDING_MODES
+from ._stages.tiles import DEFAULT_BLOCK
 from ._storage.bytes import DEFAULT_READAHEAD_BYTES
 
 
@@ -171,6 +172,31 @@ class Rotation(Group):
     def _check(self) -> None:
         if self.size is not None and self.size < self.times:
             raise ValueError(f"Rotation.size (the samples held) must be >= times ({self.times}), got {self.size!r}")
+
+
+@dataclass(frozen=True, repr=False)
+class Shuffle(Group):
+    """The global order (``shuffle=Shuffle()``): every sample of an epoch in one permutation, made
+    ``block`` samples at a time, the same for any number of ranks (``docs/guides/global-order.md``).
+
+    An epoch's files are cut into spans of ``block // (batch_size * world_size)`` samples, the spans
+    permuted, and each global batch takes one sample from each of ``batch_size * world_size`` spans:
+    batches mix samples from all over the data, files are read in ranges of a span, and a rank holds
+    ``block / world_size`` samples. It replaces the file shuffle, the reader's in-file shuffle and the
+    shuffle buffer; global batch ``k`` holds the same samples for every world size that divides
+    ``batch_size * world_size`` (keep that product fixed), and a state resumes under any of them.
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                            shuffle=Shuffle(block=65536))
+        ```
+    """
+
+    _: KW_ONLY
+    block: Annotated[int, Option(
+        "samples of one block (all ranks together): the spans read are block / global batch samples long",
+        check=positive)] = DEFAULT_BLOCK
 
 
 @dataclass(frozen=True, repr=False)

@@ -17,6 +17,7 @@ from ._stages.mix import MixSource
 from ._stages.shard import batches_of
 from ._stages.source import FileSource
 from ._stages.stream_plan import stream_steps
+from ._stages.tiles import TiledSource
 
 if TYPE_CHECKING:
     from ._counts import Counter
@@ -50,7 +51,7 @@ def count_files(counter: Counter, cache: Dict[str, object], skip_failed: bool,
         return counts
     counted = counter.count(known, first_failure_stops=not skip_failed, progress=progress)
     if not counted.failures:
-        cache.update(files=list(counter.files), counts=counted.counts)
+        cache.update(files=list(counter.files), counts=counted.counts, runs=counted.runs)
     elif not skip_failed:
         raise counted.failures[0][1]
     return counted.counts
@@ -74,7 +75,7 @@ def _stream_epoch_steps(source: FileSource, epoch: int, batch_size: int, drop_la
     return stream_steps([counts[i] for i in source.order(epoch)], batch_size, seq_len or 1)
 
 
-def epoch_steps(source: Union[FileSource, MixSource], epoch: int, batch_size: int, drop_last: bool,
+def epoch_steps(source: Union[FileSource, MixSource, TiledSource], epoch: int, batch_size: int, drop_last: bool,
                 seq_len: Optional[int], rotation: int = 1) -> int:
     """Every batch (step) of ``epoch`` on this rank as planned from the counts, those of the parts
     taken under other world sizes included (elastic resume): under ranks, the steps every rank gives."""

@@ -7,7 +7,7 @@ import json
 import threading
 import time
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from ._abc import DataReader
 from ._checks import is_integer
@@ -21,6 +21,7 @@ from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Exclusive
 from ._frameworks.progress import progress_bar
 from ._frameworks.torch import mover, pinner, unstack
+from ._groups import Shuffle
 from ._length import count_files, epoch_batches, epoch_steps
 from ._options import (
     GROUPS_IN_FLIGHT,
@@ -37,7 +38,7 @@ from ._options import (
     values_of,
 )
 from ._pipeline import batches, launch_workers
-from ._plan import Settings, elastic_of, source_of
+from ._plan import PlannedSource, Settings, elastic_of, source_of
 from ._stages.batch import Batch, Group, Stacked
 from ._stages.entries import Entries, known_counts, stream_data
 from ._stages.mix import MixSource, mix_fingerprint
@@ -46,6 +47,7 @@ from ._stages.shard import Sharding
 from ._stages.shard import resolve as resolve_sharding
 from ._stages.source import Elastic, FileSource
 from ._stages.sources import build_mix, is_mix, readers_of
+from ._stages.tiles import TiledSource
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
 from ._stats import profiled
 from ._storage.cache import DiskCache
@@ -344,7 +346,7 @@ class DataLoader(Options):
             raise TypeError(f"the loader's length is unknown: {exc}") from exc
         source = self._plan(start, counts)
         epochs = range(start.epoch, start.end)
-        if isinstance(source, MixSource):
+        if isinstance(source, (MixSource, TiledSource)):
             return sum(source.batches(e, self.datareader.batch_size, self.drop_last, times_of(self)) for e in epochs)
         # epochs differ in batches when the order changes the steps (stream mode) or the files read
         if self.stream or declares_drops_or_repeats(self.file_order):
@@ -382,7 +384,9 @@ class DataLoader(Options):
             self._files_digest = files_digest(self.files) if self._entries is None else self._entries.digest()
         sharding = self.sharding
         reader = self.datareader
-        return {"files": self._files_digest, "num_files": len(self.files), "batch_size": reader.batch_size,
+        # the global order's batches are global ones: its states resume under any world size of that global batch
+        batch_size = reader.batch_size * (sharding.world_size if isinstance(self.shuffle, Shuffle) else 1)
+        return {"files": self._files_digest, "num_files": len(self.files), "batch_size": batch_size,
                 "reader_shuffle": reader.shuffle, "reader_seed": reader.random_seed,
                 **fingerprint(self, rank=sharding.rank, world_size=sharding.world_size,
                               even_batches=sharding.even_batches),
@@ -413,7 +417,7 @@ class DataLoader(Options):
         self._next, self._record = start, None
 
     def _plan(self, start: Start, counts: List[Optional[int]],
-              elastic: Optional[Elastic] = None) -> Union[FileSource, MixSource]:
+              elastic: Optional[Elastic] = None) -> PlannedSource:
         """The plan of the epochs ``start`` begins, from the counts (as a run makes it)."""
         return source_of(self, self.files, start, counts, sharding=self.sharding, mix=self._mix, entries=self._entries,
                          elastic=elastic)

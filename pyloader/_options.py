@@ -86,6 +86,7 @@ from ._groups import (
     OnError,
     Ranks,
     Rotation,
+    Shuffle,
     Storage,
     Stream,
     as_on_error,
@@ -127,6 +128,20 @@ def _stream(name: str, value: object) -> None:
 def _on_error(name: str, value: object) -> None:
     if not isinstance(value, OnError):
         check_policy(name, value)  # a policy alone
+
+
+def _shuffle(name: str, value: object) -> None:
+    if not isinstance(value, (bool, int, Shuffle)):
+        raise TypeError(f"{name} must be True, False or a pyloader.Shuffle, got {value!r}")
+
+
+def _as_shuffle(value: object) -> Union[bool, Shuffle]:
+    return value if isinstance(value, Shuffle) else bool(value)
+
+
+def _shuffle_record(value: object) -> object:
+    """``shuffle`` as states record it: a bool, or the global order's block (which older states cannot hold)."""
+    return {"block": value.block} if isinstance(value, Shuffle) else bool(value)
 
 
 def _stream_record(value: object) -> Recorded:
@@ -171,7 +186,9 @@ class Options:
         "or a list of Sources mixed by weight")]
     num_epoch: Annotated[int, Option("epochs per iteration", check=positive)] = 1
     max_queue_size: Annotated[int, Option("collated batches kept ready for the consumer", check=positive)] = 10
-    shuffle: Annotated[bool, Option("shuffle the file order, anew each epoch", resume=True)] = False
+    shuffle: Annotated[Union[bool, Shuffle], Option(
+        "True: shuffle the file order, anew each epoch; a Shuffle: the global order, one permutation of "
+        "every sample made a block at a time", check=_shuffle, resume=_shuffle_record, convert=_as_shuffle)] = False
     random_seed: Annotated[int, Option("seeds the file order and the shuffle buffer", resume=True, convert=int)] = 42
     _: KW_ONLY
     shuffle_buffer: Annotated[int, Option(

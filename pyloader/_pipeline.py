@@ -31,6 +31,7 @@ from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Lane, LocalSteps, MeasuredRunner, PoolRunner, Run, Runner, ThreadRunner
 from ._execution.steps import Step
 from ._frameworks.torch import attach_meta
+from ._groups import Shuffle
 from ._options import resolved, stream_of
 from ._plan import FirstEpoch, Mode, RunBlocking, RunPlan, Settings, plan_run, split_steps, stream_fallback
 from ._stages.batch import Batcher, Group, RankSteps, RowBatcher, Stacked, drop_replayed
@@ -194,7 +195,8 @@ def _reader_stage(s: Settings, runner: Runner, ramp: Ramp) -> ReadFiles:
     o = s.options
     if o.stream:
         return ReadFiles(runner, True, max(o.prefetch_files, s.batch_size), s.errors, s.stats, ramp=ramp)
-    buffered = o.shuffle_buffer > 0 or o.bucket is not None or s.mix is not None  # rows meet here
+    # rows meet here
+    buffered = o.shuffle_buffer > 0 or o.bucket is not None or s.mix is not None or isinstance(o.shuffle, Shuffle)
     return ReadFiles(runner, buffered, o.prefetch_files, s.errors, s.stats, start_ahead=_start_ahead(s), ramp=ramp)
 
 
@@ -228,7 +230,7 @@ def _rotation(c: Chain) -> Rotation:
     assert o.rotation is not None, "a rotated run has rotation"
     held = InMemory() if o.rotation.folder is None else OnDisk(str(o.rotation.folder))
     return Rotation(o.rotation.times, resolved(o.rotation.size), s.batch_size, o.drop_last, o.random_seed,
-                    by_epoch=o.shuffle or o.file_order is not None, held=held, errors=s.errors, stats=s.stats,
+                    by_epoch=bool(o.shuffle) or o.file_order is not None, held=held, errors=s.errors, stats=s.stats,
                     run_blocking=c.run_blocking, steps=c.plan.steps)
 
 

@@ -22,7 +22,7 @@ from ._execution.measured import Measured
 from ._execution.pool import WorkerPool
 from ._execution.runners import Exclusive
 from ._execution.steps import Step
-from ._groups import Stream
+from ._groups import Shuffle, Stream
 from ._length import epoch_steps
 from ._options import Options, resolved, seq_len_of, stream_of, times_of
 from ._stages.batch import FROM_START, Bucketing, Buffers, Cut, ResumeRows, reads_from
@@ -33,12 +33,14 @@ from ._stages.shard import Sharding
 from ._stages.source import Elastic, FileSource, FileTask
 from ._stages.sources import Mix
 from ._stages.stream_resume import StreamStart, stream_start
+from ._stages.tiles import TiledSource
 from ._state import Start
 from ._storage.cache import DiskCache
 from ._storage.epoch_cache import EpochStore
 from .collators._base import ArrayCollator
 
 T = TypeVar("T")
+PlannedSource = Union[FileSource, MixSource, TiledSource]  # stage 1: the files, weighted sources, the global order
 
 
 class RunBlocking(Protocol):
@@ -156,7 +158,7 @@ async def count_samples(s: Settings, run_blocking: RunBlocking) -> List[Optional
         for i, exc in counted.failures:
             s.errors("count", [s.files[i]], exc)
             s.stats.skipped_files += 1
-        s.count_cache.update(files=list(s.files), counts=counted.counts)
+        s.count_cache.update(files=list(s.files), counts=counted.counts, runs=counted.runs)
     counts: List[Optional[int]] = s.count_cache["counts"]  # type: ignore[assignment]
     return counts
 
@@ -195,7 +197,7 @@ class RunPlan:
 
     mode: Mode
     start: Start
-    source: Union[FileSource, MixSource]
+    source: PlannedSource
     steps: Optional[Callable[[int], int]]  # under ranks: the batches every rank gives in an epoch
     # stacked groups only where a batch needs nothing on its own before the hand-over (no ranks' padding flags,
     # rotation or cache of encoded batches), and not while ``"auto"`` places each file by measurement
@@ -215,6 +217,8 @@ def resumes_past_files(s: Settings, start: Start) -> bool:
     the position (mixing, samples filtered or errors skipped), nor with rotation (its batches are not
     the files' in order): those replay it."""
     o = s.options
+    if isinstance(o.shuffle, Shuffle):  # the global order starts at the tile of any position
+        return start.skip > 0
     return (start.skip > start.base and o.filter_fn is None and s.errors.policy is reraise and s.mix is None
             and o.rotation is None)
 
@@ -239,8 +243,9 @@ async def plan_run(s: Settings, start: Start, run_blocking: RunBlocking) -> RunP
 
 def _needs_counts(s: Settings, start: Start, past_files: bool) -> bool:
     """Whether the plan needs the samples of every file: ranks, a position placed past files, an epoch
-    begun under other world sizes, or weighted sources."""
-    return s.sharding.active or past_files or bool(start.splits) or s.mix is not None
+    begun under other world sizes, weighted sources, or the global order."""
+    return (s.sharding.active or past_files or bool(start.splits) or s.mix is not None
+            or isinstance(s.options.shuffle, Shuffle))
 
 
 def _mode(s: Settings) -> Mode:
@@ -249,17 +254,19 @@ def _mode(s: Settings) -> Mode:
     return Mode.ROTATED if s.options.rotation is not None else Mode.FILES
 
 
-def _buffers(s: Settings, source: Union[FileSource, MixSource]) -> Buffers:
+def _buffers(s: Settings, source: PlannedSource) -> Buffers:
     """The buffers rows meet in before they are cut: the weighted sources' mix, the shuffle buffer, bucketing."""
     o = s.options
     bucket = None if o.bucket is None else Bucketing(Lengths(o.bucket.by), resolved(o.bucket.buffer))
-    return Buffers(o.shuffle_buffer, o.random_seed, bucket, source.buffer if isinstance(source, MixSource) else None)
+    return Buffers(o.shuffle_buffer, o.random_seed, bucket,
+                   source.buffer if isinstance(source, (MixSource, TiledSource)) else None)
 
 
-def make_source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Union[FileSource, MixSource]:
+def make_source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> PlannedSource:
     """The plan of files of every epoch of the run (``FileSource``, or ``MixSource`` for sources)."""
     return source_of(s.options, s.files, start, counts, sharding=s.sharding, mix=s.mix, entries=s.entries,
-                     elastic=elastic_of(start, s.batch_size, seq_len_of(s.options)), counted=s.stats.sources)
+                     elastic=elastic_of(start, s.batch_size, seq_len_of(s.options)), counted=s.stats.sources,
+                     runs=s.count_cache.get("runs"))  # type: ignore[arg-type]
 
 
 def elastic_of(start: Start, batch_size: int, seq_len: Optional[int]) -> Optional[Elastic]:
@@ -269,17 +276,22 @@ def elastic_of(start: Start, batch_size: int, seq_len: Optional[int]) -> Optiona
 
 def source_of(o: Options, files: List[str], start: Start, counts: Optional[List[Optional[int]]], *,
               sharding: Sharding, mix: Optional[Mix], entries: Optional[Entries], elastic: Optional[Elastic] = None,
-              counted: Optional[List[Dict[str, object]]] = None) -> Union[FileSource, MixSource]:
+              counted: Optional[List[Dict[str, object]]] = None,
+              runs: Optional[Dict[int, Dict[str, object]]] = None) -> PlannedSource:
     """The plan of the epochs ``start`` begins, for a run (``make_source``) or for the loader's own
     questions before one (its length, a position's check)."""
+    if isinstance(o.shuffle, Shuffle):
+        return TiledSource(files, counts or [], batch_size=o.datareader.batch_size, block=o.shuffle.block,
+                           seed=o.random_seed, num_epoch=start.end, drop_last=o.drop_last, sharding=sharding,
+                           resume=(start.epoch, start.skip), runs=runs or {})
     if mix is not None:
         return MixSource(mix, counts or [], o.stop, o.shuffle, o.random_seed, num_epoch=start.end,
                          sharding=sharding, counted=counted)
-    return FileSource(files, start.end, o.shuffle, o.random_seed, sharding=sharding, counts=counts,
+    return FileSource(files, start.end, bool(o.shuffle), o.random_seed, sharding=sharding, counts=counts,
                       whole_files=bool(o.stream), file_order=o.file_order, bounds=bounds_of(entries), elastic=elastic)
 
 
-def _planned_steps(s: Settings, source: Union[FileSource, MixSource]) -> Optional[Callable[[int], int]]:
+def _planned_steps(s: Settings, source: PlannedSource) -> Optional[Callable[[int], int]]:
     """Under ranks, the steps every rank gives in an epoch (planned from the counts)."""
     if not s.sharding.active:
         return None
@@ -294,16 +306,18 @@ def stream_fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
     o = s.options
 
     def fallback(epoch: int) -> List[FileTask]:
-        return list(FileSource(s.files, o.num_epoch, o.shuffle, o.random_seed,
+        return list(FileSource(s.files, o.num_epoch, bool(o.shuffle), o.random_seed,
                                file_order=o.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
     return fallback
 
 
-def _resumed(s: Settings, start: Start, source: Union[FileSource, MixSource], steps: Optional[Callable[[int], int]],
+def _resumed(s: Settings, start: Start, source: PlannedSource, steps: Optional[Callable[[int], int]],
              buffers: Buffers, past_files: bool) -> FirstEpoch:
     """Where each stage begins the first epoch when it resumes past files (``resumes_past_files``) or
-    elastically: stream mode, where the rows are (``_stages.stream_resume``); else the rows the source
-    skips, and where the buffers rebuild their state from."""
+    elastically: stream mode, where the rows are (``_stages.stream_resume``); the global order, at the tile of
+    the position (``TiledSource``); else the rows the source skips, and where the buffers rebuild their state from."""
+    if isinstance(source, TiledSource):
+        return FirstEpoch(batcher=ResumeRows(start.epoch, start.skip), past_files=True)
     stream = stream_of(s.options)
     if stream is not None:
         assert isinstance(source, FileSource), "stream mode reads no weighted sources"

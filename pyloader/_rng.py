@@ -31,6 +31,8 @@ def derive_rng(seed: int, *keys: int) -> np.random.Generator:
 USER_READ = 9  # ``pyloader.rng()`` inside ``read_file``/``iter_file``: keyed by the epoch, the file and the piece
 USER_BATCH = 10  # ``pyloader.rng()`` inside ``batch_encode``/``collate_batch``: by the rank, epoch, batch and step
 USER_COUNT = 11  # ``pyloader.rng()`` inside ``DataReader.count`` (which may read through ``iter_file``)
+TILE_SPANS = 13  # the global order: the spans of every file, permuted per epoch (``_stages.tiles``)
+TILE_COLUMNS = 14  # the global order: each tile's columns and rows (``_stages.tiles``)
 _TORCH_SEED = 12  # ``pyloader.rng_seed()``: an integer from the same keys, apart from the generator's draws
 
 

@@ -240,8 +240,8 @@ def _elastic(start: Start, theirs: Mapping[str, object], ours: Mapping[str, obje
         raise ValueError(f"the state's rank must be an integer >= 0 and below its world_size {saved_world}, "
                          f"got {shown(saved_rank)}")
     taken = start.skip - start.base
-    if saved_world == ours["world_size"] or not taken:
-        return start
+    if saved_world == ours["world_size"] or not taken or isinstance(ours.get("shuffle"), dict):
+        return start  # the global order's batch k is the same global batch under any world size
     if start.cached is not None:
         raise ValueError(f"the state was saved mid-epoch under world_size={saved_world}, not {ours['world_size']}, "
                          f"in an epoch read from the cache of encoded batches (cache_encoded), which holds "

@@ -21,6 +21,7 @@ from typing import Generator, Iterator, Mapping, Optional, Sequence, Tuple, Unio
 from .._abc import DataReader, read_result
 from .._columns import Columns, n_rows, slice_rows, take
 from .._rng import IN_FILE, USER_READ, derive_rng, drawing, stepped
+from .._sample_index import Extent
 from .._stats import BusySink, clocked, timed
 from .._storage.files import Served, prefetched
 from .filter import unbundle
@@ -44,6 +45,8 @@ class FileTask:
     pad: bool = False
     count: Optional[int] = None
     seed: int = 0  # the loader's ``random_seed``: what ``pyloader.rng()`` draws from in the reader
+    ranged: bool = False  # rows ``start:end`` read alone where the reader can (the global order, ``_stages.tiles``)
+    extent: Optional[Extent] = None  # where a line reader's range lies in the file, from the sample index
 
 
 class Readers(DataReader):
@@ -95,6 +98,9 @@ def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Ser
     The reader's own time goes to ``busy`` as ``read_file``.
     """
     with prefetched(task.path, data):
+        if task.ranged:
+            yield from _ranged(reader, task, busy)
+            return
         if task.start == 0 and task.end is None:
             yield from _pieces(reader, task, busy)
             return
@@ -179,14 +185,38 @@ def _none_dropped(pieces: Iterator[Columns]) -> Iterator[Tuple[Columns, int]]:
             yield piece, 0
 
 
-def _pieces(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
-    if reader.shuffle:
-        with timed(busy, "read_file"), drawing(task.seed, USER_READ, task.epoch, task.index, 0):
-            columns, n = read_result(task.path, reader.read_file(task.path))
-        columns = reader.checked(task.path, columns, n)
-        perm = derive_rng(reader.random_seed, IN_FILE, task.epoch, task.index).permutation(n)
-        yield take(columns, perm)
+def _ranged(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
+    """Rows ``start:end`` of a file, in file order (the global order makes the order; ``_stages.tiles``):
+    straight from the reader's ``read_range`` where it has one, else read up to them through ``iter_file``."""
+    assert task.end is not None, "a range names where it ends"
+    if type(reader).read_range is DataReader.read_range:
+        yield from _share(_in_order(reader, task, busy), task, task.end)
         return
+    extent, read_extent = task.extent, getattr(reader, "read_extent", None)
+    with timed(busy, "read_file"), drawing(task.seed, USER_READ, task.epoch, task.index, task.start):
+        if extent is not None and read_extent is not None:
+            columns, n = read_extent(task.path, extent, task.end - task.start)
+        else:
+            columns, n = read_result(task.path, reader.read_range(task.path, task.start, task.end))
+    if n != task.end - task.start:
+        raise ValueError(f"file {task.path!r}: read_range({task.start}, {task.end}) gave {n} samples, "
+                         f"not {task.end - task.start}")
+    yield reader.checked(task.path, columns, n)
+
+
+def _pieces(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
+    if not reader.shuffle:
+        yield from _in_order(reader, task, busy)
+        return
+    with timed(busy, "read_file"), drawing(task.seed, USER_READ, task.epoch, task.index, 0):
+        columns, n = read_result(task.path, reader.read_file(task.path))
+    columns = reader.checked(task.path, columns, n)
+    perm = derive_rng(reader.random_seed, IN_FILE, task.epoch, task.index).permutation(n)
+    yield take(columns, perm)
+
+
+def _in_order(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
+    """The file's pieces as ``iter_file`` gives them."""
     user = stepped(lambda: reader.iter_file(task.path), task.seed, USER_READ, task.epoch, task.index)
     for piece in clocked(user, busy, "read_file"):
         yield reader.checked(task.path, piece)

@@ -280,7 +280,7 @@ class ThreadRunner:
     async def pieces(self, task: FileTask, fetch: bool,
                      demand: asyncio.Event) -> AsyncGenerator[Tuple[int, Columns, None, int], None]:
         """The file's pieces, its bytes read ahead (``demand``: the consumer waits for this file)."""
-        served = await self.readahead.fetch(task.path, demand)
+        served = None if task.ranged else await self.readahead.fetch(task.path, demand)  # a range reads its own bytes
         gen = _Stepped(pieces_with_end(self.reader, task, served, self.busy))
         last = False
         try:
@@ -365,7 +365,7 @@ class PoolRunner:
         the read-ahead budget: from its cache entry, written here, else read by the worker itself);
         ``fewer``: in any worker but the last."""
         self.pool.check(f"reading {task.path!r}")
-        served = await self.readahead.fetch(task.path, demand, streams=False)
+        served = None if task.ranged else await self.readahead.fetch(task.path, demand, streams=False)
         worker = self._reader_for_next_file(fewer)
         gid = self.pool.new_id()
         self.pool.post(worker, ("open", gid, task, _sendable(served)))

@@ -61,7 +61,7 @@ class _Options(Protocol):
     def random_seed(self) -> int: ...
 
     @property
-    def shuffle(self) -> bool: ...
+    def shuffle(self) -> object: ...
 
     @property
     def shuffle_buffer(self) -> int: ...
@@ -100,7 +100,7 @@ FromFiles = Callable[[range, Run, bool], AsyncGenerator[Group, None]]
 def reorders(s: "Settings") -> bool:
     """Whether a read epoch's batches change places: when the batches of an epoch are shuffled anyway."""
     o = s.options
-    return o.shuffle or o.shuffle_buffer > 0 or o.bucket is not None or o.datareader.shuffle
+    return bool(o.shuffle) or o.shuffle_buffer > 0 or o.bucket is not None or o.datareader.shuffle
 
 
 def batch_order(entries: Sequence[BatchEntry], batch_size: int, rng: Optional[np.random.Generator]) -> List[int]:

@@ -54,12 +54,14 @@ Stamp = Tuple[int, str]  # (size in bytes, version)
 IndexKey = Dict[str, object]  # what an index is made for (``count_key``), as JSON
 
 
-class Entry(TypedDict):
-    """What an index holds for one file."""
+class Entry(TypedDict, total=False):
+    """What an index holds for one file: its size, version and count, and for a line file where its
+    samples start (``runs``: ``_sample_index``)."""
 
     size: int
     version: str
     count: int
+    runs: Dict[str, object]
 
 
 Entries = Dict[str, Entry]  # by the file's name
@@ -258,8 +260,11 @@ def write_index(path: str, key: IndexKey, entries: Entries, keep_found: bool = T
         _write_local(path, data)
 
 
-def entry(stamp: Stamp, count: int) -> Entry:
-    return {"size": stamp[0], "version": stamp[1], "count": count}
+def entry(stamp: Stamp, count: int, runs: Optional[Dict[str, object]] = None) -> Entry:
+    out: Entry = {"size": stamp[0], "version": stamp[1], "count": count}
+    if runs is not None:
+        out["runs"] = runs
+    return out
 
 
 @dataclass
@@ -268,22 +273,23 @@ class Lookup:
 
     counts: List[Optional[int]]
     stale: List[str] = field(default_factory=list)  # in an index, but changed since
+    runs: List[Optional[Dict[str, object]]] = field(default_factory=list)  # where samples start, where held
 
 
 def lookup(files: Sequence[str], names: Sequence[str], stamps_now: Sequence[Optional[Stamp]],
            indexes: Sequence[Entries]) -> Lookup:
     """The count of each file from the first index whose entry of its name still matches it."""
-    counts: List[Optional[int]] = []
-    stale = []
+    out = Lookup([])
     for path, name, stamp in zip(files, names, stamps_now):
         entries = [found[name] for found in indexes if name in found]
-        count = _matching_count(entries, stamp)
-        counts.append(count)
-        if count is None and entries and stamp is not None:
-            stale.append(path)
-    return Lookup(counts, stale)
+        match = _matching(entries, stamp)
+        out.counts.append(None if match is None else match["count"])
+        out.runs.append(None if match is None else match.get("runs"))
+        if match is None and entries and stamp is not None:
+            out.stale.append(path)
+    return out
 
 
-def _matching_count(entries: List[Entry], stamp: Optional[Stamp]) -> Optional[int]:
-    """The count of the first entry made for the file as it is now (its ``stamp``), if one was."""
-    return next((e["count"] for e in entries if (e["size"], e["version"]) == stamp), None)
+def _matching(entries: List[Entry], stamp: Optional[Stamp]) -> Optional[Entry]:
+    """The first entry made for the file as it is now (its ``stamp``), if one was."""
+    return next((e for e in entries if (e["size"], e["version"]) == stamp), None)

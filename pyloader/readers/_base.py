@@ -15,7 +15,8 @@ from typing import IO, Callable, Dict, Iterable, Iterator, List, Optional, Seque
 
 from .._abc import DataReader
 from .._checks import is_integer
-from .._columns import Columns
+from .._columns import Columns, n_rows
+from .._sample_index import Extent, LineTable
 from .._storage.compression import DecompressionError
 from .._storage.files import open_file
 
@@ -59,7 +60,8 @@ def check_encoding(encoding: str) -> str:
 BLOCK_BYTES = 1 << 20  # raw bytes decoded at a time (more when a line is longer)
 
 
-def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1) -> Iterator[Tuple[int, str]]:
+def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1,
+                     source: Optional[IO[bytes]] = None) -> Iterator[Tuple[int, str]]:
     """Yield ``(lines_before, text)``: the text of ``path`` a block of about ``blocks_of`` times
     ``BLOCK_BYTES`` at a time, each block whole lines that end in ``"\\n"`` (the file's last line may lack it);
     ``lines_before`` is the number of lines before the block (1-based: its first line is
@@ -70,11 +72,12 @@ def iter_text_blocks(path: str, encoding: str = "utf-8", blocks_of: int = 1) -> 
     and the line, raised after the text of every line before it was yielded. A block that
     fails to decode is decoded again a line at a time, as the readers always decoded, so
     the message is the one they always gave (the codec's error for that line alone).
+    ``source``: the bytes to read instead of the file's (a range of it, ``_ranges``).
     """
     decoder = codecs.getincrementaldecoder(encoding)()
     shown = encoding.removesuffix("-sig")
     number, pending = 0, ""
-    with open_file(path, "rb") as f:
+    with open_file(path, "rb") if source is None else source as f:
         try:
             for raw in _raw_blocks(f, blocks_of * BLOCK_BYTES):
                 text, error = _decoded(decoder, raw)
@@ -306,6 +309,17 @@ class _Recut:
             yield self.buf
 
 
+def _joined(pieces: List[Columns]) -> Tuple[Dict[str, Sequence], int]:
+    """Pieces of one file as one ``read_file`` result."""
+    if not pieces:
+        return {}, 0
+    columns: Dict[str, list] = {field: [] for field in pieces[0]}
+    for piece in pieces:
+        for field, col in piece.items():
+            columns[field].extend(col)
+    return cast(Dict[str, Sequence], columns), sum(n_rows(p) for p in pieces)
+
+
 class LineReader(DataReader):
     """A reader whose file is a sequence of text rows; subclasses implement ``chunks``.
 
@@ -319,9 +333,10 @@ class LineReader(DataReader):
         self.piece_size = check_piece_size(piece_size)
 
     @abc.abstractmethod
-    def chunks(self, path: str) -> Tuple[List[str], Iterator[Columns]]:
+    def chunks(self, path: str, source: Optional[IO[bytes]] = None) -> Tuple[List[str], Iterator[Columns]]:
         """``(fields, chunks)``: the column names and a lazy iterator of dicts of lists keyed by
-        them, each of any number of rows, that the chunks of a file own (not shared)."""
+        them, each of any number of rows, that the chunks of a file own (not shared); ``source``:
+        bytes to parse in place of the file's (``iter_text_blocks``)."""
 
     def read_file(self, path: str) -> Tuple[Dict[str, Sequence], int]:
         fields, chunks = self.chunks(path)
@@ -339,3 +354,39 @@ class LineReader(DataReader):
         fields, chunks = self.chunks(path)
         for piece in recut(fields, chunks, self.piece_size):
             yield self.checked(path, piece)
+
+    def lines(self) -> Optional[Tuple[str, bool]]:
+        """The codec of the file's bytes and whether blank lines are skipped, where a sample is one line
+        (``read_range`` then finds ranges from the bytes); ``None`` where a sample may span lines."""
+        return None
+
+    def read_range(self, path: str, start: int, stop: int) -> Tuple[Dict[str, Sequence], int]:
+        """Samples ``start:stop``: read alone where a sample is a line of an uncompressed file (``_ranges``),
+        else through ``iter_file`` from the file's start."""
+        from . import _ranges  # it stands on this module
+
+        table = self._table(path)
+        if table is None:
+            return _joined(list(_ranges.rows_of(self.iter_file(path), start, stop - start)))
+        return self.read_extent(path, table.extent(start, stop), stop - start)
+
+    def read_extent(self, path: str, extent: Extent, n: int) -> Tuple[Dict[str, Sequence], int]:
+        """The ``n`` samples that start ``skip`` samples into bytes ``lo:hi`` of ``path`` (``extent``)."""
+        from . import _ranges
+
+        lo, hi, skip = extent
+        fields, chunks = self.chunks(path, io.BytesIO(_ranges.range_bytes(path, lo, hi)))
+        pieces = (self.checked(path, chunk) for chunk in recut(fields, chunks, self.piece_size))
+        return _joined(list(_ranges.rows_of(pieces, skip, n)))
+
+    def sample_runs(self, path: str) -> Optional[Dict[str, object]]:
+        """Where every ``RUN``-th sample of ``path`` starts, for the index (``python -m pyloader index``);
+        ``None`` where ranges cannot be found from the bytes."""
+        table = self._table(path)
+        return None if table is None else table.as_json()
+
+    def _table(self, path: str) -> Optional[LineTable]:
+        from . import _ranges
+
+        lines = self.lines()
+        return None if lines is None else _ranges.line_table(path, *lines)

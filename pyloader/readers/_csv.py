@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import csv
 import itertools
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -62,8 +62,8 @@ class CSVReader(LineReader):
         self.delimiter = delimiter
         self.converters = _checked_converters(converters, self.fields)
 
-    def chunks(self, path: str) -> Tuple[List[str], Iterator[Columns]]:
-        lines = _Lines(iter_text_blocks(path, "utf-8-sig"))
+    def chunks(self, path: str, source: Optional[IO[bytes]] = None) -> Tuple[List[str], Iterator[Columns]]:
+        lines = _Lines(iter_text_blocks(path, "utf-8-sig", source=source))
         reader = csv.reader(lines, delimiter=self.delimiter, strict=True)
         names = next(self._records(path, reader, lines, 0), None) if self.header else self.fields
         if names is None:  # an empty file

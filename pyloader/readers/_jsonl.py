@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 from operator import itemgetter
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .._columns import Columns
 from ._base import (
@@ -55,8 +55,8 @@ class JsonLinesReader(LineReader):
         super().__init__(batch_size, shuffle, random_seed, piece_size)
         self.fields = check_fields(fields)
 
-    def chunks(self, path: str) -> Tuple[List[str], Iterator[Columns]]:
-        blocks = iter_text_blocks(path, "utf-8-sig")
+    def chunks(self, path: str, source: Optional[IO[bytes]] = None) -> Tuple[List[str], Iterator[Columns]]:
+        blocks = iter_text_blocks(path, "utf-8-sig", source=source)
         if self.fields is not None:
             return self.fields, self._chunks(path, blocks, self.fields, False)
         for number, text in blocks:  # the first object names the columns
@@ -74,6 +74,9 @@ class JsonLinesReader(LineReader):
             return list(objects[0])
         found = next(self._objects(path, numbered_lines(number, text)), None)
         return None if found is None else list(found[1])
+
+    def lines(self) -> Optional[Tuple[str, bool]]:
+        return "utf-8-sig", True
 
     def count(self, path: str) -> int:
         """The samples of ``path``: its non-blank lines, counted without parsing (ranks need it).

@@ -1,7 +1,7 @@
 """Plain text: one sample per line."""
 from __future__ import annotations
 
-from typing import Iterator, List, Tuple
+from typing import IO, Iterator, List, Optional, Tuple
 
 from .._columns import Columns
 from ._base import LineReader, check_encoding, count_lines, iter_text_blocks
@@ -39,8 +39,12 @@ class TextLinesReader(LineReader):
         self.skip_blank = bool(skip_blank)
         self.encoding = check_encoding(encoding)
 
-    def chunks(self, path: str) -> Tuple[List[str], Iterator[Columns]]:
-        return [self.field], ({self.field: self._lines(text)} for _, text in iter_text_blocks(path, self.encoding))
+    def chunks(self, path: str, source: Optional[IO[bytes]] = None) -> Tuple[List[str], Iterator[Columns]]:
+        blocks = iter_text_blocks(path, self.encoding, source=source)
+        return [self.field], ({self.field: self._lines(text)} for _, text in blocks)
+
+    def lines(self) -> Optional[Tuple[str, bool]]:
+        return self.encoding, self.skip_blank
 
     def count(self, path: str) -> int:
         """The samples of ``path`` from its newlines, without decoding (ranks need it)."""

@@ -1,0 +1,143 @@
+"""Shuffle quality of the global order (``shuffle=Shuffle(block=...)``) against the other ways to shuffle.
+
+Data sorted the worst way: 100 files of 1,000 samples, one class per file. Batch 256, two epochs. For each
+order, over every batch of both epochs:
+
+- ``balance``: the mean total-variation distance between a batch's class histogram and the global one,
+  normalised so that 0 is a uniform random permutation (measured on 20 of them) and 1 is no shuffle;
+- ``spearman``: the mean |Spearman correlation| between a sample's place in the data and in the epoch;
+- ``held``: the samples the shuffle holds in memory (all ranks together);
+- ``same 1v2`` / ``same 1v4``: the share of global batches holding the same samples under 1 and 2 (or 4) ranks.
+
+Peers (Mosaic streaming, Grain) are measured when installed (``pip install mosaicml-streaming grain``), each
+on the same data; missing ones are listed. Usage: ``python benchmarks/bench_order.py`` (under a minute).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from typing import Callable, Dict, List
+
+import numpy as np
+
+import pyloader as pl
+from pyloader.readers import JsonLinesReader
+
+FILES, PER_FILE, BATCH, EPOCHS = 100, 1000, 256, 2
+N = FILES * PER_FILE
+
+
+def write_data(folder: str) -> None:
+    for f in range(FILES):
+        with open(os.path.join(folder, f"class-{f:03d}.jsonl"), "w") as out:
+            out.writelines(json.dumps({"id": f * PER_FILE + i}) + "\n" for i in range(PER_FILE))
+
+
+class Ids(pl.DataCollator):
+    def collate_batch(self, features):
+        return {"id": np.asarray(features["id"])}
+
+
+def pyloader_epochs(folder: str, world_size: int = 1, **options) -> List[List[np.ndarray]]:
+    """Every global batch of each epoch (the ranks' slices joined), padding left out."""
+    per_rank = []
+    for rank in range(world_size):
+        loader = pl.DataLoader(JsonLinesReader(batch_size=BATCH // world_size), pl.IdentityDataset(), Ids(), folder,
+                               num_epoch=EPOCHS, num_workers=0, ranks=pl.Ranks(rank=rank, world_size=world_size),
+                               **options)
+        epochs: List[List[np.ndarray]] = [[] for _ in range(EPOCHS)]
+        for batch in loader:
+            ids = batch["id"] if "__padding__" not in batch else batch["id"][~np.asarray(batch["__padding__"])]
+            epochs[loader.epoch].append(ids)
+        per_rank.append(epochs)
+    return [[np.concatenate([per_rank[r][e][k] for r in range(world_size)]) for k in range(len(per_rank[0][e]))]
+            for e in range(EPOCHS)]
+
+
+def tv(batch: np.ndarray) -> float:
+    hist = np.bincount(batch // PER_FILE, minlength=FILES) / len(batch)
+    return 0.5 * float(np.abs(hist - 1 / FILES).sum())
+
+
+def balance(epochs: List[List[np.ndarray]]) -> float:
+    return float(np.mean([tv(b) for e in epochs for b in e]))
+
+
+def spearman(epochs: List[List[np.ndarray]]) -> float:
+    out = []
+    for e in epochs:
+        order = np.concatenate(e)
+        ranks = np.empty(len(order))
+        ranks[np.argsort(order)] = np.arange(len(order))
+        out.append(abs(np.corrcoef(ranks, np.arange(len(order)))[0, 1]))
+    return float(np.mean(out))
+
+
+def same(a: List[List[np.ndarray]], b: List[List[np.ndarray]]) -> float:
+    pairs = [(x, y) for ea, eb in zip(a, b) for x, y in zip(ea, eb)]
+    return float(np.mean([set(x.tolist()) == set(y.tolist()) for x, y in pairs])) if pairs else 0.0
+
+
+def ideal_epochs(seed: int) -> List[List[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [np.array_split(p, range(BATCH, N, BATCH)) for p in (rng.permutation(N) for _ in range(EPOCHS))]
+
+
+def peers(folder: str) -> Dict[str, Callable[[], List[List[np.ndarray]]]]:
+    """Orders of other loaders, where installed (none of them is a dependency of pyloader)."""
+    found: Dict[str, Callable[[], List[List[np.ndarray]]]] = {}
+    try:
+        import grain.python as grain  # noqa: F401
+    except ImportError:
+        print("grain not installed: left out")
+    else:
+        def grain_epochs() -> List[List[np.ndarray]]:
+            out = []
+            for e in range(EPOCHS):
+                sampler = grain.IndexSampler(N, shuffle=True, seed=e, shard_options=grain.NoSharding(), num_epochs=1)
+                ids = np.fromiter((r.record_key for r in sampler), dtype=np.int64)
+                out.append(np.array_split(ids, range(BATCH, N, BATCH)))
+            return out
+        found["Grain, global index shuffle"] = grain_epochs
+    try:
+        import streaming  # noqa: F401
+    except ImportError:
+        print("mosaicml-streaming not installed: left out")
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        write_data(folder)
+        ideal = [balance(ideal_epochs(s)) for s in range(20)]
+        floor = float(np.mean(ideal))
+        ceiling = balance(pyloader_epochs(folder))
+
+        def norm(x: float) -> float:
+            return (x - floor) / (ceiling - floor)
+        rows = [("uniform permutation (ideal)", norm(floor), spearman(ideal_epochs(0)), N, "-", "-")]
+        cases = [("pyloader, file + in-file shuffle", dict(shuffle=True), PER_FILE)]
+        cases += [(f"pyloader, shuffle_buffer {b:,}", dict(shuffle=True, shuffle_buffer=b), b + PER_FILE)
+                  for b in (1_000, 10_000)]
+        cases += [(f"pyloader, Shuffle(block={b:,})", dict(shuffle=pl.Shuffle(block=b)), b)
+                  for b in (1_000, 10_000, N)]
+        for name, options, held in cases:
+            one = pyloader_epochs(folder, 1, **options)
+            two, four = pyloader_epochs(folder, 2, **options), pyloader_epochs(folder, 4, **options)
+            rows.append((name, norm(balance(one)), spearman(one), held, f"{same(one, two):.0%}", f"{same(one, four):.0%}"))
+        for name, make in peers(folder).items():
+            got = make()
+            rows.append((name, norm(balance(got)), spearman(got), N, "100%", "100%"))
+    print("| order | normalised batch balance (0 ideal, 1 no shuffle) | mean abs. Spearman | samples held | "
+          "same global batches 1 vs 2 | 1 vs 4 |")
+    print("|---|---|---|---|---|---|")
+    for name, bal, rho, held, two, four in rows:
+        print(f"| {name} | {bal:.3f} | {rho:.3f} | {held:,} | {two} | {four} |")
+
+
+if __name__ == "__main__":
+    main()
