@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from test_storage import ids, loader_over, moto_port, put_files, s3  # noqa: F401  # the fixtures
+from test_storage import ids, jsonl, loader_over, moto_port, put_files, s3  # noqa: F401  # the fixtures
 
 import pyloader as pl
 from pyloader._storage.remote import is_transient
@@ -86,3 +86,25 @@ def test_each_request_of_a_listing_is_retried_by_itself(s3):  # noqa: F811
     loader = loader_over("s3://store/listing", storage=pl.Storage(retries=2))
     assert [f.rsplit("/", 1)[1] for f in loader.files] == ["part-0.jsonl", "part-1.jsonl", "part-2.jsonl"]
     assert s3.proxy.faults >= 4  # two requests at least (is it a folder; its files), each failed twice
+
+
+def test_a_body_cut_short_is_not_resumed_from_an_object_changed_meanwhile(s3):  # noqa: F811
+    key = "changing/part-0.jsonl"
+    s3.put_object(Bucket="store", Key=key, Body=jsonl(10, 20))
+    gets = []
+
+    def faulty(request: str) -> bool:  # the first GET's body is cut; the object changes before the second
+        if _object_get(request):
+            gets.append(request)
+            if len(gets) == 2:  # the same layout: its second half would join the first as valid lines
+                s3.put_object(Bucket="store", Key=key, Body=jsonl(30, 20))
+        return len(gets) == 1
+
+    s3.proxy.faulty, s3.proxy.kinds, s3.proxy.share = faulty, ("body",), 1.0
+    loader = loader_over("s3://store/changing", num_workers=0)
+    with pytest.raises(pl.PipelineError, match=f"s3://store/{key}") as info:
+        for _ in loader:
+            pass
+    loader.close()
+    assert isinstance(info.value.__cause__, OSError) and not is_transient(info.value.__cause__)
+    assert len(gets) == 2  # refused at once: not retried

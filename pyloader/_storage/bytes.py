@@ -226,8 +226,6 @@ class _RemoteFile:
         info = await self._call(self._fs.info, self._path)
         self.size = info.get("size")
         self._version = version(info)
-        etag = info.get("ETag")
-        self._remote.etag = etag if isinstance(etag, str) else None
         entry = await self.cached_entry()
         if entry is not None:
             self._cached = _LocalFile(entry.data_path, entry.size, self._cached._executor)
@@ -246,7 +244,9 @@ class _RemoteFile:
             cached = await self._cached_whole(self.entry)
             if cached is not None:
                 return cached
-        data = await (self._call(self._fs.cat_file, self._path) if self.size is None else self._range(0, self.size))
+        # on S3 by range from the size known (s3fs's cat_file asks for it again, a HEAD before each GET)
+        data = await (self._range(0, self.size) if self._remote.resumable and self.size is not None
+                      else self._call(self._fs.cat_file, self._path))
         if self._cache is not None and self.size == len(data) and self._cache.fits(len(data)):
             await self._run_io(_store, self._cache, self.url, data, self._version)
         return data

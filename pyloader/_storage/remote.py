@@ -203,24 +203,25 @@ _CHUNK = 2**20  # the most of a response's body taken at a time
 
 
 class RemoteRanges:
-    """One remote file on its filesystem (``fs``, ``path``), read by byte ranges; ``etag``: the version
-    of it being read, once known."""
+    """One remote file on its filesystem (``fs``, ``path``), read by byte ranges. ``resumable``: on S3
+    (s3fs), where a body cut short keeps what came."""
 
     def __init__(self, fs: AbstractFileSystem, path: str) -> None:
         self.fs, self.path = fs, path
-        self.etag: Optional[str] = None
+        self._etag: Optional[str] = None  # the version of the object whose body is being resumed
+        s3fs = sys.modules.get("s3fs")
+        self.resumable = s3fs is not None and isinstance(fs, s3fs.S3FileSystem) and hasattr(fs, "_call_s3")
 
     def read_range(self, start: int, end: int, out: List[bytes]) -> None:
         """Append to ``out`` the bytes from ``start`` plus those already in ``out`` up to ``end``, in one
         request. On S3 the body is taken as it arrives: when it is cut short, ``out`` keeps what came, and
-        the next call asks for the rest alone; with ``etag``, the object must still be the one it names
-        (S3 refuses the request otherwise: a changed object's bytes are never joined to the old one's).
-        Elsewhere, ``cat_file`` of the range."""
+        the next call asks for the rest alone, of the same version of the object (S3 refuses the request
+        otherwise: a changed object's bytes are never joined to the old one's). Elsewhere, ``cat_file``
+        of the range."""
         start += sum(map(len, out))
         if start >= end:
             return
-        s3fs = sys.modules.get("s3fs")
-        if s3fs is not None and isinstance(self.fs, s3fs.S3FileSystem):
+        if self.resumable:
             from fsspec.asyn import sync
 
             sync(self.fs.loop, self._s3_range, start, end, out)
@@ -231,9 +232,12 @@ class RemoteRanges:
         fs: Any = self.fs
         bucket, key, version_id = fs.split_path(self.path)
         given = {"VersionId": version_id} if version_id else {}
-        if self.etag:
-            given["IfMatch"] = self.etag
+        resumed = bool(out)
+        if resumed and self._etag:
+            given["IfMatch"] = self._etag
         response = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **given)
+        if not resumed:
+            self._etag = response.get("ETag")
         body = response["Body"]
         try:
             while True:
