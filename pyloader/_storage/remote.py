@@ -13,10 +13,10 @@ Contracts:
 - After the last attempt the last error is raised as itself (same type), with a note
   naming the file and the attempts made.
 - ``retries`` bounds the attempts of each request, and one attempt is one request: a listing
-  retries its calls one by one (``list_remote``), a file is read by byte ranges of a known size
-  (``RemoteRanges``: no hidden HEAD before each GET), and on S3 a body cut short is kept and the
-  next request asks for the rest alone; a request that got further than the one before counts
-  its own attempts (``awith_retries``'s ``reached``).
+  retries its calls one by one (``list_remote``); on S3 a file is read by byte ranges of a known
+  size (``RemoteRanges``: no hidden HEAD before each GET), a body cut short is kept and the next
+  request asks for the rest alone, of the version the file's first request got; a request that
+  got further than the one before counts its own attempts (``awith_retries``'s ``reached``).
 - The layers below do not multiply ``retries``. The S3 filesystems
   the loader reads and lists through (``storage_options``) make one attempt per call (s3fs's
   ``retries`` of 1 on instances of pyloader's own, botocore's ``total_max_attempts=1``, the rest
@@ -208,16 +208,16 @@ class RemoteRanges:
 
     def __init__(self, fs: AbstractFileSystem, path: str) -> None:
         self.fs, self.path = fs, path
-        self._etag: Optional[str] = None  # the version of the object whose body is being resumed
+        self._etag: Optional[str] = None  # the version of the object its first request got
         s3fs = sys.modules.get("s3fs")
         self.resumable = s3fs is not None and isinstance(fs, s3fs.S3FileSystem) and hasattr(fs, "_call_s3")
 
     def read_range(self, start: int, end: int, out: List[bytes]) -> None:
         """Append to ``out`` the bytes from ``start`` plus those already in ``out`` up to ``end``, in one
         request. On S3 the body is taken as it arrives: when it is cut short, ``out`` keeps what came, and
-        the next call asks for the rest alone, of the same version of the object (S3 refuses the request
-        otherwise: a changed object's bytes are never joined to the old one's). Elsewhere, ``cat_file``
-        of the range."""
+        the next call asks for the rest alone; every request after the first asks for the version of the
+        object the first one got (S3 refuses it otherwise: a changed object's bytes are never joined to
+        the old one's, in a range or across the blocks of a file). Elsewhere, ``cat_file`` of the range."""
         start += sum(map(len, out))
         if start >= end:
             return
@@ -232,12 +232,10 @@ class RemoteRanges:
         fs: Any = self.fs
         bucket, key, version_id = fs.split_path(self.path)
         given = {"VersionId": version_id} if version_id else {}
-        resumed = bool(out)
-        if resumed and self._etag:
+        if self._etag:
             given["IfMatch"] = self._etag
         response = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **given)
-        if not resumed:
-            self._etag = response.get("ETag")
+        self._etag = self._etag or response.get("ETag")
         body = response["Body"]
         try:
             while True:
