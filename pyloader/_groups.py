@@ -140,7 +140,7 @@ class Storage(Group):
         convert=as_path)] = None
     cache_limit: Annotated[Optional[int], Option(
         "the disk cache's size in bytes (least recently used out)", check=optional(positive))] = None
-    retries: Annotated[int, Option("retries of transient remote errors", check=at_least_zero)] = 3
+    retries: Annotated[int, Option("retries of transient remote errors", check=at_least_zero)] = 10
     readahead_bytes: Annotated[int, Option(
         "bytes read ahead of the parsers (0: none)", check=at_least_zero)] = DEFAULT_READAHEAD_BYTES
 

@@ -4,6 +4,7 @@ proxy in front of it."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import random
 import re
@@ -13,7 +14,7 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import fsspec
 import numpy as np
@@ -34,12 +35,19 @@ _REQUEST = re.compile(rb"(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/1\.[01]\r\n")
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 in front of ``upstream_port``. It counts the HTTP requests it
     forwards and the bytes it sends back, and fails a ``share`` of the requests (chosen by its
-    own seeded generator): by resetting the connection as the request arrives, or after a part
-    of the response went through."""
+    own seeded generator) by one of ``kinds``: resetting the connection as the request arrives
+    (``reset``) or after a part of the response went through (``cut``), closing it halfway through
+    the response's body (``body``), or answering an HTTP 503 or 500 itself (``503``, ``500``).
+    Only requests ``faulty`` accepts fail; with ``fail_first``, each request (its method and path)
+    fails the first ``fail_first`` times it is seen, whatever ``share``."""
 
     def __init__(self, upstream_port: int, seed: int = 0) -> None:
         self.upstream_port = upstream_port
         self.share = 0.0
+        self.kinds: Tuple[str, ...] = ("reset", "cut")
+        self.faulty: Callable[[str], bool] = lambda request: True
+        self.fail_first = 0
+        self._seen: Dict[str, int] = collections.Counter()
         self.requests: List[str] = []
         self.faults = 0
         self.received = 0  # bytes sent back to the clients (headers included)
@@ -72,10 +80,13 @@ class FaultProxy:
     def _decide(self, new_requests: List[str]) -> Optional[str]:
         with self._lock:
             self.requests.extend(new_requests)
-            for _ in new_requests:
-                if self._rng.random() < self.share:
+            for request in new_requests:
+                if not self.faulty(request):
+                    continue
+                self._seen[request] += 1
+                if self._seen[request] <= self.fail_first or self._rng.random() < self.share:
                     self.faults += 1
-                    return self._rng.choice(("reset", "cut"))
+                    return self._rng.choice(self.kinds)
         return None
 
     def _relay(self, client: socket.socket) -> None:
@@ -87,6 +98,7 @@ class FaultProxy:
             return
         pending = b""
         cut_after: Optional[int] = None
+        halve = past_headers = False
         try:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 ready, _, _ = select.select([client, upstream], [], [], 0.2)
@@ -100,13 +112,20 @@ class FaultProxy:
                     fault = self._decide(lines) if lines else None
                     if fault == "reset":
                         return _reset(client)
+                    if fault in ("503", "500"):
+                        return client.sendall(_error_response(int(fault), lines[-1].startswith("HEAD ")))
                     if fault == "cut":
                         cut_after = self._rng.randint(1, 300)
+                    halve = halve or fault == "body"
                     upstream.sendall(data)
                 if upstream in ready:
                     data = upstream.recv(65536)
                     if not data:
                         return
+                    if halve:
+                        data, close, past_headers = _halved(data, past_headers)
+                        if close:
+                            return client.sendall(data)
                     if cut_after is not None:
                         client.sendall(data[:cut_after])
                         return _reset(client)
@@ -124,6 +143,26 @@ class FaultProxy:
         self._server.close()
         for thread in self._threads:
             thread.join(2)
+
+
+def _halved(data: bytes, past_headers: bool) -> Tuple[bytes, bool, bool]:
+    """What to send of ``data``, a part of a response to be closed halfway through the first part of its
+    body that comes: ``(bytes, close then, past the headers)``."""
+    body = 0 if past_headers else data.find(b"\r\n\r\n") + 4
+    if body < 4 and not past_headers:  # all headers still
+        return data, False, False
+    if len(data) == body:
+        return data, False, True
+    return data[:body + (len(data) - body + 1) // 2], True, True
+
+
+def _error_response(status: int, head: bool) -> bytes:
+    """An S3 error answer of HTTP ``status`` (no body to a HEAD), closing the connection."""
+    code = {503: "SlowDown", 500: "InternalError"}[status]
+    body = f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>try again</Message></Error>"
+    head_lines = (f"HTTP/1.1 {status} {code}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
+                  "Connection: close\r\n\r\n")
+    return (head_lines + ("" if head else body)).encode()
 
 
 def _reset(sock: socket.socket) -> None:
@@ -257,7 +296,7 @@ def test_an_empty_remote_file_is_cached_like_any_other(s3, tmp_path, readahead_b
     url, cache = f"s3://store/{prefix}", tmp_path / "cache"
     storage = pl.Storage(cache_dir=str(cache), readahead_bytes=readahead_bytes)
     assert ids(loader_over(url, num_epoch=3, storage=storage, num_workers=0)) == sorted(list(range(20)) * 3)
-    assert s3.proxy.gets(f"/{prefix}/part-2.jsonl") == 1  # the first epoch only
+    assert s3.proxy.gets(f"/{prefix}/part-2.jsonl") == 0  # its size, 0, says it all: no GET, in any epoch
     entries = {json.loads(p.with_suffix(".json").read_text())["url"]: p for p in cache.glob("*.data")}
     assert len(entries) == 3 and entries[f"{url}/part-2.jsonl"].stat().st_size == 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 import tarfile
 import uuid
 from pathlib import Path
@@ -253,3 +254,96 @@ def test_gzip_module_shards_read(tmp_path: Path) -> None:
     gz = tmp_path / "shard.tar.gz"
     gz.write_bytes(gzip.compress(raw.read_bytes()))
     assert TarReader(keep=["cls"]).read_file(str(gz))[0]["cls"] == [0, 1]
+
+
+def _cut_shards(tmp_path: Path) -> Dict[str, tuple]:
+    """Shards of 4 samples cut where ``tarfile`` in stream mode would take the cut for the end: each
+    with the samples before the cut (a sample whose next member is cut off may have more members)."""
+    path = write_shard(tmp_path / "whole.tar", [(f"{i:06d}", {"cls": b"1", "txt": b"t"}) for i in range(4)])
+    data = Path(path).read_bytes()
+    third = 2 * 2 * 2 * 512  # the first header of the third sample: 2 samples of 2 members, a header and a block each
+    end = 4 * 2 * 2 * 512  # the first of the two zero blocks that end the archive
+    header = bytearray(data[:third + 512])
+    header[third] ^= 0xFF  # a damaged header: its checksum fails
+    cases = {"at a header": (data[:third], 1), "inside a header": (data[:third + 100], 1),
+             "at the end blocks": (data[:end], 3), "after one end block": (data[:end + 512], 3),
+             "a damaged header": (bytes(header), 1)}
+    return {name: (str(_written(tmp_path / f"cut-{k}.tar", cut)), before)
+            for k, (name, (cut, before)) in enumerate(cases.items())}
+
+
+def _written(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("case", ["at a header", "inside a header", "at the end blocks", "after one end block",
+                                  "a damaged header"])
+def test_a_shard_cut_at_or_inside_a_header_is_an_error_naming_it_and_count_does_not_agree(
+        tmp_path: Path, case: str) -> None:
+    path, before = _cut_shards(tmp_path)[case]
+    damage = rf"shard {re.escape(repr(path))}: corrupt or truncated after member .*no end of archive"
+    with pytest.raises(FileFormatError, match=damage) as e:
+        TarReader().count(path)
+    assert isinstance(e.value.__cause__, tarfile.TarError)
+    with pytest.raises(FileFormatError, match=damage):
+        TarReader().read_file(path)
+    pieces: List[Dict[str, list]] = []
+    with pytest.raises(FileFormatError, match=damage):
+        pieces.extend(TarReader().iter_file(path))  # type: ignore[arg-type]
+    assert [k for p in pieces for k in p["__key__"]] == [f"{i:06d}" for i in range(before)]
+    compressed = tmp_path / "cut.tar.gz"
+    compressed.write_bytes(gzip.compress(Path(path).read_bytes()))
+    with pytest.raises(FileFormatError, match=r"cut\.tar\.gz.*no end of archive"):
+        TarReader().count(str(compressed))
+
+
+def test_complete_shards_end_as_tar_archives_do(tmp_path: Path) -> None:
+    path = write_shard(tmp_path / "shard.tar", numbered(range(2)))
+    data = Path(path).read_bytes()
+    end = data.rstrip(b"\0")
+    ends = len(end) + (-len(end)) % 512  # where the end blocks begin
+    bare = _written(tmp_path / "bare.tar", data[:ends + 1024])  # two zero blocks, no padding to a record
+    assert TarReader(keep=["cls"]).count(str(bare)) == 2
+    empty = write_shard(tmp_path / "empty.tar", [])
+    assert TarReader().count(empty) == 0 and TarReader().read_file(empty) == ({}, 0)
+
+
+@pytest.mark.parametrize("damage", ["an undecodable member", "a missing member", "a cut member"])
+def test_iter_file_delivers_every_sample_before_a_damaged_member(tmp_path: Path, damage: str) -> None:
+    samples = [(f"{i:06d}", {"cls": str(i).encode(), "json": json.dumps({"id": i}).encode()}) for i in range(5)]
+    if damage == "an undecodable member":
+        samples[3][1]["json"] = b"{not json"
+    elif damage == "a missing member":
+        del samples[3][1]["json"]
+    path = write_shard(tmp_path / "shard.tar", samples)
+    if damage == "a cut member":
+        data = Path(path).read_bytes()
+        Path(path).write_bytes(data[:(3 * 4 + 1) * 512 + 2])  # inside the data of sample 3's first member
+    pieces = []
+    with pytest.raises(FileFormatError, match=r"shard\.tar.*'000003"):
+        for piece in TarReader().iter_file(path):  # piece_size 256: the samples before it in a shorter piece
+            pieces.append(piece)
+    assert pieces == [{"__key__": [f"{i:06d}" for i in range(3)], "cls": [0, 1, 2],
+                       "json": [{"id": i} for i in range(3)]}]
+
+
+class _Ids(pl.Dataset):
+    def batch_encode(self, batch_data: Dict[str, Any]) -> Dict[str, Any]:
+        return {"id": list(batch_data["cls"])}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_skipping_a_damaged_shard_delivers_its_samples_before_the_damage(
+        tmp_path: Path, num_workers: int, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "shards"
+    bad = [(f"a{i:04d}", {"cls": str(i).encode(), "jpg": jpeg(i)}) for i in range(6)]
+    bad[4][1]["jpg"] = b"not a jpeg"
+    write_shard(folder / "a.tar", bad)
+    write_shard(folder / "b.tar", [(f"b{i:04d}", {"cls": str(i).encode(), "jpg": jpeg(i)}) for i in range(10, 13)])
+    with pl.DataLoader(TarReader(2), _Ids(), NumpyCollator(), str(folder), on_error="skip",
+                       num_workers=num_workers) as loader:
+        got = sorted(int(i) for batch in loader for i in batch["id"])
+        assert loader.stats["skipped_files"] == 1
+    assert got == [0, 1, 2, 3, 10, 11, 12]
+    assert "member 'a0004.jpg': cannot decode 'jpg'" in caplog.text

@@ -49,7 +49,7 @@ import functools
 import io
 import logging
 import threading
-from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager, Deque, Dict, Optional, Protocol, Tuple
+from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager, Deque, Dict, List, Optional, Protocol, Tuple
 
 import aiofiles
 import aiofiles.os
@@ -58,7 +58,7 @@ from .._paths import local_path
 from .cache import DiskCache, Entry, EntryWriter
 from .cached_file import ServedEntry
 from .files import SeekableRaw, Served, ServedBytes, direct_open, is_url
-from .remote import awith_retries, filesystem, serialized, version
+from .remote import RemoteRanges, awith_retries, filesystem, serialized, version
 
 if TYPE_CHECKING:
     from aiofiles.threadpool.binary import AsyncBufferedReader
@@ -213,6 +213,7 @@ class _RemoteFile:
         self._lock = serialized(self._fs)
         self.size: Optional[int] = None
         self._version = ""
+        self._remote = RemoteRanges(self._fs, self._path)
         self.entry: Optional[Entry] = None
         self._writer: Optional[EntryWriter] = None
         self._cached = _LocalFile("", 0, _IoExecutor(run_io))
@@ -243,7 +244,9 @@ class _RemoteFile:
             cached = await self._cached_whole(self.entry)
             if cached is not None:
                 return cached
-        data = await self._call(self._fs.cat_file, self._path)
+        # on S3 by range from the size known (s3fs's cat_file asks for it again, a HEAD before each GET)
+        data = await (self._range(0, self.size) if self._remote.resumable and self.size is not None
+                      else self._call(self._fs.cat_file, self._path))
         if self._cache is not None and self.size == len(data) and self._cache.fits(len(data)):
             await self._run_io(_store, self._cache, self.url, data, self._version)
         return data
@@ -253,13 +256,21 @@ class _RemoteFile:
             cached = await self._cached_block(self.entry, start, n)
             if cached is not None:
                 return cached
-        # by keyword: some filesystems (s3fs) take other arguments before them
-        block = await self._call(functools.partial(self._fs.cat_file, self._path, start=start, end=start + n))
+        block = await self._range(start, start + n)
         if start == 0 and self._cache is not None and self.size is not None and self._cache.fits(self.size):
             self._writer = await self._run_io(self._cache.writer, self.url, self.size, self._version, n)
         if self._writer is not None:
             await self._run_io(self._writer.add, block)
         return block
+
+    async def _range(self, start: int, end: int) -> bytes:
+        """Bytes ``start:end`` (fewer at the file's end), a request at a time, each asking for the bytes the
+        ones before did not get: a body cut short is resumed from the byte it reached, and a request that got
+        further than the one before counts its own attempts (``retries`` bounds the attempts of one request)."""
+        got: List[bytes] = []
+        await awith_retries(lambda: self._run_io(_holding, self._lock, self._remote.read_range, start, end, got),
+                            repr(self.url), self._retries, lambda: sum(map(len, got)))
+        return b"".join(got)
 
     async def _cached_whole(self, entry: Entry) -> Optional[bytes]:
         """The file from its cache entry, every block checked; ``None`` (the entry dropped) when it fails."""

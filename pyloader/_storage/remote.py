@@ -12,7 +12,12 @@ Contracts:
   (a missing file, a refused permission) is raised at once.
 - After the last attempt the last error is raised as itself (same type), with a note
   naming the file and the attempts made.
-- ``retries`` counts every attempt: the layers below do not multiply it. The S3 filesystems
+- ``retries`` bounds the attempts of each request, and one attempt is one request: a listing
+  retries its calls one by one (``list_remote``); on S3 a file is read by byte ranges of a known
+  size (``RemoteRanges``: no hidden HEAD before each GET), a body cut short is kept and the next
+  request asks for the rest alone, of the version the file's first request got; a request that
+  got further than the one before counts its own attempts (``awith_retries``'s ``reached``).
+- The layers below do not multiply ``retries``. The S3 filesystems
   the loader reads and lists through (``storage_options``) make one attempt per call (s3fs's
   ``retries`` of 1 on instances of pyloader's own, botocore's ``total_max_attempts=1``, the rest
   of the user's fsspec configuration kept; aiohttp's own resending of a GET or HEAD turned off).
@@ -27,8 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import random
+import sys
 import threading
 import time
 import weakref
@@ -160,7 +167,7 @@ def _raise_unless_retried(exc: Exception, what: str, attempt: int, retries: int)
         return
     if attempt:
         exc.add_note(f"pyloader: gave up on {what} after {attempt + 1} attempts; this is the last error")
-    raise exc from exc
+    raise exc  # as it is: its own cause (s3fs keeps botocore's error, and the HTTP status, there) kept
 
 
 def with_retries(call: Callable[[], T], what: str, retries: int) -> T:
@@ -175,16 +182,69 @@ def with_retries(call: Callable[[], T], what: str, retries: int) -> T:
         attempt += 1
 
 
-async def awith_retries(call: Callable[[], Awaitable[T]], what: str, retries: int) -> T:
-    """``await call()``, retried on transient errors; the waits between attempts can be cancelled."""
-    attempt = 0
+async def awith_retries(call: Callable[[], Awaitable[T]], what: str, retries: int,
+                        reached: Optional[Callable[[], int]] = None) -> T:
+    """``await call()``, retried on transient errors; the waits between attempts can be cancelled.
+    ``reached``: how far the calls got (the bytes kept so far); an attempt that failed after getting
+    further made headway, and the next one is a new request from there, with attempts of its own."""
+    attempt, got = 0, reached() if reached is not None else 0
     while True:
         try:
             return await call()
         except Exception as exc:
+            if reached is not None and reached() > got:
+                attempt, got = 0, reached()
             _raise_unless_retried(exc, what, attempt, retries)
         await asyncio.sleep(backoff(attempt))
         attempt += 1
+
+
+_CHUNK = 2**20  # the most of a response's body taken at a time
+
+
+class RemoteRanges:
+    """One remote file on its filesystem (``fs``, ``path``), read by byte ranges. ``resumable``: on S3
+    (s3fs), where a body cut short keeps what came."""
+
+    def __init__(self, fs: AbstractFileSystem, path: str) -> None:
+        self.fs, self.path = fs, path
+        self._etag: Optional[str] = None  # the version of the object its first request got
+        s3fs = sys.modules.get("s3fs")
+        self.resumable = s3fs is not None and isinstance(fs, s3fs.S3FileSystem) and hasattr(fs, "_call_s3")
+
+    def read_range(self, start: int, end: int, out: List[bytes]) -> None:
+        """Append to ``out`` the bytes from ``start`` plus those already in ``out`` up to ``end``, in one
+        request. On S3 the body is taken as it arrives: when it is cut short, ``out`` keeps what came, and
+        the next call asks for the rest alone; every request after the first asks for the version of the
+        object the first one got (S3 refuses it otherwise: a changed object's bytes are never joined to
+        the old one's, in a range or across the blocks of a file). Elsewhere, ``cat_file`` of the range."""
+        start += sum(map(len, out))
+        if start >= end:
+            return
+        if self.resumable:
+            from fsspec.asyn import sync
+
+            sync(self.fs.loop, self._s3_range, start, end, out)
+        else:
+            out.append(self.fs.cat_file(self.path, start=start, end=end))
+
+    async def _s3_range(self, start: int, end: int, out: List[bytes]) -> None:
+        fs: Any = self.fs
+        bucket, key, version_id = fs.split_path(self.path)
+        given = {"VersionId": version_id} if version_id else {}
+        if self._etag:
+            given["IfMatch"] = self._etag
+        response = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **given)
+        self._etag = self._etag or response.get("ETag")
+        body = response["Body"]
+        try:
+            while True:
+                chunk = await body.read(_CHUNK)
+                if not chunk:
+                    return
+                out.append(chunk)
+        finally:
+            body.close()
 
 
 def _chain(url: str) -> Tuple[List[str], int]:
@@ -265,25 +325,12 @@ def _hidden_below(path: str, root: str) -> bool:
     return any(part.startswith((".", "_")) for part in path[len(root):].split("/"))
 
 
-def _list(url: str) -> List[str]:
-    import fsspec
-
-    fs, _, paths = fsspec.get_fs_token_paths(url, storage_options=storage_options(url))
-    # the instance is shared by every loader of the process (and reads files' sizes and versions):
-    # list what is there now, and leave no listing behind that would answer for a file changed later
-    fs.invalidate_cache()
-    try:
-        return _found(url, fs, paths)
-    finally:
-        fs.invalidate_cache()
-
-
-def _found(url: str, fs: AbstractFileSystem, paths: List[str]) -> List[str]:
+def _found(url: str, fs: AbstractFileSystem, paths: List[str], retried: Callable[..., Any]) -> List[str]:
     found: List[str] = []
     for path in paths:
-        if fs.isdir(path):
-            found.extend(p for p in fs.find(path) if not _hidden_below(p, path))
-        elif fs.exists(path):
+        if retried(fs.isdir, path):
+            found.extend(p for p in retried(fs.find, path) if not _hidden_below(p, path))
+        elif retried(fs.exists, path):
             found.append(path)
         else:
             raise FileNotFoundError(f"data_dir {url!r} does not exist")
@@ -291,8 +338,21 @@ def _found(url: str, fs: AbstractFileSystem, paths: List[str]) -> List[str]:
 
 
 def list_remote(url: str, retries: int = 0) -> List[str]:
-    """The files under ``url`` (a folder, a glob or a file; any fsspec protocol or chain), sorted."""
-    return with_retries(lambda: _list(url), repr(url), retries)
+    """The files under ``url`` (a folder, a glob or a file; any fsspec protocol or chain), sorted. Each
+    call is retried by itself: a failed one does not repeat the calls before it."""
+    import fsspec
+
+    def retried(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        return with_retries(functools.partial(fn, *args, **kwargs), repr(url), retries)
+
+    fs, _, paths = retried(fsspec.get_fs_token_paths, url, storage_options=storage_options(url))
+    # the instance is shared by every loader of the process (and reads files' sizes and versions):
+    # list what is there now, and leave no listing behind that would answer for a file changed later
+    fs.invalidate_cache()
+    try:
+        return _found(url, fs, paths, retried)
+    finally:
+        fs.invalidate_cache()
 
 
 def version(info: Info) -> str:

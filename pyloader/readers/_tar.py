@@ -12,14 +12,19 @@ Contracts:
   A sample missing one, or with one more, a key met again after other keys, a member with no
   extension and a corrupt or truncated shard raise ``FileFormatError`` (a ``ValueError``) naming the
   shard and the member (the original exception as ``__cause__``); so does a decoder that fails.
+  A shard must end as a complete archive does, with two zero blocks: one cut at or inside a
+  member's header (which ``tarfile`` alone takes for the end) is truncated, for ``count`` too.
+- ``iter_file`` delivers every sample before the damage (the last piece shorter), then raises.
 - ``count`` reads the members' headers only (no member is decoded or held).
 """
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import tarfile
 import zlib
+from tarfile import HeaderError
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -131,15 +136,17 @@ class TarReader(DataReader):
         return columns, n
 
     def iter_file(self, path: str) -> Iterator[Columns]:
-        piece: Dict[str, List[object]] = {}
-        for sample in _samples(path, self.keep, self._decoded(path)):
-            for name, value in sample.items():
-                piece.setdefault(name, []).append(value)
-            if len(piece[KEY]) == self.piece_size:
+        """The shard's samples, ``piece_size`` at a time; when the shard turns out damaged, the samples
+        before the damage come first (a shorter piece), then the error."""
+        samples = _samples(path, self.keep, self._decoded(path))
+        while True:
+            piece, error = _gathered(samples, self.piece_size)
+            if piece:
                 yield self.checked(path, piece)
-                piece = {}
-        if piece:
-            yield self.checked(path, piece)
+            if error is not None:
+                raise error
+            if len(piece.get(KEY, ())) < self.piece_size:
+                return
 
     def count(self, path: str) -> int:
         """The samples of the shard, from its members' headers alone."""
@@ -241,12 +248,62 @@ class _Shard:
         self.key, self.members, self.sample = key, {}, {KEY: key}
 
 
+def _gathered(samples: Iterator[Dict[str, object]], size: int) -> Tuple[Dict[str, List[object]], Optional[Exception]]:
+    """The next ``size`` of ``samples`` (fewer at their end) as columns, and the error that stopped them
+    early, if one did: the samples before it are kept."""
+    piece: Dict[str, List[object]] = {}
+    try:
+        for sample in itertools.islice(samples, size):
+            for name, value in sample.items():
+                piece.setdefault(name, []).append(value)
+    except Exception as exc:
+        return piece, exc
+    return piece, None
+
+
+class _Header(tarfile.TarInfo):
+    """A member's header as ``tarfile`` reads it, keeping on the archive (``_Tar.end``) the error that
+    ended it: in stream mode ``tarfile`` takes any header it cannot read for the end of the archive."""
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> "_Header":
+        try:
+            return super().fromtarfile(tar)
+        except HeaderError as exc:
+            if isinstance(tar, _Tar):
+                tar.end = exc
+            raise
+
+
+class _Tar(tarfile.TarFile):
+    end: Optional[HeaderError] = None  # what the last header read met instead of a member
+
+
+# by the name of tarfile's error (its classes are not public)
+_CUT = {"EmptyHeaderError": "the data stops where a member's header should begin",
+        "TruncatedHeaderError": "the data stops inside a member's header",
+        "InvalidHeaderError": "a member's header is damaged (its checksum fails)"}
+
+
+def _check_end(tar: _Tar) -> None:
+    """Raise ``tarfile.ReadError`` unless the archive ended as a complete one does: with two zero blocks
+    (a shard cut at or inside a header would otherwise read as a shorter valid one)."""
+    end, at = tar.end, tar.offset
+    if type(end).__name__ == "EOFHeaderError":  # a zero block
+        if tar.fileobj.read(tarfile.BLOCKSIZE) == bytes(tarfile.BLOCKSIZE):
+            return
+        why = "it has one zero block where a complete archive ends with two"
+    else:
+        why = _CUT.get(type(end).__name__, f"its end could not be read ({end})")
+    raise tarfile.ReadError(f"no end of archive at byte {at}: {why} (cut short?)") from end
+
+
 def _samples(path: str, keep: Optional[List[str]],
              decode: Optional[Callable[[str, str, bytes], object]]) -> Iterator[Dict[str, object]]:
     """Each sample as ``{__key__, ext: value}`` (``decode``: ``None`` reads no data, for counting)."""
     shard = _Shard(path, keep)
     try:
-        with open_file(path, "rb") as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+        with open_file(path, "rb") as f, _Tar.open(fileobj=f, mode="r|*", tarinfo=_Header) as tar:
             for member in tar:
                 shard.last = member.name
                 if not member.isfile():
@@ -257,6 +314,7 @@ def _samples(path: str, keep: Optional[List[str]],
                     shard.start(key, member.name)
                 if shard.kept(ext, member.name) and decode is not None:
                     shard.sample[ext] = decode(member.name, ext, _read(tar, member))
+            _check_end(tar)
     except _CORRUPT as exc:
         raise shard.corrupt(exc) from exc
     yield from shard.finished()
