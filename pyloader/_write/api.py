@@ -159,7 +159,7 @@ def _prepare(out: Output, mode: Mode) -> int:
     if mode == "create" and numbers:
         raise FileExistsError(f"{out.url!r} holds chunks already ({len(numbers)}): pass mode='append' to add "
                               "to them, or mode='overwrite' to replace them")
-    for name in names:
+    for name in names:  # overwrite: the chunks and the indexes go
         if out.chunk_number(name) is not None or name.startswith("_pyloader"):
             out.remove(name)
     return 0

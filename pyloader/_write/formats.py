@@ -25,11 +25,11 @@ import io
 import json
 import lzma
 import tarfile
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import numpy as np
 
-Sample = Dict[str, Any]
+Sample = Dict[str, object]
 KEY = "__key__"  # TarReader's key column
 _SUFFIX_OF = {"gzip": ".gz", "zstd": ".zst", "bz2": ".bz2", "xz": ".xz"}
 _PARQUET_CODECS = ("snappy", "zstd", "gzip", "brotli", "lz4", "none")
@@ -38,31 +38,31 @@ READER_OF = {"jsonl": "jsonl", "parquet": "parquet", "tar": "tar", "npy": "npy",
 FORMATS = tuple(READER_OF)
 
 
-def _compress(data: bytes, codec: Optional[str]) -> bytes:
-    if codec is None:
-        return data
-    if codec == "gzip":
-        return gzip.compress(data, mtime=0)
-    if codec == "bz2":
-        return bz2.compress(data)
-    if codec == "xz":
-        return lzma.compress(data)
+def _zstd(data: bytes) -> bytes:
     import zstandard
 
     return zstandard.ZstdCompressor(level=3).compress(data)
+
+
+_COMPRESS: Dict[str, Callable[[bytes], bytes]] = {
+    "gzip": lambda data: gzip.compress(data, mtime=0), "bz2": bz2.compress, "xz": lzma.compress, "zstd": _zstd}
+# the compressions each format's reader reads
+_ALLOWED: Dict[str, Tuple[str, ...]] = {**dict.fromkeys(("jsonl", "tar", "npy"), tuple(_SUFFIX_OF)),
+                                        "parquet": _PARQUET_CODECS, "npz": ()}
+
+
+def _compress(data: bytes, codec: Optional[str]) -> bytes:
+    return data if codec is None else _COMPRESS[codec](data)
 
 
 def check(format: str, compression: Optional[str]) -> None:
     """``ValueError`` for an unknown format, or a compression the format's reader does not read."""
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}: expected one of {list(FORMATS)}")
-    if compression is None:
-        return
-    allowed: Tuple[str, ...] = _PARQUET_CODECS if format == "parquet" else () if format == "npz" else \
-        tuple(_SUFFIX_OF)
-    if compression not in allowed:
+    allowed = _ALLOWED[format]
+    if compression is not None and compression not in allowed:
         raise ValueError(f"compression {compression!r} is not one the {format} reader reads: expected "
-                         f"{'none (an .npz is a zip archive)' if not allowed else list(allowed)} or None")
+                         f"{list(allowed) if allowed else 'none (an .npz is a zip archive)'} or None")
     if compression == "zstd" and format != "parquet":
         try:
             import zstandard  # noqa: F401
@@ -78,7 +78,7 @@ def suffix(format: str, compression: Optional[str]) -> str:
 
 
 # -- JSON lines -------------------------------------------------------------------------
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, np.generic):
@@ -136,7 +136,7 @@ class JsonLinesChunk(Chunk):
         return b"".join(self._lines)
 
 
-def _member_bytes(ext: str, value: Any) -> bytes:
+def _member_bytes(ext: str, value: object) -> bytes:
     """A tar member's bytes for a field's value (see the module's contract)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
@@ -184,7 +184,7 @@ class ColumnsChunk(Chunk):
     def __init__(self, compression: Optional[str], format: str) -> None:
         super().__init__(compression)
         self.format = format
-        self._columns: Dict[str, List[Any]] = {}
+        self._columns: Dict[str, List[object]] = {}
 
     def add(self, sample: Sample) -> int:
         if self.format == "npy" and len(sample) != 1:
@@ -202,34 +202,44 @@ class ColumnsChunk(Chunk):
 
     def data(self) -> bytes:
         out = io.BytesIO()
-        if self.format == "parquet":
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            table = pa.table({name: _arrow_column(values) for name, values in self._columns.items()})
-            pq.write_table(table, out, compression=self.compression or "snappy")
-        elif self.format == "npy":
-            (values,) = self._columns.values()
-            np.save(out, np.stack([np.asarray(v) for v in values]), allow_pickle=False)
-        else:
-            arrays: Dict[str, Any] = {name: np.stack([np.asarray(v) for v in values])
-                                      for name, values in self._columns.items()}
-            np.savez(out, **arrays)
+        {"parquet": _parquet, "npy": _npy, "npz": _npz}[self.format](out, self._columns, self.compression)
         return out.getvalue()
 
     def encoded(self) -> bytes:
         return self.data() if self.format != "npy" else super().encoded()
 
 
-def _arrow_column(values: List[Any]) -> Any:
+def _parquet(out: io.BytesIO, columns: Dict[str, List[object]], compression: Optional[str]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({name: _arrow_column(values) for name, values in columns.items()})
+    pq.write_table(table, out, compression=compression or "snappy")
+
+
+def _stacked(values: List[object]) -> np.ndarray:
+    return np.stack([np.asarray(v) for v in values])
+
+
+def _npy(out: io.BytesIO, columns: Dict[str, List[object]], compression: Optional[str]) -> None:
+    (values,) = columns.values()
+    np.save(out, _stacked(values), allow_pickle=False)
+
+
+def _npz(out: io.BytesIO, columns: Dict[str, List[object]], compression: Optional[str]) -> None:
+    arrays: Dict[str, Any] = {name: _stacked(values) for name, values in columns.items()}  # savez's **kwds
+    np.savez(out, **arrays)
+
+
+def _arrow_column(values: List[object]) -> object:
     import pyarrow as pa
 
     if values and isinstance(values[0], np.ndarray) and values[0].ndim == 1:
-        return pa.array([v.tolist() for v in values])
+        return pa.array([cast(np.ndarray, v).tolist() for v in values])
     return pa.array(values)
 
 
-def _size_of(value: Any) -> int:
+def _size_of(value: object) -> int:
     """About the bytes a value takes in a columnar file, before compression."""
     if isinstance(value, np.ndarray):
         return value.nbytes

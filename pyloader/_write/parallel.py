@@ -20,13 +20,14 @@ import concurrent.futures as cf
 import multiprocessing
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Protocol, Tuple, TypeVar
 
 from .formats import KEY, Chunk, new_chunk
 from .output import Output
 from .sources import Part, Sample, samples_of
 
-UserFn = Callable[[Sample], Any]
+UserFn = Callable[[Sample], object]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Written:
         return sum(n for _, n, _ in self.chunks)
 
 
-def _outputs(fn: Optional[UserFn], sample: Sample, part: Part, k: int) -> List[Sample]:
+def _outputs(fn: Optional[UserFn], sample: Sample, part: Part, k: int) -> List[object]:
     if fn is None:
         return [sample]
     try:
@@ -86,44 +87,58 @@ def _samples_out(task: Task) -> Iterator[Sample]:
             yield out
 
 
-def run_task(task: Task) -> Written:
-    written = Written(task.index, task.part.units)
-    chunk: Optional[Chunk] = None
-    size = 0
+class _Chunks:
+    """The task's chunk being filled, written whole under a temporary name when it is full."""
 
-    def flush() -> None:
-        nonlocal chunk, size
-        if chunk is not None and chunk.samples:
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.written = Written(task.index, task.part.units)
+        self.chunk: Optional[Chunk] = None
+        self.size = 0
+
+    def add(self, sample: Sample) -> None:
+        task = self.task
+        if self.chunk is None:
+            self.chunk = new_chunk(task.format, task.compression)
+        self.size += self.chunk.add(sample)
+        if self.chunk.samples >= (task.chunk_samples or self.chunk.samples + 1) or \
+                self.size >= (task.chunk_bytes or self.size + 1):
+            self.flush()
+
+    def flush(self) -> None:
+        if self.chunk is not None and self.chunk.samples:
+            task, written = self.task, self.written
             name = task.output.temp_name(task.tag, task.index, len(written.chunks), task.suffix)
-            data = chunk.encoded()
+            data = self.chunk.encoded()
             task.output.put(name, data)
-            written.chunks.append((name, chunk.samples, len(data)))
-            written.raw_bytes += size
-        chunk, size = None, 0
+            written.chunks.append((name, self.chunk.samples, len(data)))
+            written.raw_bytes += self.size
+        self.chunk, self.size = None, 0
 
+    def remove(self) -> None:
+        for name, _, _ in self.written.chunks:
+            self.task.output.remove(name)
+
+
+def run_task(task: Task) -> Written:
+    chunks = _Chunks(task)
     try:
         for sample in _samples_out(task):
-            if chunk is None:
-                chunk = new_chunk(task.format, task.compression)
-            size += chunk.add(sample)
-            if (task.chunk_samples is not None and chunk.samples >= task.chunk_samples) or \
-                    (task.chunk_bytes is not None and size >= task.chunk_bytes):
-                flush()
-        flush()
+            chunks.add(sample)
+        chunks.flush()
     except BaseException as exc:
-        for name, _, _ in written.chunks:
-            task.output.remove(name)
+        chunks.remove()
         if isinstance(exc, Exception) and not any("pyloader.write" in n for n in getattr(exc, "__notes__", ())):
             exc.add_note(f"pyloader.write: writing {task.part.describe()} to {task.output.url}")
         raise
-    return written
+    return chunks.written
 
 
 class InProcess(cf.Executor):
     """Runs each task when it is submitted, in this process."""
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
-        future: cf.Future = cf.Future()
+    def submit(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> "cf.Future[T]":
+        future: "cf.Future[T]" = cf.Future()
         try:
             future.set_result(fn(*args, **kwargs))
         except BaseException as exc:
@@ -131,14 +146,19 @@ class InProcess(cf.Executor):
         return future
 
 
+class Pool(Protocol):
+    def apply_async(self, func: Callable[..., object], args: Tuple[object, ...], kwds: dict, callback: Callable,
+                    error_callback: Callable) -> object: ...
+
+
 class PoolExecutor(cf.Executor):
     """A pool with ``apply_async`` (``multiprocessing.Pool``, Ray's) seen as an ``Executor``."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: "Pool") -> None:
         self.pool = pool
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
-        future: cf.Future = cf.Future()
+    def submit(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> "cf.Future[T]":
+        future: "cf.Future[T]" = cf.Future()
         self.pool.apply_async(fn, args, kwargs, callback=future.set_result, error_callback=future.set_exception)
         return future
 
@@ -147,17 +167,21 @@ def start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def executor_for(workers: Optional[int], executor: Any) -> Tuple[cf.Executor, bool, int]:
+def _width(workers: Optional[int], pool: object = None) -> int:
+    """Tasks run at once: ``workers``, a pool's processes, or one per CPU."""
+    return max(1, workers or getattr(pool, "_processes", 0) or os.cpu_count() or 1)
+
+
+def executor_for(workers: Optional[int], executor: object) -> Tuple[cf.Executor, bool, int]:
     """The executor to run tasks on, whether it is ours to shut down, and how many tasks it runs at once."""
+    if isinstance(executor, cf.Executor):
+        return executor, False, _width(workers)
+    if hasattr(executor, "apply_async"):
+        return PoolExecutor(executor), False, _width(workers, executor)
     if executor is not None:
-        if isinstance(executor, cf.Executor):
-            return executor, False, max(1, workers or os.cpu_count() or 1)
-        if hasattr(executor, "apply_async"):
-            return PoolExecutor(executor), False, max(1, workers or getattr(executor, "_processes", 0) or
-                                                      os.cpu_count() or 1)
         raise TypeError(f"executor must be a concurrent.futures.Executor or a pool with apply_async, "
                         f"got {type(executor).__name__}")
     if workers == 0:
         return InProcess(), True, 1
-    n = workers or os.cpu_count() or 1
+    n = _width(workers)
     return cf.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(start_method())), True, n

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Sized, Tuple, cast
 
 from .._abc import DataReader
 from .._storage.compression import SUFFIXES
@@ -30,7 +30,7 @@ from .._storage.count_index import index_folder, name_in
 from .._storage.files import list_files, open_file
 from ..readers._tar import split_name
 
-Sample = Dict[str, Any]
+Sample = Dict[str, object]
 KINDS = ("auto", "samples", "indexed", "files", "table")
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".csv", ".tsv", ".jsonl", ".ndjson", ".json")
 
@@ -40,14 +40,14 @@ class Part:
     """One task's input: ``kind`` and what the task needs to read it (see the module)."""
 
     kind: str
-    payload: Any
+    payload: object
     first: int  # the input position of its first unit (a sample, an index, a key or a file)
     units: int
 
     def describe(self) -> str:
         what = {"samples": "samples", "indexed": "indexes", "files": "keys", "table": "file"}[self.kind]
         if self.kind == "table":
-            return f"the file {self.payload[0]!r}"
+            return f"the file {cast(Tuple[str, DataReader], self.payload)[0]!r}"
         return f"{what} {self.first}-{self.first + self.units - 1} of the input"
 
 
@@ -111,22 +111,31 @@ def source_of(source: object, *, kind: str = "auto", reader: Optional[DataReader
     if kind not in KINDS:
         raise ValueError(f"unknown source kind {kind!r}: expected one of {list(KINDS)}")
     if _is_paths(source) and kind in ("auto", "files", "table"):
-        files, folder = _files_of(source)
-        tables = reader is not None or all(_bare_name(f).endswith(TABLE_SUFFIXES) for f in files)
-        if kind == "table" or (kind == "auto" and tables):
-            return Source("table", lambda size: _table_parts(files, reader), len(files))
-        return _key_source(files, folder)
+        return _path_source(source, kind, reader)
     if kind in ("files", "table"):
         raise TypeError(f"source kind {kind!r} takes a path or a list of paths, got {type(source).__name__}")
-    indexed = hasattr(source, "__len__") and hasattr(source, "__getitem__") and not isinstance(source, (list, tuple))
-    if kind == "indexed" or (kind == "auto" and indexed and not isinstance(source, (str, bytes, dict))):
-        n = len(source)  # type: ignore[arg-type]
+    if kind == "indexed" or (kind == "auto" and _is_indexed(source)):
+        n = len(cast(Sized, source))
         return Source("indexed", lambda size: _index_parts(source, n, size), n)
     if not isinstance(source, Iterable) or isinstance(source, (str, bytes, dict)):
         raise TypeError(f"write takes an iterable of dict samples, an object with __len__ and __getitem__, "
                         f"a path or a list of paths, got {type(source).__name__}")
-    total = len(source) if hasattr(source, "__len__") else None  # type: ignore[arg-type]
+    total = len(source) if isinstance(source, Sized) else None
     return Source("samples", lambda size: _sample_parts(iter(source), size), total)
+
+
+def _is_indexed(source: object) -> bool:
+    """Whether ``source`` is read by index: ``__len__`` and ``__getitem__``, and no list, tuple, string or dict."""
+    return hasattr(source, "__len__") and hasattr(source, "__getitem__") and \
+        not isinstance(source, (list, tuple, str, bytes, dict))
+
+
+def _path_source(source: object, kind: str, reader: Optional[DataReader]) -> Source:
+    files, folder = _files_of(source)
+    tables = reader is not None or all(_bare_name(f).endswith(TABLE_SUFFIXES) for f in files)
+    if kind == "table" or (kind == "auto" and tables):
+        return Source("table", lambda size: _table_parts(files, reader), len(files))
+    return _key_source(files, folder)
 
 
 def _key_source(files: List[str], folder: str) -> Source:
@@ -152,7 +161,7 @@ def _table_parts(files: Sequence[str], reader: Optional[DataReader]) -> Iterator
         yield Part("table", (path, reader if reader is not None else reader_for(path)), k, 1)
 
 
-def _index_parts(source: Any, n: int, size: Callable[[], int]) -> Iterator[Part]:
+def _index_parts(source: object, n: int, size: Callable[[], int]) -> Iterator[Part]:
     first = 0
     while first < n:
         stop = min(n, first + size())
@@ -160,7 +169,7 @@ def _index_parts(source: Any, n: int, size: Callable[[], int]) -> Iterator[Part]
         first = stop
 
 
-def _sample_parts(samples: Iterator[Any], size: Callable[[], int]) -> Iterator[Part]:
+def _sample_parts(samples: Iterator[Sample], size: Callable[[], int]) -> Iterator[Part]:
     first = 0
     while True:
         taken = list(itertools.islice(samples, size()))
@@ -188,13 +197,24 @@ def _rows(path: str, reader: DataReader) -> Iterator[Sample]:
             yield {name: column[i] for name, column in zip(names, values)}
 
 
+def _indexed(payload: object) -> Iterator[Sample]:
+    source, start, stop = cast(Tuple[Sequence[Sample], int, int], payload)
+    return (source[i] for i in range(start, stop))
+
+
+def _keyed(payload: object) -> Iterator[Sample]:
+    return (_file_sample(key, members) for key, members in cast(List[Tuple[str, List[Tuple[str, str]]]], payload))
+
+
+def _table(payload: object) -> Iterator[Sample]:
+    return _rows(*cast(Tuple[str, DataReader], payload))
+
+
+_READ: Dict[str, Callable[[object], Iterator[Sample]]] = {
+    "samples": lambda payload: iter(cast(List[Sample], payload)), "indexed": _indexed, "files": _keyed,
+    "table": _table}
+
+
 def samples_of(part: Part) -> Iterator[Sample]:
     """The samples of ``part``, read where the task runs."""
-    if part.kind == "samples":
-        return iter(part.payload)
-    if part.kind == "indexed":
-        source, start, stop = part.payload
-        return (source[i] for i in range(start, stop))
-    if part.kind == "files":
-        return (_file_sample(key, members) for key, members in part.payload)
-    return _rows(*part.payload)
+    return _READ[part.kind](part.payload)
