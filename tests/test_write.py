@@ -103,12 +103,20 @@ def test_npy_refuses_samples_of_several_fields_naming_npz(tmp_path):
 
 
 def test_chunk_bytes_cuts_chunks_at_the_target_size_before_compression(tmp_path):
-    summary = pl.write(source=docs(1000), output=tmp_path / "out", chunk_bytes=4000, workers=0)
+    summary = pl.write(source=iter(docs(1000)), output=tmp_path / "out", chunk_bytes=4000, workers=0)
     sizes = [os.path.getsize(tmp_path / "out" / n) for n in chunk_names(tmp_path / "out")]
     assert summary.chunks == len(sizes) > 5 and summary.bytes == sum(sizes)
     assert all(s < 4000 + 100 for s in sizes)  # closed at the first sample reaching the target
     assert sum(s >= 4000 for s in sizes) >= len(sizes) // 2  # most chunks are full: parts are sized to fit
     assert ids(read_back(str(tmp_path / "out"), JsonLinesReader())) == list(range(1000))
+
+
+def test_a_small_input_of_known_size_is_cut_into_parts_enough_for_the_workers(tmp_path):
+    summary = pl.write(source=docs(3200), output=tmp_path / "out", workers=0)  # 64 MiB chunks by default
+    assert summary.chunks == api.MIN_PARTS
+    assert ids(read_back(str(tmp_path / "out"), JsonLinesReader())) == list(range(3200))
+    tiny = pl.write(source=docs(100), output=tmp_path / "tiny", workers=0)
+    assert tiny.chunks == 2  # parts of 64 samples at least
 
 
 def test_the_index_of_counts_is_the_one_the_index_command_writes(tmp_path):

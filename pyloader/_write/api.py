@@ -22,6 +22,8 @@ logger = logging.getLogger("pyloader")
 Mode = Literal["create", "overwrite", "append"]
 FIRST_PART = 256  # samples of the first part when only chunk_bytes sizes the chunks
 MAX_PART = 1 << 20  # samples of a part at most, sized from the first
+MIN_PARTS = 32  # an input of known size is cut into at least this many parts: a small one runs in parallel too
+MIN_PART = 64  # samples of a part at least, but for the last (MIN_PARTS does not cut a tiny input into 1-sample chunks)
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 
 
@@ -93,7 +95,9 @@ def write(*, source: Union[Iterable[dict], str, os.PathLike, List[str], object],
       ``"xz"`` for the first ones, Parquet's own codecs for Parquet.
     - A chunk holds at most ``chunk_samples`` samples and about ``chunk_bytes`` bytes before compression
       (64 MiB when neither is given). The input is cut into parts by input order, sized from the input
-      alone (the first part, of 256 samples, sizes the others to about a chunk); each part is a task,
+      alone (``chunk_samples`` each; else the first part, of 256 samples, sizes the others to about a
+      chunk, an input of known size cut into 32 parts (of 64 samples at least) so that a small one runs
+      in parallel too; a table file is a part); each part is a task,
       run by ``workers`` processes (``None``: one per CPU; 0: in this process) or on ``executor``, any
       ``concurrent.futures.Executor`` (a Dask client's ``get_executor()``) or a pool with ``apply_async``
       (Ray's ``ray.util.multiprocessing.Pool``). The output is the same whatever runs the tasks.
@@ -167,11 +171,14 @@ def _prepare(out: Output, mode: Mode) -> int:
 
 class _Sizer:
     """The units of each part: ``chunk_samples`` when set, else the first part's ``FIRST_PART`` and then
-    as many as make about ``chunk_bytes`` (from the first part's bytes per unit): the same for any executor."""
+    as many as make about ``chunk_bytes`` (from the first part's bytes per unit), at most a
+    ``MIN_PARTS``-th of an input of known size (or ``MIN_PART``). The same for any executor."""
 
     def __init__(self, run: _Run, source: Source) -> None:
-        self.fixed = run.chunk_samples if source.kind != "table" else 1
+        most = max(MIN_PART, -(-source.total // MIN_PARTS)) if source.total else MAX_PART
+        self.fixed = 1 if source.kind == "table" else run.chunk_samples  # a table's part is a file
         self.chunk_bytes = run.chunk_bytes or DEFAULT_CHUNK_BYTES
+        self.most = most
         self.learned: Optional[int] = None
 
     @property
@@ -181,10 +188,11 @@ class _Sizer:
     def learn(self, written: Written) -> None:
         if self.learned is None and written.units:
             per_unit = written.raw_bytes / written.units
-            self.learned = MAX_PART if per_unit == 0 else max(1, min(MAX_PART, int(self.chunk_bytes / per_unit)))
+            fit = MAX_PART if per_unit == 0 else int(self.chunk_bytes / per_unit)
+            self.learned = max(1, min(fit, self.most))
 
     def __call__(self) -> int:
-        return self.fixed or self.learned or FIRST_PART
+        return self.fixed or self.learned or min(FIRST_PART, self.most)
 
 
 def _run_tasks(run: _Run, source: Source, pool: cf.Executor, width: int,
