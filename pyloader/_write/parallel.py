@@ -3,8 +3,9 @@
 Contracts:
 
 - ``workers=0``: in this process, one task at a time. Otherwise a ``ProcessPoolExecutor`` of
-  ``workers`` processes (``None``: ``os.cpu_count()``) started by ``forkserver`` where there is one,
-  else ``spawn``: never a fork of this process, whose threads (the user's, fsspec's) may hold locks.
+  ``workers`` processes (``None``: ``os.cpu_count()``) started by ``forkserver`` where there is one
+  (its server, when this starts it, imports pyloader first), else ``spawn``: never a fork of this
+  process, whose threads (the user's, fsspec's) may hold locks.
   The user's ``fn`` must then be picklable (a function of a module, not a lambda).
 - A user's ``concurrent.futures.Executor`` (a Dask ``Client.get_executor()``, a thread pool) is used as
   given and never shut down here; so is a pool with ``apply_async`` (``multiprocessing.Pool``,
@@ -167,6 +168,20 @@ def start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+def _context() -> multiprocessing.context.BaseContext:
+    """The workers' start method; a fork server not started yet imports this module (and so pyloader) once
+    for all the workers it forks, which would each import it otherwise (seconds on a busy machine)."""
+    method = start_method()
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        from multiprocessing import forkserver
+
+        preloaded = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
+        if __name__ not in preloaded:
+            context.set_forkserver_preload([*preloaded, __name__])
+    return context
+
+
 def _width(workers: Optional[int], pool: object = None) -> int:
     """Tasks run at once: ``workers``, a pool's processes, or one per CPU."""
     return max(1, workers or getattr(pool, "_processes", 0) or os.cpu_count() or 1)
@@ -184,4 +199,4 @@ def executor_for(workers: Optional[int], executor: object) -> Tuple[cf.Executor,
     if workers == 0:
         return InProcess(), True, 1
     n = _width(workers)
-    return cf.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(start_method())), True, n
+    return cf.ProcessPoolExecutor(n, mp_context=_context()), True, n
