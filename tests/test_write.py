@@ -6,6 +6,7 @@ import concurrent.futures as cf
 import gzip
 import json
 import os
+import pickle
 import random
 import select
 import signal
@@ -155,6 +156,13 @@ def test_worker_processes_give_the_same_chunks_as_one_process(tmp_path):
     names = chunk_names(tmp_path / "one")
     assert names == chunk_names(tmp_path / "two") and len(names) > 3
     assert all((tmp_path / "one" / n).read_bytes() == (tmp_path / "two" / n).read_bytes() for n in names)
+
+
+def test_a_function_worker_processes_cannot_get_is_refused_before_they_start_saying_what_to_do(tmp_path):
+    with pytest.raises((AttributeError, pickle.PicklingError)) as caught:  # pickle's own, by Python version
+        pl.write(source=docs(5), output=tmp_path / "out", fn=lambda s: s, workers=2)
+    assert any("workers=0" in note for note in caught.value.__notes__)
+    assert chunk_names(tmp_path / "out") == []
 
 
 def test_a_users_executor_and_an_apply_async_pool_give_the_same_dataset(tmp_path):

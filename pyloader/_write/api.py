@@ -131,7 +131,7 @@ def write(*, source: Union[Iterable[dict], str, os.PathLike, List[str], object],
     run = _Run(output=out, format=format, compression=compression, suffix=formats.suffix(format, compression),
                chunk_bytes=chunk_bytes if chunk_bytes or chunk_samples else DEFAULT_CHUNK_BYTES,
                chunk_samples=chunk_samples, fn=fn, next_number=_prepare(out, mode))
-    pool, ours, width = executor_for(workers, executor)
+    pool, ours, width = executor_for(workers, executor, fn)
     try:
         _run_tasks(run, found, pool, width, _bar(progress, found), task_timeout_s)
     finally:

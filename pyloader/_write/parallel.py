@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import os
+import pickle
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional, Protocol, Tuple, TypeVar
 
@@ -182,12 +183,24 @@ def _context() -> multiprocessing.context.BaseContext:
     return context
 
 
+def check_picklable(fn: Optional[UserFn]) -> None:
+    """``fn`` pickled as a worker process gets it; its failure (a lambda, a local function) keeps its type
+    and gains a note saying what to do."""
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:
+        exc.add_note("pyloader.write: fn goes to worker processes, so it must be picklable (a function of a "
+                     "module, or of your script's top level under if __name__ == '__main__'); workers=0 "
+                     "runs it in this process instead")
+        raise
+
+
 def _width(workers: Optional[int], pool: object = None) -> int:
     """Tasks run at once: ``workers``, a pool's processes, or one per CPU."""
     return max(1, workers or getattr(pool, "_processes", 0) or os.cpu_count() or 1)
 
 
-def executor_for(workers: Optional[int], executor: object) -> Tuple[cf.Executor, bool, int]:
+def executor_for(workers: Optional[int], executor: object, fn: Optional[UserFn]) -> Tuple[cf.Executor, bool, int]:
     """The executor to run tasks on, whether it is ours to shut down, and how many tasks it runs at once."""
     if isinstance(executor, cf.Executor):
         return executor, False, _width(workers)
@@ -199,4 +212,5 @@ def executor_for(workers: Optional[int], executor: object) -> Tuple[cf.Executor,
     if workers == 0:
         return InProcess(), True, 1
     n = _width(workers)
+    check_picklable(fn)
     return cf.ProcessPoolExecutor(n, mp_context=_context()), True, n
