@@ -276,6 +276,8 @@ def test_append_continues_the_numbers_and_merges_datasets(tmp_path):
     counts = json.loads((tmp_path / "merged" / ix.INDEX_NAME).read_text())["files"]
     assert sum(e["count"] for e in counts.values()) == 40 and len(counts) == 5
     assert ids(read_back(str(tmp_path / "merged"), JsonLinesReader())) == list(range(40))
+    with pytest.raises(ValueError, match="another format"):
+        pl.write(source=docs(3), output=tmp_path / "merged", workers=0, mode="append", compression="gzip")
     pl.write(source=docs(3), output=tmp_path / "merged", workers=0, mode="overwrite")
     assert chunk_names(tmp_path / "merged") == ["shard-000000.jsonl"]
 
@@ -391,6 +393,8 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path):
         pl.write(source=docs(1), output=tmp_path / "a", compression="snappy")
     with pytest.raises(ValueError, match="chunk_samples"):
         pl.write(source=docs(1), output=tmp_path / "a", chunk_samples=0)
+    with pytest.raises(ValueError, match="workers must be an integer >= 0"):
+        pl.write(source=docs(1), output=tmp_path / "a", workers=-1)
     with pytest.raises(TypeError, match="iterable of dict samples"):
         pl.write(source=42, output=tmp_path / "a")
     assert not (tmp_path / "a").exists()

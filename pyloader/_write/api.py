@@ -94,18 +94,20 @@ def write(*, source: Union[Iterable[dict], str, os.PathLike, List[str], object],
       ``ParquetReader``, ``TarReader``, ``NumpyReader``); ``compression``: ``"gzip"``, ``"zstd"``, ``"bz2"``,
       ``"xz"`` for the first ones, Parquet's own codecs for Parquet.
     - A chunk holds at most ``chunk_samples`` samples and about ``chunk_bytes`` bytes before compression
-      (64 MiB when neither is given). The input is cut into parts by input order, sized from the input
-      alone (``chunk_samples`` each; else the first part, of 256 samples, sizes the others to about a
-      chunk, an input of known size cut into 32 parts (of 64 samples at least) so that a small one runs
-      in parallel too; a table file is a part); each part is a task,
-      run by ``workers`` processes (``None``: one per CPU; 0: in this process) or on ``executor``, any
-      ``concurrent.futures.Executor`` (a Dask client's ``get_executor()``) or a pool with ``apply_async``
-      (Ray's ``ray.util.multiprocessing.Pool``). The output is the same whatever runs the tasks.
+      (64 MiB when neither is given).
+    - The input is cut into parts in input order, each a task: a table file; else ``chunk_samples``
+      samples; else 256 samples first, whose bytes size the other parts to about a chunk, an input of
+      known size being cut into 32 parts at least (of 64 samples at least), so that a small one runs in
+      parallel too. The parts depend on the input and the sizes alone: the output is the same bytes
+      whatever runs the tasks: ``workers`` processes (``None``: one per CPU; 0: this process), or
+      ``executor``, any ``concurrent.futures.Executor`` (a Dask client's ``get_executor()``) or a pool
+      with ``apply_async`` (Ray's ``ray.util.multiprocessing.Pool``).
     - Each task writes its chunks whole under hidden temporary names as they complete (uploaded at
       once to an fsspec URL); they are renamed ``<prefix>-000000<suffix>``, ... in input order. A killed
       writer leaves no visible partial chunk, and the next run removes its temporary files.
     - ``mode``: ``"create"`` (``output`` must hold no chunk), ``"overwrite"`` (its chunks and index are
-      removed first) or ``"append"`` (chunks numbered after the last one there; merge datasets so).
+      removed first) or ``"append"`` (chunks numbered after the last one there, which must be of the same
+      format and compression; merge datasets so).
     - With ``index``, the index of counts is written as ``python -m pyloader index`` writes it, so a
       loader of the output counts nothing. ``progress``: a tqdm bar over the input.
 
@@ -123,14 +125,15 @@ def write(*, source: Union[Iterable[dict], str, os.PathLike, List[str], object],
     """
     started = time.perf_counter()
     formats.check(format, compression)
-    _check_sizes(chunk_bytes, chunk_samples)
+    _check_numbers(chunk_bytes=chunk_bytes, chunk_samples=chunk_samples, workers=workers)
     if mode not in ("create", "overwrite", "append"):
         raise ValueError(f"mode must be 'create', 'overwrite' or 'append', got {mode!r}")
     out = Output(os.fspath(output), prefix)
     found = source_of(source, kind=kind, reader=reader)
     run = _Run(output=out, format=format, compression=compression, suffix=formats.suffix(format, compression),
                chunk_bytes=chunk_bytes if chunk_bytes or chunk_samples else DEFAULT_CHUNK_BYTES,
-               chunk_samples=chunk_samples, fn=fn, next_number=_prepare(out, mode))
+               chunk_samples=chunk_samples, fn=fn, next_number=0)
+    run.next_number = _prepare(out, mode, run.suffix)
     pool, ours, width = executor_for(workers, executor, fn)
     try:
         _run_tasks(run, found, pool, width, _bar(progress, found), task_timeout_s)
@@ -144,13 +147,15 @@ def write(*, source: Union[Iterable[dict], str, os.PathLike, List[str], object],
                         rate=run.samples / seconds if seconds > 0 else 0.0)
 
 
-def _check_sizes(chunk_bytes: Optional[int], chunk_samples: Optional[int]) -> None:
-    for name, value in (("chunk_bytes", chunk_bytes), ("chunk_samples", chunk_samples)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
+def _check_numbers(**numbers: Optional[int]) -> None:
+    """``ValueError`` for a number that is not ``None`` or an integer, >= 1 (>= 0 for ``workers``)."""
+    for name, value in numbers.items():
+        least = 0 if name == "workers" else 1
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+            raise ValueError(f"{name} must be an integer >= {least} or None, got {value!r}")
 
 
-def _prepare(out: Output, mode: Mode) -> int:
+def _prepare(out: Output, mode: Mode, suffix: str) -> int:
     """Clean up after dead writers, apply ``mode``, and the number of the first chunk to write."""
     out.make()
     removed = out.clean()
@@ -159,6 +164,10 @@ def _prepare(out: Output, mode: Mode) -> int:
     names = [n for n in out.names() if not n.startswith(TEMP)]
     numbers = [n for n in map(out.chunk_number, names) if n is not None]
     if mode == "append":
+        other = [n for n in names if out.chunk_number(n) is not None and not n.endswith(suffix)]
+        if other:
+            raise ValueError(f"{out.url!r} holds chunks of another format or compression ({other[0]!r}), "
+                             f"not {suffix!r} ones: append needs the same")
         return max(numbers, default=-1) + 1
     if mode == "create" and numbers:
         raise FileExistsError(f"{out.url!r} holds chunks already ({len(numbers)}): pass mode='append' to add "
