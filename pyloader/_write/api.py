@@ -13,7 +13,7 @@ from typing import Callable, Deque, Iterable, Iterator, List, Literal, Optional,
 from .._abc import DataReader
 from .._storage import writers
 from . import formats
-from .output import TEMP, Output
+from .output import Output
 from .parallel import Task, UserFn, Written, executor_for, run_task
 from .sources import Part, Source, source_of
 
@@ -161,20 +161,18 @@ def _prepare(out: Output, mode: Mode, suffix: str) -> int:
     removed = out.clean()
     if removed:
         logger.info("pyloader.write: removed %d temporary files of writers that died in %s", len(removed), out.url)
-    names = [n for n in out.names() if not n.startswith(TEMP)]
-    numbers = [n for n in map(out.chunk_number, names) if n is not None]
+    chunks = {name: n for name in out.names() if (n := out.chunk_number(name)) is not None}
     if mode == "append":
-        other = [n for n in names if out.chunk_number(n) is not None and not n.endswith(suffix)]
+        other = [name for name in chunks if not name.endswith(suffix)]
         if other:
             raise ValueError(f"{out.url!r} holds chunks of another format or compression ({other[0]!r}), "
                              f"not {suffix!r} ones: append needs the same")
-        return max(numbers, default=-1) + 1
-    if mode == "create" and numbers:
-        raise FileExistsError(f"{out.url!r} holds chunks already ({len(numbers)}): pass mode='append' to add "
+        return max(chunks.values(), default=-1) + 1
+    if mode == "create" and chunks:
+        raise FileExistsError(f"{out.url!r} holds chunks already ({len(chunks)}): pass mode='append' to add "
                               "to them, or mode='overwrite' to replace them")
-    for name in names:  # overwrite: the chunks and the indexes go
-        if out.chunk_number(name) is not None or name.startswith("_pyloader"):
-            out.remove(name)
+    for name in [*chunks, *(n for n in out.names() if n.startswith("_pyloader"))]:  # overwrite: chunks, indexes
+        out.remove(name)
     return 0
 
 
