@@ -351,7 +351,7 @@ def test_a_writer_killed_at_random_points_leaves_only_whole_chunks_and_the_next_
     pl.write(source=docs(3), output=folder, workers=0, mode="append", compression="gzip")
     assert not [n for n in os.listdir(folder) if n.startswith(output.TEMP)]
     counts = json.loads((folder / ix.INDEX_NAME).read_text())["files"]
-    assert len(counts) == len(chunk_names(folder)) > 20 and list(counts.values())[-1]["count"] == 3
+    assert len(counts) == len(chunk_names(folder)) and list(counts.values())[-1]["count"] == 3
 
 
 def test_a_temporary_file_of_a_live_writer_is_left_alone(tmp_path):
