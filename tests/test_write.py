@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from multiprocessing.pool import ThreadPool
@@ -223,6 +224,25 @@ def test_an_object_with_len_and_getitem_is_read_by_index_in_the_tasks(tmp_path):
     summary = pl.write(source=Indexed(70), output=tmp_path / "out", chunk_samples=32, workers=0)
     assert (summary.samples, summary.chunks) == (70, 3)
     assert ids(read_back(str(tmp_path / "out"), JsonLinesReader())) == list(range(70))
+
+
+class Unpicklable(Indexed):
+    """An object read by index that cannot go to a task (it holds a lock)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.lock = threading.Lock()
+
+
+def test_an_object_read_by_index_that_cannot_travel_is_read_here_into_the_same_chunks(tmp_path):
+    from pyloader._write.sources import source_of
+
+    assert source_of(Indexed(5)).kind == "indexed" and source_of(Unpicklable(5)).kind == "samples"
+    pl.write(source=Indexed(150), output=tmp_path / "by_index", workers=0)
+    pl.write(source=Unpicklable(150), output=tmp_path / "here", workers=0)
+    names = chunk_names(tmp_path / "here")
+    assert names == chunk_names(tmp_path / "by_index") and len(names) == 3
+    assert all((tmp_path / "here" / n).read_bytes() == (tmp_path / "by_index" / n).read_bytes() for n in names)
 
 
 def test_a_hugging_face_dataset_is_written_when_datasets_is_installed(tmp_path):

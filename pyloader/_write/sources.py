@@ -6,7 +6,9 @@ Contracts:
   once, in this process; each part carries its samples to the task.
 - ``indexed``: an object with ``__len__`` and ``__getitem__`` giving dicts (a HF ``Dataset``, anything
   alike), not a list or tuple. A part is a range of indexes; the object itself goes with each task
-  (a HF ``Dataset`` of files on disk pickles as their paths), which reads its rows.
+  (a HF ``Dataset`` of files on disk pickles as their paths), which reads its rows. One that does not
+  pickle, or pickles to more than ``TRAVEL_BYTES`` (a dataset in memory), is read here, in order, and
+  its rows sent as an iterable's: the same parts, the same chunks.
 - ``files``: a folder (or glob, or list) of files of any kind. Files whose names share a key (the
   path below the folder up to the first dot of the base name, as webdataset's, ``img/001.jpg`` and
   ``img/001.cls``) are one sample, ``{"__key__": "img/001", "jpg": b"...", "cls": b"..."}``, the bytes
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Sized, Tuple, cast
 
@@ -32,6 +35,7 @@ from ..readers._tar import split_name
 
 Sample = Dict[str, object]
 KINDS = ("auto", "samples", "indexed", "files", "table")
+TRAVEL_BYTES = 16 * 2**20
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".csv", ".tsv", ".jsonl", ".ndjson", ".json")
 
 
@@ -116,7 +120,10 @@ def source_of(source: object, *, kind: str = "auto", reader: Optional[DataReader
         raise TypeError(f"source kind {kind!r} takes a path or a list of paths, got {type(source).__name__}")
     if kind == "indexed" or (kind == "auto" and _is_indexed(source)):
         n = len(cast(Sized, source))
-        return Source("indexed", lambda size: _index_parts(source, n, size), n)
+        if _travels(source):
+            return Source("indexed", lambda size: _index_parts(source, n, size), n)
+        rows = (cast(Sequence[Sample], source)[i] for i in range(n))
+        return Source("samples", lambda size: _sample_parts(rows, size), n)
     if not isinstance(source, Iterable) or isinstance(source, (str, bytes, dict)):
         raise TypeError(f"write takes an iterable of dict samples, an object with __len__ and __getitem__, "
                         f"a path or a list of paths, got {type(source).__name__}")
@@ -128,6 +135,15 @@ def _is_indexed(source: object) -> bool:
     """Whether ``source`` is read by index: ``__len__`` and ``__getitem__``, and no list, tuple, string or dict."""
     return hasattr(source, "__len__") and hasattr(source, "__getitem__") and \
         not isinstance(source, (list, tuple, str, bytes, dict))
+
+
+def _travels(source: object) -> bool:
+    """Whether an object read by index goes with each task: it pickles, in ``TRAVEL_BYTES`` at most (a HF
+    ``Dataset`` of files does, as their paths); else its rows are read here and sent, as an iterable's."""
+    try:
+        return len(pickle.dumps(source)) <= TRAVEL_BYTES
+    except Exception:  # pickle's errors, or the object's own
+        return False
 
 
 def _path_source(source: object, kind: str, reader: Optional[DataReader]) -> Source:
