@@ -82,7 +82,8 @@ def write(*, source: Union[Iterable[dict], str, os.PathLike, List[str], object],
     """Write ``source``'s samples, through ``fn``, as chunk files in ``output``, with the index of counts.
 
     - ``source``: an iterable of dict samples (a list, a generator, a HF ``IterableDataset``); an object
-      with ``__len__`` and ``__getitem__`` giving dicts (a HF ``Dataset``); a folder, glob or list of
+      with ``__len__`` and ``__getitem__`` giving dicts (a HF ``Dataset``), read by index in the tasks
+      when it pickles small, else here; a folder, glob or list of
       Parquet, CSV, TSV or JSON lines files (read by the built-in reader their names say, or by
       ``reader``), a row a sample; or a folder of any other files, the files sharing a key
       (``img/001.jpg`` and ``img/001.cls``) one sample ``{"__key__": "img/001", "jpg": b"..", "cls": b".."}``.
