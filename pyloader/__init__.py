@@ -13,10 +13,12 @@ from ._rng import rng, rng_seed
 from ._stages.sources import Source
 from ._storage.epoch_cache import CacheEncoded
 from ._storage.files import list_files, open_file
+from ._write.api import write
 
 __all__ = [
     "DataReader", "Dataset", "DataCollator", "IdentityDataset", "DataLoader", "LoaderIterator",
     "PipelineError", "TooManyErrors", "WorkerDied", "reraise", "warn_and_skip", "open_file", "list_files", "Source",
     "CacheEncoded", "rng", "rng_seed", "Stream", "Shuffle", "Ranks", "Storage", "Rotation", "Bucket", "OnError",
+    "write",
 ]
 __version__ = "0.2.0"

@@ -18,6 +18,7 @@
 * ``index DATA --reader R``: count every file and write the index of counts next to the data
   (``_storage.count_index``), reusing the entries of an index there that still match; it names
   the files that changed since and those no longer in the data.
+* ``write SOURCE OUTPUT``: ``pyloader.write`` (``_write.cli``).
 
 Batches are collated by ``NumpyCollator``, so neither torch nor TensorFlow is needed.
 Exit status: 0; 1 when something failed (the message names the file); 2 for bad arguments.
@@ -50,6 +51,7 @@ from ._loader import DataLoader
 from ._paths import local_path
 from ._storage import count_index as ix
 from ._storage.files import DataDir, is_url, list_files
+from ._write import cli as write_cli
 
 READERS = {
     "jsonl": ("pyloader.readers", "JsonLinesReader"),
@@ -57,6 +59,7 @@ READERS = {
     "csv": ("pyloader.readers", "CSVReader"),
     "npy": ("pyloader.readers", "NumpyReader"),
     "parquet": ("pyloader.readers._parquet", "ParquetReader"),
+    "tar": ("pyloader.readers", "TarReader"),
 }
 MEMORY_EVERY_S = 0.02
 
@@ -463,7 +466,7 @@ def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[
 # -- the command line ------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m pyloader", description="Look at a dataset, time the loader on it.")
-    commands = top.add_subparsers(dest="command", required=True, metavar="{inspect,bench,index}")
+    commands = top.add_subparsers(dest="command", required=True, metavar="{inspect,bench,index,write}")
     for name, text in (("inspect", "list the files, their sizes and samples, and print a first batch"),
                        ("bench", "samples/s and peak memory for each number of workers, and a recommendation"),
                        ("index", f"count the samples of every file and write them to {ix.INDEX_NAME} in the data's "
@@ -483,6 +486,7 @@ def parser() -> argparse.ArgumentParser:
     bench_.add_argument("--tolerance", type=float, default=0.05,
                         help="a setting faster than the default's by more than this is named (default 0.05)")
     commands.choices["index"].add_argument("--progress", action="store_true", help="a bar over the files counted")
+    write_cli.add_parser(commands)
     measure_ = commands.add_parser("_measure")  # one setting of bench, in its own process
     measure_.add_argument("spec")
     return top
@@ -496,7 +500,7 @@ def main(argv: Optional[Sequence[str]] = None, out: Callable[[str], None] = prin
         if args.command == "_measure":
             out(json.dumps(asdict(measure(json.loads(args.spec)))))
             return 0
-        return {"inspect": inspect, "bench": bench, "index": index}[args.command](args, out)
+        return {"inspect": inspect, "bench": bench, "index": index, "write": write_cli.run}[args.command](args, out)
     except (CommandError, PipelineError, OSError, ValueError) as exc:
         print(f"pyloader: error: {exc}", file=sys.stderr)
         return 1
