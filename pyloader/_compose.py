@@ -32,6 +32,9 @@ def check_global_order(a: Mapping[str, Any]) -> None:
     """``shuffle=Shuffle(...)`` makes the whole order: the orders it replaces are refused beside it, and the
     features that do not compose with it yet say so."""
     if not isinstance(a["shuffle"], Shuffle):
+        if is_mix(a["data_dir"]) and any(s.amount for s in a["data_dir"]):
+            raise ValueError("a Source's repeat, choose or sampling needs the global order: "
+                             "shuffle=Shuffle(...) (without it sources are mixed by weight alone)")
         return
     if a["datareader"].shuffle:
         raise ValueError("shuffle=Shuffle(...) makes the order of every sample: use DataReader(shuffle=False)")
@@ -40,7 +43,6 @@ def check_global_order(a: Mapping[str, Any]) -> None:
                          "is its budget)")
     clash = [name for name, on in (("stream", a["stream"]), ("bucket", a["bucket"] is not None),
                                    ("rotation", a["rotation"] is not None), ("filter_fn", a["filter_fn"] is not None),
-                                   ("weighted sources", is_mix(a["data_dir"])),
                                    ("cache_encoded", a["cache_encoded"] is not None)) if on]
     if clash:
         raise ValueError(f"shuffle=Shuffle(...) does not compose with {clash[0]} yet: use shuffle=True "

@@ -22,7 +22,7 @@ from ._errors import ErrorPolicy
 from ._stages.bucket import BucketBy
 from ._stages.shard import EVEN_BATCHES
 from ._stages.stream import PADDING_MODES
-from ._stages.tiles import DEFAULT_BLOCK
+from ._stages.tiles import BATCHINGS, DEFAULT_BLOCK
 from ._storage.bytes import DEFAULT_READAHEAD_BYTES
 
 
@@ -197,6 +197,12 @@ class Shuffle(Group):
     block: Annotated[int, Option(
         "samples of one block (all ranks together): the spans read are block / global batch samples long",
         check=positive)] = DEFAULT_BLOCK
+    epoch_size: Annotated[Optional[int], Option(
+        "samples per epoch (None: the data's, or the weighted sources' amounts); smaller: a different part "
+        "each epoch, together covering the data; larger: the data repeated", check=optional(positive))] = None
+    batching: Annotated[str, Option(
+        'with weighted sources: "random" (mixed), "stratified" (every batch holds each source\'s share), '
+        '"per_source" (each batch from one source)', check=one_of(BATCHINGS))] = "random"
 
 
 @dataclass(frozen=True, repr=False)

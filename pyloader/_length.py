@@ -17,7 +17,7 @@ from ._stages.mix import MixSource
 from ._stages.shard import batches_of
 from ._stages.source import FileSource
 from ._stages.stream_plan import stream_steps
-from ._stages.tiles import TiledSource
+from ._stages.tiled import TiledSource
 
 if TYPE_CHECKING:
     from ._counts import Counter

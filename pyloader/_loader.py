@@ -47,7 +47,7 @@ from ._stages.shard import Sharding
 from ._stages.shard import resolve as resolve_sharding
 from ._stages.source import Elastic, FileSource
 from ._stages.sources import build_mix, is_mix, readers_of
-from ._stages.tiles import TiledSource
+from ._stages.tiled import TiledSource
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
 from ._stats import profiled
 from ._storage.cache import DiskCache

@@ -141,7 +141,9 @@ def _as_shuffle(value: object) -> Union[bool, Shuffle]:
 
 def _shuffle_record(value: object) -> object:
     """``shuffle`` as states record it: a bool, or the global order's block (which older states cannot hold)."""
-    return {"block": value.block} if isinstance(value, Shuffle) else bool(value)
+    if not isinstance(value, Shuffle):
+        return bool(value)
+    return {"block": value.block, "epoch_size": value.epoch_size, "batching": value.batching}
 
 
 def _stream_record(value: object) -> Recorded:

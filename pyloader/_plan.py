@@ -33,7 +33,8 @@ from ._stages.shard import Sharding
 from ._stages.source import Elastic, FileSource, FileTask
 from ._stages.sources import Mix
 from ._stages.stream_resume import StreamStart, stream_start
-from ._stages.tiles import TiledSource
+from ._stages.tiled import TiledSource
+from ._stages.tiles import pools_of
 from ._state import Start
 from ._storage.cache import DiskCache
 from ._storage.epoch_cache import EpochStore
@@ -281,8 +282,10 @@ def source_of(o: Options, files: List[str], start: Start, counts: Optional[List[
     """The plan of the epochs ``start`` begins, for a run (``make_source``) or for the loader's own
     questions before one (its length, a position's check)."""
     if isinstance(o.shuffle, Shuffle):
-        return TiledSource(files, counts or [], batch_size=o.datareader.batch_size, block=o.shuffle.block,
-                           seed=o.random_seed, num_epoch=start.end, drop_last=o.drop_last, sharding=sharding,
+        known = [n or 0 for n in counts or []]  # a count that failed and was skipped: left out
+        return TiledSource(files, known, pools_of(o.shuffle, known, mix, o.stop), batch_size=o.datareader.batch_size,
+                           block=o.shuffle.block, batching=o.shuffle.batching, seed=o.random_seed,
+                           num_epoch=start.end, drop_last=o.drop_last, sharding=sharding,
                            resume=(start.epoch, start.skip), runs=runs or {})
     if mix is not None:
         return MixSource(mix, counts or [], o.stop, o.shuffle, o.random_seed, num_epoch=start.end,

@@ -277,3 +277,141 @@ def test_the_default_placement_delivers_every_sample_once_in_the_same_order(tmp_
     default = ids()
     assert sorted(default) == sorted(list(range(3600)) * 2)
     assert default == ids(num_workers=0)
+
+
+# -- amounts: epoch_size, weighted sources, repeat, choose, batching ------------------------------------
+def _mixed(tmp_path, sizes_by_source=((40, 20), (30,), (7, 8, 9)), amounts=None):
+    """Sources of ids 0.., 1000.., 2000..: one folder each."""
+    sources = []
+    for k, sizes in enumerate(sizes_by_source):
+        folder = tmp_path / f"s{k}"
+        folder.mkdir(parents=True)
+        at = 1000 * k
+        for f, n in enumerate(sizes):
+            (folder / f"p{f}.txt").write_text("".join(f"{at + i}\n" for i in range(n)))
+            at += n
+        sources.append(pl.Source(str(folder), **(amounts or {}).get(k, {})))
+    return sources
+
+
+def mixed_loader(sources, world_size=1, rank=0, *, num_workers=0, num_epoch=1, **shuffle):
+    return pl.DataLoader(IdReader(batch_size=G // world_size), pl.IdentityDataset(), ListCollator(), sources,
+                         shuffle=pl.Shuffle(block=48, **shuffle), num_epoch=num_epoch, num_workers=num_workers,
+                         ranks=pl.Ranks(rank=rank, world_size=world_size))
+
+
+def _by_epoch(ld) -> List[List[int]]:
+    out: List[List[int]] = []
+    for batch in ld:
+        while len(out) <= ld.epoch:
+            out.append([])
+        out[ld.epoch].extend(i for i, pad in zip(batch["id"], batch.get("__padding__", [False] * 99)) if not pad)
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_smaller_epoch_size_gives_disjoint_parts_that_together_cover_the_data(data, num_workers):
+    ld = loader(data, num_workers=num_workers, num_epoch=3)
+    ld = pl.DataLoader(IdReader(batch_size=G), pl.IdentityDataset(), ListCollator(), str(data),
+                       shuffle=pl.Shuffle(block=60, epoch_size=50), num_epoch=3, num_workers=num_workers)
+    epochs = _by_epoch(ld)
+    assert [len(e) for e in epochs] == [50, 50, 50] and len(ld) == 3 * -(-50 // G)
+    assert sorted(i for e in epochs for i in e) == list(range(150))
+
+
+def test_a_larger_epoch_size_repeats_the_data_as_evenly_as_it_can(data):
+    ld = pl.DataLoader(IdReader(batch_size=G), pl.IdentityDataset(), ListCollator(), str(data),
+                       shuffle=pl.Shuffle(block=60, epoch_size=400))
+    (epoch,) = _by_epoch(ld)
+    seen = np.bincount(epoch, minlength=150)
+    assert len(epoch) == 400 and seen.min() == 2 and seen.max() == 3
+
+
+def test_weighted_sources_give_their_shares_until_the_first_runs_out(tmp_path):
+    sources = _mixed(tmp_path)
+    sources = [pl.Source(s.data_dir, weight=w) for s, w in zip(sources, (2, 1, 1))]
+    (epoch,) = _by_epoch(mixed_loader(sources))
+    per = np.bincount(np.asarray(epoch) // 1000, minlength=3)
+    assert per.tolist() == [48, 24, 24]  # source 2 (24 samples) runs out first: 2:1:1 of 96
+    assert len(set(epoch)) == len(epoch)
+
+
+def test_repeat_and_choose_set_a_sources_samples_per_epoch_and_balanced_sampling_covers_it(tmp_path):
+    sources = _mixed(tmp_path, amounts={0: {"repeat": 0.5}, 1: {"choose": 75}, 2: {"repeat": 1}})
+    epochs = _by_epoch(mixed_loader(sources, num_epoch=2))
+    for epoch in epochs:
+        assert np.bincount(np.asarray(epoch) // 1000, minlength=3).tolist() == [30, 75, 24]
+    first_source = [i for e in epochs for i in e if i < 1000]
+    assert sorted(first_source) == list(range(60)), "two halves of source 0: disjoint, covering it"
+
+
+def test_fixed_sampling_takes_the_same_subset_every_epoch(tmp_path):
+    sources = _mixed(tmp_path, amounts={0: {"repeat": 0.25, "sampling": "fixed"}})
+    epochs = _by_epoch(mixed_loader(sources, num_epoch=3))
+    subsets = [sorted(i for i in e if i < 1000) for e in epochs]
+    assert len(subsets[0]) == 15 and subsets[0] == subsets[1] == subsets[2]
+
+
+def test_stratified_batches_hold_each_sources_share_within_one_sample(tmp_path):
+    sources = _mixed(tmp_path, sizes_by_source=((300,), (150,), (150,)),
+                     amounts={0: {"choose": 288}, 1: {"choose": 144}, 2: {"choose": 144}})
+    ld = mixed_loader(sources, batching="stratified")
+    batches = [np.bincount(np.asarray(b["id"]) // 1000, minlength=3) for b in ld]
+    assert all(np.abs(c - [6, 3, 3]).max() <= 1 for c in batches[:-1])
+    assert sum(c.sum() for c in batches) == 576
+
+
+def test_per_source_batches_each_come_from_one_source(tmp_path):
+    sources = _mixed(tmp_path, sizes_by_source=((96,), (48,), (48,)), amounts={k: {"repeat": 1} for k in range(3)})
+    ld = mixed_loader(sources, batching="per_source")
+    kinds = [set(np.asarray(b["id"]) // 1000) for b in ld]
+    assert all(len(k) == 1 for k in kinds) and sorted(k.pop() for k in kinds).count(0) == 8
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (4, 2), (3, 1)])
+def test_weighted_sources_resume_under_another_world_size_with_every_sample_once(tmp_path, before, after):
+    sources = _mixed(tmp_path, amounts={0: {"repeat": 0.5}, 1: {"choose": 40}})
+    whole = _by_epoch(mixed_loader(sources))[0]
+    ld = mixed_loader(sources, before, 0)
+    it = iter(ld)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(ld.state_dict()))
+    it.close()
+    rest = []
+    for rank in range(after):
+        resumed = mixed_loader(sources, after, rank)
+        resumed.load_state_dict(state)
+        rest.extend(i for b in resumed for i, pad in zip(b["id"], b.get("__padding__", [False] * 99)) if not pad)
+    assert sorted(rest) == sorted(whole[3 * G:])
+
+
+def test_amounts_without_the_global_order_are_refused_naming_it(tmp_path):
+    sources = _mixed(tmp_path, amounts={0: {"repeat": 0.5}})
+    with pytest.raises(ValueError, match="Shuffle"):
+        pl.DataLoader(IdReader(batch_size=4), pl.IdentityDataset(), ListCollator(), sources, shuffle=True)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_mixed_global_order_resumes_exactly_at_every_position(tmp_path, num_workers):
+    sources = _mixed(tmp_path, amounts={0: {"repeat": 0.5}, 1: {"choose": 40}})
+    check_resume(lambda: mixed_loader(sources, 2, 1, num_epoch=2, num_workers=num_workers, batching="stratified"),
+                 positions=None if num_workers == 0 else [0, 3, 7, 9])
+
+
+def test_amounts_hold_for_random_configurations(tmp_path):
+    """Per-source counts per epoch equal the requested amounts, whatever the sizes, amounts and world size."""
+    rng = np.random.default_rng(7)
+    for case in range(6):
+        sizes = tuple(tuple(int(n) for n in rng.integers(0, 30, size=rng.integers(1, 4))) for _ in range(3))
+        sizes = tuple(s if sum(s) else (5,) for s in sizes)
+        amounts = {0: {"repeat": float(rng.choice([0.3, 1.0, 2.5]))}, 1: {"choose": int(rng.integers(0, 60))}}
+        sources = _mixed(tmp_path / str(case), sizes_by_source=sizes, amounts=amounts)
+        world, batching = int(rng.choice([1, 2, 3])), str(rng.choice(["random", "stratified"]))
+        got = []
+        for rank in range(world):
+            got += [i for b in mixed_loader(sources, world, rank, batching=batching)
+                    for i, pad in zip(b["id"], b.get("__padding__", [False] * 99)) if not pad]
+        per = np.bincount(np.asarray(got, dtype=int) // 1000, minlength=3)
+        assert per[0] == round(amounts[0]["repeat"] * sum(sizes[0])) and per[1] == amounts[1]["choose"], (case, per)
+        assert per[2] == sum(sizes[2]), (case, per)  # the only source left to share: all of it

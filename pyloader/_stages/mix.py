@@ -268,5 +268,5 @@ def mix_fingerprint(mix: Optional[Mix], stop: str) -> Optional[Dict[str, object]
         return None
     return {"stop": stop, "sources": [
         {"files": files_digest(mix.files[a:b]), "num_files": b - a, "weight": s.weight,
-         "reader": type(mix.readers.readers[k]).__qualname__}
+         "reader": type(mix.readers.readers[k]).__qualname__, **({"amount": s.amount} if s.amount else {})}
         for k, (s, (a, b)) in enumerate(zip(mix.sources, mix.spans))]}

@@ -23,6 +23,12 @@ class Source:
     ``Source``s), its share ``weight`` (> 0; weights are normalized) and its ``reader`` (``None``:
     the loader's ``datareader``).
 
+    Under the global order (``shuffle=Shuffle(...)``) a source's samples per epoch can be given instead
+    of its share: ``repeat`` (times its samples: 0.1 subsamples, 2.5 upsamples) or ``choose`` (a number
+    of samples); ``sampling`` says which samples a subsampled source gives: ``"balanced"`` (each epoch
+    goes on where the last stopped, so every sample is seen about equally) or ``"fixed"`` (the same
+    ones every epoch).
+
     Example:
         ```python
         loader = DataLoader(JsonLinesReader(32), IdentityDataset(), NumpyCollator(),
@@ -31,23 +37,48 @@ class Source:
         ```
     """
 
-    def __init__(self, data_dir: DataDir, weight: float = 1.0, reader: Optional[DataReader] = None) -> None:
+    def __init__(self, data_dir: DataDir, weight: float = 1.0, reader: Optional[DataReader] = None, *,
+                 repeat: Optional[float] = None, choose: Optional[int] = None, sampling: str = "balanced") -> None:
         if _holds_sources(data_dir):
             raise ValueError("a Source's data_dir cannot hold Sources: list every Source in the loader's data_dir")
         _check_weight(weight)
         if reader is not None and not isinstance(reader, DataReader):
             raise TypeError(f"Source reader must be a pyloader.DataReader, got {type(reader).__name__}")
+        _check_amount(repeat, choose, sampling)
         self.data_dir: DataDir = data_dir
         self.weight: float = float(weight)
         self.reader: Optional[DataReader] = reader
+        self.repeat: Optional[float] = None if repeat is None else float(repeat)
+        self.choose: Optional[int] = choose
+        self.sampling: str = sampling
+
+    @property
+    def amount(self) -> Optional[Dict[str, object]]:
+        """``repeat``, ``choose`` and ``sampling`` where any is given (the global order's), else ``None``."""
+        if self.repeat is None and self.choose is None and self.sampling == "balanced":
+            return None
+        return {"repeat": self.repeat, "choose": self.choose, "sampling": self.sampling}
 
     def __repr__(self) -> str:
-        return f"Source({self.data_dir!r}, weight={self.weight}, reader={type(self.reader).__name__})"
+        amount = "".join(f", {k}={v!r}" for k, v in (self.amount or {}).items())
+        return f"Source({self.data_dir!r}, weight={self.weight}, reader={type(self.reader).__name__}{amount})"
 
 
 def _check_weight(weight: object) -> None:
     if not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not 0 < float(weight) < float("inf"):
         raise ValueError(f"Source weight must be a finite number > 0, got {weight!r}")
+
+
+def _check_amount(repeat: object, choose: object, sampling: object) -> None:
+    if repeat is not None and choose is not None:
+        raise ValueError("a Source takes repeat or choose, not both")
+    if repeat is not None and (not isinstance(repeat, numbers.Real) or isinstance(repeat, bool)
+                               or not 0 <= float(repeat) < float("inf")):
+        raise ValueError(f"Source repeat must be a finite number >= 0, got {repeat!r}")
+    if choose is not None and (not isinstance(choose, int) or isinstance(choose, bool) or choose < 0):
+        raise ValueError(f"Source choose must be an integer >= 0, got {choose!r}")
+    if sampling not in ("balanced", "fixed"):
+        raise ValueError(f"Source sampling must be 'balanced' or 'fixed', got {sampling!r}")
 
 
 def _holds_sources(data_dir: object) -> TypeGuard[Sequence[object]]:

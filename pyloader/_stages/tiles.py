@@ -1,43 +1,45 @@
-"""The global order: one permutation of every sample of an epoch, the same for any number of ranks.
+"""The global order's layout: which samples an epoch holds, and where each one goes.
 
 The model (``docs/guides/global-order.md`` draws it):
 
-* **Spans.** Each file is cut into spans of ``S`` consecutive samples (its last one shorter). The
-  spans of the whole data are permuted, from ``(random_seed, epoch)``, and laid end to end: the
-  *span stream*.
-* **Tiles.** The span stream is cut into tiles of ``G * S`` samples, ``G`` being the global batch
-  (``batch_size * world_size``) and ``G * S`` the block budget (``Shuffle.block``); the last tile is
-  shorter. A tile is ``G`` *columns* of ``S`` consecutive samples of the stream (in the last tile,
-  of ``R`` or ``R - 1`` samples, ``R`` rows), so a column is one span, or the end of one and the
-  start of the next.
+* **Pools and amounts.** The data is one pool, or one pool per weighted ``Source``. Each pool gives
+  an epoch a number of samples (its amount: all of it, ``Shuffle.epoch_size``, a source's
+  ``weight``, ``repeat`` or ``choose``). A pool's files are cut into spans of ``S`` consecutive
+  samples (a file's last one shorter) and the spans put in an order drawn from the seed alone; an
+  epoch takes whole passes over it, then the next part of it (``"balanced"``: epoch ``e`` goes on
+  where epoch ``e - 1`` stopped, so epochs together cover the pool; ``"fixed"``: always the first part).
+* **Streams.** The spans an epoch takes are permuted, from ``(random_seed, epoch)``, and laid end to
+  end into a stream: all pools' spans into one (``batching="random"``), or one stream per pool.
+* **Tiles.** Each tile holds ``G * S`` samples of the streams (``G``: the global batch), as ``G``
+  columns of ``S`` consecutive samples of a stream: with one stream, the next ``G * S`` samples; with
+  ``"stratified"``, each pool's share of the ``G`` columns (apportioned by what each pool has left);
+  with ``"per_source"``, ``G`` columns of one pool, the pools' tiles in an order drawn from the
+  epoch. What does not fill a whole tile of its kind is laid out last, as one stream. A last tile
+  holds fewer samples: ``R`` rows, its columns ``R`` or ``R - 1`` samples long.
 * **Batches.** Global batch ``k`` of a tile is its ``k``-th row: one sample of every column. Which
-  column sits at which place of the row (a permutation of the ``G`` columns) and which sample of a
+  column sits at which place of a row (a permutation of the ``G`` columns) and which sample of a
   column lands in which row (a permutation per column) are drawn from ``(random_seed, epoch, tile)``.
-* **Ranks.** Rank ``r`` of ``W`` takes places ``[r G / W, (r + 1) G / W)`` of every row: whole
-  columns, so it reads only its columns (ranges of ``S`` samples, by random access where the reader
-  has it) and holds only its share of one tile (``G * S / W`` samples). Global batch ``k`` holds the
-  same samples for every world size dividing ``G``; a state resumes under any of them at its global
-  batch, exactly.
 
-Everything is a pure function of ``(random_seed, epoch, counts, G, S)``: not of the world size, the
-workers, the placement, or where a run was resumed. With ``drop_last`` an epoch holds
-``N - N % G`` samples of the stream (the partial last batch is left out, a different part each epoch).
+Everything is a pure function of ``(random_seed, epoch, counts, amounts, G, S)``: not of the world
+size, the workers, or where a run resumed. With ``drop_last`` an epoch holds a multiple of ``G`` samples.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._columns import Traced, concat, slice_rows, take
-from .._execution.reading import FileTask
 from .._rng import TILE_COLUMNS, TILE_SPANS, derive_rng
-from .._sample_index import table_of
-from .shard import Sharding
-from .source import EpochEnd, SourceItem, known_counts
+
+if TYPE_CHECKING:
+    from .._groups import Shuffle as ShuffleLike
+    from .sources import Mix as MixLike
 
 DEFAULT_BLOCK = 1 << 16  # samples of one tile, all ranks together
+BATCHINGS = ("random", "stratified", "per_source")
+SAMPLINGS = ("balanced", "fixed")
+_PASS, _EPOCH, _TILES = 0, 1, 2  # what a draw of TILE_SPANS is for
 
 
 def rows_per_tile(block: int, global_batch: int) -> int:
@@ -46,57 +48,232 @@ def rows_per_tile(block: int, global_batch: int) -> int:
 
 
 @dataclass(frozen=True)
-class Tile:
-    """One tile of an epoch: where it starts in the span stream, its columns' lengths and starts."""
+class Pool:
+    """Samples of some files (``files``: their indices; ``counts``: their samples) that an epoch takes
+    ``amount`` of."""
 
-    start: int  # in the span stream
-    lengths: np.ndarray  # samples of each column (all ``S`` but in the last tile)
-    starts: np.ndarray  # each column's first sample, in the span stream
+    files: np.ndarray
+    counts: np.ndarray
+    amount: int
+    sampling: str = "balanced"
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Runs of consecutive samples of files, in order: file ``file[i]``, rows ``start[i] : start[i] + size[i]``."""
+
+    file: np.ndarray
+    start: np.ndarray
+    size: np.ndarray
+
+    @classmethod
+    def cut(cls, files: np.ndarray, counts: np.ndarray, span: int) -> "Spans":
+        per_file = -(-counts // span)
+        file = np.repeat(files, per_file)
+        first = np.cumsum(per_file) - per_file
+        start = (np.arange(len(file)) - np.repeat(first, per_file)) * span
+        return cls(file, start, np.minimum(span, np.repeat(counts, per_file) - start))
+
+    def __len__(self) -> int:
+        return len(self.file)
+
+    def at(self, index: np.ndarray) -> "Spans":
+        return Spans(self.file[index], self.start[index], self.size[index])
+
+    def window(self, lo: int, n: int) -> "Spans":
+        """Samples ``lo : lo + n`` of these spans end to end (``n`` at most their samples)."""
+        ends = np.cumsum(self.size)
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(ends, lo + n, side="left"))
+        out = self.at(np.arange(first, last + 1))
+        before = int(ends[first] - self.size[first])
+        head = lo - before
+        start, size = out.start.copy(), out.size.copy()
+        start[0] += head
+        size[0] -= head
+        size[-1] -= int(ends[last]) - (lo + n)
+        return Spans(out.file, start, size)
+
+    @staticmethod
+    def join(parts: Sequence["Spans"]) -> "Spans":
+        if not parts:
+            return Spans(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return Spans(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("file", "start", "size")))
+
+
+class Stream:
+    """Spans end to end: samples ``[lo, hi)`` as ranges of files."""
+
+    def __init__(self, spans: Spans) -> None:
+        self.spans = spans
+        self.ends = np.cumsum(spans.size)
+        self.samples = int(self.ends[-1]) if len(self.ends) else 0
+
+    def ranges(self, lo: int, hi: int) -> Iterator[Tuple[int, int, int]]:
+        """Samples ``[lo, hi)`` as ``(file, start, end)`` ranges, in order."""
+        k = int(np.searchsorted(self.ends, lo, side="right"))
+        while lo < hi:
+            offset = lo - (int(self.ends[k]) - int(self.spans.size[k]))
+            n = min(hi - lo, int(self.spans.size[k]) - offset)
+            first = int(self.spans.start[k]) + offset
+            yield int(self.spans.file[k]), first, first + n
+            lo += n
+            k += 1
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One tile: each column's stream, first sample in it, and samples."""
+
+    stream: np.ndarray
+    lo: np.ndarray
+    lengths: np.ndarray
 
     @property
     def rows(self) -> int:
         return int(self.lengths.max(initial=0))
 
 
-class TileOrder:
-    """The global order of every epoch (see the module docstring): spans, tiles, and each tile's
-    permutations."""
+class Layout:
+    """One epoch of the global order: its streams and tiles (see the module docstring)."""
 
-    def __init__(self, counts: Sequence[int], global_batch: int, block: int, seed: int, drop_last: bool) -> None:
-        self.counts = np.asarray(counts, dtype=np.int64)
+    def __init__(self, order: "TileOrder", epoch: int) -> None:
+        self.order, self.epoch = order, epoch
+        g, s = order.global_batch, order.span
+        taken = [order.taken(k, epoch) for k in range(len(order.pools))]
+        total = sum(int(t.size.sum()) for t in taken)
+        keep = total - total % g if order.drop_last else total
+        taken = _trimmed(taken, total - keep)
+        self.tiles_of: List[Tuple[int, ...]] = []
+        if order.batching == "random" or len(taken) == 1:
+            self.streams = [Stream(_permuted(Spans.join(taken), order.seed, epoch, 0))]
+        else:
+            pools = [Stream(_permuted(t, order.seed, epoch, k)) for k, t in enumerate(taken)]
+            self.tiles_of, heads = _whole_tiles(order.batching, [x.samples for x in pools], g, s, order.seed, epoch)
+            self.streams = pools + [Stream(Spans.join([_stream_window(x, h) for x, h in zip(pools, heads)]))]
+        self.before = np.cumsum([[0] * len(taken)] + self.tiles_of[:-1], axis=0) if self.tiles_of else None
+        self.full = len(self.tiles_of)
+        self.samples = keep
+        self.tail = self.streams[-1].samples
+        self.count = self.full + -(-self.tail // (g * s))
+
+    def tile(self, t: int) -> Tile:
+        g, s = self.order.global_batch, self.order.span
+        if t < self.full:
+            return self._whole(t, g, s)
+        last = len(self.streams) - 1
+        lo = (t - self.full) * g * s
+        n = min(g * s, self.tail - lo)
+        base, extra = divmod(n, g)
+        lengths = np.full(g, base, dtype=np.int64)
+        lengths[:extra] += 1
+        return Tile(np.full(g, last), lo + np.cumsum(lengths) - lengths, lengths)
+
+    def _whole(self, t: int, g: int, s: int) -> Tile:
+        """A full tile of the pools' own streams: ``tiles_of[t]`` columns of each, at each one's cursor."""
+        columns = np.asarray(self.tiles_of[t])
+        assert self.before is not None, "full tiles of the pools' own streams"
+        before = self.before[t]
+        stream = np.repeat(np.arange(len(columns)), columns)
+        first = np.repeat(before * s, columns)
+        within = np.arange(g) - np.repeat(np.cumsum(columns) - columns, columns)
+        return Tile(stream, first + within * s, np.full(g, s, dtype=np.int64))
+
+    def batches(self) -> int:
+        return -(-self.samples // self.order.global_batch)
+
+
+def _stream_window(stream: Stream, head: int) -> Spans:
+    """The spans of ``stream`` from sample ``head`` on."""
+    left = stream.samples - head
+    return stream.spans.window(head, left) if left > 0 else Spans.join([])
+
+
+def _trimmed(taken: List[Spans], drop: int) -> List[Spans]:
+    """``taken`` less ``drop`` samples at the end of the last pools (``drop_last``)."""
+    out = list(taken)
+    for k in reversed(range(len(out))):
+        if not drop:
+            break
+        n = int(out[k].size.sum())
+        cut = min(drop, n)
+        out[k] = out[k].window(0, n - cut) if n - cut else Spans.join([])
+        drop -= cut
+    return out
+
+
+def _permuted(spans: Spans, seed: int, epoch: int, k: int) -> Spans:
+    return spans.at(derive_rng(seed, TILE_SPANS, _EPOCH, epoch, k).permutation(len(spans)))
+
+
+def _whole_tiles(batching: str, samples: List[int], g: int, s: int, seed: int,
+                 epoch: int) -> Tuple[List[Tuple[int, ...]], List[int]]:
+    """The full tiles of the pools' own streams (``samples`` each): each tile's columns per pool, and where
+    each stream's rest starts."""
+    if batching == "per_source":
+        whole = [n // (g * s) for n in samples]
+        tiles = [tuple(g if j == k else 0 for j in range(len(samples))) for k, n in enumerate(whole) for _ in range(n)]
+        order = derive_rng(seed, TILE_SPANS, _TILES, epoch).permutation(len(tiles))
+        return [tiles[i] for i in order], [n * g * s for n in whole]
+    left, tiles = list(samples), []
+    while sum(left) >= g * s:
+        columns = _capped(apportioned(g, left), left, s)
+        if sum(columns) < g:
+            break
+        tiles.append(tuple(columns))
+        left = [n - c * s for n, c in zip(left, columns)]
+    return tiles, [n - rest for n, rest in zip(samples, left)]
+
+
+def _capped(columns: List[int], left: List[int], s: int) -> List[int]:
+    """``columns`` moved, one at a time, from pools that cannot fill theirs to pools that can."""
+    out = list(columns)
+    for k in range(len(out)):
+        while out[k] * s > left[k]:
+            out[k] -= 1
+            room = [j for j in range(len(out)) if (out[j] + 1) * s <= left[j]]
+            if room:
+                out[max(room, key=lambda j: left[j] - out[j] * s)] += 1
+    return out
+
+
+class TileOrder:
+    """The global order of every epoch: pools, their amounts, layouts and each tile's permutations."""
+
+    def __init__(self, pools: Sequence[Pool], global_batch: int, block: int, seed: int, drop_last: bool,
+                 batching: str = "random") -> None:
+        self.pools = list(pools)
         self.global_batch = global_batch
         self.span = rows_per_tile(block, global_batch)
         self.seed = seed
         self.drop_last = drop_last
-        total = int(self.counts.sum())
-        self.samples = total - total % global_batch if drop_last else total
-        per_file = -(-self.counts // self.span)
-        self.span_file = np.repeat(np.arange(len(self.counts)), per_file)
-        first = np.cumsum(per_file) - per_file
-        self.span_start = (np.arange(len(self.span_file)) - np.repeat(first, per_file)) * self.span
-        self.span_len = np.minimum(self.span, self.counts[self.span_file] - self.span_start)
+        self.batching = batching
+        self.spans = [_permuted_pass(Spans.cut(p.files, p.counts, self.span), seed, k) for k, p in enumerate(pools)]
+        self._layouts: Dict[int, Layout] = {}
 
-    def tiles(self) -> int:
-        return -(-self.samples // (self.global_batch * self.span))
+    def taken(self, k: int, epoch: int) -> Spans:
+        """The spans pool ``k`` gives ``epoch``: whole passes, then the part after the previous epoch's."""
+        pool, spans = self.pools[k], self.spans[k]
+        total = pool.total
+        if not total or not pool.amount:
+            return Spans.join([])
+        passes, part = divmod(pool.amount, total)
+        at = (epoch * part) % total if pool.sampling == "balanced" else 0
+        wrap = [spans.window(at, min(part, total - at))] if part else []
+        if part > total - at:
+            wrap.append(spans.window(0, part - (total - at)))
+        return Spans.join([spans] * passes + wrap)
 
-    def batches(self) -> int:
-        """Global batches of an epoch."""
-        return -(-self.samples // self.global_batch)
-
-    def stream(self, epoch: int) -> Tuple[np.ndarray, np.ndarray]:
-        """The span stream of ``epoch``: the spans in their order, and where each starts in the stream."""
-        order = derive_rng(self.seed, TILE_SPANS, epoch).permutation(len(self.span_file))
-        ends = np.cumsum(self.span_len[order])
-        return order, ends - self.span_len[order]
-
-    def tile(self, t: int) -> Tile:
-        full = self.global_batch * self.span
-        start = t * full
-        n = min(full, self.samples - start)
-        base, extra = divmod(n, self.global_batch)
-        lengths = np.full(self.global_batch, base, dtype=np.int64)
-        lengths[:extra] += 1
-        return Tile(start, lengths, start + np.cumsum(lengths) - lengths)
+    def layout(self, epoch: int) -> Layout:
+        if epoch not in self._layouts:
+            if len(self._layouts) >= 2:
+                self._layouts.pop(min(self._layouts))
+            self._layouts[epoch] = Layout(self, epoch)
+        return self._layouts[epoch]
 
     def permutations(self, epoch: int, t: int, tile: Tile) -> Tuple[np.ndarray, np.ndarray]:
         """Tile ``t``'s column at each place of a row, and each column's rows: ``rows[c, j]`` is the
@@ -105,147 +282,57 @@ class TileOrder:
         places = rng.permutation(self.global_batch)
         rows = np.argsort(rng.random((self.global_batch, tile.rows)), axis=1, kind="stable")
         short = tile.lengths < tile.rows
-        if short.any():  # the last tile: a column one short takes its rows among its own samples
+        if short.any():  # a last tile: a column one short takes its rows among its own samples
             rows[short] = [np.concatenate([r[r < tile.rows - 1], r[r == tile.rows - 1]]) for r in rows[short]]
         return places, rows
 
-    def ranges(self, lo: int, hi: int, stream: Tuple[np.ndarray, np.ndarray]) -> Iterator[Tuple[int, int, int]]:
-        """Samples ``[lo, hi)`` of the span stream as ``(file, start, end)`` ranges of files, in order."""
-        order, starts = stream
-        k = int(np.searchsorted(starts, lo, side="right")) - 1
-        while lo < hi:
-            span = int(order[k])
-            offset = lo - int(starts[k])
-            take_n = min(hi - lo, int(self.span_len[span]) - offset)
-            first = int(self.span_start[span]) + offset
-            yield int(self.span_file[span]), first, first + take_n
-            lo += take_n
-            k += 1
+
+def _permuted_pass(spans: Spans, seed: int, k: int) -> Spans:
+    """A pool's spans in the order its passes take them (from the seed alone: epochs go on along it)."""
+    return spans.at(derive_rng(seed, TILE_SPANS, _PASS, k).permutation(len(spans)))
 
 
-class TiledSource:
-    """Stage 1 for the global order: this rank's column ranges of every tile (``FileTask``s read by
-    random access), and per epoch a ``TileBuffer`` that puts their rows in the order of the tiles' rows.
-
-    ``resume``: ``(epoch, batches)`` the run starts at; that epoch's tasks start at the tile holding
-    that global batch, whose rows before it the buffer leaves out."""
-
-    def __init__(self, files: Sequence[str], counts: Sequence[Optional[int]], *, batch_size: int, block: int,
-                 seed: int, num_epoch: int, drop_last: bool, sharding: Sharding,
-                 resume: Tuple[int, int] = (-1, 0), runs: Optional[Dict[int, Dict[str, object]]] = None) -> None:
-        self.files = list(files)
-        self.counts, self.left_out = known_counts(counts)
-        self.batch_size = batch_size
-        self.sharding = sharding
-        self.order = TileOrder(self.counts, batch_size * sharding.world_size, block, seed, drop_last)
-        self.seed = seed
-        self.num_epoch = num_epoch
-        self.resume = resume
-        self.tables = {i: t for i, r in (runs or {}).items() if (t := table_of(r, self.counts[i])) is not None}
-
-    @property
-    def places(self) -> range:
-        """This rank's places in every row of a tile."""
-        r = self.sharding.rank
-        return range(r * self.batch_size, (r + 1) * self.batch_size)
-
-    def _first_tile(self, epoch: int) -> int:
-        return self.resume[1] // self.order.span if epoch == self.resume[0] else 0
-
-    def tasks(self, epoch: int) -> Iterator[FileTask]:
-        stream = self.order.stream(epoch)
-        pos = 0
-        for t in range(self._first_tile(epoch), self.order.tiles()):
-            tile = self.order.tile(t)
-            places, _ = self.order.permutations(epoch, t, tile)
-            for c in places[self.places.start:self.places.stop]:
-                lo = int(tile.starts[c])
-                for index, start, end in self.order.ranges(lo, lo + int(tile.lengths[c]), stream):
-                    table = self.tables.get(index)
-                    yield FileTask(epoch, pos, index, self.files[index], start=start, end=end,
-                                   count=self.counts[index], seed=self.seed, ranged=True,
-                                   extent=None if table is None else table.extent(start, end))
-                    pos += 1
-
-    def iterate(self, start_epoch: int = 0, skip_rows: int = 0, until: Optional[int] = None) -> Iterator[SourceItem]:
-        """Every epoch's tasks from ``start_epoch`` on; the resumed epoch's begin at the tile of its
-        position (``resume``), ``skip_rows`` is the rank's rows before it (unused: the tile says)."""
-        for epoch in range(start_epoch, self.num_epoch if until is None else until):
-            yield from self.tasks(epoch)
-            yield EpochEnd(epoch)
-
-    def samples(self, epoch: int) -> int:
-        """The samples of the epoch's batches on this rank, padding of an empty last share included."""
-        return self.steps(epoch, self.batch_size, None, self.order.drop_last) * self.batch_size
-
-    def steps(self, epoch: int, batch_size: int, seq_len: Optional[int], drop_last: bool) -> int:
-        """Every rank gives one batch per global batch."""
-        return self.order.batches()
-
-    def batches(self, epoch: int, batch_size: int, drop_last: bool, rotation: int = 1) -> int:
-        """The batches this rank gives in ``epoch`` (``len()``)."""
-        return self.order.batches()
-
-    def buffer(self, epoch: int) -> "TileBuffer":
-        first = self._first_tile(epoch)
-        skip = self.resume[1] - first * self.order.span if epoch == self.resume[0] else 0
-        return TileBuffer(self, epoch, first, skip)
-
-    def read_again(self, epoch: int, rows: int, read_from: int) -> List[str]:
-        return []
+def apportioned(n: int, shares: Sequence[float]) -> List[int]:
+    """``n`` split in proportion to ``shares`` (largest remainders), summing to ``n``."""
+    total = float(sum(shares))
+    if total <= 0:
+        return [0] * len(shares)
+    exact = [n * s / total for s in shares]
+    out = [int(x) for x in exact]
+    for k in sorted(range(len(shares)), key=lambda k: out[k] - exact[k])[:n - sum(out)]:
+        out[k] += 1
+    return out
 
 
-class TileBuffer:
-    """Holds this rank's columns of one tile as they arrive (in the order of its places), then lets
-    out the tile's rows, each this rank's places of one global batch; ``skip``: rows of the first
-    tile handed out already (a resumed epoch)."""
+def pool_amounts(totals: Sequence[int], weights: Sequence[float], repeats: Sequence[Optional[float]],
+                 chooses: Sequence[Optional[int]], epoch_size: Optional[int], stop: str) -> List[int]:
+    """Each pool's samples per epoch: ``choose`` as given, ``repeat`` times its samples, and the rest of the
+    epoch shared by ``weight`` (within ``epoch_size``, else until the first pool, or every pool, has given
+    all its samples: ``stop``); with ``epoch_size`` and no pool left to share, every amount scaled to it."""
+    fixed = [c if c is not None else (round(r * t) if r is not None else None)
+             for t, r, c in zip(totals, repeats, chooses)]
+    free = [k for k, f in enumerate(fixed) if f is None]
+    out = [f or 0 for f in fixed]
+    if free:
+        if epoch_size is not None:
+            rest = max(0, epoch_size - sum(out))
+        else:
+            each = [totals[k] / weights[k] for k in free]
+            rest = round((min(each) if stop == "first_exhausted" else max(each)) * sum(weights[k] for k in free))
+        for k, n in zip(free, apportioned(rest, [weights[k] for k in free])):
+            out[k] = n
+    elif epoch_size is not None:
+        out = apportioned(epoch_size, out)
+    return out
 
-    def __init__(self, source: TiledSource, epoch: int, first: int, skip: int) -> None:
-        self.source, self.epoch = source, epoch
-        self.tile = first
-        self.skip = skip
-        self.held: List[Traced] = []
-        self.count = 0
-        self._plan()
 
-    def _plan(self) -> None:
-        """The next tile's order: how many rows of this rank it holds, and where each goes."""
-        order = self.source.order
-        if self.tile >= order.tiles():
-            self.need, self.emit = -1, np.zeros(0, dtype=np.int64)
-            return
-        tile = order.tile(self.tile)
-        places, rows = order.permutations(self.epoch, self.tile, tile)
-        mine = places[self.source.places.start:self.source.places.stop]
-        lengths = tile.lengths[mine]
-        firsts = np.cumsum(lengths) - lengths  # each column's first row in what this rank holds
-        at = (rows[mine] + firsts[:, None]).T  # [row, place]: the held row each place of each row takes
-        present = np.arange(tile.rows)[:, None] < lengths[None, :]
-        self.need = int(lengths.sum())
-        self.emit = at[present][self.skip * len(mine):]
-        self.skip = 0
-
-    def feed(self, columns: Traced) -> Iterator[Traced]:
-        if not columns.n:
-            return
-        self.held.append(columns)
-        self.count += columns.n
-        while self.need >= 0 and self.count >= self.need:
-            yield from self._let_out()
-
-    def _let_out(self) -> Iterator[Traced]:
-        if self.held:
-            joined: Traced = concat(self.held, "global order")
-            rest = joined.n - self.need
-            self.held = [slice_rows(joined, self.need, joined.n)] if rest else []
-            self.count = rest
-            if len(self.emit):
-                yield take(slice_rows(joined, 0, self.need), self.emit)
-        self.tile += 1
-        self._plan()
-
-    def drain(self) -> Iterator[Traced]:
-        """What is held at the epoch's end: only where rows went missing (an error skipped), in order."""
-        if self.held:
-            yield concat(self.held, "global order")
-        self.held, self.count = [], 0
+def pools_of(shuffle: "ShuffleLike", counts: Sequence[int], mix: Optional["MixLike"], stop: str) -> List[Pool]:
+    """The pools of a loader's data and their amounts: one of all the files, or one per weighted source."""
+    c = np.asarray(counts, dtype=np.int64)
+    if mix is None:
+        return [Pool(np.arange(len(c)), c, int(c.sum()) if shuffle.epoch_size is None else shuffle.epoch_size)]
+    sources = mix.sources
+    totals = [int(c[a:b].sum()) for a, b in mix.spans]
+    amounts = pool_amounts(totals, mix.weights(), [s.repeat for s in sources], [s.choose for s in sources],
+                           shuffle.epoch_size, stop)
+    return [Pool(np.arange(a, b), c[a:b], n, s.sampling) for (a, b), n, s in zip(mix.spans, amounts, sources)]

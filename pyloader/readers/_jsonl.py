@@ -81,7 +81,8 @@ class JsonLinesReader(LineReader):
     def count(self, path: str) -> int:
         """The samples of ``path``: its non-blank lines, counted without parsing (ranks need it).
         A line that is not a valid object still fails when the file is read."""
-        n = count_lines(path, "utf-8-sig", skip_blank=True)
+        table = self._table(path)  # the table ranges are read by, made once: the same count
+        n = count_lines(path, "utf-8-sig", skip_blank=True) if table is None else table.samples
         assert n is not None
         return n
 

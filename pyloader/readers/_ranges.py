@@ -10,10 +10,11 @@ ranges are read through ``iter_file`` from the file's start. A table is kept for
 """
 from __future__ import annotations
 
+import codecs
 import collections
 import os
 import threading
-from typing import IO, Iterator, Optional, OrderedDict, Tuple
+from typing import IO, Iterator, List, Optional, OrderedDict, Tuple
 
 import numpy as np
 
@@ -22,17 +23,18 @@ from .._paths import is_url, local_path
 from .._sample_index import RUN, LineTable
 from .._storage.compression import codec_for
 from .._storage.files import open_file
-from ._base import _ASCII_SPACE, _bytes_tell_lines, is_blank
+from ._base import _ASCII_SPACE, _bytes_tell_lines, _raw_blocks, is_blank
 
 KEPT = 256  # files whose tables a process keeps
+TABLE_BLOCK = 8 << 20  # bytes of whole lines looked at a time
 
 _lock = threading.Lock()
 _tables: OrderedDict[Tuple[str, str, bool, str], Optional["LineTable"]] = collections.OrderedDict()
 
 
 def line_table(path: str, codec: str, skip_blank: bool) -> Optional[LineTable]:
-    """The table of ``path`` (made once per file as it is now), or ``None`` where ranges cannot be found
-    from the bytes (compressed, or an encoding that hides line ends)."""
+    """The table of ``path`` (made once per file as it is now, a block at a time), or ``None`` where ranges
+    cannot be found from the bytes (compressed, or an encoding that hides line ends)."""
     if codec_for(path) is not None or not _bytes_tell_lines(codec.replace("-sig", "")):
         return None
     with open_file(path, "rb", compression=None) as f:
@@ -41,8 +43,7 @@ def line_table(path: str, codec: str, skip_blank: bool) -> Optional[LineTable]:
             if key in _tables:
                 _tables.move_to_end(key)
                 return _tables[key]
-        data = f.read()
-    table = _made(data, codec, skip_blank)
+        table = _made(f, codec, skip_blank)
     with _lock:
         _tables[key] = table
         while len(_tables) > KEPT:
@@ -63,29 +64,53 @@ def _version(f: IO[bytes], path: str) -> str:
     return f"{st.st_size}:{st.st_mtime_ns}"
 
 
-def _made(data: bytes, codec: str, skip_blank: bool) -> LineTable:
-    raw = np.frombuffer(data, dtype=np.uint8)
+_SPACE = np.zeros(256, dtype=bool)
+_SPACE[np.frombuffer(_ASCII_SPACE, dtype=np.uint8)] = True
+
+
+def _made(f: IO[bytes], codec: str, skip_blank: bool) -> LineTable:
+    """Where every ``RUN``-th sample line of ``f`` starts, found a block of whole lines at a time."""
+    firsts: List[np.ndarray] = []
+    at = samples = 0
+    for block in _raw_blocks(f, TABLE_BLOCK):
+        starts, keep = _lines(block, codec, skip_blank, at == 0)
+        kept = np.flatnonzero(keep)
+        firsts.append(starts[kept[(-samples) % RUN::RUN]] + at)
+        samples += len(kept)
+        at += len(block)
+    return LineTable(np.concatenate(firsts or [np.zeros(0, np.int64)]).astype(np.int64), at, samples)
+
+
+def _lines(block: bytes, codec: str, skip_blank: bool, first: bool) -> Tuple[np.ndarray, np.ndarray]:
+    """Where each line of a block of whole lines starts, and which are samples (not empty; not blank);
+    ``first``: the block begins the file (a ``-sig`` codec drops a byte order mark there)."""
+    raw = np.frombuffer(block, dtype=np.uint8)
     ends = np.flatnonzero(raw == 10) + 1
     if len(ends) == 0 or ends[-1] != len(raw):
         ends = np.append(ends, len(raw))
     starts = np.concatenate([[0], ends[:-1]])
     keep = ends > starts
+    if first and codec.endswith("-sig") and block.startswith(codecs.BOM_UTF8):
+        keep[0] = ends[0] > len(codecs.BOM_UTF8)  # the codec drops it: a line of it alone is empty
     if skip_blank:
-        keep &= _not_blank(raw, data, starts, ends, codec)
-    samples = np.flatnonzero(keep)
-    return LineTable(starts=starts[samples[::RUN]].astype(np.int64), size=len(raw), samples=len(samples))
+        keep &= _not_blank(raw, block, starts, ends, codec, first)
+    return starts, keep
 
 
-def _not_blank(raw: np.ndarray, data: bytes, starts: np.ndarray, ends: np.ndarray, codec: str) -> np.ndarray:
+def _not_blank(raw: np.ndarray, data: bytes, starts: np.ndarray, ends: np.ndarray, codec: str,
+               first: bool) -> np.ndarray:
     """Which lines hold more than whitespace, as ``is_blank`` says: on the bytes, decoding only a line
     whose only bytes besides ASCII whitespace are beyond ASCII (a byte order mark, a no-break space)."""
-    space = np.isin(raw, np.frombuffer(_ASCII_SPACE, dtype=np.uint8))
+    space = _SPACE[raw]
     other = np.concatenate([[0], np.cumsum(~space)])
     ascii_other = np.concatenate([[0], np.cumsum(~space & (raw < 128))])
     out = other[ends] - other[starts] > 0
     unsure = np.flatnonzero(out & (ascii_other[ends] - ascii_other[starts] == 0))
+    plain = codec.replace("-sig", "")
     for k in unsure:
-        line = data[starts[k]:ends[k]].decode(codec, errors="replace").lstrip("\ufeff")
+        line = data[starts[k]:ends[k]].decode(plain, errors="replace")
+        if first and k == 0 and codec != plain:
+            line = line.removeprefix("\ufeff")
         out[k] = not is_blank(line)
     return out
 

@@ -48,6 +48,9 @@ class TextLinesReader(LineReader):
 
     def count(self, path: str) -> int:
         """The samples of ``path`` from its newlines, without decoding (ranks need it)."""
+        table = self._table(path)  # the table ranges are read by, made once: the same count
+        if table is not None:
+            return table.samples
         n = count_lines(path, self.encoding, self.skip_blank)
         return super().count(path) if n is None else n
 
