@@ -9,7 +9,7 @@ fingerprint is declared with each option (``_options.Options``).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, List, Mapping, Optional
 
 from ._execution.filter import check_filter
 from ._groups import Bucket, Shuffle
@@ -32,21 +32,31 @@ def check_global_order(a: Mapping[str, Any]) -> None:
     """``shuffle=Shuffle(...)`` makes the whole order: the orders it replaces are refused beside it, and the
     features that do not compose with it yet say so."""
     if not isinstance(a["shuffle"], Shuffle):
-        if is_mix(a["data_dir"]) and any(s.amount for s in a["data_dir"]):
-            raise ValueError("a Source's repeat, choose or sampling needs the global order: "
-                             "shuffle=Shuffle(...) (without it sources are mixed by weight alone)")
+        _check_no_amounts(a["data_dir"])
         return
     if a["datareader"].shuffle:
         raise ValueError("shuffle=Shuffle(...) makes the order of every sample: use DataReader(shuffle=False)")
     if a["shuffle_buffer"]:
         raise ValueError("shuffle=Shuffle(...) replaces the shuffle buffer: use shuffle_buffer=0 (Shuffle.block "
                          "is its budget)")
-    clash = [name for name, on in (("stream", a["stream"]), ("bucket", a["bucket"] is not None),
-                                   ("rotation", a["rotation"] is not None), ("filter_fn", a["filter_fn"] is not None),
-                                   ("cache_encoded", a["cache_encoded"] is not None)) if on]
+    clash = _not_composing(a)
     if clash:
         raise ValueError(f"shuffle=Shuffle(...) does not compose with {clash[0]} yet: use shuffle=True "
                          f"(the file order, with shuffle_buffer for samples) for it")
+
+
+def _check_no_amounts(data_dir: object) -> None:
+    """Sources mixed by weight alone: none of them gives ``repeat``, ``choose`` or ``sampling``."""
+    if is_mix(data_dir) and any(s.amount for s in data_dir):
+        raise ValueError("a Source's repeat, choose or sampling needs the global order: "
+                         "shuffle=Shuffle(...) (without it sources are mixed by weight alone)")
+
+
+def _not_composing(a: Mapping[str, Any]) -> List[str]:
+    """The features given that the global order does not compose with yet."""
+    given = {"stream": bool(a["stream"]), "bucket": a["bucket"] is not None, "rotation": a["rotation"] is not None,
+             "filter_fn": a["filter_fn"] is not None, "cache_encoded": a["cache_encoded"] is not None}
+    return [name for name, on in given.items() if on]
 
 
 def check_bucket(bucket: Optional[Bucket], stream: bool, batch_size: int) -> None:

@@ -137,10 +137,9 @@ class Counter:
         now = ix.stamps(paths, places.folder)
         found = {i: s for i, s in zip(need, now) if s is not None}
         result = places.lookup(paths, now, data, kept)
-        for i, n, runs in zip(need, result.counts, result.runs):
+        for i, n in zip(need, result.counts):
             out.counts[i] = n
-            if runs is not None:
-                out.runs[i] = runs
+        out.runs.update(_held(need, result.runs))
         out.indexed = sum(n is not None for n in result.counts)
         out.stale = result.stale
         if result.stale:
@@ -189,6 +188,11 @@ class Counter:
             ix.write_index(cache_index, key, entries)
         except OSError as exc:
             logger.warning("pyloader: the count index in cache_dir %r cannot be written: %s", cache_index, exc)
+
+
+def _held(need: List[int], runs: List[Optional[Dict[str, object]]]) -> Dict[int, Dict[str, object]]:
+    """The sample index of each file ``need`` names, where an index holds one."""
+    return {i: r for i, r in zip(need, runs) if r is not None}
 
 
 def _read(index: Optional[str], key: ix.IndexKey) -> List[ix.Entries]:

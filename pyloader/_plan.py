@@ -283,9 +283,10 @@ def source_of(o: Options, files: List[str], start: Start, counts: Optional[List[
     questions before one (its length, a position's check)."""
     if isinstance(o.shuffle, Shuffle):
         known = [n or 0 for n in counts or []]  # a count that failed and was skipped: left out
-        return TiledSource(files, known, pools_of(o.shuffle, known, mix, o.stop), batch_size=o.datareader.batch_size,
-                           block=o.shuffle.block, batching=o.shuffle.batching, seed=o.random_seed,
-                           num_epoch=start.end, drop_last=o.drop_last, sharding=sharding,
+        pools = pools_of(o.shuffle.epoch_size, known, mix, o.stop)
+        return TiledSource(files, known, pools, batch_size=o.datareader.batch_size, block=o.shuffle.block,
+                           batching=o.shuffle.batching, seed=o.random_seed, num_epoch=start.end,
+                           drop_last=o.drop_last, sharding=sharding,
                            resume=(start.epoch, start.skip), runs=runs or {})
     if mix is not None:
         return MixSource(mix, counts or [], o.stop, o.shuffle, o.random_seed, num_epoch=start.end,

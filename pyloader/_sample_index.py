@@ -41,9 +41,12 @@ def table_of(runs: object, count: int) -> Optional[LineTable]:
     if not isinstance(runs, dict) or runs.get("every") != RUN or not isinstance(runs.get("size"), int):
         return None
     at = runs.get("at")
-    if not isinstance(at, list) or len(at) != -(-count // RUN) or not all(isinstance(a, int) for a in at):
-        return None
-    return LineTable(np.asarray(at, dtype=np.int64), runs["size"], count)
+    return LineTable(np.asarray(at, dtype=np.int64), runs["size"], count) if _offsets(at, count) else None
+
+
+def _offsets(at: object, count: int) -> bool:
+    """Whether ``at`` is a list of the offsets of a file of ``count`` samples, every ``RUN``-th."""
+    return isinstance(at, list) and len(at) == -(-count // RUN) and all(isinstance(a, int) for a in at)
 
 
 Extent = Tuple[int, int, int]  # (first byte, end byte, samples before the range in them)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, TypeGuard
 
 from .._abc import DataReader, is_thread_safe
+from .._checks import is_integer
 from .._execution.reading import Readers, SafeReaders
 from .._storage.files import DataDir, list_files
 
@@ -72,13 +73,16 @@ def _check_weight(weight: object) -> None:
 def _check_amount(repeat: object, choose: object, sampling: object) -> None:
     if repeat is not None and choose is not None:
         raise ValueError("a Source takes repeat or choose, not both")
-    if repeat is not None and (not isinstance(repeat, numbers.Real) or isinstance(repeat, bool)
-                               or not 0 <= float(repeat) < float("inf")):
+    if repeat is not None and not _finite_at_least_zero(repeat):
         raise ValueError(f"Source repeat must be a finite number >= 0, got {repeat!r}")
-    if choose is not None and (not isinstance(choose, int) or isinstance(choose, bool) or choose < 0):
+    if choose is not None and not is_integer(choose):
         raise ValueError(f"Source choose must be an integer >= 0, got {choose!r}")
     if sampling not in ("balanced", "fixed"):
         raise ValueError(f"Source sampling must be 'balanced' or 'fixed', got {sampling!r}")
+
+
+def _finite_at_least_zero(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= float(value) < float("inf")
 
 
 def _holds_sources(data_dir: object) -> TypeGuard[Sequence[object]]:

@@ -33,7 +33,6 @@ import numpy as np
 from .._rng import TILE_COLUMNS, TILE_SPANS, derive_rng
 
 if TYPE_CHECKING:
-    from .._groups import Shuffle as ShuffleLike
     from .sources import Mix as MixLike
 
 DEFAULT_BLOCK = 1 << 16  # samples of one tile, all ranks together
@@ -143,23 +142,17 @@ class Layout:
 
     def __init__(self, order: "TileOrder", epoch: int) -> None:
         self.order, self.epoch = order, epoch
-        g, s = order.global_batch, order.span
+        g = order.global_batch
         taken = [order.taken(k, epoch) for k in range(len(order.pools))]
         total = sum(int(t.size.sum()) for t in taken)
         keep = total - total % g if order.drop_last else total
         taken = _trimmed(taken, total - keep)
-        self.tiles_of: List[Tuple[int, ...]] = []
-        if order.batching == "random" or len(taken) == 1:
-            self.streams = [Stream(_permuted(Spans.join(taken), order.seed, epoch, 0))]
-        else:
-            pools = [Stream(_permuted(t, order.seed, epoch, k)) for k, t in enumerate(taken)]
-            self.tiles_of, heads = _whole_tiles(order.batching, [x.samples for x in pools], g, s, order.seed, epoch)
-            self.streams = pools + [Stream(Spans.join([_stream_window(x, h) for x, h in zip(pools, heads)]))]
+        self.streams, self.tiles_of = _streams(order, taken, epoch)
         self.before = np.cumsum([[0] * len(taken)] + self.tiles_of[:-1], axis=0) if self.tiles_of else None
         self.full = len(self.tiles_of)
         self.samples = keep
         self.tail = self.streams[-1].samples
-        self.count = self.full + -(-self.tail // (g * s))
+        self.count = self.full + -(-self.tail // (g * order.span))
 
     def tile(self, t: int) -> Tile:
         g, s = self.order.global_batch, self.order.span
@@ -185,6 +178,17 @@ class Layout:
 
     def batches(self) -> int:
         return -(-self.samples // self.order.global_batch)
+
+
+def _streams(order: "TileOrder", taken: List[Spans], epoch: int) -> Tuple[List[Stream], List[Tuple[int, ...]]]:
+    """An epoch's streams (all pools' spans in one; or each pool's, then what their whole tiles leave), and
+    the whole tiles of the pools' own streams."""
+    if order.batching == "random" or len(taken) == 1:
+        return [Stream(_permuted(Spans.join(taken), order.seed, epoch, 0))], []
+    pools = [Stream(_permuted(t, order.seed, epoch, k)) for k, t in enumerate(taken)]
+    tiles, heads = _whole_tiles(order.batching, [x.samples for x in pools], order.global_batch, order.span,
+                                order.seed, epoch)
+    return pools + [Stream(Spans.join([_stream_window(x, h) for x, h in zip(pools, heads)]))], tiles
 
 
 def _stream_window(stream: Stream, head: int) -> Spans:
@@ -215,10 +219,26 @@ def _whole_tiles(batching: str, samples: List[int], g: int, s: int, seed: int,
     """The full tiles of the pools' own streams (``samples`` each): each tile's columns per pool, and where
     each stream's rest starts."""
     if batching == "per_source":
-        whole = [n // (g * s) for n in samples]
-        tiles = [tuple(g if j == k else 0 for j in range(len(samples))) for k, n in enumerate(whole) for _ in range(n)]
-        order = derive_rng(seed, TILE_SPANS, _TILES, epoch).permutation(len(tiles))
-        return [tiles[i] for i in order], [n * g * s for n in whole]
+        return _per_source_tiles(samples, g, s, seed, epoch)
+    return _stratified_tiles(samples, g, s)
+
+
+def _per_source_tiles(samples: List[int], g: int, s: int, seed: int,
+                      epoch: int) -> Tuple[List[Tuple[int, ...]], List[int]]:
+    """Every whole tile of one pool's stream, the pools' tiles in an order drawn from the epoch."""
+    whole = [n // (g * s) for n in samples]
+    tiles = [_one_pool(k, len(samples), g) for k, n in enumerate(whole) for _ in range(n)]
+    order = derive_rng(seed, TILE_SPANS, _TILES, epoch).permutation(len(tiles))
+    return [tiles[i] for i in order], [n * g * s for n in whole]
+
+
+def _one_pool(k: int, pools: int, g: int) -> Tuple[int, ...]:
+    """A tile's columns, all ``g`` of pool ``k``."""
+    return tuple(g if j == k else 0 for j in range(pools))
+
+
+def _stratified_tiles(samples: List[int], g: int, s: int) -> Tuple[List[Tuple[int, ...]], List[int]]:
+    """Tiles whose columns each pool fills in its share of what the pools have left, while they can."""
     left, tiles = list(samples), []
     while sum(left) >= g * s:
         columns = _capped(apportioned(g, left), left, s)
@@ -309,30 +329,47 @@ def pool_amounts(totals: Sequence[int], weights: Sequence[float], repeats: Seque
     """Each pool's samples per epoch: ``choose`` as given, ``repeat`` times its samples, and the rest of the
     epoch shared by ``weight`` (within ``epoch_size``, else until the first pool, or every pool, has given
     all its samples: ``stop``); with ``epoch_size`` and no pool left to share, every amount scaled to it."""
-    fixed = [c if c is not None else (round(r * t) if r is not None else None)
-             for t, r, c in zip(totals, repeats, chooses)]
-    free = [k for k, f in enumerate(fixed) if f is None]
+    fixed = list(map(_fixed, totals, repeats, chooses))
+    free = _unfixed(fixed)
     out = [f or 0 for f in fixed]
-    if free:
-        if epoch_size is not None:
-            rest = max(0, epoch_size - sum(out))
-        else:
-            each = [totals[k] / weights[k] for k in free]
-            rest = round((min(each) if stop == "first_exhausted" else max(each)) * sum(weights[k] for k in free))
-        for k, n in zip(free, apportioned(rest, [weights[k] for k in free])):
-            out[k] = n
-    elif epoch_size is not None:
-        out = apportioned(epoch_size, out)
+    if not free:
+        return out if epoch_size is None else apportioned(epoch_size, out)
+    rest = max(0, epoch_size - sum(out)) if epoch_size is not None else _until_stop(totals, weights, free, stop)
+    return _shared(out, free, rest, weights)
+
+
+def _unfixed(fixed: List[Optional[int]]) -> List[int]:
+    """The pools whose amount their weight gives."""
+    return [k for k, f in enumerate(fixed) if f is None]
+
+
+def _shared(out: List[int], free: List[int], rest: int, weights: Sequence[float]) -> List[int]:
+    """``out`` with ``rest`` shared among the ``free`` pools by their weights."""
+    for k, n in zip(free, apportioned(rest, [weights[k] for k in free])):
+        out[k] = n
     return out
 
 
-def pools_of(shuffle: "ShuffleLike", counts: Sequence[int], mix: Optional["MixLike"], stop: str) -> List[Pool]:
+def _until_stop(totals: Sequence[int], weights: Sequence[float], free: List[int], stop: str) -> int:
+    """The samples the ``free`` pools give together, each its share, until the first (or last) has given all."""
+    each = [totals[k] / weights[k] for k in free]
+    return round((min(each) if stop == "first_exhausted" else max(each)) * sum(weights[k] for k in free))
+
+
+def _fixed(total: int, repeat: Optional[float], choose: Optional[int]) -> Optional[int]:
+    """A pool's samples per epoch where ``choose`` or ``repeat`` gives them."""
+    if choose is not None:
+        return choose
+    return None if repeat is None else round(repeat * total)
+
+
+def pools_of(epoch_size: Optional[int], counts: Sequence[int], mix: Optional["MixLike"], stop: str) -> List[Pool]:
     """The pools of a loader's data and their amounts: one of all the files, or one per weighted source."""
     c = np.asarray(counts, dtype=np.int64)
     if mix is None:
-        return [Pool(np.arange(len(c)), c, int(c.sum()) if shuffle.epoch_size is None else shuffle.epoch_size)]
+        return [Pool(np.arange(len(c)), c, int(c.sum()) if epoch_size is None else epoch_size)]
     sources = mix.sources
     totals = [int(c[a:b].sum()) for a, b in mix.spans]
     amounts = pool_amounts(totals, mix.weights(), [s.repeat for s in sources], [s.choose for s in sources],
-                           shuffle.epoch_size, stop)
+                           epoch_size, stop)
     return [Pool(np.arange(a, b), c[a:b], n, s.sampling) for (a, b), n, s in zip(mix.spans, amounts, sources)]

@@ -90,11 +90,16 @@ def _lines(block: bytes, codec: str, skip_blank: bool, first: bool) -> Tuple[np.
         ends = np.append(ends, len(raw))
     starts = np.concatenate([[0], ends[:-1]])
     keep = ends > starts
-    if first and codec.endswith("-sig") and block.startswith(codecs.BOM_UTF8):
+    if first and _drops_bom(codec, block):
         keep[0] = ends[0] > len(codecs.BOM_UTF8)  # the codec drops it: a line of it alone is empty
     if skip_blank:
         keep &= _not_blank(raw, block, starts, ends, codec, first)
     return starts, keep
+
+
+def _drops_bom(codec: str, block: bytes) -> bool:
+    """Whether a file beginning with ``block`` begins with a byte order mark its ``-sig`` codec drops."""
+    return codec.endswith("-sig") and block.startswith(codecs.BOM_UTF8)
 
 
 def _not_blank(raw: np.ndarray, data: bytes, starts: np.ndarray, ends: np.ndarray, codec: str,
