@@ -99,6 +99,8 @@ class Stream(Group):
 class Ranks(Group):
     """The processes sharing the data: this one's ``rank`` among ``world_size``; each not given is
     taken from ``torch.distributed``, else the ``RANK``/``WORLD_SIZE`` variables, else 0 and 1.
+    With ``replication=R``, ranks ``R·g .. R·g + R - 1`` form replica ``g``: they get identical
+    batches, and the ``world_size // R`` replicas share the data as that many ranks would.
 
     Example:
         ```python
@@ -115,11 +117,16 @@ class Ranks(Group):
         check=optional(positive))] = None
     even_batches: Annotated[str, Option(
         'under ranks: "pad" or "drop" to give every rank as many steps', check=one_of(EVEN_BATCHES))] = "pad"
+    replication: Annotated[int, Option(
+        "consecutive ranks forming one data-parallel replica (a tensor or sequence parallel group): they get "
+        "the same batches", check=positive)] = 1
 
     def _check(self) -> None:
         if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
             raise ValueError(f"Ranks needs 0 <= rank < world_size, got rank={self.rank}, "
                              f"world_size={self.world_size}")
+        if self.world_size is not None and self.world_size % self.replication:
+            raise ValueError(f"Ranks.replication ({self.replication}) must divide world_size ({self.world_size})")
 
 
 @dataclass(frozen=True, repr=False)

@@ -258,7 +258,8 @@ def _check_together(a: Dict[str, Any]) -> None:
                              "(DataLoader(shuffle=True) still shuffles the file order)")
     check_compose(a)
     ranks = a["ranks"]
-    resolve_sharding(ranks.rank, ranks.world_size, ranks.even_batches)  # explicit values against the found ones
+    # explicit values against the found ones
+    resolve_sharding(ranks.rank, ranks.world_size, ranks.even_batches, ranks.replication)
     if a["persistent_workers"] and a["num_workers"] == 0:
         raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0 or 'auto'")
 
