@@ -84,6 +84,7 @@ from ._groups import (
     Bucket,
     Group,
     OnError,
+    Pack,
     Ranks,
     Rotation,
     Storage,
@@ -153,6 +154,10 @@ def _rotation_record(value: object) -> Recorded:
     if r is None:
         return Recorded(rotation=None, rotation_size=None)
     return Recorded(rotation=r.times, rotation_size=r.size)
+
+
+def _pack_record(value: object) -> object:
+    return None if value is None else repr(value)
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -225,6 +230,9 @@ class Options:
     rotation: Annotated[Optional[Rotation], Option(
         "serve each encoded sample several times per epoch: a Rotation(times, folder=None, size=None)",
         check=optional(instance_of(Rotation)), resume=_rotation_record)] = None
+    pack: Annotated[Optional[Pack], Option(
+        "pack each batch's tokenized documents into fixed-length sequences: a Pack(field, seq_len=2048, "
+        "method='best_fit', pad_value=0, rows=None)", check=optional(instance_of(Pack)), resume=_pack_record)] = None
 
     def __post_init__(self) -> None:
         for name, option in OPTIONS.items():
