@@ -70,7 +70,8 @@ def layout(lengths: Sequence[int], seq_len: int, method: str, window: Optional[i
         part = _fitted(sizes[lo:lo + window], seq_len, method)
         parts.append(part._replace(doc=part.doc + lo, row=part.row + rows))
         rows += part.rows
-    return Pieces(*(np.concatenate([getattr(p, f) for p in parts]) for f in Pieces._fields[:-1]), rows=rows)
+    joined = [np.concatenate([getattr(p, f) for p in parts]) for f in Pieces._fields[:-1]]
+    return Pieces(joined[0], joined[1], joined[2], joined[3], joined[4], rows)
 
 
 def _concat(sizes: np.ndarray, seq_len: int) -> Pieces:
