@@ -108,6 +108,8 @@ class Ranks(Group):
         ```python
         loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
                             ranks=Ranks(rank=0, world_size=2, even_batches="drop"))
+        tensor_parallel = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                                     ranks=Ranks(rank=3, world_size=4, replication=2))  # replica 1 of 2
         ```
     """
 
@@ -213,7 +215,7 @@ class Pack(Group):
 
     Example:
         ```python
-        loader = DataLoader(JsonLinesReader(batch_size=64), Tokenize(), NumpyCollator(), "data/",
+        loader = DataLoader(JsonLinesReader(batch_size=64), IdentityDataset(), NumpyCollator(), "data/",
                             pack=Pack("tokens", seq_len=2048, method="best_fit"))
         ```
     """
