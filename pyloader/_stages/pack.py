@@ -146,7 +146,7 @@ def _best_fit(sizes: np.ndarray, seq_len: int) -> tuple:
     return row, offset, opened
 
 
-def fill(tokens: np.ndarray, lengths: np.ndarray, pieces: Pieces, seq_len: int, pad_value: object = 0,
+def fill(tokens: np.ndarray, lengths: np.ndarray, pieces: Pieces, seq_len: int, pad_value: object = 0, *,
          masked: Optional[np.ndarray] = None, rows: Optional[int] = None) -> Dict[str, np.ndarray]:
     """The packed sequences: ``tokens`` (the documents of ``lengths`` end to end) laid out as ``pieces``
     say, with their ``segment_ids``, ``positions`` and ``loss_mask`` (0 on padding and on the documents
@@ -221,7 +221,7 @@ def pack_columns(columns: object, spec: PackSpec, masked: Optional[np.ndarray] =
     if spec.rows is not None and pieces.rows > spec.rows:
         raise ValueError(f"the batch's documents need {pieces.rows} sequences of {spec.seq_len} tokens, more "
                          f"than Pack.rows ({spec.rows})")
-    packed = fill(tokens, lengths, pieces, spec.seq_len, spec.pad_value, masked, spec.rows)
+    packed = fill(tokens, lengths, pieces, spec.seq_len, spec.pad_value, masked=masked, rows=spec.rows)
     return {spec.field: packed.pop("tokens"), **packed}
 
 
