@@ -61,9 +61,10 @@ class EvenSteps:
     async def iterate(self, groups: AsyncIterator[Group]) -> AsyncIterator[Group]:
         last: Optional[Sample] = None  # for holes at the end of the run: keeps one group's arrays alive
         async for group in groups:
+            sample = _sample(group, len(group) - 1)  # before the consumer joins the metadata to the data
             for part in self._filled(group):
                 yield part
-            last = _sample(group, len(group) - 1)
+            last = sample
         for padding in self._final_padding(last):
             yield padding
 

@@ -18,7 +18,8 @@ Contracts:
   ``segment_ids`` (1, 2, ... for the pieces of documents in it, in order; 0 on padding),
   ``positions`` (0, 1, ... restarting at each piece) and ``loss_mask`` (0 on padding, and on the
   documents ranks repeated to even out the steps; 1 elsewhere), all ``[rows, seq_len]``. The batch's
-  other fields are not kept (they are per document).
+  other fields are not kept (they are per document). Under ranks, ``__padding__`` is one flag for the
+  whole batch (``[1]``): true only on a copy of another batch given in place of one that failed.
 * **Errors.** A batch without the field, or whose field does not hold sequences of integers, or
   that needs more than ``Pack.rows`` sequences, fails at stage ``pack`` naming its files; ``on_error``
   handles it as a failed ``batch_encode``.
@@ -257,5 +258,7 @@ class Packing:
             self.errors("pack", batch.paths, exc)
             self.stats.skipped_batches += 1
             return False
-        batch.meta = None  # the documents' padding flags are in the loss mask now
+        # the documents' padding flags are in the loss mask now; under ranks one flag for the batch stays, false,
+        # which a copy made to keep the steps equal (``_stages.even``) turns true
+        batch.meta = None if flags is None else {PADDING: np.zeros(1, dtype=bool)}
         return True
