@@ -295,6 +295,7 @@ MOVED: Dict[str, Moved] = {
     "bucket": Moved(Bucket, {"bucket_by": "by", "bucket_buffer": "buffer"}, needs="by"),
     "rotation": Moved(Rotation, {"rotation": "times", "rotation_dir": "folder", "rotation_size": "size"},
                       needs="times"),
+    "pack": Moved(Pack, {}, needs="field"),  # no flat keyword of 0.1: listed so that help() shows its fields
 }
 OLD_KEYWORDS: Dict[str, Tuple[str, str]] = {old: (keyword, field) for keyword, moved in MOVED.items()
                                            for old, field in moved.fields.items()}
