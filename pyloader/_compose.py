@@ -24,6 +24,7 @@ def check_compose(a: Mapping[str, Any]) -> None:
     check_file_order(a["file_order"], a["shuffle"])
     check_bucket(a["bucket"], bool(a["stream"]), a["datareader"].batch_size)
     check_rotation(a)
+    check_pack(a)
     check_cache_encoded_applies(a)
     check_global_order(a)
 
@@ -85,6 +86,16 @@ def check_rotation(a: Mapping[str, Any]) -> None:
     for conflict, message in conflicts:
         if conflict:
             raise ValueError(message)
+
+
+def check_pack(a: Mapping[str, Any]) -> None:
+    """``pack`` with the options it cannot go with."""
+    if a["pack"] is None:
+        return
+    if a["stream"]:
+        raise ValueError("pack packs each batch's documents into sequences: stream mode cuts windows of rows instead")
+    if a["cache_encoded"] is not None:
+        raise ValueError("pack and cache_encoded do not go together yet: the cache would hold the packed batches")
 
 
 def check_cache_encoded_applies(a: Mapping[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """The option groups of ``DataLoader``: one small frozen dataclass per feature, given as one keyword.
 
 ``Shuffle`` (``shuffle=``), ``Stream`` (``stream=``), ``Ranks`` (``ranks=``), ``Storage`` (``storage=``), ``Rotation``
-(``rotation=``), ``Bucket`` (``bucket=``) and ``OnError`` (``on_error=``). Each field is declared
+(``rotation=``), ``Bucket`` (``bucket=``), ``Pack`` (``pack=``) and ``OnError`` (``on_error=``). Each field is declared
 as the loader's options are (``Annotated[type, Option(doc, check=...)]``, ``_checks``): each
 group checks its own values when it is made (one ``ValueError`` or ``TypeError`` per bad value,
 naming ``Group.field``), and the rules between its fields; the rules between a group and the
@@ -20,6 +20,8 @@ from typing import Annotated, Optional, Union
 from ._checks import Option, a_folder, as_path, at_least_zero, declared, is_integer, one_of, optional, positive
 from ._errors import ErrorPolicy
 from ._stages.bucket import BucketBy
+from ._stages.pack import METHODS as PACK_METHODS
+from ._stages.pack import PackSpec
 from ._stages.shard import EVEN_BATCHES
 from ._stages.stream import PADDING_MODES
 from ._stages.tiles import BATCHINGS, DEFAULT_BLOCK
@@ -100,11 +102,15 @@ class Stream(Group):
 class Ranks(Group):
     """The processes sharing the data: this one's ``rank`` among ``world_size``; each not given is
     taken from ``torch.distributed``, else the ``RANK``/``WORLD_SIZE`` variables, else 0 and 1.
+    With ``replication=R``, ranks ``R·g .. R·g + R - 1`` form replica ``g``: they get identical
+    batches, and the ``world_size // R`` replicas share the data as that many ranks would.
 
     Example:
         ```python
         loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
                             ranks=Ranks(rank=0, world_size=2, even_batches="drop"))
+        tensor_parallel = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                                     ranks=Ranks(rank=3, world_size=4, replication=2))  # replica 1 of 2
         ```
     """
 
@@ -116,11 +122,16 @@ class Ranks(Group):
         check=optional(positive))] = None
     even_batches: Annotated[str, Option(
         'under ranks: "pad" or "drop" to give every rank as many steps', check=one_of(EVEN_BATCHES))] = "pad"
+    replication: Annotated[int, Option(
+        "consecutive ranks forming one data-parallel replica (a tensor or sequence parallel group): they get "
+        "the same batches", check=positive)] = 1
 
     def _check(self) -> None:
         if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
             raise ValueError(f"Ranks needs 0 <= rank < world_size, got rank={self.rank}, "
                              f"world_size={self.world_size}")
+        if self.world_size is not None and self.world_size % self.replication:
+            raise ValueError(f"Ranks.replication ({self.replication}) must divide world_size ({self.world_size})")
 
 
 @dataclass(frozen=True, repr=False)
@@ -221,6 +232,40 @@ class Bucket(Group):
     _: KW_ONLY
     buffer: Annotated[Optional[int], Option(
         "samples sorted by length at a time (None: 32 batches; at least batch_size)", check=optional(positive))] = None
+
+
+def _field_name(name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be the name of the field holding each document's tokens, got {value!r}")
+
+
+@dataclass(frozen=True, repr=False)
+class Pack(Group):
+    """Document packing: each batch's documents (``field``: each one's tokens) packed into sequences of
+    ``seq_len`` tokens, with ``segment_ids``, ``positions`` and ``loss_mask`` beside them; ``method``
+    ``"concat"``, ``"first_fit"`` or ``"best_fit"``; ``rows``: pad every batch to this many sequences.
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=64), IdentityDataset(), NumpyCollator(), "data/",
+                            pack=Pack("tokens", seq_len=2048, method="best_fit"))
+        ```
+    """
+
+    field: Annotated[str, Option("the field holding each document's tokens", check=_field_name)]
+    _: KW_ONLY
+    seq_len: Annotated[int, Option("the tokens of a packed sequence", check=positive)] = 2048
+    method: Annotated[str, Option(
+        '"concat" (end to end, cut every seq_len), "first_fit" or "best_fit" (a document is cut only '
+        'where longer than a sequence)', check=one_of(PACK_METHODS))] = "best_fit"
+    pad_value: Annotated[int, Option("the token after a sequence's last document")] = 0
+    rows: Annotated[Optional[int], Option(
+        "pad every batch to this many sequences, a fixed shape (None: as many as its documents fill; "
+        "a batch needing more fails at stage pack)", check=optional(positive))] = None
+
+    def spec(self) -> PackSpec:
+        """What the stage takes (``_stages.pack``)."""
+        return PackSpec(self.field, self.seq_len, self.method, self.pad_value, self.rows)
 
 
 @dataclass(frozen=True, repr=False)

@@ -226,7 +226,7 @@ class DataLoader(Options):
     @property
     def sharding(self) -> Sharding:
         """This process's rank and world size: the explicit ones, else resolved now (see ``_stages.shard.resolve``)."""
-        return resolve_sharding(self.ranks.rank, self.ranks.world_size, self.ranks.even_batches)
+        return resolve_sharding(self.ranks.rank, self.ranks.world_size, self.ranks.even_batches, self.ranks.replication)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration start at ``epoch`` (as ``DistributedSampler.set_epoch`` does).

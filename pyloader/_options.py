@@ -84,6 +84,7 @@ from ._groups import (
     Bucket,
     Group,
     OnError,
+    Pack,
     Ranks,
     Rotation,
     Shuffle,
@@ -172,6 +173,10 @@ def _rotation_record(value: object) -> Recorded:
     return Recorded(rotation=r.times, rotation_size=r.size)
 
 
+def _pack_record(value: object) -> object:
+    return None if value is None else repr(value)
+
+
 # -- the declaration ------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False, repr=False)
 class Options:
@@ -244,6 +249,9 @@ class Options:
     rotation: Annotated[Optional[Rotation], Option(
         "serve each encoded sample several times per epoch: a Rotation(times, folder=None, size=None)",
         check=optional(instance_of(Rotation)), resume=_rotation_record)] = None
+    pack: Annotated[Optional[Pack], Option(
+        "pack each batch's tokenized documents into fixed-length sequences: a Pack(field, seq_len=2048, "
+        "method='best_fit', pad_value=0, rows=None)", check=optional(instance_of(Pack)), resume=_pack_record)] = None
 
     def __post_init__(self) -> None:
         for name, option in OPTIONS.items():
@@ -277,7 +285,8 @@ def _check_together(a: Dict[str, Any]) -> None:
                              "(DataLoader(shuffle=True) still shuffles the file order)")
     check_compose(a)
     ranks = a["ranks"]
-    resolve_sharding(ranks.rank, ranks.world_size, ranks.even_batches)  # explicit values against the found ones
+    # explicit values against the found ones
+    resolve_sharding(ranks.rank, ranks.world_size, ranks.even_batches, ranks.replication)
     if a["persistent_workers"] and a["num_workers"] == 0:
         raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0 or 'auto'")
 
@@ -305,6 +314,7 @@ MOVED: Dict[str, Moved] = {
     "bucket": Moved(Bucket, {"bucket_by": "by", "bucket_buffer": "buffer"}, needs="by"),
     "rotation": Moved(Rotation, {"rotation": "times", "rotation_dir": "folder", "rotation_size": "size"},
                       needs="times"),
+    "pack": Moved(Pack, {}, needs="field"),  # no flat keyword of 0.1: listed so that help() shows its fields
 }
 OLD_KEYWORDS: Dict[str, Tuple[str, str]] = {old: (keyword, field) for keyword, moved in MOVED.items()
                                            for old, field in moved.fields.items()}

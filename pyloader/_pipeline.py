@@ -15,7 +15,9 @@ The mode picks what happens between 3 and 4. With ``cache_encoded`` each epoch t
 three paths (``_stages.cached_epochs``): read from the cache of encoded batches (then collated),
 from the files with its encoded batches written to the cache before they are collated, or from
 the files as without the cache. With ``rotation`` the encoded batches are cut into samples,
-served several times and batched again (``_stages.rotation``) before they are collated.
+served several times and batched again (``_stages.rotation``) before they are collated. With
+``pack`` each encoded batch's documents are packed into sequences (``_stages.pack``, after rotation
+when both are on) before they are collated.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from ._stages.cached_epochs import CachedEpochs
 from ._stages.entries import with_memory
 from ._stages.even import EvenSteps
 from ._stages.map import OrderedMap
+from ._stages.pack import Packing
 from ._stages.read import Ramp, ReadFiles
 from ._stages.rotation import Rotation
 from ._stages.source import FileSource, SourceItem
@@ -125,6 +128,8 @@ def _by_mode(c: Chain, files: FileStages, rotation: Optional[Rotation]) -> Async
                             lane=c.lane, run_blocking=c.run_blocking, tasks=c.tasks).iterate()
     if rotation is not None:
         return _rotated(c, rotation, files(range(start.epoch, start.end), runner.encoding_only((o.dataset,)), False))
+    if o.pack is not None:
+        return _collated(c, _packed(c, files(range(start.epoch, start.end), runner.encoding_only((o.dataset,)))))
     return files(range(start.epoch, start.end), runner.run)
 
 
@@ -242,8 +247,19 @@ def _rotated(c: Chain, rotation: Rotation, encoded: AsyncIterator[Group]) -> Asy
     rotated = rotation.iterate(encoded)
     if start.skip:
         rotated = _skip(rotated, start, c.s.stats, whole=not c.s.sharding.active)
+    return _collated(c, rotated if c.s.options.pack is None else _packed(c, rotated))
+
+
+def _packed(c: Chain, encoded: AsyncIterator[Group]) -> AsyncIterator[Group]:
+    """Each encoded batch's documents packed into sequences (``_stages.pack``)."""
+    assert c.s.options.pack is not None, "a packed run has pack"
+    return Packing(c.s.options.pack.spec(), c.s.errors, c.s.stats, c.run_blocking).iterate(encoded)
+
+
+def _collated(c: Chain, encoded: AsyncIterator[Group]) -> AsyncIterator[Group]:
+    """Encoded batches collated and pinned in this process."""
     collate = LocalSteps(split_steps(c.s).after_encode, c.lane, (c.s.options.datacollator,), c.s.stats.busy)
-    return OrderedMap(collate.run, _COLLATING, c.s.errors, c.s.stats, c.s.draws).iterate(rotated, c.tasks)
+    return OrderedMap(collate.run, _COLLATING, c.s.errors, c.s.stats, c.s.draws).iterate(encoded, c.tasks)
 
 
 async def _skip(groups: AsyncIterator[Group], start: Start, stats: Stats,

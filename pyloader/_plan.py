@@ -200,7 +200,7 @@ class RunPlan:
     start: Start
     source: PlannedSource
     steps: Optional[Callable[[int], int]]  # under ranks: the batches every rank gives in an epoch
-    # stacked groups only where a batch needs nothing on its own before the hand-over (no ranks' padding flags,
+    # stacked groups only where a batch needs nothing on its own before the hand-over (no ranks' padding flags, packing,
     # rotation or cache of encoded batches), and not while ``"auto"`` places each file by measurement
     cut: Cut
     buffers: Buffers  # the mix, shuffle and bucket buffers rows meet in before they are cut
@@ -236,7 +236,8 @@ async def plan_run(s: Settings, start: Start, run_blocking: RunBlocking) -> RunP
     if start.skip and not resumed.past_files:
         resumed = resumed._replace(drop=True)
     mode = _mode(s)
-    stack = mode is Mode.FILES and not s.sharding.active and (s.pool is None or s.measured is None)
+    stack = (mode is Mode.FILES and s.options.pack is None and not s.sharding.active
+             and (s.pool is None or s.measured is None))
     cut = Cut(s.batch_size, s.options.drop_last, stack=stack)
     return RunPlan(mode=mode, start=start, source=source, steps=steps, cut=cut, buffers=buffers, resumed=resumed,
                    whole=whole)

@@ -157,9 +157,9 @@ def test_a_typo_of_an_old_keyword_names_its_new_form(tmp_path):
         loader(tmp_path, rankz=pl.Ranks())
 
 
-def test_the_signature_has_at_most_29_parameters_and_keeps_the_original_ones():
+def test_the_signature_has_at_most_30_parameters_and_keeps_the_original_ones():
     params = inspect.signature(pl.DataLoader).parameters
-    assert len(params) <= 29  # 42 before the groups: 8 positional + 21 keywords
+    assert len(params) <= 30  # 42 before the groups: 8 positional + 21 keywords, then pack=
     assert list(params)[:8] == ["datareader", "dataset", "datacollator", "data_dir", "num_epoch", "max_queue_size",
                                 "shuffle", "random_seed"]
     assert not set(params) & (set(OLD_KEYWORDS) - set(MOVED))
@@ -185,7 +185,8 @@ def test_the_changelog_lists_every_moved_keyword_with_its_new_form():
 
 KEYS = ["files", "num_files", "batch_size", "shuffle", "random_seed", "reader_shuffle", "reader_seed", "shuffle_buffer",
         "drop_last", "stream", "seq_len", "padding_mode", "rank", "world_size", "even_batches", "filter_fn",
-        "file_order", "time_major", "bucket_by", "bucket_buffer", "mix", "cache_encoded", "rotation", "rotation_size"]
+        "file_order", "time_major", "bucket_by", "bucket_buffer", "mix", "cache_encoded", "rotation", "rotation_size",
+        "pack"]
 
 
 @pytest.mark.parametrize("given, recorded", [
@@ -198,6 +199,8 @@ KEYS = ["files", "num_files", "batch_size", "shuffle", "random_seed", "reader_sh
       "bucket_buffer": 4, "cache_encoded": {"update_every": 2}, "rotation": None, "rotation_size": None}),
     ({"rotation": pl.Rotation(3, size=12), "storage": pl.Storage(retries=0), "on_error": pl.OnError("skip")},
      {"rotation": 3, "rotation_size": 12, "bucket_by": None, "bucket_buffer": None, "rank": 0, "world_size": 1}),
+    ({"pack": pl.Pack("id", seq_len=8), "ranks": pl.Ranks(rank=3, world_size=4, replication=2)},
+     {"pack": "Pack('id', seq_len=8)", "rank": 1, "world_size": 2, "rotation": None}),
 ])
 def test_a_state_records_each_group_under_the_keys_and_values_older_states_recorded(tmp_path, given, recorded):
     write_chunks(tmp_path / "data", [4, 4])

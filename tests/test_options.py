@@ -114,12 +114,12 @@ def test_a_state_records_the_settings_older_states_recorded(tmp_path, num_worker
         "files", "num_files", "batch_size", "shuffle", "random_seed", "reader_shuffle", "reader_seed",
         "shuffle_buffer", "drop_last", "stream", "seq_len", "padding_mode", "rank", "world_size", "even_batches",
         "filter_fn", "file_order", "time_major", "bucket_by", "bucket_buffer", "mix", "cache_encoded", "rotation",
-        "rotation_size"])
+        "rotation_size", "pack"])
     assert {k: settings[k] for k in ("shuffle", "rank", "world_size", "even_batches", "time_major", "bucket_buffer",
-                                      "filter_fn", "mix", "cache_encoded", "rotation", "rotation_size")} == {
+                                      "filter_fn", "mix", "cache_encoded", "rotation", "rotation_size", "pack")} == {
         "shuffle": True, "rank": 1, "world_size": 2, "even_batches": "pad", "time_major": None,
         "bucket_buffer": None, "filter_fn": None, "mix": None, "cache_encoded": None, "rotation": None,
-        "rotation_size": None}
+        "rotation_size": None, "pack": None}
 
 
 def test_mypy_checks_the_keywords_and_types_users_pass_and_the_options_they_assign(tmp_path):

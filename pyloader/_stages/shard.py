@@ -6,6 +6,8 @@ into ``world_size`` contiguous ranges whose sizes differ by at most one; rank
 The ranges are disjoint and together cover the epoch. To give every rank the
 same number of steps, ``even_batches="pad"`` tops the short ranks up with
 repeated samples flagged as padding, and ``"drop"`` trims the long ones.
+Under replication (``Ranks(replication=R)``) a "rank" here is a replica: ``resolve``
+maps process ``rank`` of ``world_size`` to replica ``rank // R`` of ``world_size // R``.
 
 Every rank's step count is planned from ``DataReader.count`` alone (the same on
 every rank), so no rank needs to ask the others; a rank that loses samples or
@@ -50,8 +52,10 @@ def _found() -> Tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def resolve(rank: Optional[int], world_size: Optional[int], even_batches: str) -> Sharding:
-    """Explicit values, else an initialized ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``, else 0/1."""
+def resolve(rank: Optional[int], world_size: Optional[int], even_batches: str, replication: int = 1) -> Sharding:
+    """Explicit values, else an initialized ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``, else 0/1;
+    with ``replication`` R, the data-parallel place: replica ``rank // R`` of ``world_size // R`` (the one
+    place replication acts, so that every order of the data shares it out by replica)."""
     if even_batches not in EVEN_BATCHES:
         raise ValueError(f"even_batches must be one of {EVEN_BATCHES}, got {even_batches!r}")
     if rank is None or world_size is None:
@@ -59,7 +63,9 @@ def resolve(rank: Optional[int], world_size: Optional[int], even_batches: str) -
         rank = found_rank if rank is None else rank
         world_size = found_world if world_size is None else world_size
     _check_place(rank, world_size)
-    return Sharding(rank, world_size, even_batches)
+    if world_size % replication:
+        raise ValueError(f"replication ({replication}) must divide world_size ({world_size})")
+    return Sharding(rank // replication, world_size // replication, even_batches)
 
 
 def _check_place(rank: int, world_size: int) -> None:

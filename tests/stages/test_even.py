@@ -54,6 +54,22 @@ def test_holes_at_the_start_of_a_group_are_filled_before_it():
     assert [(e, i, pad) for e, i, _, pad in out] == [(0, 0, False), (0, 1, True), (0, 2, False)]
 
 
+def test_holes_at_the_end_of_the_run_are_copies_of_its_last_batch_flagged_even_once_its_metadata_joined_it():
+    groups = [[batch(0, 0), batch(0, 1)]]
+
+    async def run() -> List[Group]:
+        out = []
+        async for group in EvenSteps(lambda e: 4, 0, 0, 1).iterate(made(groups)):
+            out.append(group)
+            for b in group:  # what the consumer does to each group as it comes (``attach_meta``)
+                b.data, b.meta = {**b.data, **(b.meta or {})}, None
+        return out
+
+    out = [b for g in asyncio.run(asyncio.wait_for(run(), 10)) for b in g]
+    assert [(b.index, b.data["x"]) for b in out] == [(0, "0.0"), (1, "0.1"), (2, "0.1"), (3, "0.1")]
+    assert [bool(np.all(b.data[PADDING])) for b in out] == [False, False, True, True]
+
+
 def test_holes_at_the_end_of_an_epoch_are_filled_from_the_next_epochs_first_batch():
     out = even(lambda e: 3, [[(0, 0)], [(1, 0), (1, 1), (1, 2)]], num_epoch=2)
     assert out[:3] == [(0, 0, "0.0", False), (0, 1, "1.0", True), (0, 2, "1.0", True)]
