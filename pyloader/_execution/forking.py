@@ -106,9 +106,9 @@ def warn_about_user_threads(caller: int, persistent: bool = False) -> None:
     """Warn once per set of thread names that other threads run while workers are forked (other than
     ``caller``, which waits for the fork, and threads that wait for ``caller`` to end: ``_waits_for``),
     with the advice that fits them (``persistent``: the workers are kept, forked at the first iteration only)."""
-    frames = sys._current_frames()
-    others = sorted(t.name for t in _other_threads(caller) if not t.name.startswith((_OURS, *_SAFE_THREADS))
-                    and not _waits_for(frames.get(t.ident or -1), caller, frames.get(caller)))
+    running = [t for t in _other_threads(caller) if not t.name.startswith((_OURS, *_SAFE_THREADS))]
+    frames = sys._current_frames() if running else {}
+    others = sorted(t.name for t in running if not _waits_for(frames.get(t.ident or -1), caller, frames.get(caller)))
     key = ",".join(others)
     if not others or key in _warned:
         return
