@@ -228,5 +228,5 @@ class DataCollator(abc.ABC):
         ``TypeError`` at the first batch naming ``collate_batch`` and the type: ``None`` (a
         missing ``return``), and anything but a dict in stream mode or under ``ranks``, where
         the loader adds its flags (``__first__``, ``__padding__``...) to each batch.
-        ``DataLoader.to_tf_dataset`` takes dicts.
+        ``DataLoader.to_tf_dataset`` infers the signature of dicts (pass ``output_signature`` for others).
         """

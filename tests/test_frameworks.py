@@ -140,6 +140,21 @@ def test_to_tf_dataset_takes_shapes_from_the_data_not_from_field_names(tmp_path)
     assert spec["tokens"].shape.as_list() == [None, None] and spec["tokens_mask"].shape.as_list() == [None, None]
 
 
+class XY(pl.DataCollator):
+    def collate_batch(self, features):
+        return np.asarray(features["x"], dtype=np.float32), np.asarray(features["y"])
+
+
+def test_to_tf_dataset_takes_batches_that_are_not_dicts_given_their_signature(tmp_path):
+    import tensorflow as tf
+
+    loader = pl.DataLoader(JsonLinesReader(16), Encode(), XY(), write_jsonl(tmp_path), num_workers=0)
+    with pytest.raises(TypeError, match="pass output_signature="):
+        loader.to_tf_dataset()
+    ds = loader.to_tf_dataset(output_signature=(tf.TensorSpec([None, 4], tf.float32), tf.TensorSpec([None], tf.int64)))
+    assert sum(int(y.shape[0]) for _, y in ds) == 200
+
+
 def test_model_fit_on_the_dataset(tmp_path):
     import tensorflow as tf
 

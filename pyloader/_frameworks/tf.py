@@ -100,7 +100,8 @@ def infer_signature(tf: ModuleType, batch: object) -> Signature:
     dimension this batch shows padded (``_padded``); the others are as in the batch (``_merged``
     leaves open those that differ between batches)."""
     if not isinstance(batch, dict):
-        raise TypeError(f"to_tf_dataset needs batches that are dicts, got {type(batch).__name__}")
+        raise TypeError(f"to_tf_dataset infers its signature from batches that are dicts, got "
+                        f"{type(batch).__name__}: pass output_signature= to say what it is")
     open_dims = _padded(batch)
     return {k: _spec(tf, k, v, open_dims.get(k, 0)) for k, v in batch.items()}
 
