@@ -115,7 +115,10 @@ class DataReader(abc.ABC):
         Override it for files too large to hold in memory: when the reader does not
         shuffle (``shuffle=False``), the loader reads every file through it, stream
         mode included, so a streaming ``iter_file`` keeps memory independent of file
-        size. The default yields ``read_file``'s result as one piece.
+        size. The default yields ``read_file``'s result as one piece. Of ``read_file``
+        and ``iter_file``, the one a class defines last is called whatever the settings
+        (a ``read_file`` on top of a built-in reader, whose ``iter_file`` streams, is
+        called with ``shuffle=False`` too).
 
         Example:
             ```python
@@ -200,7 +203,8 @@ class Dataset(abc.ABC):
 
     @abc.abstractmethod
     def batch_encode(self, batch_data: Columns) -> Columns:
-        """Encode ``batch_data``; every returned value has one item per sample."""
+        """Encode ``batch_data``; every returned value has one item per sample (values of different
+        lengths are a ``ValueError`` naming ``batch_encode``)."""
 
 
 class IdentityDataset(Dataset):
@@ -246,4 +250,13 @@ class DataCollator(abc.ABC):
 
     @abc.abstractmethod
     def collate_batch(self, features: Columns) -> Dict[str, Any]:
-        """Collate ``features`` (dict of lists, one item per sample) into a dict of tensors."""
+        """Collate ``features`` (dict of lists, one item per sample) into a dict of tensors.
+
+        What it returns is the batch the loop gets. Any other object (a tuple ``(x, y)``, a
+        list, a bare tensor) is handed over as it is, with or without workers; ``pin_memory``
+        and ``device`` reach the tensors inside dicts, lists and tuples. Two exceptions, a
+        ``TypeError`` at the first batch naming ``collate_batch`` and the type: ``None`` (a
+        missing ``return``), and anything but a dict in stream mode or under ``ranks``, where
+        the loader adds its flags (``__first__``, ``__padding__``...) to each batch.
+        ``DataLoader.to_tf_dataset`` infers the signature of dicts (pass ``output_signature`` for others).
+        """

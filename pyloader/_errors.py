@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import os
+from types import TracebackType
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from ._stats import Stats
@@ -45,6 +47,8 @@ class PipelineError(RuntimeError):
         self.original = original
         where = ", ".join(repr(p) for p in self.paths) if self.paths else "no file"
         super().__init__(f"{stage} failed on {where}: {describe(original)}")
+        # in a worker, its frames in this process are the loader's, not where it failed (its notes show those)
+        original.__traceback__ = None if getattr(original, _IN_WORKER, False) else users_frames(original.__traceback__)
         self.__cause__ = original
 
     def __str__(self) -> str:
@@ -53,6 +57,44 @@ class PipelineError(RuntimeError):
     def __reduce__(self) -> Tuple[Any, ...]:
         cls = PipelineError if type(self) in _typed_cache.values() else type(self)
         return cls, (self.stage, self.paths, self.original)
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# the loader's objects a user picks: their frames tell where a file or batch failed
+_OBJECTS = tuple(_PACKAGE + folder + os.sep for folder in ("readers", "collators", "_storage"))
+
+
+def is_machinery(filename: str) -> bool:
+    """Whether ``filename`` is the loader's machinery that calls user code (the package, but for ``_OBJECTS``)."""
+    return filename.startswith(_PACKAGE) and not filename.startswith(_OBJECTS)
+
+
+def users_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    """``tb`` without the machinery's frames (``is_machinery``): the user's code, and the built-in readers'
+    and collators'; ``tb`` whole when no other frame is in it (a failure of the machinery itself)."""
+    kept, step = [], tb
+    while step is not None:
+        if not is_machinery(step.tb_frame.f_code.co_filename):
+            kept.append(step)
+        step = step.tb_next
+    if not kept:
+        return tb
+    out = None
+    for one in reversed(kept):
+        out = TracebackType(out, one.tb_frame, one.tb_lasti, one.tb_lineno)
+    return out
+
+
+_IN_WORKER = "_pyloader_in_worker"
+
+
+def raised_in_worker(exc: BaseException) -> None:
+    """Mark ``exc`` as raised in a worker process (its notes hold the worker's traceback): a
+    ``PipelineError`` chaining it drops the frames of this process it was raised through since."""
+    try:
+        setattr(exc, _IN_WORKER, True)
+    except Exception:  # an exception type without a __dict__: it keeps those frames
+        pass
 
 
 _NOT_TYPED = (StopIteration, StopAsyncIteration)

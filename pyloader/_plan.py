@@ -17,7 +17,7 @@ from typing import Awaitable, Callable, Dict, List, Mapping, NamedTuple, Optiona
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._columns import Columns
 from ._counts import Counted, Counter
-from ._errors import ErrorHandler, Stats, reraise
+from ._errors import ErrorHandler, NeverSkipped, Stats, reraise
 from ._execution.measured import Measured
 from ._execution.pool import WorkerPool
 from ._execution.runners import Exclusive
@@ -94,6 +94,7 @@ class CheckedEncode:
         out = self.dataset.batch_encode(columns)
         if type(out) is not dict and not isinstance(out, abc.Mapping):  # the ABC's check costs more
             raise TypeError(f"batch_encode must return a dict of lists, got {type(out).__name__}")
+        _check_lengths(out)
         return out
 
     def on_stacked(self, columns: Mapping) -> Optional[Mapping]:
@@ -101,18 +102,56 @@ class CheckedEncode:
         return columns if type(self.dataset).batch_encode is IdentityDataset.batch_encode else None
 
 
-class Collate:
-    """``collate_batch``, and the collator's ``collate_stacked`` for stacked groups where it has one."""
+def _check_lengths(out: Mapping) -> None:
+    """``ValueError`` unless every value of ``out`` that has a length (a list, an array, a tensor; not a
+    string) has the same one: one item per sample."""
+    first: Optional[Tuple[object, int]] = None
+    for key, value in out.items():
+        if isinstance(value, (str, bytes)):
+            continue
+        try:
+            n = len(value)
+        except TypeError:  # a scalar, a 0-d array: no items to count
+            continue
+        if first is None:
+            first = (key, n)
+        elif n != first[1]:
+            raise ValueError(f"batch_encode returned columns of different lengths: {first[0]!r} has {first[1]} "
+                             f"items, {key!r} has {n}: every value holds one item per sample of the batch")
 
-    def __init__(self, collator: DataCollator) -> None:
+
+class CollateResultError(NeverSkipped, TypeError):
+    """What ``collate_batch`` returned cannot be a batch here (``None``; not a dict where the loader
+    adds its own fields): a mistake in the collator, never skipped by ``on_error``."""
+
+
+class Collate:
+    """``collate_batch``, and the collator's ``collate_stacked`` for stacked groups where it has one.
+
+    Any object ``collate_batch`` returns is the batch, except ``None`` (a missing ``return``); where the
+    loader adds fields of its own to each batch (``needs_dict``: stream mode's flags, ``__padding__``
+    under ranks) it must be a dict. Either mistake is a ``CollateResultError`` at the first batch."""
+
+    def __init__(self, collator: DataCollator, needs_dict: bool = False) -> None:
         self.collator = collator
+        self.needs_dict = needs_dict
 
     def __call__(self, features: Dict[str, object]) -> object:
-        return self.collator.collate_batch(features)
+        out = self.collator.collate_batch(features)
+        if type(out) is not dict and (out is None or self.needs_dict and not isinstance(out, dict)):
+            raise CollateResultError(_refused(out))
+        return out
 
     def on_stacked(self, columns: Mapping) -> Optional[Mapping]:
         collate_stacked = getattr(self.collator, "collate_stacked", None)
         return None if collate_stacked is None else collate_stacked(columns)
+
+
+def _refused(out: object) -> str:
+    if out is None:
+        return "collate_batch returned None: it must return the batch (is its return statement missing?)"
+    return (f"collate_batch returned a {type(out).__name__}: stream mode and ranks add their flags "
+            f"(__first__, __padding__...) to each batch, so it must return a dict here")
 
 
 class Steps(NamedTuple):
@@ -135,7 +174,8 @@ def split_steps(s: Settings) -> Steps:
     split: NumPy stacking in the worker, conversion here; pinning is always here.
     """
     encode: Step = ("batch_encode", CheckedEncode(s.options.dataset))
-    collate: Step = ("collate_batch", Collate(s.options.datacollator))
+    collate: Step = ("collate_batch", Collate(s.options.datacollator, needs_dict=bool(s.options.stream)
+                                              or s.sharding.active))
     finish: List[Step] = [] if s.finish is None else [("pin_memory", s.finish)]
     split = s.options.datacollator
     if s.num_workers and isinstance(split, ArrayCollator) and split.converts_in_main:  # stacking there, converting here

@@ -3,10 +3,12 @@ no fork while a thread of ours runs, nothing a forked child can do to the worker
 one consumer per loader, and the README's usage started in many fresh interpreters."""
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -148,6 +150,7 @@ def test_workers_start_with_torch_imported_when_the_collator_needs_it(tmp_path):
     write_chunks(tmp_path / "data", [8, 8])
     code = f"""
 import sys
+import textwrap
 import pyloader as pl
 from pyloader.collators import TorchCollator
 from worker_helpers import NumReader, EncodeDataset
@@ -203,3 +206,56 @@ def test_workers_of_a_loader_started_while_another_iterates_use_the_fork_server(
             assert len(list(auto)) == 40
             assert auto.stats["placement"]["num_workers"] == 0
         assert len([b for b in it]) == 39
+
+
+THREADS_SCRIPT = """
+    import threading, time, warnings
+    from concurrent.futures import ThreadPoolExecutor
+    import pyloader as pl
+    from worker_helpers import EncodeDataset, ListCollator, NumReader
+
+    def train(**options):
+        with pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), {data!r}, num_workers=2, **options) as loader:
+            return len(list(loader))
+
+    def forked():
+        return [str(w.message) for w in seen if "forked" in str(w.message)]
+
+    warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loop = threading.Thread(target=train)
+        loop.start()
+        loop.join()
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(train).result()
+        print("WAITING", forked(), flush=True)
+        loop = threading.Thread(target=train)
+        loop.start()
+        while loop.is_alive():
+            sum(range(100))
+        print("BUSY", forked(), flush=True)
+        seen.clear()
+        stop = threading.Event()
+        user = threading.Thread(target=stop.wait, name="uploader")
+        user.start()
+        train(persistent_workers=True)
+        stop.set()
+        print("PERSISTENT", forked(), flush=True)
+"""
+
+
+def test_a_fork_warning_names_only_threads_that_can_run_meanwhile_with_advice_that_fits_them(tmp_path):
+    write_chunks(tmp_path / "data", [8, 8])
+    script = tmp_path / "threads.py"
+    script.write_text(textwrap.dedent(THREADS_SCRIPT.format(data=str(tmp_path / "data"))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    said = {line.split(" ", 1)[0]: ast.literal_eval(line.split(" ", 1)[1]) for line in out.stdout.splitlines()}
+    assert said.get("WAITING") == [], out.stdout + out.stderr[-3000:]  # the main thread waits for the loop
+    busy, = said["BUSY"]  # the main thread runs while another thread iterates: it is named, and cannot start later
+    assert "(MainThread)" in busy and "Iterate the loader from the main thread" in busy, busy
+    assert "after the loader's first iteration" not in busy and "start_method='forkserver'" in busy, busy
+    persistent, = said["PERSISTENT"]  # the workers are kept already: no advice to keep them
+    assert "(uploader)" in persistent and "Start uploader after the loader's first iteration" in persistent
+    assert "persistent_workers" not in persistent, persistent

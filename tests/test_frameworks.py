@@ -118,6 +118,43 @@ def test_to_tf_dataset_infers_the_signature(tmp_path):
     assert sorted(int(i) for batch in ds for i in batch["id"].numpy()) == ids  # re-iterable
 
 
+class FixedWidth(pl.DataCollator):
+    """Every batch ``[B, 60]``, as a tokenizer padding to a fixed length gives: fields named like padding
+    companions (``attention_mask``; ``ids`` with ``ids_mask``) whose shapes never change."""
+
+    def collate_batch(self, features):
+        n = len(features["id"])
+        ids = np.tile(np.arange(60), (n, 1))
+        return {"ids": ids, "ids_mask": np.ones((n, 60), dtype=bool), "attention_mask": (ids < 30).astype(np.int64),
+                "id": np.asarray(features["id"])}
+
+
+def test_to_tf_dataset_takes_shapes_from_the_data_not_from_field_names(tmp_path):
+    loader = pl.DataLoader(JsonLinesReader(16), Encode(), FixedWidth(), write_jsonl(tmp_path), num_workers=0)
+    spec = loader.to_tf_dataset().element_spec
+    assert {k: v.shape.as_list() for k, v in spec.items()} == {
+        "ids": [None, 60], "ids_mask": [None, 60], "attention_mask": [None, 60], "id": [None]}
+    padded = pl.DataLoader(JsonLinesReader(16), Encode(), NumpyCollator(ragged_keys=["tokens"]),
+                           write_jsonl(tmp_path / "one", files=1, rows=16), num_workers=0)
+    spec = padded.to_tf_dataset().element_spec  # one batch, padded: its mask says so
+    assert spec["tokens"].shape.as_list() == [None, None] and spec["tokens_mask"].shape.as_list() == [None, None]
+
+
+class XY(pl.DataCollator):
+    def collate_batch(self, features):
+        return np.asarray(features["x"], dtype=np.float32), np.asarray(features["y"])
+
+
+def test_to_tf_dataset_takes_batches_that_are_not_dicts_given_their_signature(tmp_path):
+    import tensorflow as tf
+
+    loader = pl.DataLoader(JsonLinesReader(16), Encode(), XY(), write_jsonl(tmp_path), num_workers=0)
+    with pytest.raises(TypeError, match="pass output_signature="):
+        loader.to_tf_dataset()
+    ds = loader.to_tf_dataset(output_signature=(tf.TensorSpec([None, 4], tf.float32), tf.TensorSpec([None], tf.int64)))
+    assert sum(int(y.shape[0]) for _, y in ds) == 200
+
+
 def test_model_fit_on_the_dataset(tmp_path):
     import tensorflow as tf
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 from conftest import IdReader, ListCollator, ids_of, write_chunks
 
@@ -193,3 +194,106 @@ def test_typed_errors_pickle_and_keep_their_type():
     again = pickle.loads(pickle.dumps(error))
     assert isinstance(again, ValueError) and isinstance(again, pl.PipelineError)
     assert again.paths == ("a.txt",) and str(again) == str(error)
+
+
+# -- what batch_encode and collate_batch return ------------------------------------------------------
+class DropsARow(pl.Dataset):
+    """A ``batch_encode`` whose ``y`` column lost a row."""
+
+    def batch_encode(self, batch_data):
+        return {"x": list(batch_data["id"]), "y": list(batch_data["id"])[1:]}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("collator", [ListCollator, NumpyCollator])
+def test_a_batch_encode_returning_columns_of_unequal_lengths_is_an_error_naming_batch_encode(
+        tmp_path, num_workers, collator):
+    write_chunks(tmp_path / "d", [8])
+    loader = pl.DataLoader(IdReader(4), DropsARow(), collator(), str(tmp_path / "d"), num_workers=num_workers)
+    with loader, pytest.raises(ValueError) as info:
+        list(loader)
+    assert isinstance(info.value, pl.PipelineError) and info.value.stage == "batch_encode", str(info.value)
+    assert "'x' has 4 items, 'y' has 3" in str(info.value) and "part-0000.txt" in str(info.value)
+
+
+class Returns(pl.DataCollator):
+    """``collate_batch`` returns ``kind``: the ids as a tuple ``(ids, ids)``, a list ``[ids]``, a bare
+    array, or ``None``."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def collate_batch(self, features):
+        ids = np.asarray(features["id"])
+        return {"tuple": (ids, ids), "list": [ids], "array": ids, "none": None}[self.kind]
+
+
+def _ids(batch):
+    return batch.tolist() if isinstance(batch, np.ndarray) else batch[0].tolist()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_collate_batch_returning_a_tuple_a_list_or_a_bare_array_hands_it_over_as_it_is(tmp_path, num_workers):
+    write_chunks(tmp_path / "d", [6, 6])
+    for kind, cls in [("tuple", tuple), ("list", list), ("array", np.ndarray)]:
+        with pl.DataLoader(IdReader(4), pl.IdentityDataset(), Returns(kind), str(tmp_path / "d"),
+                           num_workers=num_workers) as loader:
+            batches = list(loader)
+        assert all(type(b) is cls for b in batches), kind
+        assert [i for b in batches for i in _ids(b)] == list(range(12)), kind
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_collate_batch_returning_none_is_an_error_at_the_first_batch_naming_it_even_when_skipping(
+        tmp_path, num_workers):
+    write_chunks(tmp_path / "d", [6, 6])
+    loader = pl.DataLoader(IdReader(4), pl.IdentityDataset(), Returns("none"), str(tmp_path / "d"),
+                           num_workers=num_workers, on_error="skip")
+    with loader, pytest.raises(TypeError, match="collate_batch returned None") as info:
+        next(iter(loader))
+    assert isinstance(info.value, pl.PipelineError) and info.value.stage == "collate_batch"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("mode", ["stream", "ranks"])
+def test_where_the_loader_adds_its_flags_a_collate_batch_not_returning_a_dict_is_an_error_naming_it_and_the_type(
+        tmp_path, num_workers, mode):
+    write_chunks(tmp_path / "d", [6, 6])
+    setting = {"stream": True} if mode == "stream" else {"ranks": pl.Ranks(rank=0, world_size=2)}
+    loader = pl.DataLoader(IdReader(2), pl.IdentityDataset(), Returns("tuple"), str(tmp_path / "d"),
+                           num_workers=num_workers, **setting)
+    with loader, pytest.raises(TypeError, match="collate_batch returned a tuple.*must return a dict") as info:
+        next(iter(loader))
+    assert isinstance(info.value, pl.PipelineError) and info.value.stage == "collate_batch"
+
+
+# -- which reading method is called ------------------------------------------------------------------
+class MarksReadFile(JsonLinesReader):
+    """A built-in reader whose ``read_file`` is overridden: every sample says it came through it."""
+
+    def read_file(self, path):
+        columns, n = super().read_file(path)
+        return {**columns, "via": ["read_file"] * n}, n
+
+
+class MarksIterFile(JsonLinesReader):
+    """A built-in reader whose ``iter_file`` is overridden."""
+
+    def iter_file(self, path):
+        for piece in super().iter_file(path):
+            yield {**piece, "via": ["iter_file"] * len(piece["id"])}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("reader, method", [(MarksReadFile, "read_file"), (MarksIterFile, "iter_file")])
+def test_the_reading_method_a_subclass_of_a_built_in_reader_overrides_is_called_whatever_the_settings(
+        tmp_path, num_workers, shuffle, reader, method):
+    (tmp_path / "d").mkdir()
+    for k in range(2):
+        (tmp_path / "d" / f"part-{k}.jsonl").write_text("".join(f'{{"id": {6 * k + j}}}\n' for j in range(6)))
+    with pl.DataLoader(reader(batch_size=4, shuffle=shuffle), pl.IdentityDataset(), ListCollator(),
+                       str(tmp_path / "d"), num_workers=num_workers) as loader:
+        batches = list(loader)
+    assert sorted(ids_of(batches)) == list(range(12))
+    assert {v for b in batches for v in b["via"]} == {method}

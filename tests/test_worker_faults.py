@@ -209,3 +209,53 @@ def test_an_exit_request_from_batch_encode_in_a_worker_arrives_as_itself_after_t
     assert ids_of(got) == list(range(8))  # the batches before the one that asked to exit, in order
     loader.close()
 
+
+
+# -- what an error in a worker prints ------------------------------------------------------------
+SHOWN_SCRIPT = """
+    import sys
+    import pyloader as pl
+    from worker_helpers import ListCollator, NumReader
+
+    class Encode(pl.Dataset):
+        def batch_encode(self, batch_data):
+            return encode_helper(batch_data)
+
+    def encode_helper(batch_data):
+        raise ValueError("no encoding for this batch")
+
+    class Read(pl.DataReader):
+        def read_file(self, path):
+            return read_helper(path)
+
+    def read_helper(path):
+        raise ValueError("no reading this file")
+
+    for reader, dataset in [(NumReader(4), Encode()), (Read(4), pl.IdentityDataset())]:
+        for workers in (2, 0):
+            try:
+                with pl.DataLoader(reader, dataset, ListCollator(), {data!r}, num_workers=workers) as loader:
+                    list(loader)
+            except Exception:
+                sys.excepthook(*sys.exc_info())
+            print("=== END", file=sys.stderr, flush=True)
+"""
+
+
+SHOWN_CASES = [("batch_encode", "encode_helper", "no encoding for this batch")] * 2 + \
+              [("read_file", "read_helper", "no reading this file")] * 2  # with 2 workers, then 0
+
+
+def test_an_error_in_a_worker_shows_the_users_frames_once_and_its_message_once(tmp_path):
+    write_chunks(tmp_path / "data", [8])
+    out = run_script(SHOWN_SCRIPT.format(data=str(tmp_path / "data")), tmp_path)
+    blocks = out.stderr.split("=== END")[:4]
+    assert len(blocks) == 4, out.stderr[-3000:]
+    path = str(tmp_path / "data" / "part-0000.txt")
+    for block, (method, helper, message) in zip(blocks, SHOWN_CASES):
+        lines = block.strip().splitlines()
+        assert block.count(f", in {method}\n") == 1 and block.count(f", in {helper}\n") == 1, block
+        assert [line for line in lines if line.startswith("ValueError")] == [f"ValueError: {message}"], block
+        assert lines[-1] == f"pyloader.PipelineError[ValueError]: {method} failed on {path!r}: ValueError: {message}"
+        assert "pyloader/_stages" not in block and "_execution/worker.py" not in block, block
+        assert len(lines) < 35, block

@@ -18,7 +18,7 @@ import threading
 import weakref
 from typing import Any, AsyncGenerator, Callable, List
 
-from .._errors import Failure
+from .._errors import Failure, PipelineError
 from .handover import EMPTY, HandOver
 from .threads import DaemonExecutor
 
@@ -151,6 +151,8 @@ class Engine:
         if isinstance(item, Failure):
             self._done = True
             self.stop(join)
+            if isinstance(item.exc, PipelineError):  # a user method's failure: the stages it crossed are noise
+                raise item.exc.with_traceback(None)
             raise item.exc
         return item
 

@@ -13,7 +13,9 @@ What the user's own threads do is theirs, but two hazards are checked before a f
 * an ``import`` running in another thread holds that module's import lock, and a child
   that imports the same module waits for it forever: the fork waits (up to
   ``IMPORT_WAIT_S``) until no other thread is importing;
-* other threads running at all: a ``RuntimeWarning`` names them once, with the fix.
+* other threads running at all: a ``RuntimeWarning`` names them once, with the fixes that apply
+  to them; a thread blocked until the iterating thread ends (a ``join`` of it, the result of its
+  future) runs nothing meanwhile and is not named.
 
 Before the first fork the modules the workers will need are imported here
 (``preload``), once, instead of once per worker on its first batch.
@@ -26,6 +28,9 @@ import sys
 import threading
 import time
 import warnings
+from concurrent.futures import Future
+from concurrent.futures.thread import _WorkItem
+from types import FrameType
 from typing import Any, Dict, Iterable, List, Optional, Set
 
 LAUNCHER = "pyloader-workers"  # the name of a pool's launcher thread (its DaemonExecutor's prefix)
@@ -97,19 +102,60 @@ def wait_for_imports(caller: int, timeout: float = IMPORT_WAIT_S) -> None:
                       f"start_method='forkserver' to the DataLoader", RuntimeWarning, stacklevel=2)
 
 
-def warn_about_user_threads(caller: int) -> None:
+def warn_about_user_threads(caller: int, persistent: bool = False) -> None:
     """Warn once per set of thread names that other threads run while workers are forked (other than
-    ``caller``, which waits for the fork)."""
-    others = sorted(t.name for t in _other_threads(caller) if not t.name.startswith((_OURS, *_SAFE_THREADS)))
+    ``caller``, which waits for the fork, and threads that wait for ``caller`` to end: ``_waits_for``),
+    with the advice that fits them (``persistent``: the workers are kept, forked at the first iteration only)."""
+    running = [t for t in _other_threads(caller) if not t.name.startswith((_OURS, *_SAFE_THREADS))]
+    frames = sys._current_frames() if running else {}
+    others = sorted(t.name for t in running if not _waits_for(frames.get(t.ident or -1), caller, frames.get(caller)))
     key = ",".join(others)
     if not others or key in _warned:
         return
     _warned.add(key)
     warnings.warn(f"pyloader: worker processes are forked while other threads of this process run "
                   f"({', '.join(others)}): a lock one of them holds at that moment stays held in the workers, "
-                  f"and a worker that takes it waits forever. Start those threads after the loader's first "
-                  f"iteration, keep the workers with persistent_workers=True, or pass start_method='forkserver'",
+                  f"and a worker that takes it waits forever. {_advice(others, persistent)}",
                   RuntimeWarning, stacklevel=2)
+
+
+def _advice(others: List[str], persistent: bool) -> str:
+    """What can be done about ``others`` running at a fork: the main thread was there first (the loop can
+    move to it), a thread the user starts can start after the only fork (of persistent workers)."""
+    main = threading.main_thread().name
+    later = [name for name in others if name != main]
+    ways = ["iterate the loader from the main thread"] if main in others else []
+    if later:
+        kept = "" if persistent else " and keep the workers with persistent_workers=True"
+        ways.append(f"start {', '.join(later)} after the loader's first iteration{kept}")
+    ways.append("pass start_method='forkserver'")
+    text = "; ".join(ways[:-1]) + "; or " + ways[-1] if len(ways) > 1 else ways[0]
+    return text[0].upper() + text[1:]
+
+
+def _waits_for(frame: Optional[FrameType], caller: int, callers: Optional[FrameType]) -> bool:
+    """Whether the thread running ``frame`` is blocked until the thread ``caller`` (running ``callers``)
+    ends: joining it, or waiting for the result of the future it runs. Such a thread runs no code of
+    its own meanwhile, so it holds no lock a worker could need."""
+    future = _running_future(callers)
+    while frame is not None:
+        this = frame.f_locals.get("self") if frame.f_code in _WAITS else None
+        if this is not None and (getattr(this, "ident", None) == caller or this is future):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _running_future(frame: Optional[FrameType]) -> object:
+    """The ``concurrent.futures`` future whose work the thread running ``frame`` does, if any."""
+    while frame is not None:
+        if frame.f_code is _WorkItem.run.__code__:
+            return getattr(frame.f_locals.get("self"), "future", None)
+        frame = frame.f_back
+    return None
+
+
+_WAITS = (threading.Thread.join.__code__, Future.result.__code__)
 
 
 def preload(modules: Iterable[str]) -> None:

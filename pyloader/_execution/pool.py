@@ -50,7 +50,7 @@ import weakref
 from multiprocessing.context import BaseContext
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from .._errors import WorkerDied
+from .._errors import WorkerDied, raised_in_worker
 from .._stats import BUSY_SLOTS, Busy
 from . import forking
 from . import ipc as _ipc
@@ -341,7 +341,7 @@ class WorkerPool:
             if self._method == "fork":
                 forking.preload(self._imports)
                 forking.wait_for_imports(caller)
-                forking.warn_about_user_threads(caller)
+                forking.warn_about_user_threads(caller, self.persistent)
             _launching = True
             try:
                 self._start_processes()
@@ -604,6 +604,7 @@ def rebuild_error(value: Tuple[Optional[str], BaseException, str]) -> BaseExcept
     step, cause, text = value
     if text:
         cause.add_note(f"--- in the worker process:\n{text.rstrip()}")
+    raised_in_worker(cause)
     if step is None:
         return cause
     failed = StepFailed(step)

@@ -3,10 +3,11 @@
 ``pieces_with_end(reader, task)`` is what both runners (``_execution.runners``, ``_execution.worker``)
 call for a ``FileTask``: the file's validated pieces, in the order the batcher consumes them,
 each with whether the file is known to end there and how many samples ``filter_fn`` dropped.
-Contracts: with in-file shuffling the file goes through ``read_file`` and one permutation
-seeded by ``(random_seed, epoch, file index)``; a task's ``start:end`` are cut out here, and a
-file holding more or fewer samples than its ``count`` said is a ``ValueError`` naming it. Under
-weighted sources (``Readers``) each file is read by its source's reader.
+Contracts: a file goes through the reading method its reader's class defines last (``whole_file``);
+with in-file shuffling its samples take one permutation seeded by ``(random_seed, epoch, file index)``;
+a task's ``start:end`` are cut out here, and a file holding more or fewer samples than its ``count``
+said is a ``ValueError`` naming it. Under weighted sources (``Readers``) each file is read by its
+source's reader.
 
 ``FileTask`` and ``Readers`` live here rather than with the stages that plan them
 (``_stages.source``, ``_stages.sources``): the runners and worker processes take them,
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Generator, Iterator, Mapping, Optional, Sequence, Tuple, Union, cast
 
 from .._abc import DataReader, read_result
-from .._columns import Columns, n_rows, slice_rows, take
+from .._columns import Columns, concat, n_rows, slice_rows, take
 from .._rng import IN_FILE, USER_READ, derive_rng, drawing, stepped
 from .._sample_index import Extent
 from .._stats import BusySink, clocked, timed
@@ -92,9 +93,9 @@ def file_pieces(reader: DataReader, task: FileTask, data: Union[None, bytes, Ser
                 busy: Optional[BusySink] = None) -> Iterator[Columns]:
     """The validated pieces of one file, in the order the batcher consumes them.
 
-    With in-file shuffling the whole file is needed, so it goes through
-    ``read_file`` and one seeded permutation; otherwise it streams through
-    ``iter_file``. ``data``: the file's bytes, read ahead (``open_file`` serves them).
+    The file goes through ``read_file`` or streams through ``iter_file`` (``whole_file``); with
+    in-file shuffling its whole content takes one seeded permutation. ``data``: the file's bytes,
+    read ahead (``open_file`` serves them).
     The reader's own time goes to ``busy`` as ``read_file``.
     """
     with prefetched(task.path, data):
@@ -157,7 +158,7 @@ def pieces_with_end(reader: object, task: FileTask, data: Union[None, bytes, Ser
     reader = picked(reader, task.path)  # a mixed loader's source reader
     raw = clocked(file_pieces(reader, task, data, busy), busy, "read")
     gen = _none_dropped(raw) if keep is None else keep.pieces(raw, task.path, task.start)
-    if not (reader.shuffle or type(reader).iter_file is DataReader.iter_file):
+    if not (reader.shuffle or whole_file(reader)):
         for piece, dropped in gen:
             yield piece, False, dropped
         return
@@ -187,7 +188,7 @@ def _none_dropped(pieces: Iterator[Columns]) -> Iterator[Tuple[Columns, int]]:
 
 def _ranged(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
     """Rows ``start:end`` of a file, in file order (the global order makes the order; ``_stages.tiles``):
-    straight from the reader's ``read_range`` where it has one, else read up to them through ``iter_file``."""
+    straight from the reader's ``read_range`` where it has one, else read up to them in file order."""
     assert task.end is not None, "a range names where it ends"
     if type(reader).read_range is DataReader.read_range:
         yield from _share(_in_order(reader, task, busy), task, task.end)
@@ -204,19 +205,36 @@ def _ranged(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Ite
     yield reader.checked(task.path, columns, n)
 
 
+def whole_file(reader: DataReader) -> bool:
+    """Whether ``reader`` reads a file through ``read_file`` (in one piece) rather than ``iter_file``.
+
+    The method its class defines last wins: a subclass that overrides one of the two (a ``read_file``
+    on top of ``JsonLinesReader``, an ``iter_file`` on top of ``NumpyReader``) is called whatever the
+    settings. Where one class defines both, ``shuffle`` decides: the permutation needs the whole file."""
+    mro = type(reader).__mro__
+    read, it = (next(i for i, cls in enumerate(mro) if name in cls.__dict__) for name in ("read_file", "iter_file"))
+    return read < it or (read == it and reader.shuffle)
+
+
 def _pieces(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
+    pieces = _in_order(reader, task, busy)
     if not reader.shuffle:
-        yield from _in_order(reader, task, busy)
+        yield from pieces
         return
-    with timed(busy, "read_file"), drawing(task.seed, USER_READ, task.epoch, task.index, 0):
-        columns, n = read_result(task.path, reader.read_file(task.path))
-    columns = reader.checked(task.path, columns, n)
-    perm = derive_rng(reader.random_seed, IN_FILE, task.epoch, task.index).permutation(n)
-    yield take(columns, perm)
+    whole = list(pieces)  # an ``iter_file`` that gives none: an empty file, nothing to permute
+    if whole:
+        columns = concat(whole, f"file {task.path!r}")
+        perm = derive_rng(reader.random_seed, IN_FILE, task.epoch, task.index).permutation(n_rows(columns))
+        yield take(columns, perm)
 
 
 def _in_order(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
-    """The file's pieces as ``iter_file`` gives them."""
+    """The file's pieces in file order, through the reading method its class defines last (``whole_file``)."""
+    if whole_file(reader):
+        with timed(busy, "read_file"), drawing(task.seed, USER_READ, task.epoch, task.index, 0):
+            columns, n = read_result(task.path, reader.read_file(task.path))
+        yield reader.checked(task.path, columns, n)
+        return
     user = stepped(lambda: reader.iter_file(task.path), task.seed, USER_READ, task.epoch, task.index)
     for piece in clocked(user, busy, "read_file"):
         yield reader.checked(task.path, piece)

@@ -53,6 +53,7 @@ import traceback
 from typing import Callable, Deque, Dict, Generator, List, Optional, Set, Tuple, Union
 
 from .._columns import Columns, array_row_bytes, n_rows, slice_rows, stacked_views
+from .._errors import users_frames
 from .._libc import libc
 from .._npy import populating
 from .._stats import BusySink, GroupClock, RowBusy
@@ -82,15 +83,24 @@ class RemoteError(Exception):
 
 def _error(exc: BaseException) -> tuple:
     """``(step, cause, traceback text)``, picklable whatever the exception was."""
-    text = "".join(traceback.format_exception(exc))
     step = getattr(exc, "step", None)
     cause = exc.__cause__ if step is not None else exc
+    text = worker_traceback(cause) if cause is not None else ""
     try:
         payload = pickle.dumps(cause, protocol=5)
         pickle.loads(payload)
     except Exception:
         cause = RemoteError(f"{type(cause).__name__}: {cause}")
     return (step, cause, text)
+
+
+def worker_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback in this process, to be shown under the exception in the loader's: the frames of
+    the user's code (and of the built-in readers and collators), not those of the machinery that called
+    it (``users_frames``), and not the exception's own line (it travels with the exception)."""
+    shown = traceback.TracebackException.from_exception(exc.with_traceback(users_frames(exc.__traceback__)))
+    lines = list(shown.format())
+    return "".join(lines[:len(lines) - len(list(shown.format_exception_only()))])
 
 
 def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segments: List[Segment],

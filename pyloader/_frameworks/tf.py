@@ -9,7 +9,6 @@ import numpy as np
 if TYPE_CHECKING:
     import tensorflow
 
-_PADDING_SUFFIXES = ("_mask", "_lengths")
 INFER_FROM = 8  # batches the signature is inferred from
 
 
@@ -66,23 +65,45 @@ class _Loader(Protocol):
     def _peek(self, limit: int) -> List[object]: ...
 
 
-def _spec(tf: ModuleType, key: str, value: object, ragged: bool) -> _Spec:
+def _spec(tf: ModuleType, key: str, value: object, open_dims: int) -> _Spec:
+    """``value``'s spec: its batch dimension ``None``, and its next ``open_dims`` dimensions too."""
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], (str, bytes)):
         return tf.TensorSpec(shape=(None,), dtype=tf.string, name=key)
     tensor = tf.convert_to_tensor(value)
-    shape = [None] + [None if ragged else d for d in tensor.shape[1:]]
+    shape = [None] + [None if i < open_dims else d for i, d in enumerate(tensor.shape[1:])]
     return tf.TensorSpec(shape=shape, dtype=tensor.dtype, name=key)
 
 
+def _padded(batch: Dict[str, object]) -> Dict[str, int]:
+    """The fields this batch shows padded to its longest item, each with its dimensions after the batch's
+    that vary with the batch: a field whose ``<key>_mask`` companion (a bool array over its leading
+    dimensions) has a False (those dimensions, and the mask's own), or whose ``<key>_lengths`` companion
+    (one length per item) has a length short of its first axis (all of its dimensions)."""
+    out: Dict[str, int] = {}
+    for key, value in batch.items():
+        shape = tuple(getattr(value, "shape", ()))
+        mask, lengths = batch.get(key + "_mask"), batch.get(key + "_lengths")
+        if mask is not None:
+            flags = np.asarray(mask)
+            if flags.dtype == bool and 2 <= flags.ndim <= len(shape) and shape[:flags.ndim] == flags.shape \
+                    and not flags.all():
+                out[key] = out[key + "_mask"] = flags.ndim - 1
+        if lengths is not None and len(shape) >= 2:
+            counts = np.asarray(lengths)
+            if counts.shape == shape[:1] and counts.dtype.kind in "iu" and counts.size and counts.min() < shape[1]:
+                out[key] = len(shape) - 1
+    return out
+
+
 def infer_signature(tf: ModuleType, batch: object) -> Signature:
-    """Specs from one batch: the batch dimension is ``None``, and so is every
-    dimension of a field that has a padding companion (``<key>_mask`` or
-    ``<key>_lengths``) and of the companion itself, since padding varies per batch."""
+    """Specs from one batch, from its data alone: the batch dimension is ``None``, and so is every
+    dimension this batch shows padded (``_padded``); the others are as in the batch (``_merged``
+    leaves open those that differ between batches)."""
     if not isinstance(batch, dict):
-        raise TypeError(f"to_tf_dataset needs batches that are dicts, got {type(batch).__name__}")
-    padded = {k[: -len(s)] for k in batch for s in _PADDING_SUFFIXES if k.endswith(s)}
-    ragged = padded | {k + s for k in padded for s in _PADDING_SUFFIXES}
-    return {k: _spec(tf, k, v, k in ragged) for k, v in batch.items()}
+        raise TypeError(f"to_tf_dataset infers its signature from batches that are dicts, got "
+                        f"{type(batch).__name__}: pass output_signature= to say what it is")
+    open_dims = _padded(batch)
+    return {k: _spec(tf, k, v, open_dims.get(k, 0)) for k, v in batch.items()}
 
 
 def _merged(tf: ModuleType, specs: List[Signature]) -> Signature:
