@@ -25,8 +25,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pyloader"
 TOP = {"__init__", "__main__", "_loader", "_pipeline", "_plan", "_options", "_groups", "_compose", "_length", "_counts",
-       "_cli", "testing"}
-BASICS = {"_abc", "_columns", "_errors", "_stats", "_rng", "_state", "_paths", "_npy", "_checks", "_libc"}
+       "_cli", "_diagnose", "testing"}
+BASICS = {"_abc", "_columns", "_errors", "_stats", "_trace", "_rng", "_state", "_paths", "_npy", "_checks", "_libc"}
 RANK = {"top": 4, "_stages": 3, "_execution": 2, "_storage": 1, "basics": 0}
 FILE_OPENING = {"_storage.files", "_storage.compression"}
 

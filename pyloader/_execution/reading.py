@@ -149,7 +149,7 @@ def pieces_with_end(reader: object, task: FileTask, data: Union[None, bytes, Ser
     """
     reader, keep = unbundle(reader)
     reader = picked(reader, task.path)  # a mixed loader's source reader
-    raw = clocked(file_pieces(reader, task, data, busy), busy, "read")
+    raw = clocked(file_pieces(reader, task, data, busy), busy, "read", task.path)
     gen = _none_dropped(raw) if keep is None else keep.pieces(raw, task.path, task.start)
     if not (reader.shuffle or type(reader).iter_file is DataReader.iter_file):
         for piece, dropped in gen:
@@ -181,12 +181,12 @@ def _none_dropped(pieces: Iterator[Columns]) -> Iterator[Tuple[Columns, int]]:
 
 def _pieces(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
     if reader.shuffle:
-        with timed(busy, "read_file"), drawing(task.seed, USER_READ, task.epoch, task.index, 0):
+        with timed(busy, "read_file", task.path), drawing(task.seed, USER_READ, task.epoch, task.index, 0):
             columns, n = read_result(task.path, reader.read_file(task.path))
         columns = reader.checked(task.path, columns, n)
         perm = derive_rng(reader.random_seed, IN_FILE, task.epoch, task.index).permutation(n)
         yield take(columns, perm)
         return
     user = stepped(lambda: reader.iter_file(task.path), task.seed, USER_READ, task.epoch, task.index)
-    for piece in clocked(user, busy, "read_file"):
+    for piece in clocked(user, busy, "read_file", task.path):
         yield reader.checked(task.path, piece)

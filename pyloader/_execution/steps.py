@@ -31,6 +31,7 @@ import numpy as np
 from .._columns import Columns, Rows, concat, slice_rows
 from .._rng import enter, leave
 from .._stats import BusySink, GroupClock, profiled, profiling, timed
+from .._trace import SpanSink, batch_label
 
 Step = Tuple[str, Callable[[Any], object]]  # a user method's name, and the method (it takes what the step before gave)
 
@@ -58,12 +59,14 @@ def step_key(name: str) -> int:
 
 
 def run_steps(steps: Sequence[Step], data: object, spent: Optional[List[float]] = None,
-              key: Optional[Key] = None) -> object:
+              key: Optional[Key] = None, trace: Optional[SpanSink] = None, paths: Tuple[str, ...] = ()) -> object:
     """Apply the steps in turn; one call off the loop for all of them, so a batch
     crosses threads once rather than once per step. Step ``i``'s seconds are added to
-    ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range. With the
-    batch's ``key``, each step runs under ``enter((*key, step_key(name)))`` (``pyloader.rng()``)."""
+    ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range, and as a span of
+    the batch (of ``paths``) in ``trace``. With the batch's ``key``, each step runs under
+    ``enter((*key, step_key(name)))`` (``pyloader.rng()``)."""
     ranges = profiling()  # checked once per batch: a step costs no more than two clock readings
+    label = "" if trace is None else batch_label(key, paths)
     for i, (name, fn) in enumerate(steps):
         began = time.perf_counter()
         token = None if key is None else enter((*key, step_key(name)))
@@ -78,8 +81,11 @@ def run_steps(steps: Sequence[Step], data: object, spent: Optional[List[float]] 
         finally:
             if token is not None:
                 leave(token)
+            end = time.perf_counter()
             if spent is not None:
-                spent[i] += time.perf_counter() - began
+                spent[i] += end - began
+            if trace is not None:
+                trace.span(name, label, began, end)
     return data
 
 
@@ -98,7 +104,8 @@ def run_each(steps: Sequence[Step], datas: Sequence[object], prepare: Callable[[
     with GroupClock(busy, steps) as clock:
         for k, data in enumerate(datas):
             try:
-                out.append(run_steps(steps, prepare(data), clock.steps, None if keys is None else keys[k]))
+                out.append(run_steps(steps, prepare(data), clock.steps, None if keys is None else keys[k],
+                                     clock.trace, getattr(data, "paths", ())))
             except StepFailed as failed:
                 out.append(failed)
     return out
