@@ -14,9 +14,13 @@ busy seconds does (summed over its threads and workers: the one more hands would
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
+import itertools
+import json
 import logging
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Sequence, Union
 
 from ._trace import Recorder
 
@@ -142,24 +146,148 @@ def _suggestions(r: Report, loader: "DataLoader", workers: int, files: int) -> L
         more = [] if not workers else [f"if the step needs the CPU, fewer workers (num_workers={max(0, workers // 2)}, "
                                        f"now {workers}) leave it more cores"]
         return [text, *more]
-    own = r.stage_s["consumer"] + r.stage_s["hand_over"]
-    gain = r.seconds / own if own > 0 else float("inf")
-    best = (f"expected: at best the consumer's own pace, {own:.2f} s instead of {r.seconds:.2f} s "
-            f"({gain:.1f}x)" if gain != float("inf") else "")
+    own = r.stage_s["consumer"] + r.stage_s["hand_over"]  # the consumer's pace: the best any loader allows
+    most = r.seconds / own if own > 0 else float("inf")
+    twice = f"expected: up to {min(2.0, most):.1f}x the samples/s, until another stage limits"
     per_batch = 1e3 * r.stage_s[r.limiting] / r.batches
     more_workers = f"num_workers={max(2, 2 * workers)} (now {workers})"
-    texts = {
+    return {
         "read_bytes": [f"storage is slow ({1e3 * r.stage_s['read_bytes'] / max(1, files):.0f} ms waited per file): "
                        f"read more files at once, prefetch_files={2 * loader.prefetch_files} (now "
-                       f"{loader.prefetch_files}), up to 2x faster reading while latency, not bandwidth, limits; or "
-                       f"keep the files on a local disk (Storage cache_dir) for the epochs after the first"],
+                       f"{loader.prefetch_files}); {twice} while latency, not bandwidth, limits",
+                       "keep the files on a local disk (Storage cache_dir): the epochs after the first read them "
+                       "from there"],
         "parse": [f"parsing takes {1e3 * r.stage_s['parse'] / max(1, files):.0f} ms per file: parse more files at "
-                  f"once in worker processes, {more_workers}, or use a faster parser or format (npy, parquet)"],
-        "batch_encode": [f"batch_encode takes {per_batch:.1f} ms per batch: run it in more processes, {more_workers}, "
-                         f"or cache_encoded to run it once and reuse its batches in later epochs"],
-        "collate_batch": [f"collate_batch takes {per_batch:.1f} ms per batch: move its work into batch_encode "
-                          f"(which runs on several groups at once, and in workers), or {more_workers}"],
-        "hand_over": [f"handing over takes {per_batch:.1f} ms per batch in the consumer's thread (unstacking, pinning, "
-                      f"moving to the device): return arrays the collator stacks, or move less per batch"],
+                  f"once in worker processes, {more_workers}; {twice}",
+                  "or a faster parser or format (npy, parquet: no text to parse)"],
+        "batch_encode": [f"batch_encode takes {per_batch:.1f} ms per batch: run it in more processes, {more_workers}; "
+                         f"{twice}",
+                         "or cache_encoded: batch_encode runs once, and later epochs read its batches back"],
+        "collate_batch": [f"collate_batch takes {per_batch:.1f} ms per batch: move its work into batch_encode, which "
+                          f"runs on several groups at once, or {more_workers}; {twice}"],
+        "hand_over": [f"handing over takes {per_batch:.1f} ms per batch in the consumer's thread (unstacking, "
+                      f"pinning, moving to the device): return arrays the collator stacks, or move less per batch; "
+                      f"expected: up to {min(most, r.seconds / max(1e-9, r.seconds - r.stage_s['hand_over'])):.1f}x"],
     }[r.limiting]
-    return [f"{texts[0]}; {best}" if best else texts[0]]
+
+
+# -- the command line: ``python -m pyloader diagnose``, and the pictures of it and of ``bench`` --------------------
+DIAGNOSE_HELP = "run one epoch, then say what limits the loader and what to change (optionally a trace and a PNG)"
+
+
+def add_options(diagnose_: argparse.ArgumentParser, bench_: argparse.ArgumentParser) -> None:
+    """``diagnose``'s own options (``data``, ``--reader`` and ``--batch-size`` are every command's), and
+    ``bench``'s ``--png``."""
+    diagnose_.add_argument("--workers", type=_workers, default="auto", help="num_workers (default: auto)")
+    diagnose_.add_argument("--max-batches", type=int, default=0, help="stop after this many batches "
+                           "(default 0: one epoch)")
+    diagnose_.add_argument("--trace", default=None, help="write the run's trace (JSON, for ui.perfetto.dev) here")
+    diagnose_.add_argument("--png", default=None, help="draw the busy time per stage (and the trace's "
+                           "timeline, with --trace) into this PNG (needs matplotlib)")
+    bench_.add_argument("--png", default=None, help="draw samples/s per setting into this PNG (needs matplotlib)")
+
+
+def _workers(text: str) -> Union[int, str]:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of workers, got {text!r}") from None
+
+
+def diagnose(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    """Run one epoch (or ``--max-batches``) of the data and print the loader's report."""
+    from ._cli import make_loader, make_reader
+
+    reader = make_reader(args.reader, args.batch_size)
+    with make_loader(reader, args.data, args.workers) as loader:
+        tracing: ContextManager[Any] = loader.trace(args.trace) if args.trace else contextlib.nullcontext()
+        with tracing:
+            for _ in itertools.islice(loader, args.max_batches or None):
+                pass
+        report = loader.report()
+    out(str(report))
+    if args.trace:
+        out(f"trace: {args.trace} (open it in ui.perfetto.dev or chrome://tracing)")
+    if args.png:
+        trace = _read_json(args.trace) if args.trace else None
+        out(f"picture: {stages_png(report, args.png, trace)}")
+    return 0
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _figure(rows: int) -> Any:
+    """A matplotlib figure of ``rows`` panels, drawn without pyplot (no backend is chosen for the process)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ValueError("drawing a PNG needs matplotlib: pip install matplotlib") from exc
+    figure = Figure(figsize=(9, 2.6 + 3.2 * (rows - 1)), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def stages_png(report: Report, path: str, trace: Optional[Dict[str, Any]] = None) -> str:
+    """Busy seconds per stage (the limiting one marked), and below them the timeline of ``trace``; the path."""
+    figure = _figure(2 if trace else 1)
+    axes = figure.subplots(2 if trace else 1, 1, squeeze=False)[:, 0]
+    names = list(STAGES)
+    axes[0].barh(names, [report.stage_s[n] for n in names],
+                 color=["tab:red" if n == report.limiting else "tab:blue" for n in names])
+    axes[0].invert_yaxis()
+    axes[0].set_xlabel("busy seconds (summed over threads and workers)")
+    axes[0].set_title(f"limiting: {STAGE_NAMES.get(report.limiting, 'nothing measured')}; "
+                      f"waiting {100 * report.wait_share:.0f}% of the consumer's time")
+    if trace:
+        draw_timeline(axes[1], trace)
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def draw_timeline(ax: Any, trace: Dict[str, Any]) -> None:
+    """The spans of a trace (``traceEvents``), a row per thread or worker, coloured by stage."""
+    events = trace["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    spans = [e for e in events if e["ph"] == "X"]
+    tracks = sorted({(e["pid"], e["tid"]) for e in spans}, key=lambda t: (names.get(t, "~"), t))
+    start = min((e["ts"] for e in spans), default=0.0)
+    stages = sorted({e["cat"] for e in spans})
+    colors = {stage: f"C{i % 10}" for i, stage in enumerate(stages)}
+    for row, track in enumerate(tracks):
+        mine = [e for e in spans if (e["pid"], e["tid"]) == track]
+        for stage in stages:
+            bars = [((e["ts"] - start) / 1e3, e["dur"] / 1e3) for e in mine if e["cat"] == stage]
+            if bars:
+                ax.broken_barh(bars, (row - 0.4, 0.8), color=colors[stage],
+                               label=stage if stage not in ax.get_legend_handles_labels()[1] else None)
+    ax.set_yticks(range(len(tracks)), [f"{names.get(t, 'thread')} ({t[0]})" for t in tracks])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=min(5, len(stages)), fontsize="small")
+
+
+def timeline_png(trace: Dict[str, Any], path: str) -> str:
+    """The timeline of a trace alone (``draw_timeline``); the path."""
+    figure = _figure(1)
+    draw_timeline(figure.subplots(), trace)
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def throughput_png(results: Sequence[Any], path: str) -> str:
+    """``bench``'s samples/s per setting (``_cli.Result``s; a failed one shows empty); the path."""
+    figure = _figure(1)
+    ax = figure.subplots()
+    labels = [f"num_workers={r.workers}" for r in results]
+    ax.barh(labels, [r.samples_per_s if r.error is None else 0.0 for r in results], color="tab:blue")
+    ax.invert_yaxis()
+    ax.set_xlabel("samples/s")
+    ax.set_title("python -m pyloader bench: throughput per setting")
+    figure.savefig(path, dpi=110)
+    return path

@@ -110,7 +110,7 @@ class Recorder:
             self._take(self._rings)
         spans = sorted(self.spans, key=lambda s: s[4])[-self.max_events:]
         names = {(self._pid, tid): name for tid, name in self.threads.items()}
-        names.update({(pid, pid): "worker" for pid in self.workers})
+        names.update({(pid, pid): name for pid, name in self.workers.items()})
         meta: List[Dict[str, Any]] = [_meta("process_name", self._pid, self._pid, "pyloader (loader's process)")]
         meta += [_meta("process_name", pid, pid, name) for pid, name in self.workers.items()]
         meta += [_meta("thread_name", pid, tid, name) for (pid, tid), name in names.items()]
