@@ -148,13 +148,13 @@ def _suggestions(r: Report, loader: "DataLoader", workers: int, files: int) -> L
         return [text, *more]
     own = r.stage_s["consumer"] + r.stage_s["hand_over"]  # the consumer's pace: the best any loader allows
     most = r.seconds / own if own > 0 else float("inf")
-    twice = f"expected: up to {min(2.0, most):.1f}x the samples/s, until another stage limits"
+    twice = f"expected: up to {min(2.0, most):.1f}x the samples/s (until another stage limits)"
     per_batch = 1e3 * r.stage_s[r.limiting] / r.batches
     more_workers = f"num_workers={max(2, 2 * workers)} (now {workers})"
     return {
         "read_bytes": [f"storage is slow ({1e3 * r.stage_s['read_bytes'] / max(1, files):.0f} ms waited per file): "
                        f"read more files at once, prefetch_files={2 * loader.prefetch_files} (now "
-                       f"{loader.prefetch_files}); {twice} while latency, not bandwidth, limits",
+                       f"{loader.prefetch_files}), while latency, not bandwidth, limits; {twice}",
                        "keep the files on a local disk (Storage cache_dir): the epochs after the first read them "
                        "from there"],
         "parse": [f"parsing takes {1e3 * r.stage_s['parse'] / max(1, files):.0f} ms per file: parse more files at "
