@@ -68,7 +68,7 @@ CASES = {
 def test_the_report_names_the_slow_stage(tmp_path, stage, workers):
     report = CASES[stage](tmp_path, workers).report()
     assert report.limiting == stage, str(report)
-    assert f"<- limits" in str(report) and report.suggestions
+    assert "<- limits" in str(report) and report.suggestions
 
 
 @pytest.mark.parametrize("workers", [0, 2])

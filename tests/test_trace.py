@@ -62,7 +62,8 @@ def test_a_trace_without_workers_has_a_track_per_thread_of_the_loader(tmp_path):
     assert {"read_file part-0000.txt", "read_file part-0003.txt"} <= set(io)
     assert any(s.startswith("batch_encode epoch 0 batch 7 ") for s in io)
     assert any(s.startswith("read_bytes part-0000.txt") for name, spans in tracks.items() for s in spans)
-    assert any(s.startswith("consumer before epoch 0 batch 1") for s in tracks["pyloader (loader's process) / MainThread"])
+    consumer = tracks["pyloader (loader's process) / MainThread"]
+    assert any(s.startswith("consumer before epoch 0 batch 1") for s in consumer)
 
 
 def test_a_trace_keeps_the_latest_max_events_spans(tmp_path):
