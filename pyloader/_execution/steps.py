@@ -105,7 +105,7 @@ def run_each(steps: Sequence[Step], datas: Sequence[object], prepare: Callable[[
         for k, data in enumerate(datas):
             try:
                 out.append(run_steps(steps, prepare(data), clock.steps, None if keys is None else keys[k],
-                                     clock.trace, getattr(data, "paths", ())))
+                                     clock.trace, () if clock.trace is None else getattr(data, "paths", ())))
             except StepFailed as failed:
                 out.append(failed)
     return out
