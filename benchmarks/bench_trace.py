@@ -45,14 +45,59 @@ def child(entry: str, data: str, cfg: dict) -> None:
     BL.child(entry, data, cfg)
 
 
+MICRO = """
+import time
+from pyloader._execution.steps import run_each
+from pyloader._stats import Busy, timed
+import inspect
+args = ("read_file", "part-0.jsonl")[:len(inspect.signature(timed).parameters) - 1]  # no path before tracing
+busy = Busy()
+if {on}:
+    from pyloader._trace import Recorder
+    busy.trace = Recorder(10_000)
+steps = [("batch_encode", lambda d: d), ("collate_batch", lambda d: d)]
+datas = [{{"x": 1}}] * 32
+best_group = best_timed = float("inf")
+for _ in range(7):
+    t = time.perf_counter()
+    for _ in range(300):
+        run_each(steps, datas, busy=busy)
+    best_group = min(best_group, (time.perf_counter() - t) / 300 / 32)
+    t = time.perf_counter()
+    for _ in range(20_000):
+        with timed(busy, *args):
+            pass
+    best_timed = min(best_timed, (time.perf_counter() - t) / 20_000)
+print(best_group * 1e9, best_timed * 1e9)
+"""
+
+
+def micro(baseline: str) -> str:
+    """Nanoseconds per batch of a group's two no-op steps (``run_each``) and per ``timed`` block: the span
+    sites alone, before the tracing code, with tracing off and on (the best of 7 rounds each)."""
+    import subprocess
+
+    rows = []
+    for mode, path, on in (("without tracing code", baseline, False), ("tracing off", H.REPO, False),
+                           ("tracing on", H.REPO, True)):
+        out = subprocess.run([sys.executable, "-c", MICRO.format(on=on)], capture_output=True, text=True, check=True,
+                             env=dict(os.environ, PYTHONPATH=os.path.abspath(path))).stdout.split()
+        rows.append([mode, f"{float(out[0]):,.0f}", f"{float(out[1]):,.0f}"])
+    return H.markdown_table(["", "ns per batch (2 no-op steps)", "ns per timed block (a read)"], rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="bench_loaders.py's full data (default: its quick data)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--baseline", default=None, help="a pyloader checkout without tracing: the 'before' rows")
+    ap.add_argument("--micro", action="store_true", help="only the cost of the span sites (needs --baseline)")
     H.child_args(ap, 600, "write the results into benchmarks/README.md")
     args = ap.parse_args()
     if H.run_child_if_asked(args, child):
+        return
+    if args.micro:
+        print(micro(args.baseline))
         return
     cfg = dict(BL.SIZES["full" if args.full else "quick"])
     modes = [m for m in MODES if m != "before" or args.baseline]
