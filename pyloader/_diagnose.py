@@ -20,12 +20,29 @@ import dataclasses
 import itertools
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Sequence, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Union,
+)
 
 from ._trace import Recorder
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
     from ._loader import DataLoader
+
+Trace = Mapping[str, Any]  # a trace read back from its JSON (``traceEvents``)
 
 logger = logging.getLogger("pyloader")
 
@@ -89,7 +106,7 @@ class Report:
     placement: str
     suggestions: List[str]
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> Dict[str, object]:
         return dataclasses.asdict(self)
 
     def __str__(self) -> str:
@@ -118,9 +135,11 @@ def report_of(loader: "DataLoader") -> Report:
     share = waited / (waited + it["step_s"]) if waited + it["step_s"] > 0 else 0.0
     placement = _placement(stats["placement"])
     if not it["batches"]:
-        return Report(0, it["seconds"], share, first, stage_s, "", placement, [])
+        return Report(batches=0, seconds=it["seconds"], wait_share=share, first_batch_s=first, stage_s=stage_s,
+                      limiting="", placement=placement, suggestions=[])
     limiting = "consumer" if share < LOADER_BOUND else max(STAGES[:-1], key=lambda name: stage_s[name])
-    report = Report(it["batches"], it["seconds"], share, first, stage_s, limiting, placement, [])
+    report = Report(batches=it["batches"], seconds=it["seconds"], wait_share=share, first_batch_s=first,
+                    stage_s=stage_s, limiting=limiting, placement=placement, suggestions=[])
     report.suggestions = _suggestions(report, loader, stats["placement"].get("num_workers", 0), it["files_read"])
     return report
 
@@ -202,7 +221,7 @@ def diagnose(args: argparse.Namespace, out: Callable[[str], None]) -> int:
 
     reader = make_reader(args.reader, args.batch_size)
     with make_loader(reader, args.data, args.workers) as loader:
-        tracing: ContextManager[Any] = loader.trace(args.trace) if args.trace else contextlib.nullcontext()
+        tracing: ContextManager[object] = loader.trace(args.trace) if args.trace else contextlib.nullcontext()
         with tracing:
             for _ in itertools.islice(loader, args.max_batches or None):
                 pass
@@ -216,12 +235,12 @@ def diagnose(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     return 0
 
 
-def _read_json(path: str) -> Dict[str, Any]:
+def _read_json(path: str) -> Trace:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
 
 
-def _figure(rows: int) -> Any:
+def _figure(rows: int) -> "Figure":
     """A matplotlib figure of ``rows`` panels, drawn without pyplot (no backend is chosen for the process)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -233,7 +252,7 @@ def _figure(rows: int) -> Any:
     return figure
 
 
-def stages_png(report: Report, path: str, trace: Optional[Dict[str, Any]] = None) -> str:
+def stages_png(report: Report, path: str, trace: Optional[Trace] = None) -> str:
     """Busy seconds per stage (the limiting one marked), and below them the timeline of ``trace``; the path."""
     figure = _figure(2 if trace else 1)
     axes = figure.subplots(2 if trace else 1, 1, squeeze=False)[:, 0]
@@ -250,7 +269,7 @@ def stages_png(report: Report, path: str, trace: Optional[Dict[str, Any]] = None
     return path
 
 
-def draw_timeline(ax: Any, trace: Dict[str, Any]) -> None:
+def draw_timeline(ax: "Axes", trace: Trace) -> None:
     """The spans of a trace (``traceEvents``), a row per thread or worker, coloured by stage."""
     events = trace["traceEvents"]
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
@@ -258,21 +277,24 @@ def draw_timeline(ax: Any, trace: Dict[str, Any]) -> None:
     tracks = sorted({(e["pid"], e["tid"]) for e in spans}, key=lambda t: (names.get(t, "~"), t))
     start = min((e["ts"] for e in spans), default=0.0)
     stages = sorted({e["cat"] for e in spans})
-    colors = {stage: f"C{i % 10}" for i, stage in enumerate(stages)}
     for row, track in enumerate(tracks):
-        mine = [e for e in spans if (e["pid"], e["tid"]) == track]
-        for stage in stages:
-            bars = [((e["ts"] - start) / 1e3, e["dur"] / 1e3) for e in mine if e["cat"] == stage]
-            if bars:
-                ax.broken_barh(bars, (row - 0.4, 0.8), color=colors[stage],
-                               label=stage if stage not in ax.get_legend_handles_labels()[1] else None)
+        _draw_track(ax, row, [e for e in spans if (e["pid"], e["tid"]) == track], stages, start)
     ax.set_yticks(range(len(tracks)), [f"{names.get(t, 'thread')} ({t[0]})" for t in tracks])
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=min(5, len(stages)), fontsize="small")
 
 
-def timeline_png(trace: Dict[str, Any], path: str) -> str:
+def _draw_track(ax: "Axes", row: int, spans: List[Mapping[str, Any]], stages: List[str], start: float) -> None:
+    """One track's spans, a colour per stage (the legend names each stage once)."""
+    for i, stage in enumerate(stages):
+        bars = [((e["ts"] - start) / 1e3, e["dur"] / 1e3) for e in spans if e["cat"] == stage]
+        if bars:
+            labelled = stage in ax.get_legend_handles_labels()[1]
+            ax.broken_barh(bars, (row - 0.4, 0.8), color=f"C{i % 10}", label=None if labelled else stage)
+
+
+def timeline_png(trace: Trace, path: str) -> str:
     """The timeline of a trace alone (``draw_timeline``); the path."""
     figure = _figure(1)
     draw_timeline(figure.subplots(), trace)
@@ -280,7 +302,13 @@ def timeline_png(trace: Dict[str, Any], path: str) -> str:
     return path
 
 
-def throughput_png(results: Sequence[Any], path: str) -> str:
+class _Rate(Protocol):
+    workers: Union[int, str]
+    samples_per_s: float
+    error: Optional[str]
+
+
+def throughput_png(results: Sequence[_Rate], path: str) -> str:
     """``bench``'s samples/s per setting (``_cli.Result``s; a failed one shows empty); the path."""
     figure = _figure(1)
     ax = figure.subplots()

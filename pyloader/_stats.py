@@ -417,7 +417,7 @@ class Stats:
             self._finished = self._finished.plus(self._watch.figures)
         self.epoch_files.clear()  # of epochs an earlier iteration left before their end
         self._watch = Watch(max_queue_size, self.epoch_files, self._counters(), self.busy.seconds(), bar,
-                            self.counting, self.busy)
+                            self.counting, live=self.busy)
         self._watch.on_epoch = self._epoch_ended
         self._iterations += 1
         weakref.finalize(owner, self._watch.close)

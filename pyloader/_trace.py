@@ -18,7 +18,10 @@ import json
 import os
 import struct
 import threading
-from typing import Any, Deque, Dict, List, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Protocol, Tuple
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 RING_SPANS = 4096  # the latest spans of a worker process kept between two reads
 _HEADER = struct.Struct("<qqq")  # spans written, the worker's pid, its index
@@ -36,7 +39,7 @@ class SpanSink(Protocol):
 class RingWriter:
     """A worker process's end of its ``WorkerRing``: nothing else writes it."""
 
-    def __init__(self, buffer: Any, index: int) -> None:
+    def __init__(self, buffer: "WriteableBuffer", index: int) -> None:
         self.buffer = buffer
         self.written = 0
         _HEADER.pack_into(buffer, 0, 0, os.getpid(), index)
@@ -52,7 +55,7 @@ class RingWriter:
 class WorkerRing:
     """The loader's end of a worker's ring: ``buffer`` (``RING_BYTES`` shared bytes) and how far it was read."""
 
-    def __init__(self, buffer: Any) -> None:
+    def __init__(self, buffer: "WriteableBuffer") -> None:
         self.buffer = buffer
         self.seen = 0
 
@@ -104,14 +107,14 @@ class Recorder:
             self.workers[pid] = f"pyloader worker {index}"
             self.spans.extend((pid, pid, *span) for span in spans)
 
-    def events(self) -> Dict[str, Any]:
+    def events(self) -> Dict[str, object]:
         """The trace so far, in the ``traceEvents`` format: the latest ``max_events`` spans."""
         with self._lock:
             self._take(self._rings)
         spans = sorted(self.spans, key=lambda s: s[4])[-self.max_events:]
         names = {(self._pid, tid): name for tid, name in self.threads.items()}
         names.update({(pid, pid): name for pid, name in self.workers.items()})
-        meta: List[Dict[str, Any]] = [_meta("process_name", self._pid, self._pid, "pyloader (loader's process)")]
+        meta: List[Dict[str, object]] = [_meta("process_name", self._pid, self._pid, "pyloader (loader's process)")]
         meta += [_meta("process_name", pid, pid, name) for pid, name in self.workers.items()]
         meta += [_meta("thread_name", pid, tid, name) for (pid, tid), name in names.items()]
         events = [{"name": f"{stage} {label}" if label else stage, "cat": stage, "ph": "X", "pid": pid, "tid": tid,
@@ -124,7 +127,7 @@ class Recorder:
             json.dump(self.events(), f)
 
 
-def _meta(kind: str, pid: int, tid: int, name: str) -> Dict[str, Any]:
+def _meta(kind: str, pid: int, tid: int, name: str) -> Dict[str, object]:
     return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
 
 

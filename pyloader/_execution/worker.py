@@ -50,7 +50,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Deque, Dict, Generator, List, Optional, Set, Tuple, Union
 
 from .._columns import Columns, array_row_bytes, n_rows, slice_rows, stacked_views
 from .._libc import libc
@@ -61,6 +61,9 @@ from . import ipc as _ipc
 from .reading import pieces_with_end
 from .shared import SharedNumber, SharedRow
 from .steps import Key, StackedRows, StepFailed, assemble, run_stacked, run_steps
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 Segment = Tuple[Union[int, Columns], int, int]  # (pid or inline columns, start, end)
 Pieces = Generator[Tuple[Columns, bool, int], None, None]  # a file's (piece, last, dropped), from pieces_with_end
@@ -121,7 +124,8 @@ def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns],
               jobs: List[Tuple[List[Segment], Tuple[str, ...], Optional[Key]]],
               busy: Optional[BusySink]) -> List[Tuple[bool, object]]:
     with GroupClock(busy, steps) as clock:
-        return [_run_job(steps, kept, segments, paths, key, clock.steps, clock.trace) for segments, paths, key in jobs]
+        return [_run_job(steps, kept, segments, paths, key, clock.steps, trace=clock.trace)
+                for segments, paths, key in jobs]
 
 
 _NO_REPLY = ("open", "close", "release")
@@ -377,7 +381,7 @@ class _Server:
 def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], current: SharedNumber,
                 generation: SharedNumber, reader: object, steps: List[Tuple[str, Callable]],
                 worker_init_fn: Optional[Callable[[int], None]], busy_row: Optional[SharedRow] = None,
-                ring: Optional[Any] = None) -> None:
+                ring: Optional["WriteableBuffer"] = None) -> None:
     for fd in inherited:
         try:
             os.close(fd)
