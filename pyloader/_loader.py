@@ -589,7 +589,7 @@ class LoaderIterator:
         if self._watch is None:  # not tracked (``DataLoader._peek``)
             return batch.data
         data = self._loader._consumed(batch, self._record)
-        self._watch.handed(batch.epoch, batch.rows, began, got, batch.index, batch.paths)
+        self._watch.handed(batch.epoch, batch.rows, began, got, batch)
         if self._measured is not None:
             self._measured.handed(batch.epoch, batch.paths, batch.rows, got - began)
         return data

@@ -74,6 +74,16 @@ class Reporting(Protocol):
     def report(self) -> Dict[str, object]: ...
 
 
+class Placed(Protocol):
+    """A batch as the trace names it (``_stages.batch.Batch``)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def paths(self) -> Tuple[str, ...]: ...
+
+
 class BusySink(Protocol):
     @property
     def trace(self) -> Optional[SpanSink]: ...  # with ``loader.trace``: where spans go (``_trace``)
@@ -283,7 +293,7 @@ class Watch:
     def __init__(self, max_queue_size: int, epoch_files: Dict[int, int], counters: Dict[str, int],
                  busy: Dict[str, float], bar: Any = None, counting: Optional[Counting] = None,
                  live: Optional[Busy] = None) -> None:
-        self.live = live  # the loader's busy seconds, whose ``trace`` takes the consumer's spans
+        self.live = live or Busy()  # the loader's busy seconds, whose ``trace`` takes the consumer's spans
         self.max_queue_size = max_queue_size
         self.counting = counting or Counting()
         self._counting_mark = self.counting.seconds
@@ -307,13 +317,13 @@ class Watch:
         self.figures.fill += min(1.0, queued / self.max_queue_size)
         self.figures.requests += 1
 
-    def handed(self, epoch: int, rows: int, began: float, got: float, index: int = -1,
-               paths: Tuple[str, ...] = ()) -> None:
-        """A batch of ``epoch`` (its ``index``, of ``paths``) was handed over by a ``next()`` that began at
-        ``began`` and had the batch from the pipeline at ``got``."""
+    def handed(self, epoch: int, rows: int, began: float, got: float, batch: Optional[Placed] = None) -> None:
+        """A batch of ``epoch`` was handed over by a ``next()`` that began at ``began`` and had the batch
+        from the pipeline at ``got`` (``batch``: its place and files, for the trace)."""
         now = time.perf_counter()
-        if self.live is not None and self.live.trace is not None:
-            self._traced(self.live.trace, batch_label((epoch, index), paths), began, got, now)
+        trace = self.live.trace
+        if trace is not None and batch is not None:
+            self._traced(trace, batch_label((epoch, batch.index), batch.paths), began, got, now)
         f = self.figures
         if self._last is None:
             self.first_batch_s = now - self.began

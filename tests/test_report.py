@@ -59,7 +59,7 @@ CASES = {
     "parse": lambda tmp_path, w: _run(_local(tmp_path, w, reader=IdReader(batch_size=4, delay=0.04))),
     "batch_encode": lambda tmp_path, w: _run(_local(tmp_path, w, dataset=SlowEncode())),
     "collate_batch": lambda tmp_path, w: _run(_local(tmp_path, w, collator=SlowCollate())),
-    "consumer": lambda tmp_path, w: _run(_local(tmp_path, w, reader=IdReader(batch_size=4)), step_s=0.015),
+    "consumer": lambda tmp_path, w: _run(_local(tmp_path, w, reader=IdReader(batch_size=4)), step_s=0.03),
 }
 
 

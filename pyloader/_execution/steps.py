@@ -59,14 +59,12 @@ def step_key(name: str) -> int:
 
 
 def run_steps(steps: Sequence[Step], data: object, spent: Optional[List[float]] = None,
-              key: Optional[Key] = None, trace: Optional[SpanSink] = None, paths: Tuple[str, ...] = ()) -> object:
+              key: Optional[Key] = None) -> object:
     """Apply the steps in turn; one call off the loop for all of them, so a batch
     crosses threads once rather than once per step. Step ``i``'s seconds are added to
-    ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range, and as a span of
-    the batch (of ``paths``) in ``trace``. With the batch's ``key``, each step runs under
-    ``enter((*key, step_key(name)))`` (``pyloader.rng()``)."""
+    ``spent[i]`` (``GroupClock.steps``); each step shows as a profiler range. With the
+    batch's ``key``, each step runs under ``enter((*key, step_key(name)))`` (``pyloader.rng()``)."""
     ranges = profiling()  # checked once per batch: a step costs no more than two clock readings
-    label = "" if trace is None else batch_label(key, paths)
     for i, (name, fn) in enumerate(steps):
         began = time.perf_counter()
         token = None if key is None else enter((*key, step_key(name)))
@@ -81,12 +79,32 @@ def run_steps(steps: Sequence[Step], data: object, spent: Optional[List[float]] 
         finally:
             if token is not None:
                 leave(token)
-            end = time.perf_counter()
             if spent is not None:
-                spent[i] += end - began
-            if trace is not None:
-                trace.span(name, label, began, end)
+                spent[i] += time.perf_counter() - began
     return data
+
+
+class _Span:
+    """A step that shows as a span of its batch in a trace (``traced``)."""
+
+    __slots__ = ("name", "fn", "label", "trace")
+
+    def __init__(self, name: str, fn: Callable[[Any], object], label: str, trace: SpanSink) -> None:
+        self.name, self.fn, self.label, self.trace = name, fn, label, trace
+
+    def __call__(self, data: object) -> object:
+        began = time.perf_counter()
+        try:
+            return self.fn(data)
+        finally:
+            self.trace.span(self.name, self.label, began, time.perf_counter())
+
+
+def traced(steps: Sequence[Step], trace: SpanSink, key: Optional[Key], paths: Sequence[str]) -> List[Step]:
+    """``steps`` on one batch (``key``: its place; ``paths``: its files), each a span of it in ``trace``.
+    Callers check for a trace first: without one, the steps run as they are."""
+    label = batch_label(key, tuple(paths))
+    return [(name, _Span(name, fn, label, trace)) for name, fn in steps]
 
 
 def _same(data: object) -> object:
@@ -102,10 +120,12 @@ def run_each(steps: Sequence[Step], datas: Sequence[object], prepare: Callable[[
     stop the others. The group's time goes to ``busy`` (``GroupClock``)."""
     out: List[Outcome] = []
     with GroupClock(busy, steps) as clock:
+        trace = clock.trace
         for k, data in enumerate(datas):
+            key = None if keys is None else keys[k]
+            mine = steps if trace is None else traced(steps, trace, key, getattr(data, "paths", ()))
             try:
-                out.append(run_steps(steps, prepare(data), clock.steps, None if keys is None else keys[k],
-                                     clock.trace, () if clock.trace is None else getattr(data, "paths", ())))
+                out.append(run_steps(mine, prepare(data), clock.steps, key))
             except StepFailed as failed:
                 out.append(failed)
     return out

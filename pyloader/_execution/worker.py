@@ -60,7 +60,7 @@ from .._trace import RingWriter, SpanSink
 from . import ipc as _ipc
 from .reading import pieces_with_end
 from .shared import SharedNumber, SharedRow
-from .steps import Key, StackedRows, StepFailed, assemble, run_stacked, run_steps
+from .steps import Key, StackedRows, StepFailed, assemble, run_stacked, run_steps, traced
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -102,7 +102,8 @@ def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segmen
              trace: Optional[SpanSink] = None) -> Tuple[bool, object]:
     try:
         parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
-        result = run_steps(steps, assemble(parts, paths), spent, key, trace, paths)
+        mine = steps if trace is None else traced(steps, trace, key, paths)
+        result = run_steps(mine, assemble(parts, paths), spent, key)
     except Exception as exc:
         return False, _error(exc)
     return _sealed(steps, result)
