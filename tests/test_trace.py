@@ -120,3 +120,13 @@ def test_workers_started_while_not_tracing_get_no_ring(tmp_path, monkeypatch):
     with loader:
         assert len(list(loader)) == 8
     assert loader._stats.busy.trace is None
+
+
+def test_kept_workers_started_while_tracing_give_spans_of_every_iteration(tmp_path):
+    loader = _loader(tmp_path, 2, persistent_workers=True)
+    with loader, loader.trace(str(tmp_path / "t.json")):
+        for _ in range(2):  # epochs 0 and 1, the same two workers
+            assert len(list(loader)) == 8
+    tracks = _tracks(json.loads((tmp_path / "t.json").read_text()))
+    workers = [s for name, spans in tracks.items() if name.startswith("pyloader worker") for s in spans]
+    assert any("epoch 0 batch" in s for s in workers) and any("epoch 1 batch" in s for s in workers)
