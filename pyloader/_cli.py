@@ -15,6 +15,9 @@
   ``--tolerance`` is named as such, not recommended by a rule of its own (with, when the run
   ended during the default's trial of places, that a run this short is mostly that trial).
 
+* ``diagnose DATA --reader R``: one epoch (or ``--max-batches``), then ``loader.report()``: what limits the
+  loader and what to change; ``--trace`` writes its trace, ``--png`` draws it (``_diagnose``).
+
 * ``index DATA --reader R``: count every file and write the index of counts next to the data
   (``_storage.count_index``), reusing the entries of an index there that still match; it names
   the files that changed since and those no longer in the data.
