@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -158,6 +159,13 @@ def _placement(placement: Dict[str, Any]) -> str:
     return f"{where}{f' ({why})' if why else ''}"
 
 
+def _more_workers(workers: int, cores: int) -> str:
+    """More worker processes, twice as many while the cores allow (one left for the consumer)."""
+    if workers + 1 >= cores:
+        return f"a machine with more than {cores} cores (the {workers} workers and the consumer use them all)"
+    return f"num_workers={min(max(2, 2 * workers), cores - 1)} (now {workers})"
+
+
 def _suggestions(r: Report, loader: "DataLoader", workers: int, files: int) -> List[str]:
     if r.limiting == "consumer":
         text = (f"the loader keeps up: a faster loader would save at most {r.wait_share * 100:.0f}% of the "
@@ -169,7 +177,7 @@ def _suggestions(r: Report, loader: "DataLoader", workers: int, files: int) -> L
     most = r.seconds / own if own > 0 else float("inf")
     twice = f"expected: up to {min(2.0, most):.1f}x the samples/s (until another stage limits)"
     per_batch = 1e3 * r.stage_s[r.limiting] / r.batches
-    more_workers = f"num_workers={max(2, 2 * workers)} (now {workers})"
+    more_workers = _more_workers(workers, os.cpu_count() or 1)
     return {
         "read_bytes": [f"storage is slow ({1e3 * r.stage_s['read_bytes'] / max(1, files):.0f} ms waited per file): "
                        f"read more files at once, prefetch_files={2 * loader.prefetch_files} (now "

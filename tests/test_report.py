@@ -13,6 +13,7 @@ from conftest import IdReader, ListCollator, write_chunks
 
 import pyloader as pl
 from pyloader._cli import main
+from pyloader._diagnose import _more_workers
 from pyloader._storage.latency import LatencyFileSystem
 from pyloader.collators import NumpyCollator
 from pyloader.readers import JsonLinesReader
@@ -85,7 +86,14 @@ def test_the_report_says_where_user_code_runs_and_how_long_the_consumer_waited(t
     text = str(report)
     assert "in 2 worker processes (num_workers given)" in text
     assert report.wait_share > 0.5 and f"{100 * report.wait_share:.0f}% of the consumer's time" in text
-    assert "cache_encoded" in text and "num_workers=4 (now 2)" in text
+    assert "cache_encoded" in text and ("num_workers=" in text or "a machine with more than" in text)
+
+
+@pytest.mark.parametrize("workers, cores, more", [
+    (0, 8, "num_workers=2 (now 0)"), (2, 8, "num_workers=4 (now 2)"), (4, 6, "num_workers=5 (now 4)"),
+    (2, 3, "a machine with more than 3 cores"), (0, 1, "a machine with more than 1 cores")])
+def test_more_workers_are_suggested_only_while_a_core_is_left_for_the_consumer(workers, cores, more):
+    assert _more_workers(workers, cores).startswith(more)
 
 
 def test_a_report_before_any_batch_says_nothing_was_measured(tmp_path):
