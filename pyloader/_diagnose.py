@@ -159,11 +159,16 @@ def _placement(placement: Dict[str, Any]) -> str:
     return f"{where}{f' ({why})' if why else ''}"
 
 
-def _more_workers(workers: int, cores: int) -> str:
-    """More worker processes, twice as many while the cores allow (one left for the consumer)."""
+def _more_workers(workers: int, cores: int, most: float) -> str:
+    """Run the stage in more worker processes: twice as many while the cores allow (one left for the consumer),
+    with the expected gain (``most``: the consumer's own pace allows no more)."""
     if workers + 1 >= cores:
-        return f"a machine with more than {cores} cores (the {workers} workers and the consumer use them all)"
-    return f"num_workers={min(max(2, 2 * workers), cores - 1)} (now {workers})"
+        return (f"more worker processes need more than {cores} cores (the {workers} workers and the consumer use "
+                f"them all)")
+    more = min(max(2, 2 * workers), cores - 1)
+    gain = min(more / workers if workers else 2.0, most)
+    return (f"run it in more worker processes, num_workers={more} (now {workers}); expected: up to {gain:.1f}x "
+            f"the samples/s (until another stage limits)")
 
 
 def _suggestions(r: Report, loader: "DataLoader", workers: int, files: int) -> List[str]:
@@ -175,23 +180,21 @@ def _suggestions(r: Report, loader: "DataLoader", workers: int, files: int) -> L
         return [text, *more]
     own = r.stage_s["consumer"] + r.stage_s["hand_over"]  # the consumer's pace: the best any loader allows
     most = r.seconds / own if own > 0 else float("inf")
-    twice = f"expected: up to {min(2.0, most):.1f}x the samples/s (until another stage limits)"
     per_batch = 1e3 * r.stage_s[r.limiting] / r.batches
-    more_workers = _more_workers(workers, os.cpu_count() or 1)
+    more_workers = _more_workers(workers, os.cpu_count() or 1, most)
     return {
         "read_bytes": [f"storage is slow ({1e3 * r.stage_s['read_bytes'] / max(1, files):.0f} ms waited per file): "
                        f"read more files at once, prefetch_files={2 * loader.prefetch_files} (now "
-                       f"{loader.prefetch_files}), while latency, not bandwidth, limits; {twice}",
+                       f"{loader.prefetch_files}); expected, while latency and not bandwidth limits: up to "
+                       f"{min(2.0, most):.1f}x the samples/s",
                        "keep the files on a local disk (Storage cache_dir): the epochs after the first read them "
                        "from there"],
-        "parse": [f"parsing takes {1e3 * r.stage_s['parse'] / max(1, files):.0f} ms per file: parse more files at "
-                  f"once in worker processes, {more_workers}; {twice}",
+        "parse": [f"parsing takes {1e3 * r.stage_s['parse'] / max(1, files):.0f} ms per file: {more_workers}",
                   "or a faster parser or format (npy, parquet: no text to parse)"],
-        "batch_encode": [f"batch_encode takes {per_batch:.1f} ms per batch: run it in more processes, {more_workers}; "
-                         f"{twice}",
+        "batch_encode": [f"batch_encode takes {per_batch:.1f} ms per batch: {more_workers}",
                          "or cache_encoded: batch_encode runs once, and later epochs read its batches back"],
         "collate_batch": [f"collate_batch takes {per_batch:.1f} ms per batch: move its work into batch_encode, which "
-                          f"runs on several groups at once, or {more_workers}; {twice}"],
+                          f"runs on several groups at once", more_workers],
         "hand_over": [f"handing over takes {per_batch:.1f} ms per batch in the consumer's thread (unstacking, "
                       f"pinning, moving to the device): return arrays the collator stacks, or move less per batch; "
                       f"expected: up to {min(most, r.seconds / max(1e-9, r.seconds - r.stage_s['hand_over'])):.1f}x"],
