@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import logging
 import os
+import weakref
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -58,19 +60,21 @@ STAGE_NAMES = {"read_bytes": "reading bytes from storage", "parse": "parsing fil
 
 class Tracing:
     """What ``loader.trace(path)`` returns: records from now on; ``close()`` (or leaving a ``with``)
-    writes the trace to ``path`` and stops; ``save()`` writes it and goes on."""
+    writes the trace to ``path`` and stops; ``save()`` writes it and goes on. With ``path`` None nothing
+    is recorded (``report=True`` alone: the report logged after each epoch)."""
 
-    def __init__(self, loader: "DataLoader", path: str, max_events: int = MAX_EVENTS, report: bool = False) -> None:
+    def __init__(self, loader: "DataLoader", path: Optional[str], max_events: int = MAX_EVENTS,
+                 report: bool = False) -> None:
         if max_events < 1:
             raise ValueError(f"max_events must be >= 1, got {max_events!r}")
-        self.path = str(path)
+        self.path = None if path is None else str(path)
         self.recorder = Recorder(max_events)
-        self._loader = loader
-        stats = loader._stats
+        self._stats = stats = loader._stats
         self._before = stats.busy.trace, stats.on_epoch
-        stats.busy.trace = self.recorder
+        if self.path is not None:
+            stats.busy.trace = self.recorder
         if report:
-            stats.on_epoch = lambda epoch: logger.info("epoch %d: %s", epoch, loader.report())
+            stats.on_epoch = functools.partial(_log_report, weakref.ref(loader))
         self.closed = False
 
     def __enter__(self) -> "Tracing":
@@ -79,19 +83,26 @@ class Tracing:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def save(self) -> str:
+    def save(self) -> Optional[str]:
         """Write the trace so far to ``path``; the path."""
-        self.recorder.write(self.path)
+        if self.path is not None:
+            self.recorder.write(self.path)
         return self.path
 
-    def close(self) -> str:
+    def close(self) -> Optional[str]:
         """Stop recording and write the trace (once); the path."""
         if not self.closed:
             self.closed = True
-            stats = self._loader._stats
-            stats.busy.trace, stats.on_epoch = self._before
+            self._stats.busy.trace, self._stats.on_epoch = self._before
             self.save()
         return self.path
+
+
+def _log_report(loader: "weakref.ref[DataLoader]", epoch: int) -> None:
+    """After an epoch's log line (``report=True``): the loader's report, at INFO."""
+    alive = loader()
+    if alive is not None:
+        logger.info("epoch %d: %s", epoch, alive.report())
 
 
 @dataclasses.dataclass

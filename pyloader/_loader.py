@@ -377,11 +377,12 @@ class DataLoader(Options):
         and of the loader's life (``"total"``): a plain dict, see the README, *Watching a run*."""
         return self._stats.as_dict()
 
-    def trace(self, path: str, *, max_events: int = 200_000, report: bool = False) -> "Tracing":
+    def trace(self, path: Optional[str], *, max_events: int = 200_000, report: bool = False) -> "Tracing":
         """Record a timeline of the iterations from now on; closing what this returns (or leaving its
         ``with``) writes it to ``path`` as a Chrome/Perfetto trace (``chrome://tracing``, ui.perfetto.dev):
         a track per thread of this process and per worker process, the latest ``max_events`` spans.
-        With ``report``, ``report()`` is logged at INFO after each epoch's line. See ``_diagnose``."""
+        With ``report``, ``report()`` is logged at INFO after each epoch's line until then (with ``path``
+        None, only that). See ``_diagnose``."""
         return Tracing(self, path, max_events, report)
 
     def report(self) -> Report:

@@ -135,3 +135,13 @@ def test_diagnose_refuses_a_bad_number_of_workers(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["diagnose", "x", "--reader", "npy", "--workers", "many"])
     assert exited.value.code == 2 and "expected 'auto' or a number of workers" in capsys.readouterr().err
+
+
+def test_trace_of_no_path_logs_the_report_and_records_nothing(tmp_path, caplog):
+    loader = _local(tmp_path, 0, dataset=SlowEncode())
+    caplog.set_level(logging.INFO, logger="pyloader")
+    with loader.trace(None, report=True) as tracing:
+        assert loader._stats.busy.trace is None
+        _run(loader)
+    assert not tracing.recorder.spans and tracing.close() is None
+    assert [r for r in caplog.records if r.getMessage().startswith("epoch 0: pyloader report")]
