@@ -295,7 +295,7 @@ def draw_timeline(ax: "Axes", trace: Trace) -> None:
     """The spans of a trace (``traceEvents``), a row per thread or worker, coloured by stage."""
     events = trace["traceEvents"]
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
-    spans = [e for e in events if e["ph"] == "X"]
+    spans = spans_of(events)
     tracks = sorted({(e["pid"], e["tid"]) for e in spans}, key=lambda t: (names.get(t, "~"), t))
     start = min((e["ts"] for e in spans), default=0.0)
     stages = sorted({e["cat"] for e in spans})
@@ -305,6 +305,15 @@ def draw_timeline(ax: "Axes", trace: Trace) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=min(5, len(stages)), fontsize="small")
+
+
+def spans_of(events: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+    """The spans of a trace's events as complete events (``"X"``, with ``dur``): an async pair (``"b"``,
+    ``"e"``) becomes one."""
+    begun = {e["id"]: e for e in events if e["ph"] == "b"}
+    pairs = [{**begun[e["id"]], "ph": "X", "dur": e["ts"] - begun[e["id"]]["ts"]}
+             for e in events if e["ph"] == "e" and e["id"] in begun]
+    return [e for e in events if e["ph"] == "X"] + pairs
 
 
 def _draw_track(ax: "Axes", row: int, spans: List[Mapping[str, Any]], stages: List[str], start: float) -> None:

@@ -28,6 +28,7 @@ _HEADER = struct.Struct("<qqq")  # spans written, the worker's pid, its index
 _RECORD = struct.Struct("<dd104s")  # began, end, "stage\x1flabel" (utf-8, cut to fit)
 _SEP = "\x1f"
 RING_BYTES = _HEADER.size + RING_SPANS * _RECORD.size
+OVERLAPPING = frozenset({"read_bytes"})  # awaited on the event loop, several at once: async events, not nested ones
 
 Span = Tuple[int, int, str, str, float, float]  # pid, tid, stage, label, began, end
 
@@ -117,9 +118,15 @@ class Recorder:
         meta: List[Dict[str, object]] = [_meta("process_name", self._pid, self._pid, "pyloader (loader's process)")]
         meta += [_meta("process_name", pid, pid, name) for pid, name in self.workers.items()]
         meta += [_meta("thread_name", pid, tid, name) for (pid, tid), name in names.items()]
-        events = [{"name": f"{stage} {label}" if label else stage, "cat": stage, "ph": "X", "pid": pid, "tid": tid,
-                   "ts": began * 1e6, "dur": (end - began) * 1e6, "args": {"label": label}}
-                  for pid, tid, stage, label, began, end in spans]
+        events: List[Dict[str, object]] = []
+        for n, (pid, tid, stage, label, began, end) in enumerate(spans):
+            ts, te = round(began * 1e6, 3), round(end * 1e6, 3)  # µs, to the ns: a span ending as the next begins
+            event: Dict[str, object] = {"name": f"{stage} {label}" if label else stage, "cat": stage, "pid": pid,
+                                        "tid": tid, "ts": ts, "args": {"label": label}}
+            if stage in OVERLAPPING:  # an async pair: the viewers stack them rather than nest them
+                events += [{**event, "ph": "b", "id": n}, {**event, "ph": "e", "id": n, "ts": te}]
+            else:
+                events.append({**event, "ph": "X", "dur": round(te - ts, 3)})
         return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
 
     def write(self, path: str) -> None:

@@ -9,6 +9,7 @@ import pytest
 from conftest import IdReader, ListCollator, write_chunks
 
 import pyloader as pl
+from pyloader._diagnose import spans_of
 from pyloader._execution.shared import shared_bytes
 from pyloader._trace import RING_BYTES, RING_SPANS, RingWriter, WorkerRing
 
@@ -28,16 +29,33 @@ def _traced(loader, path, **kwargs):
     return json.loads(path.read_text())
 
 
+def _nested(events):
+    """The complete spans of each thread nest (a viewer draws them as a stack): none ends inside another
+    that it began before."""
+    by_track = defaultdict(list)
+    for e in events:
+        if e["ph"] == "X":
+            by_track[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    for spans in by_track.values():
+        open_ends = []
+        for began, end, name in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while open_ends and open_ends[-1] <= began + 1e-3:  # touching is not overlapping
+                open_ends.pop()
+            assert not open_ends or end <= open_ends[-1] + 1e-3, f"{name} overlaps the span it began inside"
+            open_ends.append(end)
+    return True
+
+
 def _tracks(trace):
     """``{track name: [span names]}``, a track per thread (``"process / thread"``) of the trace."""
+    assert _nested(trace["traceEvents"])
     events = trace["traceEvents"]
     processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
     tracks = defaultdict(list)
-    for e in events:
-        if e["ph"] == "X":
-            assert e["dur"] >= 0 and e["cat"] in e["name"]
-            tracks[f"{processes[e['pid']]} / {threads[(e['pid'], e['tid'])]}"].append(e["name"])
+    for e in spans_of(events):
+        assert e["dur"] >= 0 and e["cat"] in e["name"]
+        tracks[f"{processes[e['pid']]} / {threads[(e['pid'], e['tid'])]}"].append(e["name"])
     return tracks
 
 
@@ -61,14 +79,14 @@ def test_a_trace_without_workers_has_a_track_per_thread_of_the_loader(tmp_path):
     io = [s for name, spans in tracks.items() if "pyloader-io" in name for s in spans]
     assert {"read_file part-0000.txt", "read_file part-0003.txt"} <= set(io)
     assert any(s.startswith("batch_encode epoch 0 batch 7 ") for s in io)
-    assert any(s.startswith("read_bytes part-0000.txt") for name, spans in tracks.items() for s in spans)
+    assert "read_bytes part-0000.txt" in tracks["pyloader (loader's process) / pyloader-loop"]
     consumer = tracks["pyloader (loader's process) / MainThread"]
     assert any(s.startswith("consumer before epoch 0 batch 1") for s in consumer)
 
 
 def test_a_trace_keeps_the_latest_max_events_spans(tmp_path):
     trace = _traced(_loader(tmp_path, 0), tmp_path / "t.json", max_events=5)
-    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    spans = spans_of(trace["traceEvents"])
     assert len(spans) == 5 and "epoch 0 batch 7" in spans[-1]["name"]
 
 
@@ -130,3 +148,19 @@ def test_kept_workers_started_while_tracing_give_spans_of_every_iteration(tmp_pa
     tracks = _tracks(json.loads((tmp_path / "t.json").read_text()))
     workers = [s for name, spans in tracks.items() if name.startswith("pyloader worker") for s in spans]
     assert any("epoch 0 batch" in s for s in workers) and any("epoch 1 batch" in s for s in workers)
+
+
+def test_waits_for_bytes_are_async_pairs_the_viewers_stack_rather_than_nest():
+    from pyloader._trace import Recorder
+
+    recorder = Recorder(10)
+    recorder.span("read_bytes", "a.txt", 1.0, 3.0)
+    recorder.span("read_bytes", "b.txt", 2.0, 4.0)  # overlaps a.txt on the same thread
+    recorder.span("read_file", "a.txt", 3.0, 3.5)
+    events = [e for e in recorder.events()["traceEvents"] if e["ph"] != "M"]
+    assert [(e["ph"], e["name"]) for e in events] == [
+        ("b", "read_bytes a.txt"), ("e", "read_bytes a.txt"), ("b", "read_bytes b.txt"), ("e", "read_bytes b.txt"),
+        ("X", "read_file a.txt")]
+    assert events[0]["id"] == events[1]["id"] != events[2]["id"]
+    assert sorted((e["name"], e["dur"]) for e in spans_of(events)) == [
+        ("read_bytes a.txt", 2e6), ("read_bytes b.txt", 2e6), ("read_file a.txt", 0.5e6)]
