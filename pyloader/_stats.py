@@ -118,12 +118,13 @@ class timed:
         self.range.__exit__(*exc)
 
 
-def waited(busy: Optional[BusySink], slot: str, path: str, began: float) -> None:
-    """Add the seconds since ``began`` to ``busy``'s ``slot``, and trace them as a span of ``path``'s file:
-    a wait on the event loop (no profiler range there: other tasks run in between)."""
+def waited(busy: Optional[BusySink], slot: str, path: str, began: float, seconds: Optional[float] = None) -> None:
+    """Add ``seconds`` (else those since ``began``) to ``busy``'s ``slot``, and trace the time since ``began``
+    as a span of ``path``'s file: a wait on the event loop (no profiler range there: other tasks run in
+    between)."""
     if busy is not None:
         end = time.perf_counter()
-        busy.add(slot, end - began)
+        busy.add(slot, end - began if seconds is None else seconds)
         if busy.trace is not None:
             busy.trace.span(slot, file_label(path), began, end)
 

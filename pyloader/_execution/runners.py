@@ -282,7 +282,7 @@ class ThreadRunner:
         """The file's pieces, its bytes read ahead (``demand``: the consumer waits for this file)."""
         began = time.perf_counter()
         served = await self.readahead.fetch(task.path, demand)
-        waited(self.busy, "read_bytes", task.path, began)
+        waited(self.busy, "read_bytes", task.path, began, self.readahead.io.take())
         gen = _Stepped(pieces_with_end(self.reader, task, served, self.busy))
         last = False
         try:
@@ -369,7 +369,7 @@ class PoolRunner:
         self.pool.check(f"reading {task.path!r}")
         began = time.perf_counter()
         served = await self.readahead.fetch(task.path, demand, streams=False)
-        waited(self.busy, "read_bytes", task.path, began)
+        waited(self.busy, "read_bytes", task.path, began, self.readahead.io.take())
         worker = self._reader_for_next_file(fewer)
         gid = self.pool.new_id()
         self.pool.post(worker, ("open", gid, task, _sendable(served)))
