@@ -15,6 +15,9 @@
   ``--tolerance`` is named as such, not recommended by a rule of its own (with, when the run
   ended during the default's trial of places, that a run this short is mostly that trial).
 
+* ``diagnose DATA --reader R``: one epoch (or ``--max-batches``), then ``loader.report()``: what limits the
+  loader and what to change; ``--trace`` writes its trace, ``--png`` draws it (``_diagnose``).
+
 * ``index DATA --reader R``: count every file and write the index of counts next to the data
   (``_storage.count_index``), reusing the entries of an index there that still match; it names
   the files that changed since and those no longer in the data.
@@ -43,6 +46,7 @@ import numpy as np
 
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._counts import Counter, IndexPlaces
+from ._diagnose import DIAGNOSE_HELP, add_options, diagnose, throughput_png
 from ._errors import ErrorPolicy, PipelineError, describe
 from ._execution import auto_workers
 from ._execution.runners import Exclusive
@@ -387,6 +391,8 @@ def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         out("no setting ran: nothing to recommend")
         return 1
     _recommend(results, args.tolerance, out)
+    if args.png:
+        out(f"picture: {throughput_png(results, args.png)}")
     return 1 if failed else 0
 
 
@@ -466,9 +472,10 @@ def _report_index(stale: Sequence[str], gone: Sequence[str], failures: Sequence[
 # -- the command line ------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m pyloader", description="Look at a dataset, time the loader on it.")
-    commands = top.add_subparsers(dest="command", required=True, metavar="{inspect,bench,index,write}")
+    commands = top.add_subparsers(dest="command", required=True, metavar="{inspect,bench,diagnose,index,write}")
     for name, text in (("inspect", "list the files, their sizes and samples, and print a first batch"),
                        ("bench", "samples/s and peak memory for each number of workers, and a recommendation"),
+                       ("diagnose", DIAGNOSE_HELP),
                        ("index", f"count the samples of every file and write them to {ix.INDEX_NAME} in the data's "
                                  "folder, read by every loader and rank instead of counting")):
         sub = commands.add_parser(name, help=text, description=text)
@@ -485,6 +492,7 @@ def parser() -> argparse.ArgumentParser:
     bench_.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per setting (default 600)")
     bench_.add_argument("--tolerance", type=float, default=0.05,
                         help="a setting faster than the default's by more than this is named (default 0.05)")
+    add_options(commands.choices["diagnose"], bench_)
     commands.choices["index"].add_argument("--progress", action="store_true", help="a bar over the files counted")
     write_cli.add_parser(commands)
     measure_ = commands.add_parser("_measure")  # one setting of bench, in its own process
@@ -500,7 +508,8 @@ def main(argv: Optional[Sequence[str]] = None, out: Callable[[str], None] = prin
         if args.command == "_measure":
             out(json.dumps(asdict(measure(json.loads(args.spec)))))
             return 0
-        return {"inspect": inspect, "bench": bench, "index": index, "write": write_cli.run}[args.command](args, out)
+        commands_ = {"inspect": inspect, "bench": bench, "diagnose": diagnose, "index": index, "write": write_cli.run}
+        return commands_[args.command](args, out)
     except (CommandError, PipelineError, OSError, ValueError) as exc:
         print(f"pyloader: error: {exc}", file=sys.stderr)
         return 1

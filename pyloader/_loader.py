@@ -13,6 +13,7 @@ from ._abc import DataReader
 from ._checks import is_integer
 from ._compose import callable_name
 from ._counts import Counter, IndexPlaces
+from ._diagnose import Report, Tracing, report_of
 from ._errors import ErrorHandler, PipelineError, Stats
 from ._execution.auto_workers import Placement, Placer
 from ._execution.engine import Engine
@@ -378,6 +379,18 @@ class DataLoader(Options):
         and of the loader's life (``"total"``): a plain dict, see the README, *Watching a run*."""
         return self._stats.as_dict()
 
+    def trace(self, path: Optional[str], *, max_events: int = 200_000, report: bool = False) -> "Tracing":
+        """Record a timeline of the iterations from now on; closing what this returns (or leaving its
+        ``with``) writes it to ``path`` as a Chrome/Perfetto trace (``chrome://tracing``, ui.perfetto.dev):
+        a track per thread of this process and per worker process, the latest ``max_events`` spans.
+        With ``report``, ``report()`` is logged at INFO after each epoch's line until then (with ``path``
+        None, only that). See ``_diagnose``."""
+        return Tracing(self, path, max_events, report)
+
+    def report(self) -> Report:
+        """What limits the latest iteration, from ``stats``, and what to change: ``str()`` is the text."""
+        return report_of(self)
+
     # -- resume --------------------------------------------------------------------
     def _fingerprint(self) -> Dict[str, object]:
         if self._files_digest is None:
@@ -577,7 +590,7 @@ class LoaderIterator:
         if self._watch is None:  # not tracked (``DataLoader._peek``)
             return batch.data
         data = self._loader._consumed(batch, self._record)
-        self._watch.handed(batch.epoch, batch.rows, began, got)
+        self._watch.handed(batch.epoch, batch.rows, began, got, batch)
         if self._measured is not None:
             self._measured.handed(batch.epoch, batch.paths, batch.rows, got - began)
         return data

@@ -27,6 +27,7 @@ import time
 import weakref
 from typing import (
     Any,
+    Callable,
     ContextManager,
     Dict,
     Iterable,
@@ -41,10 +42,12 @@ from typing import (
     TypeVar,
 )
 
+from ._trace import Recorder, SpanSink, batch_label, file_label
+
 logger = logging.getLogger("pyloader")
 
 METHODS = ("read_file", "batch_encode", "collate_batch", "pin_memory")
-BUSY_SLOTS = ("read", "encode", "read_file", "batch_encode", "collate_batch", "pin_memory")
+BUSY_SLOTS = ("read", "encode", "read_file", "batch_encode", "collate_batch", "pin_memory", "read_bytes")
 _SLOT = {name: i for i, name in enumerate(BUSY_SLOTS)}
 _NO_RANGE: ContextManager[Any] = contextlib.nullcontext()
 T = TypeVar("T")
@@ -71,21 +74,35 @@ class Reporting(Protocol):
     def report(self) -> Dict[str, object]: ...
 
 
+class Placed(Protocol):
+    """A batch as the trace names it (``_stages.batch.Batch``)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def paths(self) -> Tuple[str, ...]: ...
+
+
 class BusySink(Protocol):
+    @property
+    def trace(self) -> Optional[SpanSink]: ...  # with ``loader.trace``: where spans go (``_trace``)
+
     def add_all(self, spent: Iterable[Tuple[str, float]]) -> None: ...
 
     def add(self, slot: str, seconds: float) -> None: ...
 
 
 class timed:
-    """``with timed(busy, slot):`` adds the block's seconds to ``busy`` (when there is one)
-    and shows the block as a profiler range."""
+    """``with timed(busy, slot, path):`` adds the block's seconds to ``busy`` (when there is one)
+    and shows the block as a profiler range, and as a span of ``path``'s file while traced."""
 
-    __slots__ = ("busy", "slot", "began", "range")
+    __slots__ = ("busy", "slot", "began", "range", "path")
 
-    def __init__(self, busy: Optional[BusySink], slot: str) -> None:
+    def __init__(self, busy: Optional[BusySink], slot: str, path: str = "") -> None:
         self.busy = busy
         self.slot = slot
+        self.path = path
 
     def __enter__(self) -> None:
         self.range = profiled(self.slot)
@@ -94,8 +111,22 @@ class timed:
 
     def __exit__(self, *exc: Any) -> None:
         if self.busy is not None:
-            self.busy.add(self.slot, time.perf_counter() - self.began)
+            end = time.perf_counter()
+            self.busy.add(self.slot, end - self.began)
+            if self.busy.trace is not None:
+                self.busy.trace.span(self.slot, file_label(self.path), self.began, end)
         self.range.__exit__(*exc)
+
+
+def waited(busy: Optional[BusySink], slot: str, path: str, began: float, seconds: Optional[float] = None) -> None:
+    """Add ``seconds`` (else those since ``began``) to ``busy``'s ``slot``, and trace the time since ``began``
+    as a span of ``path``'s file: a wait on the event loop (no profiler range there: other tasks run in
+    between)."""
+    if busy is not None:
+        end = time.perf_counter()
+        busy.add(slot, end - began if seconds is None else seconds)
+        if busy.trace is not None:
+            busy.trace.span(slot, file_label(path), began, end)
 
 
 class GroupClock:
@@ -103,12 +134,13 @@ class GroupClock:
     adds each step's seconds to ``clock.steps``; all go to ``busy`` at the end, in one call
     (one lock per group rather than per batch and step)."""
 
-    __slots__ = ("busy", "names", "steps", "began", "range")
+    __slots__ = ("busy", "names", "steps", "began", "range", "trace")
 
     def __init__(self, busy: Optional[BusySink], steps: Sequence[Tuple[str, Any]]) -> None:
         self.busy = busy
         self.names = [name for name, _ in steps]
         self.steps = [0.0] * len(steps)
+        self.trace = None if busy is None else busy.trace  # each step of each batch is a span (``run_steps``)
 
     def __enter__(self) -> "GroupClock":
         self.range = profiled("encode")
@@ -122,13 +154,14 @@ class GroupClock:
         self.range.__exit__(*exc)
 
 
-def clocked(items: Iterable[T], busy: Optional[BusySink], slot: str) -> Iterator[T]:
-    """``items``, each ``next`` timed into ``slot`` (see ``timed``); closing this closes ``items``."""
+def clocked(items: Iterable[T], busy: Optional[BusySink], slot: str, path: str = "") -> Iterator[T]:
+    """``items``, each ``next`` timed into ``slot`` (see ``timed``; ``path``: their file); closing this
+    closes ``items``."""
     it = iter(items)
     try:
         while True:
             try:
-                with timed(busy, slot):
+                with timed(busy, slot, path):
                     item = next(it)
             except StopIteration:
                 return
@@ -146,6 +179,7 @@ class Busy:
         self._sums = [0.0] * len(BUSY_SLOTS)
         self._lock = threading.Lock()
         self._rows: List[Any] = []  # one per running worker
+        self.trace: Optional[Recorder] = None  # with ``loader.trace``: the run's spans
 
     def add(self, slot: str, seconds: float) -> None:
         self.add_all(((slot, seconds),))
@@ -174,8 +208,9 @@ class Busy:
 class RowBusy:
     """A worker's ``Busy``: adds to the worker's shared row, which nothing else writes."""
 
-    def __init__(self, row: Any) -> None:
+    def __init__(self, row: Any, trace: Optional[SpanSink] = None) -> None:
         self.row = row
+        self.trace = trace
 
     def add(self, slot: str, seconds: float) -> None:
         self.add_all(((slot, seconds),))
@@ -257,7 +292,9 @@ class Watch:
     """The consumer's side of one iteration: its ``Figures``, the per-epoch log line, the progress bar."""
 
     def __init__(self, max_queue_size: int, epoch_files: Dict[int, int], counters: Dict[str, int],
-                 busy: Dict[str, float], bar: Any = None, counting: Optional[Counting] = None) -> None:
+                 busy: Dict[str, float], bar: Any = None, counting: Optional[Counting] = None,
+                 live: Optional[Busy] = None) -> None:
+        self.live = live or Busy()  # the loader's busy seconds, whose ``trace`` takes the consumer's spans
         self.max_queue_size = max_queue_size
         self.counting = counting or Counting()
         self._counting_mark = self.counting.seconds
@@ -268,24 +305,30 @@ class Watch:
         self.figures = Figures()
         self.began = time.perf_counter()
         self.first_batch_s: Optional[float] = None
+        self.first_wait_s = 0.0  # the part of wait_s of the first batch (start-up, paid once: ``loader.report``)
         self._last: Optional[float] = None  # when the last batch was handed over
         self._resumed: Set[str] = set()
         self._epoch: Optional[int] = None
         self._epoch_mark = self.began
         self._epoch_figures = Figures()
+        self.on_epoch: Optional[Callable[[int], None]] = None  # called after an epoch's log line (``report=True``)
 
     def asked(self, queued: int) -> None:
         """The consumer asks the pipeline for more, ``queued`` batches being ready."""
         self.figures.fill += min(1.0, queued / self.max_queue_size)
         self.figures.requests += 1
 
-    def handed(self, epoch: int, rows: int, began: float, got: float) -> None:
-        """A batch of ``epoch`` was handed over by a ``next()`` that began at ``began`` and had
-        the batch from the pipeline at ``got``."""
+    def handed(self, epoch: int, rows: int, began: float, got: float, batch: Optional[Placed] = None) -> None:
+        """A batch of ``epoch`` was handed over by a ``next()`` that began at ``began`` and had the batch
+        from the pipeline at ``got`` (``batch``: its place and files, for the trace)."""
         now = time.perf_counter()
+        trace = self.live.trace
+        if trace is not None and batch is not None:
+            self._traced(trace, batch_label((epoch, batch.index), batch.paths), began, got, now)
         f = self.figures
         if self._last is None:
             self.first_batch_s = now - self.began
+            self.first_wait_s = now - began
         else:
             f.step_s += began - self._last
         if epoch != self._epoch:
@@ -298,6 +341,13 @@ class Watch:
         self._last = now
         if self.bar is not None:
             self.bar.update(f, now)
+
+    def _traced(self, trace: SpanSink, label: str, began: float, got: float, now: float) -> None:
+        """The consumer's spans of a batch: its own step before asking, waiting for the batch, handing it over."""
+        if self._last is not None:
+            trace.span("consumer", f"before {label}", self._last, began)
+        trace.span("wait", label, began, got)
+        trace.span("hand_over", label, got, now)
 
     def replayed(self, batches: int, paths: Iterable[str]) -> None:
         """A resumed iteration read ``batches`` again (of files ``paths``) only to find its place."""
@@ -327,6 +377,8 @@ class Watch:
             line = (f"{self.epoch_files.pop(self._epoch, 0)} files, {f.samples} samples ({f.batches} batches) in "
                     f"{f.seconds:.2f} s, {f.rate():.1f} samples/s, data stall {100 * f.stall_share():.1f}%")
             logger.info("epoch %d: %s%s", self._epoch, line, f", counting files {counted:.2f} s" if counted else "")
+            if self.on_epoch is not None:
+                self.on_epoch(self._epoch)
             self._counting_mark = self.counting.seconds
             self._epoch_mark = mark  # the first epoch counts from iter(): its start-up is part of it
         self._epoch = epoch
@@ -357,6 +409,7 @@ class Stats:
         self.counting = Counting()
         self.epoch_files: Dict[int, int] = {}  # files read per epoch, until its log line takes them
         self._watch: Optional[Watch] = None
+        self.on_epoch: Optional[Callable[[int], None]] = None  # called after each epoch's log line
         self._finished = Figures()  # of the iterations before the current one
         self._iterations = 0
 
@@ -375,10 +428,19 @@ class Stats:
             self._finished = self._finished.plus(self._watch.figures)
         self.epoch_files.clear()  # of epochs an earlier iteration left before their end
         self._watch = Watch(max_queue_size, self.epoch_files, self._counters(), self.busy.seconds(), bar,
-                            self.counting)
+                            self.counting, live=self.busy)
+        self._watch.on_epoch = self._epoch_ended
         self._iterations += 1
         weakref.finalize(owner, self._watch.close)
         return self._watch
+
+    def _epoch_ended(self, epoch: int) -> None:
+        if self.on_epoch is not None:
+            self.on_epoch(epoch)
+
+    def first_wait_s(self) -> float:
+        """How long the consumer waited for the latest iteration's first batch (0 before it)."""
+        return 0.0 if self._watch is None else self._watch.first_wait_s
 
     def _counters(self) -> Dict[str, int]:
         counters = {name: getattr(self, name) for name in _COUNTERS}
@@ -429,7 +491,8 @@ def _report(f: Figures, counters: Dict[str, int], busy: Dict[str, float]) -> Dic
         "step_s": f.step_s,
         "stall_share": f.stall_share(),
         "queue_fill": _ratio(f.fill, f.requests),
-        "stage_s": {"read": busy["read"], "encode": busy["encode"], "hand_over": f.hand_over_s},
+        "stage_s": {"read": busy["read"], "encode": busy["encode"], "hand_over": f.hand_over_s,
+                    "read_bytes": busy["read_bytes"]},
         "method_s": {name: busy[name] for name in METHODS},
         "resume_files": f.resume_files,
         "resume_batches": f.resume_batches,

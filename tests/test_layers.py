@@ -25,9 +25,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pyloader"
 TOP = {"__init__", "__main__", "_loader", "_pipeline", "_plan", "_options", "_groups", "_compose", "_length", "_counts",
-       "_cli", "testing"}
+       "_cli", "_diagnose", "testing"}
 TOP_PACKAGES = {"_write"}  # packages of the top level: pyloader.write
-BASICS = {"_abc", "_columns", "_errors", "_stats", "_rng", "_state", "_paths", "_npy", "_checks", "_libc",
+BASICS = {"_abc", "_columns", "_errors", "_stats", "_trace", "_rng", "_state", "_paths", "_npy", "_checks", "_libc",
           "_sample_index"}
 RANK = {"top": 4, "_stages": 3, "_execution": 2, "_storage": 1, "basics": 0}
 FILE_OPENING = {"_storage.files", "_storage.compression"}

@@ -52,9 +52,10 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .._errors import WorkerDied, raised_in_worker
 from .._stats import BUSY_SLOTS, Busy
+from .._trace import RING_BYTES, WorkerRing
 from . import forking
 from . import ipc as _ipc
-from .shared import shared_row, shared_value
+from .shared import shared_bytes, shared_row, shared_value
 from .steps import StepFailed
 from .threads import DaemonExecutor
 from .worker import INIT_FAILED, READY, worker_main
@@ -191,6 +192,7 @@ class WorkerPool:
         self._args = (reader, steps, worker_init_fn)
         self._imports = imports  # modules the workers need, imported before they are forked
         self._rows: List[Any] = []  # a shared row per worker, where it adds its seconds
+        self._rings: List[Optional[WorkerRing]] = []  # with loader.trace at launch: a ring of spans per worker
         self._requested = start_method
         self._method = start_method or "fork"  # the method of the latest launch
         self._workers: List[_Worker] = []
@@ -244,6 +246,8 @@ class WorkerPool:
             self._loop = loop
             if self.busy is not None:
                 self.busy.track(self._rows)
+                if self.busy.trace is not None:
+                    self.busy.trace.watch(self._rings)
             for worker in self._workers:
                 worker.releases = []
                 if worker.dead is None:
@@ -274,6 +278,8 @@ class WorkerPool:
 
     def _fold(self) -> None:
         """The run is over: its seconds in the workers go to its ``busy``, and the rows start again."""
+        if self.busy is not None and self.busy.trace is not None:
+            self.busy.trace.let_go(self._rings)
         if self.busy is not None and self._rows:
             self.busy.fold(self._rows)
             for row in self._rows:
@@ -352,6 +358,8 @@ class WorkerPool:
         ctx = multiprocessing.get_context(self._method)
         self._generation = shared_value(ctx, "q", 0)
         self._rows = [shared_row(ctx, "d", len(BUSY_SLOTS)) for _ in range(self.num_workers)]
+        traced = self.busy is not None and self.busy.trace is not None
+        self._rings = [WorkerRing(shared_bytes(ctx, RING_BYTES)) if traced else None for _ in range(self.num_workers)]
         for index in range(self.num_workers):
             self._workers.append(self._start_worker(ctx, index))
 
@@ -361,9 +369,10 @@ class WorkerPool:
         # or a sibling would never see the end of file that tells it the loader has gone
         siblings = [w.fd for w in self._workers] + [ours.fileno()] if self._method == "fork" else []
         current = shared_value(ctx, "q", -1)  # the request the worker is running
+        ring = self._rings[index]
         process = ctx.Process(target=worker_main,  # type: ignore[attr-defined]
                               args=(index, theirs, siblings, current, self._generation, *self._args,
-                                    self._rows[index]),
+                                    self._rows[index], None if ring is None else ring.buffer),
                               name=f"pyloader-worker-{index}", daemon=True)
         try:
             process.start()

@@ -156,7 +156,7 @@ def pieces_with_end(reader: object, task: FileTask, data: Union[None, bytes, Ser
     """
     reader, keep = unbundle(reader)
     reader = picked(reader, task.path)  # a mixed loader's source reader
-    raw = clocked(file_pieces(reader, task, data, busy), busy, "read")
+    raw = clocked(file_pieces(reader, task, data, busy), busy, "read", task.path)
     gen = _none_dropped(raw) if keep is None else keep.pieces(raw, task.path, task.start)
     if not (reader.shuffle or whole_file(reader)):
         for piece, dropped in gen:
@@ -231,10 +231,10 @@ def _pieces(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Ite
 def _in_order(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
     """The file's pieces in file order, through the reading method its class defines last (``whole_file``)."""
     if whole_file(reader):
-        with timed(busy, "read_file"), drawing(task.seed, USER_READ, task.epoch, task.index, 0):
+        with timed(busy, "read_file", task.path), drawing(task.seed, USER_READ, task.epoch, task.index, 0):
             columns, n = read_result(task.path, reader.read_file(task.path))
         yield reader.checked(task.path, columns, n)
         return
     user = stepped(lambda: reader.iter_file(task.path), task.seed, USER_READ, task.epoch, task.index)
-    for piece in clocked(user, busy, "read_file"):
+    for piece in clocked(user, busy, "read_file", task.path):
         yield reader.checked(task.path, piece)

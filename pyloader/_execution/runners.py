@@ -43,7 +43,7 @@ from typing import (
 
 from .._abc import is_thread_safe
 from .._columns import Columns, n_rows, slice_rows
-from .._stats import Busy
+from .._stats import Busy, waited
 from .._storage.bytes import ReadAhead
 from .._storage.cached_file import ServedEntry
 from .._storage.files import Served
@@ -280,7 +280,9 @@ class ThreadRunner:
     async def pieces(self, task: FileTask, fetch: bool,
                      demand: asyncio.Event) -> AsyncGenerator[Tuple[int, Columns, None, int], None]:
         """The file's pieces, its bytes read ahead (``demand``: the consumer waits for this file)."""
-        served = None if task.ranged else await self.readahead.fetch(task.path, demand)  # a range reads its own bytes
+        began = time.perf_counter()
+        served = None if task.ranged else await self.readahead.fetch(task.path, demand)  # a range reads its own
+        waited(self.busy, "read_bytes", task.path, began, self.readahead.io.take())
         gen = _Stepped(pieces_with_end(self.reader, task, served, self.busy))
         last = False
         try:
@@ -365,7 +367,9 @@ class PoolRunner:
         the read-ahead budget: from its cache entry, written here, else read by the worker itself);
         ``fewer``: in any worker but the last."""
         self.pool.check(f"reading {task.path!r}")
+        began = time.perf_counter()
         served = None if task.ranged else await self.readahead.fetch(task.path, demand, streams=False)
+        waited(self.busy, "read_bytes", task.path, began, self.readahead.io.take())
         worker = self._reader_for_next_file(fewer)
         gid = self.pool.new_id()
         self.pool.post(worker, ("open", gid, task, _sendable(served)))

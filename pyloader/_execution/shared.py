@@ -10,7 +10,10 @@ from __future__ import annotations
 import ctypes
 import mmap
 from multiprocessing.context import BaseContext
-from typing import Dict, Protocol, Type
+from typing import TYPE_CHECKING, Dict, Protocol, Type
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 _TYPES: Dict[str, Type[ctypes._SimpleCData]] = {"q": ctypes.c_longlong, "d": ctypes.c_double}
 
@@ -46,3 +49,10 @@ def shared_row(ctx: BaseContext, typecode: str, n: int) -> SharedRow:
         return ctx.RawArray(typecode, n)
     row = _TYPES[typecode] * n
     return row.from_buffer(mmap.mmap(-1, ctypes.sizeof(row)))
+
+
+def shared_bytes(ctx: BaseContext, n: int) -> "WriteableBuffer":
+    """``n`` bytes, zero at first, shared with workers started by ``ctx`` (a writable buffer)."""
+    if ctx.get_start_method() != "fork":
+        return ctx.RawArray("b", n)
+    return mmap.mmap(-1, n)

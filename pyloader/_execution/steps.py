@@ -31,6 +31,7 @@ import numpy as np
 from .._columns import Columns, Rows, concat, slice_rows
 from .._rng import enter, leave
 from .._stats import BusySink, GroupClock, profiled, profiling, timed
+from .._trace import SpanSink, batch_label
 
 Step = Tuple[str, Callable[[Any], object]]  # a user method's name, and the method (it takes what the step before gave)
 
@@ -83,6 +84,29 @@ def run_steps(steps: Sequence[Step], data: object, spent: Optional[List[float]] 
     return data
 
 
+class _Span:
+    """A step that shows as a span of its batch in a trace (``traced``)."""
+
+    __slots__ = ("name", "fn", "label", "trace")
+
+    def __init__(self, name: str, fn: Callable[[Any], object], label: str, trace: SpanSink) -> None:
+        self.name, self.fn, self.label, self.trace = name, fn, label, trace
+
+    def __call__(self, data: object) -> object:
+        began = time.perf_counter()
+        try:
+            return self.fn(data)
+        finally:
+            self.trace.span(self.name, self.label, began, time.perf_counter())
+
+
+def traced(steps: Sequence[Step], trace: SpanSink, key: Optional[Key], paths: Sequence[str]) -> List[Step]:
+    """``steps`` on one batch (``key``: its place; ``paths``: its files), each a span of it in ``trace``.
+    Callers check for a trace first: without one, the steps run as they are."""
+    label = batch_label(key, tuple(paths))
+    return [(name, _Span(name, fn, label, trace)) for name, fn in steps]
+
+
 def _same(data: object) -> object:
     return data
 
@@ -96,9 +120,12 @@ def run_each(steps: Sequence[Step], datas: Sequence[object], prepare: Callable[[
     stop the others. The group's time goes to ``busy`` (``GroupClock``)."""
     out: List[Outcome] = []
     with GroupClock(busy, steps) as clock:
+        trace = clock.trace
         for k, data in enumerate(datas):
+            key = None if keys is None else keys[k]
+            mine = steps if trace is None else traced(steps, trace, key, getattr(data, "paths", ()))
             try:
-                out.append(run_steps(steps, prepare(data), clock.steps, None if keys is None else keys[k]))
+                out.append(run_steps(mine, prepare(data), clock.steps, key))
             except StepFailed as failed:
                 out.append(failed)
     return out

@@ -50,17 +50,21 @@ import socket
 import sys
 import time
 import traceback
-from typing import Callable, Deque, Dict, Generator, List, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Deque, Dict, Generator, List, Optional, Set, Tuple, Union
 
 from .._columns import Columns, array_row_bytes, n_rows, slice_rows, stacked_views
 from .._errors import users_frames
 from .._libc import libc
 from .._npy import populating
 from .._stats import BusySink, GroupClock, RowBusy
+from .._trace import RingWriter, SpanSink
 from . import ipc as _ipc
 from .reading import pieces_with_end
 from .shared import SharedNumber, SharedRow
-from .steps import Key, StackedRows, StepFailed, assemble, run_stacked, run_steps
+from .steps import Key, StackedRows, StepFailed, assemble, run_stacked, run_steps, traced
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 Segment = Tuple[Union[int, Columns], int, int]  # (pid or inline columns, start, end)
 Pieces = Generator[Tuple[Columns, bool, int], None, None]  # a file's (piece, last, dropped), from pieces_with_end
@@ -104,10 +108,12 @@ def worker_traceback(exc: BaseException) -> str:
 
 
 def _run_job(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns], segments: List[Segment],
-             paths: Tuple[str, ...], key: Optional[Key], spent: List[float]) -> Tuple[bool, object]:
+             paths: Tuple[str, ...], key: Optional[Key], spent: List[float],
+             trace: Optional[SpanSink] = None) -> Tuple[bool, object]:
     try:
         parts = [(kept[src] if isinstance(src, int) else src, start, end) for src, start, end in segments]
-        result = run_steps(steps, assemble(parts, paths), spent, key)
+        mine = steps if trace is None else traced(steps, trace, key, paths)
+        result = run_steps(mine, assemble(parts, paths), spent, key)
     except Exception as exc:
         return False, _error(exc)
     return _sealed(steps, result)
@@ -129,7 +135,8 @@ def _run_jobs(steps: List[Tuple[str, Callable]], kept: Dict[int, Columns],
               jobs: List[Tuple[List[Segment], Tuple[str, ...], Optional[Key]]],
               busy: Optional[BusySink]) -> List[Tuple[bool, object]]:
     with GroupClock(busy, steps) as clock:
-        return [_run_job(steps, kept, segments, paths, key, clock.steps) for segments, paths, key in jobs]
+        return [_run_job(steps, kept, segments, paths, key, clock.steps, trace=clock.trace)
+                for segments, paths, key in jobs]
 
 
 _NO_REPLY = ("open", "close", "release")
@@ -384,7 +391,8 @@ class _Server:
 
 def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], current: SharedNumber,
                 generation: SharedNumber, reader: object, steps: List[Tuple[str, Callable]],
-                worker_init_fn: Optional[Callable[[int], None]], busy_row: Optional[SharedRow] = None) -> None:
+                worker_init_fn: Optional[Callable[[int], None]], busy_row: Optional[SharedRow] = None,
+                ring: Optional["WriteableBuffer"] = None) -> None:
     for fd in inherited:
         try:
             os.close(fd)
@@ -393,7 +401,8 @@ def worker_main(worker_id: int, sock: socket.socket, inherited: List[int], curre
 
     _settle()
     _initialize(worker_id, sock, worker_init_fn)
-    busy = RowBusy(busy_row) if busy_row is not None else None  # read by loader.stats
+    trace = None if ring is None else RingWriter(ring, worker_id)  # with loader.trace: read by the loader
+    busy = RowBusy(busy_row, trace) if busy_row is not None else None  # read by loader.stats
     server = _Server(sock, current, generation, reader, steps, busy)
     server.serve()
     server.close()

@@ -49,6 +49,7 @@ import functools
 import io
 import logging
 import threading
+import time
 from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager, Deque, Dict, List, Optional, Protocol, Tuple
 
 import aiofiles
@@ -336,11 +337,41 @@ def _store(cache: DiskCache, url: str, data: bytes, version: str) -> None:
     writer.commit()
 
 
+class IoClock:
+    """Seconds spent in storage calls on the loader's threads (``loader.stats``' ``read_bytes``): not the
+    waits for a thread, for the budget or for the loop, which a loaded process stretches."""
+
+    def __init__(self) -> None:
+        self._spent = 0.0
+        self._lock = threading.Lock()
+
+    def call(self, fn: Callable, *args: object) -> Any:
+        began = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            spent = time.perf_counter() - began
+            with self._lock:
+                self._spent += spent
+
+    def take(self) -> float:
+        """The seconds spent since the last ``take``."""
+        with self._lock:
+            spent, self._spent = self._spent, 0.0
+        return spent
+
+
+def _clocked_io(run_io: Callable, clock: IoClock, fn: Callable, *args: object) -> "asyncio.Future[object]":
+    return run_io(clock.call, fn, *args)
+
+
 class ReadAhead:
     """The read-ahead of one run: budget, byte sources, cache and retries (see the module docstring)."""
 
     def __init__(self, run_io: Callable, reader: object, limit: int = DEFAULT_READAHEAD_BYTES, retries: int = 0,
                  cache: Optional[DiskCache] = None) -> None:
+        self.io = IoClock()
+        run_io = functools.partial(_clocked_io, run_io, self.io)
         self._run_io = run_io
         self._executor = _IoExecutor(run_io)
         self._reader = reader
