@@ -116,8 +116,9 @@ class Spans:
             empty = np.zeros(0, np.int64)
             return Spans(empty, empty, empty, empty)
         offsets = np.cumsum([0] + [int(p.group.max(initial=-1)) + 1 for p in parts[:-1]])
+        group = np.concatenate([p.group + o for p, o in zip(parts, offsets)])
         return Spans(np.concatenate([p.file for p in parts]), np.concatenate([p.start for p in parts]),
-                     np.concatenate([p.size for p in parts]), np.concatenate([p.group + o for p, o in zip(parts, offsets)]))
+                     np.concatenate([p.size for p in parts]), group)
 
 
 class Stream:
