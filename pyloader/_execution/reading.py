@@ -158,7 +158,7 @@ def pieces_with_end(reader: object, task: FileTask, data: Union[None, bytes, Ser
     reader = picked(reader, task.path)  # a mixed loader's source reader
     raw = clocked(file_pieces(reader, task, data, busy), busy, "read", task.path)
     gen = _none_dropped(raw) if keep is None else keep.pieces(raw, task.path, task.start)
-    if not (reader.shuffle or whole_file(reader)):
+    if not (reader.shuffle or whole_file(reader) or task.ranged):  # a range comes in one piece: looked ahead
         for piece, dropped in gen:
             yield piece, False, dropped
         return

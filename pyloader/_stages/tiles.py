@@ -63,25 +63,38 @@ class Pool:
 
 @dataclass(frozen=True)
 class Spans:
-    """Runs of consecutive samples of files, in order: file ``file[i]``, rows ``start[i] : start[i] + size[i]``."""
+    """Runs of consecutive samples of files, in order: file ``file[i]``, rows ``start[i] : start[i] + size[i]``;
+    runs of one ``group`` (a span that crosses from a file into the next) are kept together when permuted."""
 
     file: np.ndarray
     start: np.ndarray
     size: np.ndarray
+    group: np.ndarray
 
     @classmethod
     def cut(cls, files: np.ndarray, counts: np.ndarray, span: int) -> "Spans":
-        per_file = -(-counts // span)
-        file = np.repeat(files, per_file)
-        first = np.cumsum(per_file) - per_file
-        start = (np.arange(len(file)) - np.repeat(first, per_file)) * span
-        return cls(file, start, np.minimum(span, np.repeat(counts, per_file) - start))
+        """The samples of ``files`` end to end, cut every ``span`` samples (a span may cross into the next file)."""
+        ends = np.cumsum(counts)
+        if not len(ends) or not ends[-1]:
+            return Spans.join([])
+        begins = ends - counts
+        cuts = np.unique(np.concatenate([begins[counts > 0], np.arange(0, int(ends[-1]), span)]))
+        owner = np.searchsorted(ends, cuts, side="right")  # the file each run starts in
+        stops = np.minimum(np.append(cuts[1:], ends[-1]), ends[owner])
+        return cls(files[owner], cuts - begins[owner], stops - cuts, cuts // span)
 
     def __len__(self) -> int:
         return len(self.file)
 
     def at(self, index: np.ndarray) -> "Spans":
-        return Spans(self.file[index], self.start[index], self.size[index])
+        return Spans(self.file[index], self.start[index], self.size[index], self.group[index])
+
+    def permuted(self, rng: np.random.Generator) -> "Spans":
+        """The groups in an order drawn from ``rng``, the runs of each in their order."""
+        groups, first = np.unique(self.group, return_inverse=True)
+        place = np.empty(len(groups), dtype=np.int64)
+        place[rng.permutation(len(groups))] = np.arange(len(groups))
+        return self.at(np.argsort(place[first], kind="stable"))
 
     def window(self, lo: int, n: int) -> "Spans":
         """Samples ``lo : lo + n`` of these spans end to end (``n`` at most their samples)."""
@@ -89,19 +102,23 @@ class Spans:
         first = int(np.searchsorted(ends, lo, side="right"))
         last = int(np.searchsorted(ends, lo + n, side="left"))
         out = self.at(np.arange(first, last + 1))
-        before = int(ends[first] - self.size[first])
-        head = lo - before
+        head = lo - int(ends[first] - self.size[first])
         start, size = out.start.copy(), out.size.copy()
         start[0] += head
         size[0] -= head
         size[-1] -= int(ends[last]) - (lo + n)
-        return Spans(out.file, start, size)
+        return Spans(out.file, start, size, out.group)
 
     @staticmethod
     def join(parts: Sequence["Spans"]) -> "Spans":
+        """``parts`` end to end, each one's groups apart from the others'."""
         if not parts:
-            return Spans(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
-        return Spans(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("file", "start", "size")))
+            empty = np.zeros(0, np.int64)
+            return Spans(empty, empty, empty, empty)
+        offsets = np.cumsum([0] + [int(p.group.max(initial=-1)) + 1 for p in parts[:-1]])
+        group = np.concatenate([p.group + o for p, o in zip(parts, offsets)])
+        return Spans(np.concatenate([p.file for p in parts]), np.concatenate([p.start for p in parts]),
+                     np.concatenate([p.size for p in parts]), group)
 
 
 class Stream:
@@ -211,7 +228,7 @@ def _trimmed(taken: List[Spans], drop: int) -> List[Spans]:
 
 
 def _permuted(spans: Spans, seed: int, epoch: int, k: int) -> Spans:
-    return spans.at(derive_rng(seed, TILE_SPANS, _EPOCH, epoch, k).permutation(len(spans)))
+    return spans.permuted(derive_rng(seed, TILE_SPANS, _EPOCH, epoch, k))
 
 
 def _whole_tiles(batching: str, samples: List[int], g: int, s: int, seed: int,
@@ -309,7 +326,7 @@ class TileOrder:
 
 def _permuted_pass(spans: Spans, seed: int, k: int) -> Spans:
     """A pool's spans in the order its passes take them (from the seed alone: epochs go on along it)."""
-    return spans.at(derive_rng(seed, TILE_SPANS, _PASS, k).permutation(len(spans)))
+    return spans.permuted(derive_rng(seed, TILE_SPANS, _PASS, k))
 
 
 def apportioned(n: int, shares: Sequence[float]) -> List[int]:
