@@ -123,7 +123,8 @@ class Lengths(pl.DataCollator):
 def throughput(rounds: int) -> None:
     """Samples per second of one epoch of 200,000 JSON lines (a Python ``batch_encode``) with the default
     placement: unshuffled, file shuffle, the global order's default block; on local disk and on storage
-    answering each read in 20 ms (``pyloader.testing.LatencyFileSystem``). Medians of ``rounds``."""
+    answering each read in 20 ms (``pyloader.testing.LatencyFileSystem``), each indexed first
+    (``python -m pyloader index``). Medians of ``rounds``."""
     import time
 
     from pyloader.testing import LatencyFileSystem
@@ -138,6 +139,10 @@ def throughput(rounds: int) -> None:
         for name, data in files.items():
             with open(os.path.join(folder, name), "wb") as f:
                 f.write(data)
+        from pyloader import _cli
+
+        for data_dir in (folder, "benchorder://data/"):  # the index of counts and sample places, as users make it
+            _cli.main(["index", data_dir, "--reader", "jsonl"], out=lambda line: None)
         print("| storage | order | samples/s | vs unshuffled |")
         print("|---|---|---|---|")
         for where, data_dir in (("local disk", folder), ("20 ms per read", "benchorder://data/")):

@@ -168,6 +168,19 @@ def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infe
     return open(local_path(path), mode, **kwargs)
 
 
+def read_bytes(path: str, lo: int, hi: int) -> bytes:
+    """Bytes ``lo:hi`` of ``path`` as stored (never decompressed): one ranged request for a URL (no look-up
+    of the object first), a seek and a read for a local file."""
+    if is_url(path):
+        import fsspec
+
+        opened = fsspec.open(path, "rb", **storage_options(path, retried_here=False))
+        return opened.fs.cat_file(opened.path, start=lo, end=hi)
+    with open(local_path(path), "rb") as f:
+        f.seek(lo)
+        return f.read(hi - lo)
+
+
 def _hidden(name: str) -> bool:
     return name.startswith((".", "_"))
 

@@ -18,7 +18,7 @@ from .._checks import is_integer
 from .._columns import Columns, n_rows
 from .._sample_index import Extent, LineTable
 from .._storage.compression import DecompressionError
-from .._storage.files import open_file
+from .._storage.files import open_file, read_bytes
 
 Row = Tuple
 
@@ -375,7 +375,7 @@ class LineReader(DataReader):
         from . import _ranges
 
         lo, hi, skip = extent
-        fields, chunks = self.chunks(path, io.BytesIO(_ranges.range_bytes(path, lo, hi)))
+        fields, chunks = self.chunks(path, io.BytesIO(read_bytes(path, lo, hi)))
         pieces = (self.checked(path, chunk) for chunk in recut(fields, chunks, self.piece_size))
         return _joined(list(_ranges.rows_of(pieces, skip, n)))
 

@@ -131,10 +131,3 @@ def rows_of(pieces: Iterator[Columns], skip: int, n: int) -> Iterator[Columns]:
         offset += size
         if offset >= skip + n:
             return
-
-
-def range_bytes(path: str, lo: int, hi: int) -> bytes:
-    """Bytes ``lo:hi`` of ``path``."""
-    with open_file(path, "rb", compression=None) as f:
-        f.seek(lo)
-        return f.read(hi - lo)
