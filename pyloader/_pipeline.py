@@ -5,7 +5,8 @@ A run is first planned (``_plan.plan_run``): a frozen ``RunPlan`` resolved once 
 the planned steps and where each stage begins the first epoch (``FirstEpoch``). The chain is
 then built from it, stage by stage, by keyword (``batches``, ``FileStages``):
 
-1. ``_stages.source`` (``FileSource``, ``MixSource``): which file is read when;
+1. ``_stages.source`` (``FileSource``, ``MixSource``, or the global order's ``_stages.tiled.TiledSource``):
+   which file (or range of one) is read when;
 2. ``_stages.read`` (``ReadFiles``): the files read ahead, as pieces, by the runner;
 3. ``_stages.batch`` (``Batcher``) or ``_stages.stream`` (``StreamBatcher``): pieces cut into batches;
 4. ``_stages.map`` (``OrderedMap``): ``batch_encode`` and ``collate_batch`` on each group, in order;
