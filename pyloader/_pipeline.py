@@ -201,8 +201,10 @@ def _reader_stage(s: Settings, runner: Runner, ramp: Ramp) -> ReadFiles:
     o = s.options
     if o.stream:
         return ReadFiles(runner, True, max(o.prefetch_files, s.batch_size), s.errors, s.stats, ramp=ramp)
-    if isinstance(o.shuffle, Shuffle):  # the first batch needs a whole tile's columns: no ramp, rows meet here
-        return ReadFiles(runner, True, o.prefetch_files, s.errors, s.stats, ramp=ramp)
+    if isinstance(o.shuffle, Shuffle):
+        # a tile's first batch needs all its columns (batch_size of them on a rank): the next tile's are read
+        # while this one's batches are encoded, and there is no ramp; rows meet here
+        return ReadFiles(runner, True, o.prefetch_files + s.batch_size, s.errors, s.stats, ramp=ramp)
     buffered = o.shuffle_buffer > 0 or o.bucket is not None or s.mix is not None  # rows meet here
     return ReadFiles(runner, buffered, o.prefetch_files, s.errors, s.stats, start_ahead=_start_ahead(s), ramp=ramp)
 

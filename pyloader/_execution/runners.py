@@ -16,6 +16,7 @@ through the run's ``ReadAhead`` (``_storage.bytes``).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
 import itertools
@@ -149,7 +150,7 @@ class Lane:
             self._take(keys)
         else:
             turn = asyncio.get_running_loop().create_future()
-            self._waiting.append((priority, next(self._order), keys, turn))
+            bisect.insort(self._waiting, (priority, next(self._order), keys, turn))  # kept in the order they start
             try:
                 await turn
             except asyncio.CancelledError:
@@ -173,8 +174,11 @@ class Lane:
         """Free a slot and ``keys``, and start the waiting calls that can start now, best priority first."""
         self._free += 1
         self._busy.difference_update(keys)
-        kept = []
-        for entry in sorted(self._waiting):
+        kept: List[Tuple[object, int, Tuple[int, ...], asyncio.Future]] = []
+        for k, entry in enumerate(self._waiting):
+            if not self._free:  # nothing more can start: the rest wait, in their order
+                kept.extend(self._waiting[k:])
+                break
             turn, wanted = entry[3], entry[2]
             if turn.done():  # cancelled while waiting
                 continue
