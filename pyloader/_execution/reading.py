@@ -47,7 +47,8 @@ class FileTask:
     count: Optional[int] = None
     seed: int = 0  # the loader's ``random_seed``: what ``pyloader.rng()`` draws from in the reader
     ranged: bool = False  # rows ``start:end`` read alone where the reader can (the global order, ``_stages.tiles``)
-    extent: Optional[Extent] = None  # where a line reader's range lies in the file, from the sample index
+    ranges: Tuple[Tuple[int, int], ...] = ()  # with ``ranged``: the rows read, in file order (``start:end`` spans them)
+    extents: Tuple[Extent, ...] = ()  # where each range lies in a line file's bytes, from the sample index
 
 
 class Readers(DataReader):
@@ -187,22 +188,39 @@ def _none_dropped(pieces: Iterator[Columns]) -> Iterator[Tuple[Columns, int]]:
 
 
 def _ranged(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Iterator[Columns]:
-    """Rows ``start:end`` of a file, in file order (the global order makes the order; ``_stages.tiles``):
-    straight from the reader's ``read_range`` where it has one, else read up to them in file order."""
+    """Ranges of a file (``task.ranges``, else ``start:end``), in file order (the global order makes the order:
+    ``_stages.tiles``): straight from the reader's ``read_range`` where it has one (a line reader's from its
+    bytes where the sample index places them), else read up to them in file order."""
     assert task.end is not None, "a range names where it ends"
+    ranges = task.ranges or ((task.start, task.end),)
     if type(reader).read_range is DataReader.read_range:
-        yield from _share(_in_order(reader, task, busy), task, task.end)
+        yield from _share_ranges(_in_order(reader, task, busy), ranges, task.path)
         return
-    extent, read_extent = task.extent, getattr(reader, "read_extent", None)
-    with timed(busy, "read_file"), drawing(task.seed, USER_READ, task.epoch, task.index, task.start):
-        if extent is not None and read_extent is not None:
-            columns, n = read_extent(task.path, extent, task.end - task.start)
-        else:
-            columns, n = read_result(task.path, reader.read_range(task.path, task.start, task.end))
-    if n != task.end - task.start:
-        raise ValueError(f"file {task.path!r}: read_range({task.start}, {task.end}) gave {n} samples, "
-                         f"not {task.end - task.start}")
-    yield reader.checked(task.path, columns, n)
+    read_extent = getattr(reader, "read_extent", None)
+    for k, (start, end) in enumerate(ranges):
+        with timed(busy, "read_file", task.path), drawing(task.seed, USER_READ, task.epoch, task.index, start):
+            if task.extents and read_extent is not None:
+                columns, n = read_extent(task.path, task.extents[k], end - start)
+            else:
+                columns, n = read_result(task.path, reader.read_range(task.path, start, end))
+        if n != end - start:
+            raise ValueError(f"file {task.path!r}: read_range({start}, {end}) gave {n} samples, not {end - start}")
+        yield reader.checked(task.path, columns, n)
+
+
+def _share_ranges(pieces: Iterator[Columns], ranges: Sequence[Tuple[int, int]], path: str) -> Iterator[Columns]:
+    """Rows ``ranges`` (in file order) of a file's ``pieces``, read once from its start."""
+    offset = 0
+    for piece in pieces:
+        n = n_rows(piece)
+        for start, end in ranges:
+            lo, hi = max(start - offset, 0), min(end - offset, n)
+            if lo < hi:
+                yield piece if (lo, hi) == (0, n) else slice_rows(piece, lo, hi)
+        offset += n
+        if offset >= ranges[-1][1]:
+            return
+    raise ValueError(f"file {path!r} has {offset} samples, fewer than the range {ranges[-1]} of it asks for")
 
 
 def whole_file(reader: DataReader) -> bool:

@@ -19,6 +19,8 @@ from .shard import Sharding
 from .source import EpochEnd, SourceItem
 from .tiles import Pool, TileOrder
 
+Range = Tuple[int, int]  # rows ``start:end`` of a file
+
 
 class TiledSource:
     """This rank's column ranges of every tile (``FileTask``s), and per epoch a ``TileBuffer`` that puts
@@ -51,21 +53,41 @@ class TiledSource:
         return self.resume[1] // self.order.span if epoch == self.resume[0] else 0
 
     def tasks(self, epoch: int) -> Iterator[FileTask]:
-        layout = self.order.layout(epoch)
         pos = 0
-        for t in range(self._first_tile(epoch), layout.count):
-            tile = layout.tile(t)
-            places, _ = self.order.permutations(epoch, t, tile)
-            for c in places[self.places]:
-                lo = int(tile.lo[c])
-                for index, start, end in layout.streams[tile.stream[c]].ranges(lo, lo + int(tile.lengths[c])):
-                    yield self._task(epoch, pos, index, start, end)
-                    pos += 1
+        for t in range(self._first_tile(epoch), self.order.layout(epoch).count):
+            for index, ranges in self.reads(epoch, t)[0]:
+                yield self._task(epoch, pos, index, ranges)
+                pos += 1
 
-    def _task(self, epoch: int, pos: int, index: int, start: int, end: int) -> FileTask:
+    def reads(self, epoch: int, t: int) -> Tuple[List[Tuple[int, List[Range]]], np.ndarray]:
+        """What this rank reads of tile ``t``: each file's ranges (the files in the order this rank's places
+        first need them, each file's ranges in file order, those that touch joined), and where each sample
+        of this rank's columns (in the order of its places) arrives among what is read."""
+        layout = self.order.layout(epoch)
+        tile = layout.tile(t)
+        places, _ = self.order.permutations(epoch, t, tile)
+        by_file: Dict[int, List[Tuple[int, int, int]]] = {}  # file -> (start, end, first sample in column order)
+        at = 0
+        for c in places[self.places]:
+            lo = int(tile.lo[c])
+            for index, start, end in layout.streams[tile.stream[c]].ranges(lo, lo + int(tile.lengths[c])):
+                by_file.setdefault(index, []).append((start, end, at))
+                at += end - start
+        arrival = np.empty(at, dtype=np.int64)
+        reads, held = [], 0
+        for index, parts in by_file.items():
+            parts.sort()
+            for start, end, first in parts:
+                arrival[first:first + end - start] = np.arange(held, held + end - start)
+                held += end - start
+            reads.append((index, _joined([(start, end) for start, end, _ in parts])))
+        return reads, arrival
+
+    def _task(self, epoch: int, pos: int, index: int, ranges: List[Range]) -> FileTask:
         table = self.tables.get(index)
-        return FileTask(epoch, pos, index, self.files[index], start=start, end=end, count=self.counts[index],
-                        seed=self.seed, ranged=True, extent=None if table is None else table.extent(start, end))
+        extents = () if table is None else tuple(table.extent(start, end) for start, end in ranges)
+        return FileTask(epoch, pos, index, self.files[index], start=ranges[0][0], end=ranges[-1][1],
+                        count=self.counts[index], seed=self.seed, ranged=True, ranges=tuple(ranges), extents=extents)
 
     def iterate(self, start_epoch: int = 0, skip_rows: int = 0, until: Optional[int] = None) -> Iterator[SourceItem]:
         """Every epoch's tasks from ``start_epoch`` on; the resumed epoch's begin at the tile of its
@@ -95,6 +117,17 @@ class TiledSource:
         return []
 
 
+def _joined(ranges: List[Range]) -> List[Range]:
+    """Ranges in order, those that touch made one."""
+    out = [ranges[0]]
+    for start, end in ranges[1:]:
+        if start == out[-1][1]:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
 class TileBuffer:
     """Holds this rank's columns of one tile as they arrive (in the order of its places), then lets
     out the tile's rows, each this rank's places of one global batch; ``skip``: rows of the first
@@ -119,10 +152,10 @@ class TileBuffer:
         mine = places[self.source.places]
         lengths = tile.lengths[mine]
         firsts = np.cumsum(lengths) - lengths  # each column's first row in what this rank holds
-        at = (rows[mine] + firsts[:, None]).T  # [row, place]: the held row each place of each row takes
+        at = (rows[mine] + firsts[:, None]).T  # [row, place]: the sample (in column order) each place takes
         present = np.arange(tile.rows)[:, None] < lengths[None, :]
         self.need = int(lengths.sum())
-        self.emit = at[present][self.skip * len(mine):]
+        self.emit = self.source.reads(self.epoch, self.tile)[1][at[present][self.skip * len(mine):]]
         self.skip = 0
 
     def feed(self, columns: Traced) -> Iterator[Traced]:
