@@ -18,7 +18,7 @@ import argparse
 import json
 import os
 import tempfile
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -85,27 +85,82 @@ def ideal_epochs(seed: int) -> List[List[np.ndarray]]:
     return [np.array_split(p, range(BATCH, N, BATCH)) for p in (rng.permutation(N) for _ in range(EPOCHS))]
 
 
-def peers(folder: str) -> Dict[str, Callable[[], List[List[np.ndarray]]]]:
-    """Orders of other loaders, where installed (none of them is a dependency of pyloader)."""
-    found: Dict[str, Callable[[], List[List[np.ndarray]]]] = {}
+Orders = Callable[[int], List[List[np.ndarray]]]  # world size -> every global batch of each epoch
+
+
+def peers() -> Dict[str, Orders]:
+    """Orders of other loaders, where installed (none of them is a dependency of pyloader), made by their own
+    functions on the same sample counts."""
+    found: Dict[str, Orders] = {}
     try:
-        import grain.python as grain  # noqa: F401
+        import grain.python as grain
     except ImportError:
         print("grain not installed: left out")
     else:
-        def grain_epochs() -> List[List[np.ndarray]]:
+        def grain_epochs(world_size: int) -> List[List[np.ndarray]]:
             out = []
-            for e in range(EPOCHS):
+            for e in range(EPOCHS):  # a global index shuffle, then each rank a slice of every global batch
                 sampler = grain.IndexSampler(N, shuffle=True, seed=e, shard_options=grain.NoSharding(), num_epochs=1)
-                ids = np.fromiter((r.record_key for r in sampler), dtype=np.int64)
+                ids = np.fromiter((sampler[i].record_key for i in range(N)), dtype=np.int64)
                 out.append(np.array_split(ids, range(BATCH, N, BATCH)))
             return out
         found["Grain, global index shuffle"] = grain_epochs
-    try:
-        import streaming  # noqa: F401
-    except ImportError:
+    shuffle = _mosaic()
+    if shuffle is None:
         print("mosaicml-streaming not installed: left out")
+        return found
+    for algo in ("py1e", "py1br"):
+        for block in (10_000, 1 << 18):
+            found[f"Mosaic {algo}, block {block:,}, 4 canonical nodes"] = _mosaic_epochs(*shuffle, algo, block)
     return found
+
+
+def _mosaic() -> Optional[Tuple[Callable, Callable]]:
+    """Mosaic streaming's shuffle and partition functions. Its package imports torchvision for its vision
+    datasets only; where torchvision cannot be imported beside this torch, a stub stands in for it."""
+    import importlib.abc
+    import importlib.machinery
+    import sys
+    import types
+
+    class Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+            if name.split(".")[0] == "torchvision":
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+            return None
+
+        def create_module(self, spec):  # type: ignore[no-untyped-def]
+            module = types.ModuleType(spec.name)
+            module.__path__ = []  # type: ignore[attr-defined]
+            module.__getattr__ = lambda attr: type(attr, (), {})  # type: ignore[method-assign]
+            return module
+
+        def exec_module(self, module):  # type: ignore[no-untyped-def]
+            pass
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        for name in [n for n in sys.modules if n.split(".")[0] == "torchvision"]:
+            del sys.modules[name]
+        sys.meta_path.insert(0, Stub())
+    try:
+        from streaming.base.partition import get_partitions
+        from streaming.base.shuffle import get_shuffle
+    except ImportError:
+        return None
+    return get_shuffle, get_partitions
+
+
+def _mosaic_epochs(get_shuffle: Callable, get_partitions: Callable, algo: str, block: int) -> Orders:
+    def epochs(world_size: int) -> List[List[np.ndarray]]:
+        out = []
+        for e in range(EPOCHS):
+            order = get_shuffle(algo, np.full(FILES, PER_FILE, dtype=np.int64), 4, 1, e, block)
+            ids = get_partitions("orig", N, 4, 1, world_size, 1, BATCH // world_size, 0)[0, :, 0]  # [rank, batch, row]
+            batches = [np.concatenate([order[r[r >= 0]] for r in ids[:, k]]) for k in range(ids.shape[1])]
+            out.append([b for b in batches if len(b)])
+        return out
+    return epochs
 
 
 class Words(pl.Dataset):
@@ -177,25 +232,27 @@ def main() -> None:
 
         def norm(x: float) -> float:
             return (x - floor) / (ceiling - floor)
-        rows = [("uniform permutation (ideal)", norm(floor), spearman(ideal_epochs(0)), N, "-", "-")]
-        cases = [("pyloader, file + in-file shuffle", dict(shuffle=True), PER_FILE)]
-        cases += [(f"pyloader, shuffle_buffer {b:,}", dict(shuffle=True, shuffle_buffer=b), b + PER_FILE)
+        rows = [("uniform permutation (ideal)", norm(floor), spearman(ideal_epochs(0)), f"{N:,}", "-", "-")]
+        cases = [("pyloader, file + in-file shuffle", dict(shuffle=True), f"{PER_FILE:,}")]
+        cases += [(f"pyloader, shuffle_buffer {b:,}", dict(shuffle=True, shuffle_buffer=b), f"{b + PER_FILE:,}")
                   for b in (1_000, 10_000)]
-        cases += [(f"pyloader, Shuffle(block={b:,})", dict(shuffle=pl.Shuffle(block=b)), b)
+        cases += [(f"pyloader, Shuffle(block={b:,})", dict(shuffle=pl.Shuffle(block=b)), f"{b:,} (RAM)")
                   for b in (1_000, 10_000, N)]
         for name, options, held in cases:
             one = pyloader_epochs(folder, 1, **options)
             two, four = pyloader_epochs(folder, 2, **options), pyloader_epochs(folder, 4, **options)
             shares = f"{same(one, two):.0%}", f"{same(one, four):.0%}"
             rows.append((name, norm(balance(one)), spearman(one), held, *shares))
-        for name, make in peers(folder).items():
-            got = make()
-            rows.append((name, norm(balance(got)), spearman(got), N, "100%", "100%"))
+        for name, make in peers().items():
+            one, two, four = make(1), make(2), make(4)
+            held = "the index (all samples)" if "Grain" in name else "the block, on disk"
+            rows.append((name, norm(balance(one)), spearman(one), held, f"{same(one, two):.0%}",
+                         f"{same(one, four):.0%}"))
     print("| order | normalised batch balance (0 ideal, 1 no shuffle) | mean abs. Spearman | samples held | "
           "same global batches 1 vs 2 | 1 vs 4 |")
     print("|---|---|---|---|---|---|")
     for name, bal, rho, held, two, four in rows:
-        print(f"| {name} | {bal:.3f} | {rho:.3f} | {held:,} | {two} | {four} |")
+        print(f"| {name} | {bal:.3f} | {rho:.3f} | {held} | {two} | {four} |")
 
 
 if __name__ == "__main__":

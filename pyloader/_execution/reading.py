@@ -196,13 +196,13 @@ def _ranged(reader: DataReader, task: FileTask, busy: Optional[BusySink]) -> Ite
     if type(reader).read_range is DataReader.read_range:
         yield from _share_ranges(_in_order(reader, task, busy), ranges, task.path)
         return
-    read_extent = getattr(reader, "read_extent", None)
-    for k, (start, end) in enumerate(ranges):
-        with timed(busy, "read_file", task.path), drawing(task.seed, USER_READ, task.epoch, task.index, start):
-            if task.extents and read_extent is not None:
-                columns, n = read_extent(task.path, task.extents[k], end - start)
-            else:
-                columns, n = read_result(task.path, reader.read_range(task.path, start, end))
+    read_extents = getattr(reader, "read_extents", None)
+    with timed(busy, "read_file", task.path), drawing(task.seed, USER_READ, task.epoch, task.index, task.start):
+        if task.extents and read_extents is not None:
+            got = read_extents(task.path, task.extents, [end - start for start, end in ranges])
+        else:
+            got = [read_result(task.path, reader.read_range(task.path, start, end)) for start, end in ranges]
+    for (start, end), (columns, n) in zip(ranges, got):
         if n != end - start:
             raise ValueError(f"file {task.path!r}: read_range({start}, {end}) gave {n} samples, not {end - start}")
         yield reader.checked(task.path, columns, n)

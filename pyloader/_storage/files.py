@@ -14,7 +14,7 @@ import logging
 import os
 import stat
 import threading
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union, cast
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 from .._paths import is_url, local_path
 from .compression import codec_for, decompressed
@@ -168,17 +168,22 @@ def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infe
     return open(local_path(path), mode, **kwargs)
 
 
-def read_bytes(path: str, lo: int, hi: int) -> bytes:
-    """Bytes ``lo:hi`` of ``path`` as stored (never decompressed): one ranged request for a URL (no look-up
-    of the object first), a seek and a read for a local file."""
+def read_bytes(path: str, ranges: Sequence[Tuple[int, int]]) -> List[bytes]:
+    """Bytes ``lo:hi`` of ``path`` as stored (never decompressed), for each ``(lo, hi)`` of ``ranges``: for a
+    URL, one ranged request each, made at once where the filesystem can (``cat_ranges``), without a look-up
+    of the object first; for a local file, a seek and a read each."""
     if is_url(path):
         import fsspec
 
         opened = fsspec.open(path, "rb", **storage_options(path, retried_here=False))
-        return opened.fs.cat_file(opened.path, start=lo, end=hi)
+        return list(opened.fs.cat_ranges([opened.path] * len(ranges), [lo for lo, _ in ranges],
+                                         [hi for _, hi in ranges]))
+    out = []
     with open(local_path(path), "rb") as f:
-        f.seek(lo)
-        return f.read(hi - lo)
+        for lo, hi in ranges:
+            f.seek(lo)
+            out.append(f.read(hi - lo))
+    return out
 
 
 def _hidden(name: str) -> bool:

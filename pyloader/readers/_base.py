@@ -368,14 +368,20 @@ class LineReader(DataReader):
         table = self._table(path)
         if table is None:
             return _joined(list(_ranges.rows_of(self.iter_file(path), start, stop - start)))
-        return self.read_extent(path, table.extent(start, stop), stop - start)
+        return self.read_extents(path, [table.extent(start, stop)], [stop - start])[0]
 
-    def read_extent(self, path: str, extent: Extent, n: int) -> Tuple[Dict[str, Sequence], int]:
-        """The ``n`` samples that start ``skip`` samples into bytes ``lo:hi`` of ``path`` (``extent``)."""
+    def read_extents(self, path: str, extents: Sequence[Extent],
+                     counts: Sequence[int]) -> List[Tuple[Dict[str, Sequence], int]]:
+        """For each extent ``(lo, hi, skip)``, the ``counts[k]`` samples that start ``skip`` samples into bytes
+        ``lo:hi`` of ``path``; the bytes of all of them fetched at once (concurrently, from remote storage)."""
+
+        datas = read_bytes(path, [(lo, hi) for lo, hi, _ in extents])
+        return [self._parsed(path, data, skip, n) for data, (_, _, skip), n in zip(datas, extents, counts)]
+
+    def _parsed(self, path: str, data: bytes, skip: int, n: int) -> Tuple[Dict[str, Sequence], int]:
         from . import _ranges
 
-        lo, hi, skip = extent
-        fields, chunks = self.chunks(path, io.BytesIO(read_bytes(path, lo, hi)))
+        fields, chunks = self.chunks(path, io.BytesIO(data))
         pieces = (self.checked(path, chunk) for chunk in recut(fields, chunks, self.piece_size))
         return _joined(list(_ranges.rows_of(pieces, skip, n)))
 
