@@ -7,7 +7,7 @@ TensorFlow.
 """
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._errors import PipelineError, TooManyErrors, WorkerDied, reraise, warn_and_skip
-from ._groups import Bucket, OnError, Ranks, Rotation, Storage, Stream
+from ._groups import Bucket, Device, OnError, Order, Ranks, Rotation, Storage, Stream, Workers
 from ._loader import DataLoader, LoaderIterator
 from ._rng import rng, rng_seed
 from ._stages.sources import Source
@@ -18,5 +18,6 @@ __all__ = [
     "DataReader", "Dataset", "DataCollator", "IdentityDataset", "DataLoader", "LoaderIterator",
     "PipelineError", "TooManyErrors", "WorkerDied", "reraise", "warn_and_skip", "open_file", "list_files", "Source",
     "CacheEncoded", "rng", "rng_seed", "Stream", "Ranks", "Storage", "Rotation", "Bucket", "OnError",
+    "Workers", "Device", "Order",
 ]
 __version__ = "0.2.0"

@@ -86,7 +86,7 @@ def user_objects(reader: DataReader) -> Tuple[DataReader, Dataset, DataCollator]
 def make_loader(reader: DataReader, data: DataDir, num_workers: Union[int, str] = 0,
                 on_error: ErrorPolicy = "raise") -> DataLoader:
     _, dataset, collator = user_objects(reader)
-    return DataLoader(reader, dataset, collator, data, num_workers=num_workers, on_error=on_error)
+    return DataLoader(reader, dataset, collator, data, workers=num_workers, on_error=on_error)
 
 
 # -- inspect ---------------------------------------------------------------------------

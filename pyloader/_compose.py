@@ -20,8 +20,9 @@ from ._stages.sources import is_mix
 def check_compose(a: Mapping[str, Any]) -> None:
     """Check the composing keywords of ``DataLoader(**a)`` against each other (each option and group
     has checked its own values); raises naming the keyword."""
-    check_filter(a["filter_fn"], bool(a["stream"]))
-    check_file_order(a["file_order"], a["shuffle"])
+    order = a["order"]
+    check_filter(order.filter_fn, bool(a["stream"]))
+    check_file_order(order.file_order, a["shuffle"])
     check_bucket(a["bucket"], bool(a["stream"]), a["datareader"].batch_size)
     check_rotation(a)
     check_cache_encoded_applies(a)
@@ -65,7 +66,7 @@ def check_cache_encoded_applies(a: Mapping[str, Any]) -> None:
     if is_mix(a["data_dir"]):
         raise ValueError("cache_encoded is not supported with weighted sources (a data_dir of Sources): their "
                          "epochs differ in length")
-    if declares_drops_or_repeats(a["file_order"]):
+    if declares_drops_or_repeats(a["order"].file_order):
         raise ValueError("cache_encoded is not supported with a file_order that declares drops_or_repeats: "
                          "its epochs differ in length")
 

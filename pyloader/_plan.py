@@ -215,7 +215,7 @@ def resumes_past_files(s: Settings, start: Start) -> bool:
     the position (mixing, samples filtered or errors skipped), nor with rotation (its batches are not
     the files' in order): those replay it."""
     o = s.options
-    return (start.skip > start.base and o.filter_fn is None and s.errors.policy is reraise and s.mix is None
+    return (start.skip > start.base and o.order.filter_fn is None and s.errors.policy is reraise and s.mix is None
             and o.rotation is None)
 
 
@@ -253,7 +253,8 @@ def _buffers(s: Settings, source: Union[FileSource, MixSource]) -> Buffers:
     """The buffers rows meet in before they are cut: the weighted sources' mix, the shuffle buffer, bucketing."""
     o = s.options
     bucket = None if o.bucket is None else Bucketing(Lengths(o.bucket.by), resolved(o.bucket.buffer))
-    return Buffers(o.shuffle_buffer, o.random_seed, bucket, source.buffer if isinstance(source, MixSource) else None)
+    return Buffers(o.order.shuffle_buffer, o.random_seed, bucket,
+                   source.buffer if isinstance(source, MixSource) else None)
 
 
 def make_source(s: Settings, start: Start, counts: Optional[List[Optional[int]]]) -> Union[FileSource, MixSource]:
@@ -273,10 +274,11 @@ def source_of(o: Options, files: List[str], start: Start, counts: Optional[List[
     """The plan of the epochs ``start`` begins, for a run (``make_source``) or for the loader's own
     questions before one (its length, a position's check)."""
     if mix is not None:
-        return MixSource(mix, counts or [], o.stop, o.shuffle, o.random_seed, num_epoch=start.end,
+        return MixSource(mix, counts or [], o.order.stop, o.shuffle, o.random_seed, num_epoch=start.end,
                          sharding=sharding, counted=counted)
     return FileSource(files, start.end, o.shuffle, o.random_seed, sharding=sharding, counts=counts,
-                      whole_files=bool(o.stream), file_order=o.file_order, bounds=bounds_of(entries), elastic=elastic)
+                      whole_files=bool(o.stream), file_order=o.order.file_order, bounds=bounds_of(entries),
+                      elastic=elastic)
 
 
 def _planned_steps(s: Settings, source: Union[FileSource, MixSource]) -> Optional[Callable[[int], int]]:
@@ -295,7 +297,7 @@ def stream_fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
 
     def fallback(epoch: int) -> List[FileTask]:
         return list(FileSource(s.files, o.num_epoch, o.shuffle, o.random_seed,
-                               file_order=o.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
+                               file_order=o.order.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
     return fallback
 
 
