@@ -160,6 +160,7 @@ class DataLoader(Options):
         self._finish = pinner() if device.pin_memory else None
         self._move = mover(device.target, device.pin_memory) if device.target is not None else None
         self._iterator: Optional[weakref.ref] = None
+        self._held: Optional[LoaderIterator] = None  # the iteration get_batch() started
         self._iterating = threading.RLock()
         self._record: Optional[_Run] = None  # the latest iteration, if any since the last set_epoch/load
         self._next = fresh(0, self.num_epoch)
@@ -483,6 +484,21 @@ class DataLoader(Options):
         self._next = Start(*state["next"])
         self._count_cache.update(state["counts"])
 
+    # -- the original PyLoader's names (docs/guides/migrating.md) ---------------------
+    def get_batch(self) -> Any:
+        """The next batch of the running iteration, or of a new one when none runs (the original PyLoader's
+        ``loader.get_batch()``); ``StopIteration`` after an iteration's last batch, and the next call starts
+        the next iteration. As ``next(iter(loader))`` would, without ending the running iteration."""
+        it = self._iterator() if self._iterator is not None else None
+        if it is None or it.ended:
+            it = self._held = self.__iter__()  # held here: the loader keeps only a weak reference to it
+        return next(it)
+
+    def get_epoch(self) -> int:
+        """The epoch of the last batch handed out, counted from 1 as the original PyLoader counted (0 before
+        the first batch); ``loader.epoch`` counts from 0 (``None`` before the first batch)."""
+        return 0 if self.epoch is None else self.epoch + 1
+
     # -- frameworks ----------------------------------------------------------------
     def to_tf_dataset(self, output_signature: Any = None, input_context: Any = None) -> Any:
         """A ``tf.data.Dataset`` over this loader (``from_generator``); see ``pyloader._frameworks.tf``.
@@ -627,6 +643,11 @@ class LoaderIterator:
         self._loader._record = r
         self._start_engine(r.start)
         return True
+
+    @property
+    def ended(self) -> bool:
+        """Whether this iteration is over (exhausted, closed, or ended by a newer ``iter()``)."""
+        return self._record.ended is not None or self._superseded
 
     def supersede(self) -> None:
         if self._record.ended is None:

@@ -290,6 +290,8 @@ MOVED: Dict[str, Moved] = {
     "rotation": Moved(Rotation, {"rotation": "times", "rotation_dir": "folder", "rotation_size": "size"},
                       needs="times"),
 }
+# the original PyLoader's keywords -> this one's (docs/guides/migrating.md), with a FutureWarning (``_renamed``)
+RENAMED: Dict[str, str] = {"root_dir": "data_dir"}
 OLD_KEYWORDS: Dict[str, Tuple[str, str]] = {old: (keyword, field) for keyword, moved in MOVED.items()
                                            for old, field in moved.fields.items()}
 
@@ -380,15 +382,27 @@ def bind(owner: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str,
     0.1 moved into their groups (``MOVED``); a ``TypeError`` naming ``owner`` for a bad call (an unknown
     keyword: with the nearest option)."""
     for key in kwargs:
-        if key not in OPTIONS and key not in OLD_KEYWORDS:
+        if key not in OPTIONS and key not in OLD_KEYWORDS and key not in RENAMED:
             raise _unexpected(owner, key)
-    kwargs = _regrouped(owner, kwargs)
+    kwargs = _regrouped(owner, _renamed(kwargs))
     try:
         bound = SIGNATURE.bind(*args, **kwargs)
     except TypeError as exc:
         raise TypeError(f"{owner}(): {exc}") from None
     bound.apply_defaults()
     return dict(bound.arguments)
+
+
+def _renamed(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """``kwargs`` with the original PyLoader's keywords under their names here (``RENAMED``), each with a
+    ``FutureWarning`` (given under both names, the old one stays, an unexpected keyword to ``bind``)."""
+    out = dict(kwargs)
+    for old, new in RENAMED.items():
+        if old in out and new not in out:
+            out[new] = out.pop(old)
+            warnings.warn(f"{old}= is now {new}=; the original PyLoader's name goes in a later release",
+                          FutureWarning, stacklevel=4)
+    return out
 
 
 def _unexpected(owner: str, key: str) -> TypeError:
