@@ -47,6 +47,7 @@ from ._counts import Counter, IndexPlaces
 from ._errors import ErrorPolicy, PipelineError, describe
 from ._execution import auto_workers
 from ._execution.runners import Exclusive
+from ._frameworks.progress import check as check_progress
 from ._length import checked_count
 from ._loader import DataLoader
 from ._paths import local_path
@@ -59,6 +60,7 @@ READERS = {
     "csv": ("pyloader.readers", "CSVReader"),
     "npy": ("pyloader.readers", "NumpyReader"),
     "parquet": ("pyloader.readers._parquet", "ParquetReader"),
+    "tar": ("pyloader.readers", "TarReader"),  # webdataset-style shards: images decoded to arrays
 }
 MEMORY_EVERY_S = 0.02
 PROGRESS_EVERY_S = 5.0  # bench: a line on stderr this often while a setting runs
@@ -445,6 +447,11 @@ def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     """Count every file (reusing the entries of an index already there that still match) and write
     the index next to the data, atomically."""
     reader = make_reader(args.reader, args.batch_size)
+    if args.progress:
+        try:
+            check_progress("--progress")
+        except ImportError as exc:
+            raise CommandError(str(exc)) from exc
     files = list_files(args.data)
     places = IndexPlaces.of(reader, args.data, files, None)
     now = _stamps(files, places.folder)
@@ -488,7 +495,8 @@ def parser() -> argparse.ArgumentParser:
                                  "folder, read by every loader and rank instead of counting")):
         sub = commands.add_parser(name, help=text, description=text)
         sub.add_argument("data", help="a folder, a glob or an fsspec URL (as DataLoader's data_dir)")
-        sub.add_argument("--reader", required=True, choices=sorted(READERS), help="the built-in reader")
+        sub.add_argument("--reader", required=True, choices=sorted(READERS),
+                         help="the built-in reader (tar: webdataset-style shards, images decoded)")
         sub.add_argument("--batch-size", type=int, default=16, help="samples per batch (default 16)")
     inspect_ = commands.choices["inspect"]
     inspect_.add_argument("--max-files", type=int, default=50, help="files listed one by one (default 50)")

@@ -266,3 +266,49 @@ def test_index_names_a_file_that_cannot_be_counted_and_leaves_it_out(tmp_path):
     assert any(line.startswith("error: count failed on ") and "b.npy" in line for line in lines), lines
     assert {name: e["count"] for name, e in json.loads((data / "_pyloader_counts.json").read_text())["files"].items()} \
         == {"a.npy": 6}
+
+
+def test_index_progress_without_tqdm_is_an_error_naming_the_progress_extra(tmp_path, monkeypatch, capsys):
+    write_jsonl(tmp_path / "data", [4])
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm: ImportError, as when it is not installed
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    rc, lines = run(["index", str(tmp_path / "data"), "--reader", "jsonl", "--progress"])
+    assert rc == 1 and lines == []
+    assert capsys.readouterr().err.strip() == (
+        "pyloader: error: --progress needs tqdm: pip install tqdm (or the 'progress' extra of pyloader-ml: "
+        "pip install 'pyloader-ml[progress]')")
+    assert not (tmp_path / "data" / "_pyloader_counts.json").exists()
+
+
+def test_image_shards_are_inspected_and_indexed_with_the_tar_reader(tmp_path):
+    import tarfile
+    from io import BytesIO
+
+    pil = pytest.importorskip("PIL.Image")
+    (tmp_path / "shards").mkdir()
+    for s in range(2):
+        with tarfile.open(tmp_path / "shards" / f"shard-{s}.tar", "w") as tar:
+            for i in range(3):
+                image = BytesIO()
+                pil.new("RGB", (8, 6), (i, s, 0)).save(image, format="PNG")
+                for ext, data in (("png", image.getvalue()), ("cls", str(i % 2).encode())):
+                    info = tarfile.TarInfo(f"{s}{i:04d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, BytesIO(data))
+    rc, lines = run(["inspect", str(tmp_path / "shards"), "--reader", "tar", "--batch-size", "2"])
+    assert rc == 0, lines
+    assert lines[3] == "2 files, 20.0 KiB, 6 samples" and "  png: ndarray uint8 (2, 6, 8, 3): [0 0 0 0] ..." in lines
+    rc, lines = run(["index", str(tmp_path / "shards"), "--reader", "tar"])
+    assert rc == 0 and "2 files, 6 samples" in lines[0], lines
+
+
+def test_the_index_is_written_readable_by_everyone_the_umask_allows(tmp_path):
+    write_jsonl(tmp_path / "data", [4])
+    old = os.umask(0o027)  # this process's only; restored below
+    try:
+        rc, lines = run(["index", str(tmp_path / "data"), "--reader", "jsonl"])
+    finally:
+        os.umask(old)
+    assert rc == 0, lines
+    assert (tmp_path / "data" / "_pyloader_counts.json").stat().st_mode & 0o777 == 0o640  # 0666 less the umask
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["_pyloader_counts.json", "part-0.jsonl"]  # no .tmp
