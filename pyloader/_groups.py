@@ -218,6 +218,7 @@ class OnError(Group):
         "with skipping: raise TooManyErrors once more errors than this were skipped in an iteration",
         check=optional(at_least_zero))] = None
 
+
 @dataclass(frozen=True, repr=False)
 class Workers(Group):
     """Where the user methods run: in ``processes`` worker processes (0: threads of this process;
