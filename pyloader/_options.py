@@ -270,6 +270,7 @@ class Moved(NamedTuple):
     fields: Dict[str, str]  # old keyword -> the group's field
     needs: Optional[str] = None  # the field without which the group is off (no group: its keyword's default)
     short: Optional[str] = None  # the field a value other than a group stands for (on_error="skip")
+    joined: Tuple[str, ...] = ()  # fields whose flat keywords joined the group later: given beside it, they merge
 
 
 # The one table of old -> new: the flat keywords of 0.1 still work for this release (with a FutureWarning
@@ -279,7 +280,8 @@ MOVED: Dict[str, Moved] = {
                              "time_major": "time_major"}),  # on with stream=True
     "ranks": Moved(Ranks, {"rank": "rank", "world_size": "world_size", "even_batches": "even_batches"}),
     "storage": Moved(Storage, {"cache_dir": "cache_dir", "cache_limit": "cache_limit", "retries": "retries",
-                               "readahead_bytes": "readahead_bytes", "prefetch_files": "prefetch_files"}),
+                               "readahead_bytes": "readahead_bytes", "prefetch_files": "prefetch_files"},
+                       joined=("prefetch_files",)),
     "on_error": Moved(OnError, {"max_errors": "max_errors"}, short="policy"),
     "workers": Moved(Workers, {"num_workers": "processes", "num_threads": "threads", "start_method": "start_method",
                                "persistent_workers": "persistent", "worker_init_fn": "init_fn"}, short="processes"),
@@ -433,13 +435,22 @@ def _regroup(owner: str, keyword: str, moved: Moved, given: object, old: Dict[st
     """The value of ``keyword`` (``given``: its value, ``None`` when absent) that the flat keywords ``old``
     of its group go into, with their ``FutureWarning``."""
     written = ", ".join(f"{k}={v!r}" for k, v in old.items())
-    if isinstance(given, moved.group):
-        raise TypeError(f"{owner}() got {written} and {keyword}={given!r}: give "
-                        f"{', '.join(moved.fields[k] for k in old)} inside the {moved.group.__name__} only")
-    value = _group(keyword, moved, given, {moved.fields[k]: v for k, v in old.items()}, written)
+    values = {moved.fields[k]: v for k, v in old.items()}
+    value = _joined(owner, keyword, moved, given, values, written) if isinstance(given, moved.group) else \
+        _group(keyword, moved, given, values, written)
     now = f"{keyword}={value!r}" if isinstance(value, Group) else f"left out (no effect with {keyword}={value!r})"
     warnings.warn(f"{written} is now {now}; the flat keyword goes in a later release", FutureWarning, stacklevel=5)
     return value
+
+
+def _joined(owner: str, keyword: str, moved: Moved, given: Group, values: Dict[str, Any], written: str) -> Group:
+    """The group ``given`` with the fields of flat keywords that joined it after it was made a group
+    (``Moved.joined``: given beside it before), where it leaves them at their defaults; else a ``TypeError``."""
+    defaults = {f.name: f.default for f in dataclasses.fields(moved.group)}  # type: ignore[arg-type]
+    if not set(values) <= set(moved.joined) or any(differs(getattr(given, f), defaults[f]) for f in values):
+        raise TypeError(f"{owner}() got {written} and {keyword}={given!r}: give "
+                        f"{', '.join(values)} inside the {moved.group.__name__} only")
+    return dataclasses.replace(given, **values)  # type: ignore[type-var]
 
 
 def _group(keyword: str, moved: Moved, given: object, values: Dict[str, Any], written: str) -> object:

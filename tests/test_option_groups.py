@@ -163,11 +163,21 @@ def test_an_old_keyword_without_its_feature_is_a_value_error_naming_the_new_form
     ({"ranks": pl.Ranks(rank=0), "world_size": 2}, r"got world_size=2 and ranks=Ranks\(rank=0\)"),
     ({"on_error": pl.OnError("skip"), "max_errors": 1}, r"got max_errors=1 and on_error=OnError\('skip'\)"),
     ({"bucket": pl.Bucket("id"), "bucket_buffer": 8}, r"got bucket_buffer=8 and bucket=Bucket\('id'\)"),
+    ({"storage": pl.Storage(prefetch_files=2), "prefetch_files": 1},
+     r"got prefetch_files=1 and storage=Storage\(prefetch_files=2\)"),
+    ({"storage": pl.Storage(retries=1), "retries": 2}, r"got retries=2 and storage=Storage\(retries=1\)"),
 ])
 def test_an_old_keyword_together_with_its_group_is_a_type_error(tmp_path, given, message):
     write_chunks(tmp_path, [4])
     with pytest.raises(TypeError, match=message):
         loader(tmp_path, **given)
+
+
+def test_prefetch_files_given_beside_a_storage_as_before_joins_it_with_a_warning(tmp_path):
+    write_chunks(tmp_path, [4])
+    with pytest.warns(FutureWarning, match=r"prefetch_files=1 is now storage=Storage\(retries=0, prefetch_files=1\)"):
+        made = loader(tmp_path, prefetch_files=1, storage=pl.Storage(retries=0), workers=0)
+    assert made.storage == pl.Storage(retries=0, prefetch_files=1) and ids_of(batches(made)) == [0, 1, 2, 3]
 
 
 def test_a_typo_of_an_old_keyword_names_its_new_form(tmp_path):
