@@ -45,7 +45,7 @@ def pyloader_epochs(folder: str, world_size: int = 1, **options) -> List[List[np
     per_rank = []
     for rank in range(world_size):
         loader = pl.DataLoader(JsonLinesReader(batch_size=BATCH // world_size), pl.IdentityDataset(), Ids(), folder,
-                               num_epoch=EPOCHS, num_workers=0, ranks=pl.Ranks(rank=rank, world_size=world_size),
+                               num_epoch=EPOCHS, workers=0, ranks=pl.Ranks(rank=rank, world_size=world_size),
                                **options)
         epochs: List[List[np.ndarray]] = [[] for _ in range(EPOCHS)]
         for batch in loader:
@@ -234,8 +234,8 @@ def main() -> None:
             return (x - floor) / (ceiling - floor)
         rows = [("uniform permutation (ideal)", norm(floor), spearman(ideal_epochs(0)), f"{N:,}", "-", "-")]
         cases = [("pyloader, file + in-file shuffle", dict(shuffle=True), f"{PER_FILE:,}")]
-        cases += [(f"pyloader, shuffle_buffer {b:,}", dict(shuffle=True, shuffle_buffer=b), f"{b + PER_FILE:,}")
-                  for b in (1_000, 10_000)]
+        cases += [(f"pyloader, shuffle_buffer {b:,}", dict(shuffle=True, order=pl.Order(shuffle_buffer=b)),
+                   f"{b + PER_FILE:,}") for b in (1_000, 10_000)]
         cases += [(f"pyloader, Shuffle(block={b:,})", dict(shuffle=pl.Shuffle(block=b)), f"{b:,} (RAM)")
                   for b in (1_000, 10_000, N)]
         for name, options, held in cases:

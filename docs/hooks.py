@@ -1,7 +1,8 @@
 """MkDocs hooks: pages made at build time from files the repository already has, so no text is copied by hand.
 
 * ``<!-- benchmarks-readme -->`` on a page: ``benchmarks/README.md`` as it is (its headings one level
-  down, its figure paths pointed at the site's ``img/``);
+  down, its figures as Markdown images of the site's ``img/``, so that MkDocs writes their paths
+  relative to the page and ``--strict`` checks them, as it does not check a raw ``<img src>``);
 * ``img/*.png``: the repository's figures (the README's and the benchmarks'), served by the site;
 * ``<!-- options-table -->`` on a page: the table of ``DataLoader`` options, from ``pyloader._options``
   (name, default, the line of doc each option declares, and each group's fields), so it follows the code.
@@ -30,7 +31,12 @@ def benchmarks_readme() -> str:
     text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
     text = re.sub(r"^(#+) ", r"#\1 ", text, flags=re.M)  # its code blocks have no line starting with "#"
     text = text.replace("## Benchmarks\n", "## The benchmarks in full (`benchmarks/README.md`)\n", 1)
-    return text.replace('src="../img/', 'src="img/').replace("](../img/", "](img/")
+    text = re.sub(r'<p align="center"><img src="\.\./img/([^"]+)" width="([^"]+)" /></p>',
+                  r'![\1](img/\1){ width="\2" }', text)
+    if "<img" in text:
+        raise ValueError("benchmarks/README.md: a figure as raw HTML the site cannot place: write it as "
+                         '<p align="center"><img src="../img/NAME.png" width="W" /></p>')
+    return text.replace("](../img/", "](img/")
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:

@@ -60,7 +60,7 @@ def main() -> None:
         print(f"made {args.files} chunk files x {args.rows} samples in {folder}")
         loader = pl.DataLoader(
             JsonLinesReader(batch_size=args.batch_size, shuffle=True), Features(), TorchCollator(), folder,
-            num_epoch=args.epochs, max_queue_size=8, shuffle=True, num_workers=args.workers)
+            num_epoch=args.epochs, max_queue_size=8, shuffle=True, workers=args.workers)
         seen, start, losses = 0, time.perf_counter(), []
         with loader:
             for step, batch in enumerate(loader):

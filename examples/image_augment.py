@@ -49,7 +49,7 @@ def make_loader(folder: str, workers: int, epochs: int) -> pyloader.DataLoader:
         pyloader.IdentityDataset(),
         TorchCollator(images=Images(["jpg"], size=(32, 32), flip=True, mean=[0.2] * 3, std=[0.3] * 3),
                       passthrough=["__key__"]),
-        folder, num_epoch=epochs, shuffle=True, num_workers=workers)
+        folder, num_epoch=epochs, shuffle=True, workers=workers)
 
 
 def train(folder: str, workers: int = 0, epochs: int = 2) -> float:

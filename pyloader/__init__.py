@@ -7,7 +7,7 @@ TensorFlow.
 """
 from ._abc import DataCollator, DataReader, Dataset, IdentityDataset
 from ._errors import PipelineError, TooManyErrors, WorkerDied, reraise, warn_and_skip
-from ._groups import Bucket, OnError, Pack, Ranks, Rotation, Shuffle, Storage, Stream
+from ._groups import Bucket, Device, OnError, Order, Pack, Ranks, Rotation, Shuffle, Storage, Stream, Workers
 from ._loader import DataLoader, LoaderIterator
 from ._rng import rng, rng_seed
 from ._stages.sources import Source
@@ -19,6 +19,6 @@ __all__ = [
     "DataReader", "Dataset", "DataCollator", "IdentityDataset", "DataLoader", "LoaderIterator",
     "PipelineError", "TooManyErrors", "WorkerDied", "reraise", "warn_and_skip", "open_file", "list_files", "Source",
     "CacheEncoded", "rng", "rng_seed", "Stream", "Shuffle", "Ranks", "Storage", "Rotation", "Bucket", "OnError",
-    "write", "Pack",
+    "Workers", "Device", "Order", "Pack", "write",
 ]
 __version__ = "0.2.0"

@@ -3,17 +3,18 @@
 * ``inspect DATA --reader R``: every file with its size and its samples
   (``DataReader.count``), the totals, and the first batch (each field's type, shape
   and first values). A file that cannot be counted is listed with its error.
-* ``bench DATA --reader R --workers 0,1,2 --batch-size N``: each ``num_workers``
+* ``bench DATA --reader R --workers 0,1,2 --batch-size N``: each ``workers``
   setting runs one epoch (or ``--max-batches``) in a fresh Python process, with nothing
   done to the batches; it reports samples/s (from ``loader.stats``), the time to the
   first batch and the peak memory of that process's whole tree (it and its workers:
   summed RSS, sampled from this process, so the measured one runs no thread of ours).
-  The default itself (``num_workers="auto"``) is always timed too, as the row ``auto``,
+  The default itself (``workers="auto"``) is always timed too, as the row ``auto``,
   with where it ran the files: with workers started it places each file by measurement
-  (``_execution.measured``), so its row says what it settled on. The advice is the
-  default, with what it did here; a setting measured faster than it by more than
-  ``--tolerance`` is named as such, not recommended by a rule of its own (with, when the run
-  ended during the default's trial of places, that a run this short is mostly that trial).
+  (``_execution.measured``), so its row says what it settled on. The advice follows the
+  measurement: the fastest setting when it beat the default by more than ``--tolerance``
+  (with, when the run ended during the default's trial of places, that a run this short is
+  mostly that trial), else the default, with what it did here. While a setting runs, a line
+  on stderr says which, and how long it has run, every ``PROGRESS_EVERY_S`` seconds.
 
 * ``diagnose DATA --reader R``: one epoch (or ``--max-batches``), then ``loader.report()``: what limits the
   loader and what to change; ``--trace`` writes its trace, ``--png`` draws it (``_diagnose``).
@@ -39,6 +40,7 @@ import resource
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypedDict, Union, cast
 
@@ -50,6 +52,7 @@ from ._diagnose import DIAGNOSE_HELP, add_options, diagnose, throughput_png
 from ._errors import ErrorPolicy, PipelineError, describe
 from ._execution import auto_workers
 from ._execution.runners import Exclusive
+from ._frameworks.progress import check as check_progress
 from ._length import checked_count
 from ._loader import DataLoader
 from ._paths import local_path
@@ -63,9 +66,10 @@ READERS = {
     "csv": ("pyloader.readers", "CSVReader"),
     "npy": ("pyloader.readers", "NumpyReader"),
     "parquet": ("pyloader.readers._parquet", "ParquetReader"),
-    "tar": ("pyloader.readers", "TarReader"),
+    "tar": ("pyloader.readers", "TarReader"),  # webdataset-style shards: images decoded to arrays
 }
 MEMORY_EVERY_S = 0.02
+PROGRESS_EVERY_S = 5.0  # bench: a line on stderr this often while a setting runs
 
 
 class CommandError(Exception):
@@ -93,7 +97,7 @@ def user_objects(reader: DataReader) -> Tuple[DataReader, Dataset, DataCollator]
 def make_loader(reader: DataReader, data: DataDir, num_workers: Union[int, str] = 0,
                 on_error: ErrorPolicy = "raise") -> DataLoader:
     _, dataset, collator = user_objects(reader)
-    return DataLoader(reader, dataset, collator, data, num_workers=num_workers, on_error=on_error)
+    return DataLoader(reader, dataset, collator, data, workers=num_workers, on_error=on_error)
 
 
 # -- inspect ---------------------------------------------------------------------------
@@ -317,14 +321,15 @@ def placed_by(placement: Dict[str, Any]) -> Tuple[str, str, bool]:
     return measured["place"], f"{placement['num_workers']} workers started; {how}", bool(measured["trial_over"])
 
 
-def run_setting(spec: Setting, timeout: float) -> Result:
+def run_setting(spec: Setting, timeout: float, progress: Callable[[str], None] = lambda line: None) -> Result:
     """``measure(spec)`` in a fresh Python process running this same pyloader, its tree's memory
-    sampled from here."""
+    sampled from here; ``progress`` gets a line every ``PROGRESS_EVERY_S`` seconds while it runs."""
     command = [sys.executable, "-m", "pyloader", "_measure", json.dumps(spec)]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env())
     with TreeMemory(child.pid) as memory:
         try:
-            stdout, stderr = child.communicate(timeout=timeout)
+            stdout, stderr = _wait(child, timeout, lambda s: progress(f"  workers={spec['workers']}: {s:.0f} s, "
+                                                                      "still running"))
         except subprocess.TimeoutExpired:
             _kill_tree(child)
             return Result(spec["workers"], error=f"took longer than --timeout {timeout:g} s")
@@ -338,6 +343,20 @@ def run_setting(spec: Setting, timeout: float) -> Result:
         result.memory = "peak of the summed RSS of the process and its workers, sampled every " \
                         f"{MEMORY_EVERY_S * 1000:.0f} ms"
     return result
+
+
+def _wait(child: "subprocess.Popen[str]", timeout: float, tick: Callable[[float], None]) -> Tuple[str, str]:
+    """``child.communicate()``, with ``tick(seconds run)`` every ``PROGRESS_EVERY_S`` seconds until it ends;
+    ``TimeoutExpired`` once it has run ``timeout`` seconds."""
+    began = time.monotonic()
+    while True:
+        left = timeout - (time.monotonic() - began)
+        try:
+            return child.communicate(timeout=max(0.0, min(PROGRESS_EVERY_S, left)))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() - began >= timeout:
+                raise
+            tick(time.monotonic() - began)
 
 
 def _child_env() -> Dict[str, str]:
@@ -375,15 +394,22 @@ def parse_workers(text: str) -> List[int]:
     return workers
 
 
-def bench(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+def to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def bench(args: argparse.Namespace, out: Callable[[str], None], progress: Callable[[str], None] = to_stderr) -> int:
     make_reader(args.reader, args.batch_size)  # an unknown or missing reader fails here, once
     list_files(args.data)
     results = []
     out(f"{'workers':>7}  {'samples/s':>12}  {'samples':>9}  {'first batch':>11}  {'peak memory':>11}  processes")
-    for workers in [*dict.fromkeys(args.workers), auto_workers.AUTO]:  # the default is always timed
+    settings = [*dict.fromkeys(args.workers), auto_workers.AUTO]  # the default is always timed
+    for k, workers in enumerate(settings, 1):
         spec: Setting = {"data": args.data, "reader": args.reader, "batch_size": args.batch_size,
                          "workers": workers, "max_batches": args.max_batches}
-        r = run_setting(spec, args.timeout)
+        progress(f"bench: timing workers={workers!r} ({k} of {len(settings)}), "
+                 f"{f'{args.max_batches} batches' if args.max_batches else 'one epoch'} in a new process")
+        r = run_setting(spec, args.timeout, progress)
         results.append(r)
         out(_result_line(r, f"  <- the default: ran in {r.placed}" if workers == auto_workers.AUTO else ""))
     failed = sum(r.error is not None for r in results)
@@ -405,20 +431,23 @@ def _result_line(r: Result, mark: str) -> str:
 
 
 def _recommend(results: List[Result], tolerance: float, out: Callable[[str], None]) -> None:
-    """How memory was measured, a setting faster than the default (the last) if one was, and the recommendation."""
+    """How memory was measured, a setting faster than the default (the last) if one was, and the recommendation:
+    the setting measured fastest when it beat the default by more than ``tolerance``, else the default."""
     memory = next(r.memory for r in results if r.error is None)
     out(f"memory: {memory}")
     faster = faster_than_default(results, tolerance)
     default = results[-1]
-    if faster is not None:
-        out(f"measured: num_workers={faster.workers} was {faster.samples_per_s / default.samples_per_s - 1:.0%} "
-            f"faster than the default on this data")
-        if not default.settled:
-            out(f"  this run ended during the default's trial of where to run the files: for runs as short as "
-                f"this one, num_workers={faster.workers} skips that trial")
     ran = f"which ran in {default.placed} here ({default.why})" if default.error is None else \
         f"which failed here: {default.error}"
-    out(f'recommended: num_workers="auto" (the default), {ran}')
+    if faster is None:
+        out(f'recommended: workers="auto" (the default), {ran}')
+        return
+    out(f"measured: workers={faster.workers} was {faster.samples_per_s / default.samples_per_s - 1:.0%} "
+        f"faster than the default on this data")
+    if not default.settled:
+        out(f"  this run ended during the default's trial of where to run the files: for runs as short as "
+            f"this one, workers={faster.workers} skips that trial; a longer run may settle the default on it")
+    out(f'recommended: workers={faster.workers} (measured fastest here; the default, workers="auto", {ran})')
 
 
 # -- index -----------------------------------------------------------------------------
@@ -426,6 +455,11 @@ def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     """Count every file (reusing the entries of an index already there that still match) and write
     the index next to the data, atomically."""
     reader = make_reader(args.reader, args.batch_size)
+    if args.progress:
+        try:
+            check_progress("--progress")
+        except ImportError as exc:
+            raise CommandError(str(exc)) from exc
     files = list_files(args.data)
     places = IndexPlaces.of(reader, args.data, files, None)
     now = _stamps(files, places.folder)
@@ -480,13 +514,14 @@ def parser() -> argparse.ArgumentParser:
                                  "folder, read by every loader and rank instead of counting")):
         sub = commands.add_parser(name, help=text, description=text)
         sub.add_argument("data", help="a folder, a glob or an fsspec URL (as DataLoader's data_dir)")
-        sub.add_argument("--reader", required=True, choices=sorted(READERS), help="the built-in reader")
+        sub.add_argument("--reader", required=True, choices=sorted(READERS),
+                         help="the built-in reader (tar: webdataset-style shards, images decoded)")
         sub.add_argument("--batch-size", type=int, default=16, help="samples per batch (default 16)")
     inspect_ = commands.choices["inspect"]
     inspect_.add_argument("--max-files", type=int, default=50, help="files listed one by one (default 50)")
     bench_ = commands.choices["bench"]
     bench_.add_argument("--workers", type=parse_workers, default=[0, 1, 2],
-                        help="the num_workers settings to time, e.g. 0,1,2 (the default)")
+                        help="the workers settings to time, e.g. 0,1,2 (the default)")
     bench_.add_argument("--max-batches", type=int, default=0, help="stop each setting after this many batches "
                         "(default 0: one epoch)")
     bench_.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per setting (default 600)")

@@ -20,8 +20,9 @@ from ._stages.sources import is_mix
 def check_compose(a: Mapping[str, Any]) -> None:
     """Check the composing keywords of ``DataLoader(**a)`` against each other (each option and group
     has checked its own values); raises naming the keyword."""
-    check_filter(a["filter_fn"], bool(a["stream"]))
-    check_file_order(a["file_order"], a["shuffle"])
+    order = a["order"]
+    check_filter(order.filter_fn, bool(a["stream"]))
+    check_file_order(order.file_order, a["shuffle"])
     check_bucket(a["bucket"], bool(a["stream"]), a["datareader"].batch_size)
     check_rotation(a)
     check_pack(a)
@@ -37,13 +38,13 @@ def check_global_order(a: Mapping[str, Any]) -> None:
         return
     if a["datareader"].shuffle:
         raise ValueError("shuffle=Shuffle(...) makes the order of every sample: use DataReader(shuffle=False)")
-    if a["shuffle_buffer"]:
-        raise ValueError("shuffle=Shuffle(...) replaces the shuffle buffer: use shuffle_buffer=0 (Shuffle.block "
+    if a["order"].shuffle_buffer:
+        raise ValueError("shuffle=Shuffle(...) replaces the shuffle buffer: use Order(shuffle_buffer=0) (Shuffle.block "
                          "is its budget)")
     clash = _not_composing(a)
     if clash:
         raise ValueError(f"shuffle=Shuffle(...) does not compose with {clash[0]} yet: use shuffle=True "
-                         f"(the file order, with shuffle_buffer for samples) for it")
+                         f"(the file order, with Order(shuffle_buffer=...) for samples) for it")
 
 
 def _check_no_amounts(data_dir: object) -> None:
@@ -56,7 +57,7 @@ def _check_no_amounts(data_dir: object) -> None:
 def _not_composing(a: Mapping[str, Any]) -> List[str]:
     """The features given that the global order does not compose with yet."""
     given = {"stream": bool(a["stream"]), "bucket": a["bucket"] is not None, "rotation": a["rotation"] is not None,
-             "filter_fn": a["filter_fn"] is not None, "cache_encoded": a["cache_encoded"] is not None}
+             "filter_fn": a["order"].filter_fn is not None, "cache_encoded": a["cache_encoded"] is not None}
     return [name for name, on in given.items() if on]
 
 
@@ -108,7 +109,7 @@ def check_cache_encoded_applies(a: Mapping[str, Any]) -> None:
     if is_mix(a["data_dir"]):
         raise ValueError("cache_encoded is not supported with weighted sources (a data_dir of Sources): their "
                          "epochs differ in length")
-    if declares_drops_or_repeats(a["file_order"]):
+    if declares_drops_or_repeats(a["order"].file_order):
         raise ValueError("cache_encoded is not supported with a file_order that declares drops_or_repeats: "
                          "its epochs differ in length")
 

@@ -178,7 +178,7 @@ def _more_workers(workers: int, cores: int, most: float) -> str:
                 f"them all)")
     more = min(max(2, 2 * workers), cores - 1)
     gain = min(more / workers if workers else 2.0, most)
-    return (f"run it in more worker processes, num_workers={more} (now {workers}); expected: up to {gain:.1f}x "
+    return (f"run it in more worker processes, workers={more} (now {workers}); expected: up to {gain:.1f}x "
             f"the samples/s (until another stage limits)")
 
 
@@ -186,7 +186,7 @@ def _suggestions(r: Report, loader: "DataLoader", workers: int, files: int) -> L
     if r.limiting == "consumer":
         text = (f"the loader keeps up: a faster loader would save at most {r.wait_share * 100:.0f}% of the "
                 f"consumer's time; speed up the training step itself")
-        more = [] if not workers else [f"if the step needs the CPU, fewer workers (num_workers={max(0, workers // 2)}, "
+        more = [] if not workers else [f"if the step needs the CPU, fewer workers (workers={max(0, workers // 2)}, "
                                        f"now {workers}) leave it more cores"]
         return [text, *more]
     own = r.stage_s["consumer"] + r.stage_s["hand_over"]  # the consumer's pace: the best any loader allows
@@ -195,8 +195,8 @@ def _suggestions(r: Report, loader: "DataLoader", workers: int, files: int) -> L
     more_workers = _more_workers(workers, os.cpu_count() or 1, most)
     return {
         "read_bytes": [f"storage is slow ({1e3 * r.stage_s['read_bytes'] / max(1, files):.0f} ms waited per file): "
-                       f"read more files at once, prefetch_files={2 * loader.prefetch_files} (now "
-                       f"{loader.prefetch_files}); expected, while latency and not bandwidth limits: up to "
+                       f"read more files at once, Storage(prefetch_files={2 * loader.storage.prefetch_files}) (now "
+                       f"{loader.storage.prefetch_files}); expected, while latency and not bandwidth limits: up to "
                        f"{min(2.0, most):.1f}x the samples/s",
                        "keep the files on a local disk (Storage cache_dir): the epochs after the first read them "
                        "from there"],

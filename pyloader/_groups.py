@@ -1,7 +1,8 @@
 """The option groups of ``DataLoader``: one small frozen dataclass per feature, given as one keyword.
 
-``Shuffle`` (``shuffle=``), ``Stream`` (``stream=``), ``Ranks`` (``ranks=``), ``Storage`` (``storage=``), ``Rotation``
-(``rotation=``), ``Bucket`` (``bucket=``), ``Pack`` (``pack=``) and ``OnError`` (``on_error=``). Each field is declared
+``Shuffle`` (``shuffle=``), ``Stream`` (``stream=``), ``Ranks`` (``ranks=``), ``Storage`` (``storage=``),
+``Rotation`` (``rotation=``), ``Bucket`` (``bucket=``), ``Pack`` (``pack=``), ``OnError`` (``on_error=``),
+``Workers`` (``workers=``), ``Device`` (``device=``) and ``Order`` (``order=``). Each field is declared
 as the loader's options are (``Annotated[type, Option(doc, check=...)]``, ``_checks``): each
 group checks its own values when it is made (one ``ValueError`` or ``TypeError`` per bad value,
 naming ``Group.field``), and the rules between its fields; the rules between a group and the
@@ -13,13 +14,16 @@ write it (``Stream(seq_len=8)``). Which flat keyword of earlier releases became 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 from dataclasses import KW_ONLY, dataclass
-from typing import Annotated, Optional, Union
+from typing import Annotated, Any, Callable, Dict, Optional, Union
 
 from ._checks import Option, a_folder, as_path, at_least_zero, declared, is_integer, one_of, optional, positive
 from ._errors import ErrorPolicy
+from ._execution.auto_workers import check as check_workers
 from ._stages.bucket import BucketBy
+from ._stages.mix import STOPS
 from ._stages.pack import METHODS as PACK_METHODS
 from ._stages.pack import PackSpec
 from ._stages.shard import EVEN_BATCHES
@@ -136,7 +140,7 @@ class Ranks(Group):
 
 @dataclass(frozen=True, repr=False)
 class Storage(Group):
-    """How files are fetched: a local disk cache of remote files, retries, the bytes read ahead.
+    """How files are fetched: a local disk cache of remote files, retries, the bytes and files read ahead.
 
     Example:
         ```python
@@ -154,6 +158,8 @@ class Storage(Group):
     retries: Annotated[int, Option("retries of transient remote errors", check=at_least_zero)] = 10
     readahead_bytes: Annotated[int, Option(
         "bytes read ahead of the parsers (0: none)", check=at_least_zero)] = DEFAULT_READAHEAD_BYTES
+    prefetch_files: Annotated[int, Option(
+        "files read ahead of the one being batched (stream mode: at least one per row)", check=positive)] = 4
 
     def _check(self) -> None:
         if self.cache_limit is not None and self.cache_dir is None:
@@ -289,6 +295,79 @@ class OnError(Group):
         "with skipping: raise TooManyErrors once more errors than this were skipped in an iteration",
         check=optional(at_least_zero))] = None
 
+
+@dataclass(frozen=True, repr=False)
+class Workers(Group):
+    """Where the user methods run: in ``processes`` worker processes (0: threads of this process;
+    ``"auto"``: decided per run), ``threads`` at a time in this process, and how the workers start
+    (``workers=2`` is ``workers=Workers(2)``).
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                            workers=Workers(2, persistent=True))
+        ```
+    """
+
+    processes: Annotated[Union[int, str], Option(
+        'worker processes running the user methods (0: threads of this process; "auto": decided per run)',
+        check=check_workers)] = "auto"
+    _: KW_ONLY
+    threads: Annotated[Optional[int], Option(
+        "user methods run at once in this process (None: one per file read ahead and per group being encoded)",
+        check=optional(positive))] = None
+    start_method: Annotated[Optional[str], Option(
+        '"fork", "forkserver" or "spawn" (None: fork, or forkserver once TensorFlow is imported)',
+        check=optional(one_of(multiprocessing.get_all_start_methods)))] = None
+    persistent: Annotated[bool, Option("keep the worker processes from one iteration to the next")] = False
+    init_fn: Annotated[Optional[Callable[[int], None]], Option(
+        "called as init_fn(worker_id) first thing in each worker")] = None
+
+    def _check(self) -> None:
+        if self.persistent and self.processes == 0:
+            raise ValueError("Workers.persistent=True keeps worker processes: it needs processes > 0 or 'auto'")
+
+
+@dataclass(frozen=True, repr=False)
+class Device(Group):
+    """Where each batch's torch tensors go before they are handed over: pinned in page-locked memory
+    (``pin_memory``), moved to ``target`` (``device="cuda"`` is ``device=Device("cuda")``).
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                            device=Device(None, pin_memory=True))
+        ```
+    """
+
+    target: Annotated[Any, Option("move torch tensors to this device (None: leave them where they are)")] = None
+    _: KW_ONLY
+    pin_memory: Annotated[bool, Option("pin torch tensors in page-locked memory")] = False
+
+
+@dataclass(frozen=True, repr=False)
+class Order(Group):
+    """Which samples an epoch holds and in what order, beyond ``shuffle``: a buffer mixing samples
+    across files, a function ordering the files, a filter, and where a mix of ``Source``s ends.
+
+    Example:
+        ```python
+        loader = DataLoader(JsonLinesReader(batch_size=8), IdentityDataset(), NumpyCollator(), "data/",
+                            shuffle=True, order=Order(shuffle_buffer=1000))
+        ```
+    """
+
+    _: KW_ONLY
+    shuffle_buffer: Annotated[int, Option(
+        "mix samples across files through a buffer of this many samples (0: off)", check=at_least_zero)] = 0
+    file_order: Annotated[Optional[Callable[..., Any]], Option(
+        "file_order(files, epoch, rng) -> list of files: each epoch's file order, in place of shuffle")] = None
+    filter_fn: Annotated[Optional[Callable[[Dict[str, Any]], bool]], Option(
+        "filter_fn(sample) -> bool: keep a sample or drop it before batching")] = None
+    stop: Annotated[str, Option('with Sources: "first_exhausted" or "all_exhausted"', check=one_of(STOPS))] = \
+        "first_exhausted"
+
+
 def as_stream(value: object) -> Union[bool, Stream]:
     """``stream=`` as stored: ``False``, or a ``Stream`` (``True`` is ``Stream()``)."""
     return Stream() if value is True else value  # type: ignore[return-value]
@@ -298,3 +377,13 @@ def as_on_error(value: object) -> OnError:
     """``on_error=`` as stored: an ``OnError`` (a policy alone is ``OnError(policy)``)."""
     return value if isinstance(value, OnError) else OnError(value)  # type: ignore[arg-type]
 
+
+
+def as_workers(value: object) -> Workers:
+    """``workers=`` as stored: a ``Workers`` (a number of processes, or ``"auto"``, alone is ``Workers(it)``)."""
+    return value if isinstance(value, Workers) else Workers(value)  # type: ignore[arg-type]
+
+
+def as_device(value: object) -> Device:
+    """``device=`` as stored: a ``Device`` (a device alone is ``Device(it)``)."""
+    return value if isinstance(value, Device) else Device(value)

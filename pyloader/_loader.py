@@ -7,14 +7,14 @@ import json
 import threading
 import time
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
-from ._abc import DataReader
+from ._abc import DataCollator, DataReader, Dataset
 from ._checks import is_integer
 from ._compose import callable_name
 from ._counts import Counter, IndexPlaces
 from ._diagnose import Report, Tracing, report_of
-from ._errors import ErrorHandler, PipelineError, Stats
+from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
 from ._execution.auto_workers import Placement, Placer
 from ._execution.engine import Engine
 from ._execution.measured import Measured
@@ -22,21 +22,23 @@ from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Exclusive
 from ._frameworks.progress import progress_bar
 from ._frameworks.torch import mover, pinner, unstack
-from ._groups import Shuffle
+from ._groups import Bucket, OnError, Order, Pack, Ranks, Rotation, Shuffle, Storage, Stream, Workers
 from ._length import count_files, epoch_batches, epoch_steps
 from ._options import (
     GROUPS_IN_FLIGHT,
     GROUPS_PER_WORKER,
+    OPTIONS,
     Options,
-    bind,
+    binding,
     describe,
+    device_of,
     errors_of,
     fingerprint,
     resolved,
     seq_len_of,
-    taking,
     times_of,
     values_of,
+    workers_of,
 )
 from ._pipeline import batches, launch_workers
 from ._plan import PlannedSource, Settings, elastic_of, source_of
@@ -47,13 +49,14 @@ from ._stages.order import declares_drops_or_repeats
 from ._stages.shard import Sharding
 from ._stages.shard import resolve as resolve_sharding
 from ._stages.source import Elastic, FileSource
-from ._stages.sources import build_mix, is_mix, readers_of
+from ._stages.sources import Source, build_mix, is_mix, readers_of
 from ._stages.tiled import TiledSource
 from ._state import Start, after, files_digest, fresh, make_state, old_files_digest, read_state
 from ._stats import profiled
 from ._storage.cache import DiskCache
 from ._storage.epoch_cache import COUNTERS as CACHE_COUNTERS
-from ._storage.epoch_cache import EpochStore, as_cache_encoded, data_stamp
+from ._storage.epoch_cache import CacheEncoded, EpochStore, as_cache_encoded, data_stamp
+from ._storage.files import DataDir
 
 
 def _weighted_sources(data_dir: Any, reader: DataReader, stream: bool, retries: int) -> Any:
@@ -101,22 +104,22 @@ class DataLoader(Options):
     one group, when a group is larger), 2 groups of at most 32 consecutive batches
     being encoded and collated (4 per worker when worker processes run, as ``"auto"``
     may start them),
-    ``prefetch_files`` files read ahead (in stream mode ``max(prefetch_files,
+    ``Storage.prefetch_files`` files read ahead (in stream mode ``max(prefetch_files,
     batch_size)``: one per row) (each holding at most 2 pieces from
     ``iter_file``, or the whole file when ``read_file`` is used), the bytes
     read ahead of the readers (``Storage.readahead_bytes``, exceeded by at most one file or
-    block per file the consumer waits for), ``shuffle_buffer`` and ``Bucket.buffer`` samples,
+    block per file the consumer waits for), ``Order.shuffle_buffer`` and ``Bucket.buffer`` samples,
     and with ``rotation`` ``Rotation.size`` encoded samples (on disk with ``Rotation.folder``) and
     2 groups of rotated batches being collated.
 
-    User methods that run in this process (all of them without ``num_workers``)
-    run ``num_threads`` at a time (default: one per file read ahead and per group
+    User methods that run in this process (all of them with ``workers=0``)
+    run ``Workers.threads`` at a time (default: one per file read ahead and per group
     being encoded), and never two at once on one object unless its class says
     ``thread_safe = True``.
 
-    Randomness is a pure function of ``random_seed`` (file order, ``file_order``'s
+    Randomness is a pure function of ``random_seed`` (file order, ``Order.file_order``'s
     ``rng``, shuffle buffer, bucketing), ``datareader.random_seed`` (in-file order)
-    and the epoch. Composing data (``filter_fn``, ``file_order``, ``bucket``,
+    and the epoch. Composing data (``order``: ``filter_fn``, ``file_order``; ``bucket``,
     stream slices and in-memory streams, ``rotation``): see ``_compose`` and the modules it names.
 
     Example:
@@ -129,26 +132,38 @@ class DataLoader(Options):
         ```
     """
 
-    @taking(Options)
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        self._arguments = bind("DataLoader", args, kwargs)
-        super().__init__(**self._arguments)  # checks every option, resolves num_threads, bucket_buffer, rotation_size
+    @binding
+    def __init__(self, datareader: DataReader, dataset: Dataset, datacollator: DataCollator,
+                 data_dir: Union[DataDir, Sequence[Source]], num_epoch: int = 1, max_queue_size: int = 10,
+                 shuffle: Union[bool, Shuffle] = False, random_seed: int = 42, *, drop_last: bool = False,
+                 order: Order = Order(),
+                 on_error: Union[ErrorPolicy, OnError] = "raise", device: Any = None,
+                 stream: Union[bool, Stream] = False, workers: Union[int, str, Workers] = "auto",
+                 ranks: Ranks = Ranks(), storage: Storage = Storage(), progress: bool = False,
+                 bucket: Optional[Bucket] = None, cache_encoded: Union[None, CacheEncoded, Dict[str, Any]] = None,
+                 rotation: Optional[Rotation] = None, pack: Optional[Pack] = None) -> None:
+        given = locals()  # the options, as declared in ``_options.Options`` (this signature is checked against it)
+        self._arguments = {name: given[name] for name in OPTIONS}
+        super().__init__(**self._arguments)  # checks every option, resolves Workers.threads, Bucket.buffer...
         self.options = Options(**values_of(self))  # the options alone (not the loader), for the pipeline
-        self._placer = Placer(self.num_workers, self.start_method, self.worker_init_fn)
+        workers = workers_of(self)
+        self._placer = Placer(workers.processes, workers.start_method, workers.init_fn)
         self._count_cache: Dict[str, object] = {}
         self._mix = _weighted_sources(self.data_dir, self.datareader, bool(self.stream), self.storage.retries)
         self._reader = self.datareader if self._mix is None else self._mix.readers
         self._exclusive = Exclusive((self._reader, self.datareader, self.dataset, self.datacollator))
-        self._kept_workers = self._keep_workers(self.persistent_workers)
+        self._kept_workers = self._keep_workers(workers.persistent)
         self.files, self._entries = self._listed()
         storage = self.storage
         self._cache = None if storage.cache_dir is None else DiskCache(str(storage.cache_dir), storage.cache_limit)
         self._stats = self._new_stats()
         self._counter = self._make_counter()
         self._oversized: Set[Tuple[str, int]] = set()  # blocks of cache_encoded whose write went past its limit
-        self._finish = pinner() if self.pin_memory else None
-        self._move = mover(self.device, self.pin_memory) if self.device is not None else None
+        device = device_of(self)
+        self._finish = pinner() if device.pin_memory else None
+        self._move = mover(device.target, device.pin_memory) if device.target is not None else None
         self._iterator: Optional[weakref.ref] = None
+        self._held: Optional[LoaderIterator] = None  # the iteration get_batch() started
         self._iterating = threading.RLock()
         self._record: Optional[_Run] = None  # the latest iteration, if any since the last set_epoch/load
         self._next = fresh(0, self.num_epoch)
@@ -184,7 +199,7 @@ class DataLoader(Options):
         return Counter(self._reader, self.files, self._exclusive, places, self._stats.counting)
 
     def _keep_workers(self, persistent: bool) -> Optional[KeptPool]:
-        """The pool kept across iterations with ``persistent_workers``: ended by ``close()``, or
+        """The pool kept across iterations with ``Workers.persistent``: ended by ``close()``, or
         when the loader is collected or the interpreter exits."""
         if not persistent:
             return None
@@ -241,7 +256,7 @@ class DataLoader(Options):
 
     def _placement(self) -> Placement:
         """Where this iteration runs user methods (``_execution.auto_workers``)."""
-        python = [] if self.filter_fn is None else [self.filter_fn]
+        python = [] if self.order.filter_fn is None else [self.order.filter_fn]
         placement = self._placer([*readers_of(self._mix, self.datareader), self.dataset, self.datacollator, *python])
         self._stats.placement = placement.as_dict()
         return placement
@@ -258,10 +273,10 @@ class DataLoader(Options):
             settings.measured = self._placer.measured(placement, bool(self.stream), len(self.files))
         self._stats.measured = settings.measured
         own = settings.pool if self._kept_workers is None else None
+        threads = self.storage.prefetch_files + resolved(workers_of(self).threads)
         try:
             return Engine(lambda run_blocking, tasks: batches(settings, start, run_blocking, tasks),
-                          self.max_queue_size, threads=self.prefetch_files + resolved(self.num_threads)), own, \
-                settings.measured
+                          self.max_queue_size, threads=threads), own, settings.measured
         except BaseException:
             if own is not None:
                 own.close()
@@ -301,7 +316,7 @@ class DataLoader(Options):
 
     def close(self) -> None:
         """Stop the running iteration, if any: its tasks and threads end within a second; and
-        end the worker processes kept with ``persistent_workers`` (the next iteration starts new ones)."""
+        end the worker processes kept with ``Workers.persistent`` (the next iteration starts new ones)."""
         self._stop_run()
         if self._kept_workers is not None:
             self._kept_workers.close()
@@ -350,7 +365,7 @@ class DataLoader(Options):
         if isinstance(source, (MixSource, TiledSource)):
             return sum(source.batches(e, self.datareader.batch_size, self.drop_last, times_of(self)) for e in epochs)
         # epochs differ in batches when the order changes the steps (stream mode) or the files read
-        if self.stream or declares_drops_or_repeats(self.file_order):
+        if self.stream or declares_drops_or_repeats(self.order.file_order):
             return sum(self._epoch_batches(source, e) for e in epochs)
         return self._epoch_batches(source, start.epoch) * len(epochs)
 
@@ -365,7 +380,7 @@ class DataLoader(Options):
 
     def _hides_length(self) -> bool:
         """Whether ``filter_fn`` hides the length: it drops samples, and no ranks plan the steps."""
-        return self.filter_fn is not None and not self.sharding.active
+        return self.order.filter_fn is not None and not self.sharding.active
 
     def _counts(self, progress: bool = False) -> List[Optional[int]]:
         """Samples per file (``_length.count_files``), counted once for the loader's life."""
@@ -403,7 +418,7 @@ class DataLoader(Options):
                 "reader_shuffle": reader.shuffle, "reader_seed": reader.random_seed,
                 **fingerprint(self, rank=sharding.rank, world_size=sharding.world_size,
                               even_batches=sharding.even_batches),
-                "mix": mix_fingerprint(self._mix, self.stop)}
+                "mix": mix_fingerprint(self._mix, self.order.stop)}
 
     def state_dict(self) -> Dict[str, object]:
         """Where the consumer is: the batches handed over so far, not those read ahead.
@@ -481,6 +496,21 @@ class DataLoader(Options):
         self.__init__(**state["arguments"])  # type: ignore[misc]
         self._next = Start(*state["next"])
         self._count_cache.update(state["counts"])
+
+    # -- the original PyLoader's names (docs/guides/migrating.md) ---------------------
+    def get_batch(self) -> Any:
+        """The next batch of the running iteration, or of a new one when none runs (the original PyLoader's
+        ``loader.get_batch()``); ``StopIteration`` after an iteration's last batch, and the next call starts
+        the next iteration. As ``next(iter(loader))`` would, without ending the running iteration."""
+        it = self._iterator() if self._iterator is not None else None
+        if it is None or it.ended:
+            it = self._held = self.__iter__()  # held here: the loader keeps only a weak reference to it
+        return next(it)
+
+    def get_epoch(self) -> int:
+        """The epoch of the last batch handed out, counted from 1 as the original PyLoader counted (0 before
+        the first batch); ``loader.epoch`` counts from 0 (``None`` before the first batch)."""
+        return 0 if self.epoch is None else self.epoch + 1
 
     # -- frameworks ----------------------------------------------------------------
     def to_tf_dataset(self, output_signature: Any = None, input_context: Any = None) -> Any:
@@ -626,6 +656,11 @@ class LoaderIterator:
         self._loader._record = r
         self._start_engine(r.start)
         return True
+
+    @property
+    def ended(self) -> bool:
+        """Whether this iteration is over (exhausted, closed, or ended by a newer ``iter()``)."""
+        return self._record.ended is not None or self._superseded
 
     def supersede(self) -> None:
         if self._record.ended is None:

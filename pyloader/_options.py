@@ -6,18 +6,20 @@
 
 and everything else is derived from it, at import or at construction:
 
-* the loader's signature: ``DataLoader`` is an ``Options`` whose ``__init__`` is typed
-  (``taking``) and signed as ``Options``' (so ``inspect.signature``, ``help`` and mypy
-  see every option, its type and its default; an unknown keyword is a ``TypeError``
-  naming it, with the nearest option);
-* the attributes users read (``loader.num_workers``, ``loader.stream``...): the fields themselves, read-only;
+* the loader's signature: ``DataLoader`` is an ``Options`` whose ``__init__`` writes the
+  options out, as ``SIGNATURE`` (derived from the fields) has them: names, kinds, types and
+  defaults (tests/test_options.py fails on any difference), so that mypy, IDEs and the API
+  reference (read from the source) see them; ``binding`` calls it with the values bound (an
+  unknown keyword is a ``TypeError`` naming it, with the nearest option);
+* the attributes users read (``loader.workers``, ``loader.stream``...): the fields themselves, read-only;
 * validation: each option's ``check(name, value)``, in declaration order, then the
   rules between options (``_check_together``); bool options are stored as ``bool``,
-  ``stream`` as ``False`` or a ``Stream``, ``on_error`` as an ``OnError``, and three defaults
-  are resolved from others (``num_threads``, ``bucket.buffer``, ``rotation.size``);
+  ``stream`` as ``False`` or a ``Stream``, ``on_error``, ``workers`` and ``device`` as their
+  groups, and three defaults are resolved from others (``Workers.threads``, ``Bucket.buffer``,
+  ``Rotation.size``);
 * the groups (``_groups``): a feature with settings of its own takes one frozen object
   (``stream=Stream(seq_len=8)``) that checks its fields itself; ``stream_of``,
-  ``seq_len_of``, ``times_of`` and ``errors_of`` read them typed;
+  ``seq_len_of``, ``times_of``, ``errors_of``, ``workers_of`` and ``device_of`` read them typed;
 * the flat keywords of 0.1 (``seq_len=8``): ``MOVED``, the one table of old -> new; ``bind``
   moves them into their groups with a ``FutureWarning`` naming the new form (an old keyword
   with its group is a ``TypeError``), and the CHANGELOG lists the table (a test says so);
@@ -32,29 +34,31 @@ and everything else is derived from it, at import or at construction:
   (``describe``), and tests/test_options.py checks that the README's table of
   ``DataLoader`` arguments names exactly these options.
 
-Why a frozen dataclass and not a table beside an explicit signature: the signature
-*is* the declaration here, so nothing can disagree with it, and mypy still checks
-callers' keyword names and types (the dataclass plugin reads the fields; ``taking``
-hands that signature to ``DataLoader.__init__``). ``DataLoader`` inherits the fields,
-so ``loader.num_workers`` is typed too; frozen, so the pipeline, the fingerprint and
+Why a frozen dataclass and a signature written out beside it: the dataclass holds what a
+signature cannot (each option's doc, check and part in resume) next to its type and
+default; the written signature is what tools that read the source see (a signature made
+at run time is invisible to them), and the test comparing the two keeps them one
+declaration. ``DataLoader`` inherits the fields,
+so ``loader.workers`` is typed too; frozen, so the pipeline, the fingerprint and
 the user all see the values that were checked. ``Annotated`` keeps the metadata next
 to the type without changing it for mypy or for users.
 
-Adding an option is one place: a field here (after ``_: KW_ONLY``, keyword-only),
-or in its feature's group (``_groups``), with its doc, its check (reuse ``positive``,
+Adding an option is a field here (after ``_: KW_ONLY``, keyword-only; and the same
+parameter in ``DataLoader.__init__``: the test says so), or in its feature's group
+(``_groups``: nothing else to write), with its doc, its check (reuse ``positive``,
 ``at_least_zero``, ``optional``, ``one_of``... from ``_checks``), and ``resume=`` when it
 changes the batch sequence (a group's field: in its group's ``resume``); then a row in
 the README's table (the test says so), and the pipeline reads it as
 ``settings.options.<name>``. A rule between options goes in ``_check_together``.
-Changing a default (e.g. ``num_workers="auto"``) is the field's default, type and
+Changing a default (e.g. ``workers="auto"``) is the field's default, type and
 check, and the README's list of defaults (the test says so too).
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
-import multiprocessing
 import typing
 import warnings
 from dataclasses import KW_ONLY, MISSING, dataclass, fields
@@ -62,7 +66,6 @@ from typing import (
     Annotated,
     Any,
     Callable,
-    Concatenate,
     Dict,
     NamedTuple,
     Optional,
@@ -75,28 +78,32 @@ from typing import (
 )
 
 from ._abc import DataCollator, DataReader, Dataset
-from ._checks import Option, Recorded, at_least_zero, declared, instance_of, one_of, optional, positive
+from ._checks import Option, Recorded, declared, instance_of, optional, positive
 from ._compose import callable_name, check_compose
 from ._errors import ErrorPolicy
 from ._execution.auto_workers import check as check_workers
 from ._frameworks.progress import check as check_progress
 from ._groups import (
     Bucket,
+    Device,
     Group,
     OnError,
+    Order,
     Pack,
     Ranks,
     Rotation,
     Shuffle,
     Storage,
     Stream,
+    Workers,
+    as_device,
     as_on_error,
     as_stream,
+    as_workers,
     check_policy,
     differs,
 )
 from ._stages.bucket import buffer_size
-from ._stages.mix import check_stop
 from ._stages.rotation import held_samples
 from ._stages.shard import resolve as resolve_sharding
 from ._stages.sources import Source
@@ -117,8 +124,9 @@ def _progress(name: str, value: object) -> None:
         check_progress()
 
 
-def _stop(name: str, value: object) -> None:
-    check_stop(value)
+def _workers(name: str, value: object) -> None:
+    if not isinstance(value, Workers):
+        check_workers(name, value)  # a number of processes alone
 
 
 def _stream(name: str, value: object) -> None:
@@ -166,6 +174,12 @@ def _bucket_record(value: object) -> Recorded:
     return Recorded(bucket_by=b.by if isinstance(b.by, str) else callable_name(b.by), bucket_buffer=b.buffer)
 
 
+def _order_record(value: object) -> Recorded:
+    o = cast(Order, value)
+    return Recorded(shuffle_buffer=o.shuffle_buffer, filter_fn=callable_name(o.filter_fn),
+                    file_order=callable_name(o.file_order))  # stop: in the mix's part (``mix_fingerprint``)
+
+
 def _rotation_record(value: object) -> Recorded:
     r = cast(Optional[Rotation], value)
     if r is None:
@@ -198,50 +212,33 @@ class Options:
         "every sample made a block at a time", check=_shuffle, resume=_shuffle_record, convert=_as_shuffle)] = False
     random_seed: Annotated[int, Option("seeds the file order and the shuffle buffer", resume=True, convert=int)] = 42
     _: KW_ONLY
-    shuffle_buffer: Annotated[int, Option(
-        "mix samples across files through a buffer of this many samples (0: off)",
-        check=at_least_zero, resume=True)] = 0
     drop_last: Annotated[bool, Option("drop each epoch's final partial batch", resume=True)] = False
-    prefetch_files: Annotated[int, Option(
-        "files read ahead of the one being batched (stream mode: at least one per row)", check=positive)] = 4
+    order: Annotated[Order, Option(
+        "which samples an epoch holds and in what order: an Order(shuffle_buffer, file_order, filter_fn, stop)",
+        check=instance_of(Order), resume=_order_record)] = Order()
     on_error: Annotated[Union[ErrorPolicy, OnError], Option(
         '"raise", "skip" (log, skip the rest of the file, count it), a callable taking the PipelineError, '
         'or an OnError (with max_errors)', check=_on_error, convert=as_on_error)] = "raise"
-    pin_memory: Annotated[bool, Option("pin torch tensors in page-locked memory")] = False
-    device: Annotated[Any, Option("move torch tensors to this device before handing them over")] = None
+    device: Annotated[Any, Option(
+        "move torch tensors to this device before handing them over, or a Device (with pin_memory)",
+        convert=as_device)] = None
     stream: Annotated[Union[bool, Stream], Option(
         "stream mode for recurrent models, each row a file in order: True, or a Stream (seq_len, padding...)",
         check=_stream, resume=_stream_record, convert=as_stream)] = False
-    num_workers: Annotated[Union[int, str], Option(
-        'worker processes running the user methods (0: threads of this process; "auto": decided per run)',
-        check=check_workers)] = "auto"
-    num_threads: Annotated[Optional[int], Option(
-        "user methods run at once in this process (default: one per file read ahead and per group being encoded)",
-        check=optional(positive))] = None
-    worker_init_fn: Annotated[Optional[Callable[[int], None]], Option(
-        "called as worker_init_fn(worker_id) first thing in each worker")] = None
-    start_method: Annotated[Optional[str], Option(
-        '"fork", "forkserver" or "spawn" (default: fork, or forkserver once TensorFlow is imported)',
-        check=optional(one_of(multiprocessing.get_all_start_methods)))] = None
+    workers: Annotated[Union[int, str, Workers], Option(
+        'worker processes running the user methods (0: threads of this process; "auto": decided per run), '
+        "or a Workers (with threads, start_method, persistent, init_fn)", check=_workers,
+        convert=as_workers)] = "auto"
     ranks: Annotated[Ranks, Option(
         "this process's rank, the world size and even_batches (default: from torch.distributed, else RANK and "
         "WORLD_SIZE)", check=instance_of(Ranks), resume=_ranks_record)] = Ranks()
-    persistent_workers: Annotated[bool, Option("keep the worker processes from one iteration to the next")] = False
     storage: Annotated[Storage, Option(
-        "remote files: a disk cache (cache_dir, cache_limit), retries, readahead_bytes",
+        "remote files: a disk cache (cache_dir, cache_limit), retries, the bytes and files read ahead",
         check=instance_of(Storage))] = Storage()
     progress: Annotated[bool, Option("show a tqdm bar for each iteration", check=_progress)] = False
-    filter_fn: Annotated[Optional[Callable[[Dict[str, Any]], bool]], Option(
-        "filter_fn(sample) -> bool: keep a sample or drop it before batching", resume=callable_name)] = None
-    file_order: Annotated[Optional[Callable[..., Any]], Option(
-        "file_order(files, epoch, rng) -> list of files: each epoch's file order, in place of shuffle",
-        resume=callable_name)] = None
     bucket: Annotated[Optional[Bucket], Option(
         "length bucketing: a Bucket(by, buffer=None)", check=optional(instance_of(Bucket)),
         resume=_bucket_record)] = None
-    stop: Annotated[str, Option(
-        'with Sources: "first_exhausted" or "all_exhausted"',
-        check=_stop)] = "first_exhausted"
     cache_encoded: Annotated[Union[None, CacheEncoded, Dict[str, Any]], Option(
         'write every update_every-th epoch\'s encoded batches to dir and read them back in the epochs between: '
         '{"dir": ..., "update_every": K, "limit": None} or a CacheEncoded', check=check_cache_encoded,
@@ -264,8 +261,10 @@ class Options:
 
     def _resolve_defaults(self) -> None:
         """The ``None`` defaults resolved (see ``resolved``)."""
-        if self.num_threads is None:  # every file read ahead and every group in flight at once
-            object.__setattr__(self, "num_threads", self.prefetch_files + GROUPS_IN_FLIGHT)
+        workers = workers_of(self)
+        if workers.threads is None:  # every file read ahead and every group in flight at once
+            object.__setattr__(self, "workers", dataclasses.replace(
+                workers, threads=self.storage.prefetch_files + GROUPS_IN_FLIGHT))
         batch_size = self.datareader.batch_size
         if self.bucket is not None:
             object.__setattr__(self, "bucket", dataclasses.replace(
@@ -278,7 +277,7 @@ class Options:
 def _check_together(a: Dict[str, Any]) -> None:
     """The rules between options (each one's own check has passed; the groups are stored as groups)."""
     if a["stream"]:
-        if a["shuffle_buffer"]:
+        if a["order"].shuffle_buffer:
             raise ValueError("stream mode keeps each row in file order: shuffle_buffer must be 0")
         if a["datareader"].shuffle:
             raise ValueError("stream mode reads every file in order: use DataReader(shuffle=False) "
@@ -287,8 +286,6 @@ def _check_together(a: Dict[str, Any]) -> None:
     ranks = a["ranks"]
     # explicit values against the found ones
     resolve_sharding(ranks.rank, ranks.world_size, ranks.even_batches, ranks.replication)
-    if a["persistent_workers"] and a["num_workers"] == 0:
-        raise ValueError("persistent_workers=True keeps worker processes: it needs num_workers > 0 or 'auto'")
 
 
 OPTIONS: Dict[str, Option] = declared(Options)  # in declaration order
@@ -300,6 +297,8 @@ class Moved(NamedTuple):
     group: Type[Group]
     fields: Dict[str, str]  # old keyword -> the group's field
     needs: Optional[str] = None  # the field without which the group is off (no group: its keyword's default)
+    short: Optional[str] = None  # the field a value other than a group stands for (on_error="skip")
+    joined: Tuple[str, ...] = ()  # fields whose flat keywords joined the group later: given beside it, they merge
 
 
 # The one table of old -> new: the flat keywords of 0.1 still work for this release (with a FutureWarning
@@ -309,13 +308,21 @@ MOVED: Dict[str, Moved] = {
                              "time_major": "time_major"}),  # on with stream=True
     "ranks": Moved(Ranks, {"rank": "rank", "world_size": "world_size", "even_batches": "even_batches"}),
     "storage": Moved(Storage, {"cache_dir": "cache_dir", "cache_limit": "cache_limit", "retries": "retries",
-                               "readahead_bytes": "readahead_bytes"}),
-    "on_error": Moved(OnError, {"max_errors": "max_errors"}),
+                               "readahead_bytes": "readahead_bytes", "prefetch_files": "prefetch_files"},
+                       joined=("prefetch_files",)),
+    "on_error": Moved(OnError, {"max_errors": "max_errors"}, short="policy"),
+    "workers": Moved(Workers, {"num_workers": "processes", "num_threads": "threads", "start_method": "start_method",
+                               "persistent_workers": "persistent", "worker_init_fn": "init_fn"}, short="processes"),
+    "device": Moved(Device, {"pin_memory": "pin_memory"}, short="target"),
+    "order": Moved(Order, {"shuffle_buffer": "shuffle_buffer", "file_order": "file_order", "filter_fn": "filter_fn",
+                           "stop": "stop"}),
     "bucket": Moved(Bucket, {"bucket_by": "by", "bucket_buffer": "buffer"}, needs="by"),
     "rotation": Moved(Rotation, {"rotation": "times", "rotation_dir": "folder", "rotation_size": "size"},
                       needs="times"),
     "pack": Moved(Pack, {}, needs="field"),  # no flat keyword of 0.1: listed so that help() shows its fields
 }
+# the original PyLoader's keywords -> this one's (docs/guides/migrating.md), with a FutureWarning (``_renamed``)
+RENAMED: Dict[str, str] = {"root_dir": "data_dir"}
 OLD_KEYWORDS: Dict[str, Tuple[str, str]] = {old: (keyword, field) for keyword, moved in MOVED.items()
                                            for old, field in moved.fields.items()}
 
@@ -344,7 +351,7 @@ SIGNATURE = _signature()
 
 
 def resolved(value: Optional[int]) -> int:
-    """An option whose ``None`` default was resolved at construction: ``num_threads`` (always),
+    """An option whose ``None`` default was resolved at construction: ``Workers.threads`` (always),
     ``bucket.buffer`` (with ``bucket``), ``rotation.size`` (with ``rotation``)."""
     assert value is not None
     return value
@@ -369,6 +376,16 @@ def times_of(options: Options) -> int:
 def errors_of(options: Options) -> OnError:
     """``on_error``, as stored (an ``OnError``)."""
     return cast(OnError, options.on_error)
+
+
+def workers_of(options: Options) -> Workers:
+    """``workers``, as stored (a ``Workers``, its ``threads`` resolved: see ``resolved``)."""
+    return cast(Workers, options.workers)
+
+
+def device_of(options: Options) -> Device:
+    """``device``, as stored (a ``Device``)."""
+    return cast(Device, options.device)
 
 
 def values_of(options: Options) -> Dict[str, Any]:
@@ -396,15 +413,27 @@ def bind(owner: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str,
     0.1 moved into their groups (``MOVED``); a ``TypeError`` naming ``owner`` for a bad call (an unknown
     keyword: with the nearest option)."""
     for key in kwargs:
-        if key not in OPTIONS and key not in OLD_KEYWORDS:
+        if key not in OPTIONS and key not in OLD_KEYWORDS and key not in RENAMED:
             raise _unexpected(owner, key)
-    kwargs = _regrouped(owner, kwargs)
+    kwargs = _regrouped(owner, _renamed(kwargs))
     try:
         bound = SIGNATURE.bind(*args, **kwargs)
     except TypeError as exc:
         raise TypeError(f"{owner}(): {exc}") from None
     bound.apply_defaults()
     return dict(bound.arguments)
+
+
+def _renamed(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """``kwargs`` with the original PyLoader's keywords under their names here (``RENAMED``), each with a
+    ``FutureWarning`` (given under both names, the old one stays, an unexpected keyword to ``bind``)."""
+    out = dict(kwargs)
+    for old, new in RENAMED.items():
+        if old in out and new not in out:
+            out[new] = out.pop(old)
+            warnings.warn(f"{old}= is now {new}=; the original PyLoader's name goes in a later release",
+                          FutureWarning, stacklevel=4)
+    return out
 
 
 def _unexpected(owner: str, key: str) -> TypeError:
@@ -435,13 +464,22 @@ def _regroup(owner: str, keyword: str, moved: Moved, given: object, old: Dict[st
     """The value of ``keyword`` (``given``: its value, ``None`` when absent) that the flat keywords ``old``
     of its group go into, with their ``FutureWarning``."""
     written = ", ".join(f"{k}={v!r}" for k, v in old.items())
-    if isinstance(given, moved.group):
-        raise TypeError(f"{owner}() got {written} and {keyword}={given!r}: give "
-                        f"{', '.join(moved.fields[k] for k in old)} inside the {moved.group.__name__} only")
-    value = _group(keyword, moved, given, {moved.fields[k]: v for k, v in old.items()}, written)
+    values = {moved.fields[k]: v for k, v in old.items()}
+    value = _joined(owner, keyword, moved, given, values, written) if isinstance(given, moved.group) else \
+        _group(keyword, moved, given, values, written)
     now = f"{keyword}={value!r}" if isinstance(value, Group) else f"left out (no effect with {keyword}={value!r})"
     warnings.warn(f"{written} is now {now}; the flat keyword goes in a later release", FutureWarning, stacklevel=5)
     return value
+
+
+def _joined(owner: str, keyword: str, moved: Moved, given: Group, values: Dict[str, Any], written: str) -> Group:
+    """The group ``given`` with the fields of flat keywords that joined it after it was made a group
+    (``Moved.joined``: given beside it before), where it leaves them at their defaults; else a ``TypeError``."""
+    defaults = {f.name: f.default for f in dataclasses.fields(moved.group)}  # type: ignore[arg-type]
+    if not set(values) <= set(moved.joined) or any(differs(getattr(given, f), defaults[f]) for f in values):
+        raise TypeError(f"{owner}() got {written} and {keyword}={given!r}: give "
+                        f"{', '.join(values)} inside the {moved.group.__name__} only")
+    return dataclasses.replace(given, **values)  # type: ignore[type-var]
 
 
 def _group(keyword: str, moved: Moved, given: object, values: Dict[str, Any], written: str) -> object:
@@ -450,7 +488,7 @@ def _group(keyword: str, moved: Moved, given: object, values: Dict[str, Any], wr
     off (the keyword's default); then a flat keyword given a value other than its default is an error."""
     if keyword == "rotation" and values.get("times") == 1:  # rotation=1 was the default: each sample once
         values.pop("times")
-    base = {"policy": given} if keyword == "on_error" and given is not None else {}
+    base = {moved.short: given} if moved.short is not None and given is not None else {}
     on = given is True if keyword == "stream" else moved.needs is None or moved.needs in values
     if on:
         return moved.group(**base, **values)
@@ -471,17 +509,19 @@ def _off(keyword: str, moved: Moved, given: object, values: Dict[str, object], w
 P = ParamSpec("P")
 
 
-def taking(options: Callable[P, object]) -> Callable[[Callable[..., None]], Callable[Concatenate[object, P], None]]:
-    """Gives ``__init__(self, *args, **kwargs)`` the parameters of ``options`` (``Options``): for mypy,
-    which then checks callers' keywords and types, and for ``inspect.signature`` and ``help``."""
-    def typed(init: Callable[..., None]) -> Callable[Concatenate[object, P], None]:
-        self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        init.__signature__ = SIGNATURE.replace(parameters=[self, *SIGNATURE.parameters.values()])  # type: ignore[attr-defined]
-        # as an explicit signature would have them (read by code that inspects the defaults)
-        init.__kwdefaults__ = {p.name: p.default for p in SIGNATURE.parameters.values()
-                               if p.kind is p.KEYWORD_ONLY}
-        return init
-    return typed
+def binding(init: Callable[P, None]) -> Callable[P, None]:
+    """``DataLoader.__init__``, whose signature is written out (for mypy, IDEs and the API reference) and must
+    be ``SIGNATURE`` (tests/test_options.py checks), called with every option by name, defaults filled in and
+    the flat keywords of 0.1 moved into their groups (``bind``): its body reads them with ``locals()``."""
+    owner = init.__qualname__.split(".")[0]
+
+    @functools.wraps(init)
+    def bound(self: object, *args: Any, **kwargs: Any) -> None:
+        cast(Callable[..., None], init)(self, **bind(owner, args, kwargs))
+    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)  # with the types evaluated, for help()
+    bound.__signature__ = SIGNATURE.replace(parameters=[self, *SIGNATURE.parameters.values()])  # type: ignore[attr-defined]
+    bound.__kwdefaults__ = init.__kwdefaults__  # type: ignore[attr-defined]
+    return cast(Callable[P, None], bound)
 
 
 def group_of(name: str) -> Optional[Type[Group]]:

@@ -35,7 +35,7 @@ from ._execution.runners import Lane, LocalSteps, MeasuredRunner, PoolRunner, Ru
 from ._execution.steps import Step
 from ._frameworks.torch import attach_meta
 from ._groups import Shuffle
-from ._options import resolved, stream_of
+from ._options import resolved, stream_of, workers_of
 from ._plan import FirstEpoch, Mode, RunBlocking, RunPlan, Settings, plan_run, split_steps, stream_fallback
 from ._stages.batch import Batcher, Group, RankSteps, RowBatcher, Stacked, drop_replayed
 from ._stages.cached_epochs import CachedEpochs
@@ -58,14 +58,16 @@ _COLLATING = 2  # groups of rotated batches being collated at once
 
 def launch_workers(s: Settings, kept: Optional[KeptPool]) -> Optional[WorkerPool]:
     """The run's worker processes, started now if they do not run (a pool ``kept`` across runs with
-    ``persistent_workers``, else one for this run); called before the run's threads start."""
+    ``Workers.persistent``, else one for this run); called before the run's threads start."""
     if not s.num_workers:
         return None
     objects = [*readers_of(s.mix, s.options.datareader), s.options.dataset, s.options.datacollator]
 
+    workers = workers_of(s.options)
+
     def make_pool() -> WorkerPool:
-        return WorkerPool(s.num_workers, with_filter(s.reader, s.options.filter_fn), split_steps(s).there,
-                          s.options.worker_init_fn, s.options.start_method, persistent=kept is not None,
+        return WorkerPool(s.num_workers, with_filter(s.reader, s.options.order.filter_fn), split_steps(s).there,
+                          workers.init_fn, workers.start_method, persistent=kept is not None,
                           imports=tuple(needed_modules(objects)))
 
     pool = make_pool() if kept is None else kept.get(make_pool)
@@ -99,7 +101,7 @@ async def batches(s: Settings, start: Start, run_blocking: RunBlocking,
     User methods run in this process ``num_threads`` at a time (``Lane``).
     """
     o = s.options
-    lane = Lane(run_blocking, resolved(o.num_threads), s.exclusive)
+    lane = Lane(run_blocking, resolved(workers_of(o).threads), s.exclusive)
     rotation: Optional[Rotation] = None
     try:
         storage = o.storage
@@ -156,7 +158,7 @@ def _runner(s: Settings, lane: Lane, readahead: ReadAhead) -> Runner:
 
 def _threads(s: Settings, steps: List[Step], lane: Lane, readahead: ReadAhead) -> ThreadRunner:
     """User methods (``steps``: all of them, as run when a batch is encoded here) run in threads of this process."""
-    return ThreadRunner(with_filter(s.reader, s.options.filter_fn), steps, lane, readahead,
+    return ThreadRunner(with_filter(s.reader, s.options.order.filter_fn), steps, lane, readahead,
                         uses=(s.options.dataset, s.options.datacollator), busy=s.stats.busy)
 
 
@@ -200,13 +202,14 @@ def _reader_stage(s: Settings, runner: Runner, ramp: Ramp) -> ReadFiles:
     a file per row is read ahead."""
     o = s.options
     if o.stream:
-        return ReadFiles(runner, True, max(o.prefetch_files, s.batch_size), s.errors, s.stats, ramp=ramp)
+        return ReadFiles(runner, True, max(o.storage.prefetch_files, s.batch_size), s.errors, s.stats, ramp=ramp)
     if isinstance(o.shuffle, Shuffle):
         # a tile's first batch needs all its columns (batch_size of them on a rank): the next tile's are read
         # while this one's batches are encoded, and there is no ramp; rows meet here
-        return ReadFiles(runner, True, o.prefetch_files + s.batch_size, s.errors, s.stats, ramp=ramp)
-    buffered = o.shuffle_buffer > 0 or o.bucket is not None or s.mix is not None  # rows meet here
-    return ReadFiles(runner, buffered, o.prefetch_files, s.errors, s.stats, start_ahead=_start_ahead(s), ramp=ramp)
+        return ReadFiles(runner, True, o.storage.prefetch_files + s.batch_size, s.errors, s.stats, ramp=ramp)
+    buffered = o.order.shuffle_buffer > 0 or o.bucket is not None or s.mix is not None  # rows meet here
+    return ReadFiles(runner, buffered, o.storage.prefetch_files, s.errors, s.stats, start_ahead=_start_ahead(s),
+                     ramp=ramp)
 
 
 def _start_ahead(s: Settings) -> int:
@@ -239,8 +242,8 @@ def _rotation(c: Chain) -> Rotation:
     assert o.rotation is not None, "a rotated run has rotation"
     held = InMemory() if o.rotation.folder is None else OnDisk(str(o.rotation.folder))
     return Rotation(o.rotation.times, resolved(o.rotation.size), s.batch_size, o.drop_last, o.random_seed,
-                    by_epoch=bool(o.shuffle) or o.file_order is not None, held=held, errors=s.errors, stats=s.stats,
-                    run_blocking=c.run_blocking, steps=c.plan.steps)
+                    by_epoch=bool(o.shuffle) or o.order.file_order is not None, held=held, errors=s.errors,
+                    stats=s.stats, run_blocking=c.run_blocking, steps=c.plan.steps)
 
 
 def _rotated(c: Chain, rotation: Rotation, encoded: AsyncIterator[Group]) -> AsyncIterator[Group]:

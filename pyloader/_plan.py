@@ -260,7 +260,7 @@ def resumes_past_files(s: Settings, start: Start) -> bool:
     o = s.options
     if isinstance(o.shuffle, Shuffle):  # the global order starts at the tile of any position
         return start.skip > 0
-    return (start.skip > start.base and o.filter_fn is None and s.errors.policy is reraise and s.mix is None
+    return (start.skip > start.base and o.order.filter_fn is None and s.errors.policy is reraise and s.mix is None
             and o.rotation is None)
 
 
@@ -300,7 +300,7 @@ def _buffers(s: Settings, source: PlannedSource) -> Buffers:
     """The buffers rows meet in before they are cut: the weighted sources' mix, the shuffle buffer, bucketing."""
     o = s.options
     bucket = None if o.bucket is None else Bucketing(Lengths(o.bucket.by), resolved(o.bucket.buffer))
-    return Buffers(o.shuffle_buffer, o.random_seed, bucket,
+    return Buffers(o.order.shuffle_buffer, o.random_seed, bucket,
                    source.buffer if isinstance(source, (MixSource, TiledSource)) else None)
 
 
@@ -324,16 +324,17 @@ def source_of(o: Options, files: List[str], start: Start, counts: Optional[List[
     questions before one (its length, a position's check)."""
     if isinstance(o.shuffle, Shuffle):
         known = [n or 0 for n in counts or []]  # a count that failed and was skipped: left out
-        pools = pools_of(o.shuffle.epoch_size, known, mix, o.stop)
+        pools = pools_of(o.shuffle.epoch_size, known, mix, o.order.stop)
         return TiledSource(files, known, pools, batch_size=o.datareader.batch_size, block=o.shuffle.block,
                            batching=o.shuffle.batching, seed=o.random_seed, num_epoch=start.end,
                            drop_last=o.drop_last, sharding=sharding,
                            resume=(start.epoch, start.skip), runs=runs or {})
     if mix is not None:
-        return MixSource(mix, counts or [], o.stop, o.shuffle, o.random_seed, num_epoch=start.end,
+        return MixSource(mix, counts or [], o.order.stop, o.shuffle, o.random_seed, num_epoch=start.end,
                          sharding=sharding, counted=counted)
     return FileSource(files, start.end, bool(o.shuffle), o.random_seed, sharding=sharding, counts=counts,
-                      whole_files=bool(o.stream), file_order=o.file_order, bounds=bounds_of(entries), elastic=elastic)
+                      whole_files=bool(o.stream), file_order=o.order.file_order, bounds=bounds_of(entries),
+                      elastic=elastic)
 
 
 def _planned_steps(s: Settings, source: PlannedSource) -> Optional[Callable[[int], int]]:
@@ -352,7 +353,7 @@ def stream_fallback(s: Settings) -> Optional[Callable[[int], List[FileTask]]]:
 
     def fallback(epoch: int) -> List[FileTask]:
         return list(FileSource(s.files, o.num_epoch, bool(o.shuffle), o.random_seed,
-                               file_order=o.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
+                               file_order=o.order.file_order, bounds=bounds_of(s.entries)).tasks(epoch))
     return fallback
 
 

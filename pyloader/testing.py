@@ -80,7 +80,7 @@ def check_resume(make_loader: Callable[[], DataLoader],
     Example:
         ```python
         check_resume(lambda: DataLoader(TextLinesReader(batch_size=4), IdentityDataset(), NumpyCollator(),
-                                        "small_data/", shuffle=True, shuffle_buffer=8))
+                                        "small_data/", shuffle=True, order=Order(shuffle_buffer=8)))
         ```
     """
     loader = make_loader()

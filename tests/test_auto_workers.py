@@ -89,10 +89,12 @@ def test_a_bad_environment_variable_is_a_clear_error(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize("value", ["many", -1, 1.5, True])
-def test_a_bad_num_workers_is_refused_at_construction(tmp_path: Path, value: Any) -> None:
+def test_a_bad_number_of_workers_is_refused_at_construction(tmp_path: Path, value: Any) -> None:
     write_chunks(tmp_path / "d", [3])
-    with pytest.raises(ValueError, match="num_workers must be 'auto' or an integer >= 0"):
-        pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path / "d"), num_workers=value)
+    with pytest.raises(ValueError, match="workers must be 'auto' or an integer >= 0"):
+        pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path / "d"), workers=value)
+    with pytest.raises(ValueError, match=r"Workers\.processes must be 'auto' or an integer >= 0"):
+        pl.Workers(value)
 
 
 def test_the_choice_is_logged_once_while_it_holds(caplog: pytest.LogCaptureFixture) -> None:

@@ -75,15 +75,33 @@ def test_nothing_to_read_is_an_error_naming_what_was_searched(tmp_path, capsys):
     assert rc == 1 and str(tmp_path / "empty") in capsys.readouterr().err
 
 
-def test_bench_times_each_number_of_workers_and_recommends_one(tmp_path):
+def test_bench_times_each_number_of_workers_and_recommends_one(tmp_path, capsys):
     write_jsonl(tmp_path / "data", [40, 30, 30])
     rc, lines = run(["bench", str(tmp_path / "data"), "--reader", "jsonl", "--workers", "0,1", "--batch-size", "8"])
     assert rc == 0, lines
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench: ")] == [
+        f"bench: timing workers={w!r} ({k} of 3), one epoch in a new process" for k, w in ((1, 0), (2, 1), (3, "auto"))]
     rows = {line.split()[0]: line.split() for line in lines[1:3]}
     assert set(rows) == {"0", "1"}, lines
     for row in rows.values():
         assert float(row[1].replace(",", "")) > 0 and row[2] == "100" and row[5] == "MiB" and float(row[4]) > 0
-    assert lines[-1].startswith('recommended: num_workers="auto"'), lines
+    assert lines[-1].startswith("recommended: workers="), lines
+
+
+def test_waiting_for_a_setting_says_how_long_it_has_run_until_it_ends(monkeypatch):
+    monkeypatch.setattr(_cli, "PROGRESS_EVERY_S", 0.01)
+    read, write = os.pipe()  # the child runs until the second tick closes this
+    child = subprocess.Popen([sys.executable, "-c", f"import os; os.read({read}, 1)"], pass_fds=(read,),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(read)
+    ticks: List[float] = []
+
+    def tick(seconds: float) -> None:
+        ticks.append(seconds)
+        if len(ticks) == 2:
+            os.close(write)
+    assert _cli._wait(child, 60, tick) == ("", "") and child.returncode == 0
+    assert len(ticks) >= 2 and ticks == sorted(ticks)
 
 
 def test_bench_reports_settings_that_fail_and_recommends_nothing(tmp_path):
@@ -109,7 +127,12 @@ def test_bench_times_the_default_and_recommends_it_with_where_it_ran(tmp_path, m
     (marked,) = [line for line in lines if "<- the default: ran in " in line]
     assert marked.split()[0] == "auto" and marked.split()[2] == "60", lines
     placed = marked.split("<- the default: ran in ")[1]
-    assert lines[-1].startswith(f'recommended: num_workers="auto" (the default), which ran in {placed} here ('), lines
+    recommended = lines[-1]
+    if "measured: workers=1 was" in "\n".join(lines):  # the advice follows the measurement
+        assert recommended.startswith(f'recommended: workers=1 (measured fastest here; the default, workers="auto", '
+                                      f'which ran in {placed} here ('), lines
+    else:
+        assert recommended.startswith(f'recommended: workers="auto" (the default), which ran in {placed} here ('), lines
     if reader == "npy":  # every object releases the GIL: no worker is started, nothing to measure
         assert placed == "threads" and "releases the GIL" in lines[-1], lines
     elif auto_workers.cpu_share() >= 2:  # workers started: each file placed by measurement
@@ -117,7 +140,7 @@ def test_bench_times_the_default_and_recommends_it_with_where_it_ran(tmp_path, m
         assert "workers started; measur" in lines[-1]
 
 
-def test_a_setting_measured_faster_than_the_default_is_named_not_recommended():
+def test_a_setting_measured_faster_than_the_default_is_the_one_found():
     def results(default_rate):
         return [_cli.Result(0, samples_per_s=900.0), _cli.Result(1, samples_per_s=1000.0),
                 _cli.Result(3, error="died"), _cli.Result("auto", samples_per_s=default_rate)]
@@ -133,11 +156,23 @@ def test_a_faster_setting_is_explained_when_the_run_ended_during_the_defaults_tr
     default = _cli.Result("auto", samples_per_s=900.0, memory="m", placed="workers",
                           why="2 workers started; measuring: the run ended before the trial did", settled=settled)
     _cli._recommend([_cli.Result(0, samples_per_s=1000.0, memory="m"), default], 0.05, lines.append)
-    assert lines[1] == "measured: num_workers=0 was 11% faster than the default on this data", lines
+    assert lines[1] == "measured: workers=0 was 11% faster than the default on this data", lines
     trial = [line for line in lines if "trial of where to run the files" in line]
     assert trial == ([] if settled else ["  this run ended during the default's trial of where to run the files: for "
-                                         "runs as short as this one, num_workers=0 skips that trial"]), lines
-    assert lines[-1].startswith('recommended: num_workers="auto" (the default), which ran in workers here'), lines
+                                         "runs as short as this one, workers=0 skips that trial; a longer run may "
+                                         "settle the default on it"]), lines
+    assert lines[-1].startswith('recommended: workers=0 (measured fastest here; the default, workers="auto", which '
+                                'ran in workers here'), lines
+
+
+def test_the_advice_follows_the_measurement():
+    for default_rate, advice in ((650.0, "recommended: workers=1 (measured fastest here"),
+                                 (980.0, 'recommended: workers="auto" (the default)')):
+        lines: list = []
+        _cli._recommend([_cli.Result(1, samples_per_s=1000.0, memory="m"),
+                         _cli.Result("auto", samples_per_s=default_rate, memory="m", placed="threads", why="w")],
+                        0.05, lines.append)
+        assert lines[-1].startswith(advice), lines
 
 
 def test_bench_memory_is_the_whole_process_tree_with_every_worker(tmp_path):
@@ -231,3 +266,49 @@ def test_index_names_a_file_that_cannot_be_counted_and_leaves_it_out(tmp_path):
     assert any(line.startswith("error: count failed on ") and "b.npy" in line for line in lines), lines
     assert {name: e["count"] for name, e in json.loads((data / "_pyloader_counts.json").read_text())["files"].items()} \
         == {"a.npy": 6}
+
+
+def test_index_progress_without_tqdm_is_an_error_naming_the_progress_extra(tmp_path, monkeypatch, capsys):
+    write_jsonl(tmp_path / "data", [4])
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm: ImportError, as when it is not installed
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    rc, lines = run(["index", str(tmp_path / "data"), "--reader", "jsonl", "--progress"])
+    assert rc == 1 and lines == []
+    assert capsys.readouterr().err.strip() == (
+        "pyloader: error: --progress needs tqdm: pip install tqdm (or the 'progress' extra of pyloader-ml: "
+        "pip install 'pyloader-ml[progress]')")
+    assert not (tmp_path / "data" / "_pyloader_counts.json").exists()
+
+
+def test_image_shards_are_inspected_and_indexed_with_the_tar_reader(tmp_path):
+    import tarfile
+    from io import BytesIO
+
+    pil = pytest.importorskip("PIL.Image")
+    (tmp_path / "shards").mkdir()
+    for s in range(2):
+        with tarfile.open(tmp_path / "shards" / f"shard-{s}.tar", "w") as tar:
+            for i in range(3):
+                image = BytesIO()
+                pil.new("RGB", (8, 6), (i, s, 0)).save(image, format="PNG")
+                for ext, data in (("png", image.getvalue()), ("cls", str(i % 2).encode())):
+                    info = tarfile.TarInfo(f"{s}{i:04d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, BytesIO(data))
+    rc, lines = run(["inspect", str(tmp_path / "shards"), "--reader", "tar", "--batch-size", "2"])
+    assert rc == 0, lines
+    assert lines[3] == "2 files, 20.0 KiB, 6 samples" and "  png: ndarray uint8 (2, 6, 8, 3): [0 0 0 0] ..." in lines
+    rc, lines = run(["index", str(tmp_path / "shards"), "--reader", "tar"])
+    assert rc == 0 and "2 files, 6 samples" in lines[0], lines
+
+
+def test_the_index_is_written_readable_by_everyone_the_umask_allows(tmp_path):
+    write_jsonl(tmp_path / "data", [4])
+    old = os.umask(0o027)  # this process's only; restored below
+    try:
+        rc, lines = run(["index", str(tmp_path / "data"), "--reader", "jsonl"])
+    finally:
+        os.umask(old)
+    assert rc == 0, lines
+    assert (tmp_path / "data" / "_pyloader_counts.json").stat().st_mode & 0o777 == 0o640  # 0666 less the umask
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["_pyloader_counts.json", "part-0.jsonl"]  # no .tmp

@@ -22,6 +22,7 @@ import json
 import re
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -40,6 +41,7 @@ NOT_PYTHON = {"py", "python3", "pycon", "ipython"}  # spelled so, a Python block
 MARKER = re.compile(r"^<!-- example: ([\w-]+) -->$")
 FENCE = re.compile(r"^(\s*)(`{3,})(.*)$")
 TENSORFLOW = ("tensorflow", "TFCollator", "to_tf_dataset")
+EXAMPLE_MODULE = "__docs_example__"  # the examples' __name__: the module a warning at their lines names
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,11 +104,15 @@ def parse(lines: List[str], name: str, first: int = 1, owner: Optional[str] = No
 
 
 def run_blocks(todo: List[Block], namespace: Optional[Dict[str, object]] = None) -> None:
-    """Run ``todo`` in order in one namespace; an error is raised with a note naming its block."""
-    namespace = {"__name__": "__docs_example__"} if namespace is None else namespace
+    """Run ``todo`` in order in one namespace; an error is raised with a note naming its block. A
+    ``FutureWarning`` raised at a line of an example (a keyword that goes, as pyloader's flat keywords of
+    earlier releases) is such an error: the docs show the current names."""
+    namespace = {"__name__": EXAMPLE_MODULE} if namespace is None else namespace
     for block in todo:
         try:
-            exec(compile(block.code, block.page, "exec"), namespace)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("error", category=FutureWarning, module=re.escape(EXAMPLE_MODULE))
+                exec(compile(block.code, block.page, "exec"), namespace)
         except BaseException as error:
             error.add_note(block.note)
             raise
@@ -257,6 +263,22 @@ def test_a_broken_example_fails_and_names_its_page_and_line(tmp_path: Path) -> N
     assert caught.traceback[-1].lineno + 1 == 11  # the traceback points at the page's own line
 
 
+def test_an_example_that_raises_a_future_warning_fails_and_names_its_line(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.txt").write_text("x\ny\n")
+    page = tmp_path / "flat.md"
+    data = str(tmp_path / "data")
+    page.write_text("```python\nimport pyloader as pl\nfrom pyloader.collators import NumpyCollator\n"
+                    "from pyloader.readers import TextLinesReader\n\n"
+                    f"pl.DataLoader(TextLinesReader(2), pl.IdentityDataset(), NumpyCollator(), {data!r},\n"
+                    "              rotation=2, rotation_size=4)\n```\n")
+    with pytest.raises(FutureWarning, match=r"rotation=2, rotation_size=4 is now rotation=Rotation\(2, size=4\)") \
+            as caught:
+        run_blocks(blocks(page, "flat.md"))
+    assert caught.value.__notes__ == ["in the example at flat.md:1"]
+    assert [e.lineno + 1 for e in caught.traceback if str(e.path) == "flat.md"] == [6]  # the call, on the page
+
+
 @pytest.mark.parametrize("text,message", [
     ("```\nprint(1)\n```\n", "must name its language"),
     ("```py\nprint(1)\n```\n", "must name its language"),
@@ -316,7 +338,7 @@ def docstring_namespace() -> Dict[str, object]:
     from pyloader.collators import NumpyCollator
     from pyloader.readers import JsonLinesReader
 
-    namespace: Dict[str, object] = {"__name__": "__docs_example__", "pyloader": pl}
+    namespace: Dict[str, object] = {"__name__": EXAMPLE_MODULE, "pyloader": pl}
     for module in public_modules():
         namespace.update((name, getattr(module, name)) for name in module.__all__)
     reader, dataset, collator = JsonLinesReader(batch_size=16), pl.IdentityDataset(), NumpyCollator()

@@ -98,7 +98,7 @@ def test_an_exit_request_from_batch_encode_arrives_as_itself_and_leaves_no_pendi
         for run in range(20):
             # in this process: a worker that exits is a WorkerDied (tests/test_worker_faults.py)
             loader = pl.DataLoader(IdReader(4), ExitingDataset(exc_type), ListCollator(), str(tmp_path),
-                                   num_workers=0)
+                                   workers=0)
             with pytest.raises(exc_type) as info:
                 list(loader)
             if exc_type is SystemExit:

@@ -331,7 +331,7 @@ def test_a_run_resumes_exactly_at_every_position(tmp_path, case):
 def test_a_run_with_the_workers_chosen_automatically_resumes_exactly_at_every_position(tmp_path, monkeypatch):
     monkeypatch.setenv("PYLOADER_NUM_WORKERS", "auto")  # the suite's conftest says 0
     make = ids_loader(tmp_path / "data", shuffle=True, shuffle_buffer=3)
-    assert make().num_workers == "auto"
+    assert make().workers.processes == "auto"
     assert check_resume(make) == 6
     assert wait_no_children() == []
 

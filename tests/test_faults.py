@@ -650,7 +650,7 @@ def test_soak_many_epochs_and_iterations(tmp_path):
     write_chunks(tmp_path / "data", [3, 0, 2, 5, 1])  # 11 samples
     data = str(tmp_path / "data")
     expected = list(range(11))
-    prefetch_files = pl.DataLoader.__init__.__kwdefaults__["prefetch_files"]
+    prefetch_files = pl.Storage().prefetch_files
     per_run_threads = 1 + prefetch_files + 2 * 2  # the loop, prefetch_files readers, 2 x 2 batch workers
     # the loop's selector and wake-up pair, a socket and multiprocessing's two pipes per worker
     # (2), and the files the readers hold open at once (a trial's threads window runs while the

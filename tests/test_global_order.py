@@ -32,11 +32,11 @@ class RangeReader(IdReader):
 
 
 def loader(folder, world_size=1, rank=0, *, reader=IdReader, block=60, num_epoch=1, seed=42, drop_last=False,
-           num_workers=0, global_batch=G) -> pl.DataLoader:
+           workers=0, global_batch=G) -> pl.DataLoader:
     return pl.DataLoader(reader(batch_size=global_batch // world_size), pl.IdentityDataset(), ListCollator(),
                          str(folder), shuffle=pl.Shuffle(block=block), random_seed=seed, num_epoch=num_epoch,
                          drop_last=drop_last, ranks=pl.Ranks(rank=rank, world_size=world_size),
-                         num_workers=num_workers)
+                         workers=workers)
 
 
 def global_batches(folder, world_size, **kwargs) -> List[List[int]]:
@@ -57,9 +57,9 @@ def data(tmp_path):
     return tmp_path / "d"
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_an_epoch_delivers_every_sample_once_in_an_order_no_file_order_gives(data, num_workers):
-    with loader(data, num_workers=num_workers, num_epoch=2) as ld:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_delivers_every_sample_once_in_an_order_no_file_order_gives(data, workers):
+    with loader(data, workers=workers, num_epoch=2) as ld:
         epochs = [[], []]
         for batch in ld:
             epochs[ld.epoch].extend(batch["id"])
@@ -79,7 +79,7 @@ def test_global_batches_are_the_same_for_every_world_size_dividing_the_global_ba
 
 
 def test_global_batches_are_the_same_under_workers(data):
-    assert global_batches(data, 2, num_workers=2) == global_batches(data, 2, num_workers=0)
+    assert global_batches(data, 2, workers=2) == global_batches(data, 2, workers=0)
 
 
 def test_the_order_is_a_pure_function_of_the_seed_and_the_epoch(data):
@@ -111,7 +111,7 @@ def test_a_block_of_the_whole_data_and_a_block_of_one_batch_both_cover_the_epoch
 def test_a_reader_with_read_range_reads_each_range_alone(data):
     reader = RangeReader(batch_size=G)
     ld = pl.DataLoader(reader, pl.IdentityDataset(), ListCollator(), str(data), shuffle=pl.Shuffle(block=60),
-                       num_workers=0)
+                       workers=0)
     assert sorted(ids_of(ld)) == list(range(sum(SIZES)))
     assert sum(stop - start for _, start, stop in reader.ranges) == sum(SIZES), "every sample read once"
     assert len(reader.ranges) > len([n for n in SIZES if n]), "a file read in ranges, not whole"
@@ -124,7 +124,7 @@ def test_the_built_in_line_readers_follow_the_global_order(tmp_path, reader):
     for f in range(3):
         (folder / f"p{f}.txt").write_text("".join(json.dumps({"text": str(f * 10 + i)}) + "\n" for i in range(10)))
     ld = pl.DataLoader(reader(batch_size=4), pl.IdentityDataset(), ListCollator(), str(folder),
-                       shuffle=pl.Shuffle(block=8), num_workers=0)
+                       shuffle=pl.Shuffle(block=8), workers=0)
     key = "text"
     got = [b[key][k] for b in ld for k in range(len(b[key]))]
     values = sorted(json.loads(v)["text"] if reader is TextLinesReader else v for v in got)
@@ -164,18 +164,18 @@ def test_a_state_under_another_global_batch_is_refused_naming_it(data):
         ld.load_state_dict(state)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_it_resumes_exactly_at_every_position(data, num_workers):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_it_resumes_exactly_at_every_position(data, workers):
     def make():
-        return loader(data, 3, 1, num_epoch=2, num_workers=num_workers)
-    n = check_resume(make, positions=None if num_workers == 0 else [0, 1, 6, 13, 14, 20])
+        return loader(data, 3, 1, num_epoch=2, workers=workers)
+    n = check_resume(make, positions=None if workers == 0 else [0, 1, 6, 13, 14, 20])
     assert n == 2 * -(-sum(SIZES) // G)
 
 
 @pytest.mark.parametrize("options, word", [
-    (dict(shuffle_buffer=10), "shuffle_buffer"),
+    (dict(order=pl.Order(shuffle_buffer=10)), "shuffle_buffer"),
     (dict(stream=True), "stream"),
-    (dict(filter_fn=lambda s: True), "filter_fn"),
+    (dict(order=pl.Order(filter_fn=lambda s: True)), "filter_fn"),
 ])
 def test_orders_it_replaces_and_features_it_does_not_compose_with_yet_are_refused(data, options, word):
     with pytest.raises(ValueError, match=word):
@@ -195,7 +195,7 @@ def test_batches_mix_single_class_files_about_as_well_as_a_random_permutation(tm
     write_chunks(folder, [100] * 100)
     batch = 50
     ld = pl.DataLoader(IdReader(batch_size=batch), pl.IdentityDataset(), ListCollator(), str(folder),
-                       shuffle=pl.Shuffle(block=1000), num_workers=0, drop_last=True)
+                       shuffle=pl.Shuffle(block=1000), workers=0, drop_last=True)
     ours = np.mean([_tv(np.asarray(b["id"]) // 100) for b in ld])
     rng = np.random.default_rng(0)
     ideal = np.mean([_tv(p // 100) for p in rng.permutation(10_000)[: 10_000 // batch * batch].reshape(-1, batch)])
@@ -230,16 +230,16 @@ def test_a_compressed_line_file_is_read_through_iter_file_up_to_its_range(tmp_pa
     assert n == 5 and list(columns["i"]) == [40, 41, 42, 43, 44]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, 2])
 def test_a_built_in_reader_reading_ranges_from_its_bytes_gives_the_same_global_batches_for_any_world_size(
-        data, num_workers):
+        data, workers):
     def batches(world_size):
         per_rank = []
         for rank in range(world_size):
             ld = pl.DataLoader(
                 TextLinesReader(batch_size=G // world_size, piece_size=2), pl.IdentityDataset(), ListCollator(),
                 str(data), shuffle=pl.Shuffle(block=36), ranks=pl.Ranks(rank=rank, world_size=world_size),
-                num_workers=num_workers)
+                workers=workers)
             per_rank.append([[t for t, pad in zip(b["text"], b.get("__padding__", [False] * len(b["text"])))
                               if not pad] for b in ld])
         return [sorted(sum((per_rank[r][k] for r in range(world_size)), [])) for k in range(len(per_rank[0]))]
@@ -265,7 +265,7 @@ def test_the_index_holds_where_samples_start_and_ranges_are_read_from_it_without
         raise AssertionError("the table was made from the file's bytes, not read from the index")
     monkeypatch.setattr(_ranges, "line_table", no_table)
     ld = pl.DataLoader(JsonLinesReader(batch_size=10), pl.IdentityDataset(), ListCollator(), str(folder),
-                       shuffle=pl.Shuffle(block=40), num_workers=0)
+                       shuffle=pl.Shuffle(block=40), workers=0)
     assert sorted(i for b in ld for i in b["i"]) == list(range(300))
 
 
@@ -277,7 +277,7 @@ def test_the_default_placement_delivers_every_sample_once_in_the_same_order(tmp_
                                     shuffle=pl.Shuffle(block=512), num_epoch=2, **kwargs))
     default = ids()
     assert sorted(default) == sorted(list(range(3600)) * 2)
-    assert default == ids(num_workers=0)
+    assert default == ids(workers=0)
 
 
 # -- amounts: epoch_size, weighted sources, repeat, choose, batching ------------------------------------
@@ -295,9 +295,9 @@ def _mixed(tmp_path, sizes_by_source=((40, 20), (30,), (7, 8, 9)), amounts=None)
     return sources
 
 
-def mixed_loader(sources, world_size=1, rank=0, *, num_workers=0, num_epoch=1, **shuffle):
+def mixed_loader(sources, world_size=1, rank=0, *, workers=0, num_epoch=1, **shuffle):
     return pl.DataLoader(IdReader(batch_size=G // world_size), pl.IdentityDataset(), ListCollator(), sources,
-                         shuffle=pl.Shuffle(block=48, **shuffle), num_epoch=num_epoch, num_workers=num_workers,
+                         shuffle=pl.Shuffle(block=48, **shuffle), num_epoch=num_epoch, workers=workers,
                          ranks=pl.Ranks(rank=rank, world_size=world_size))
 
 
@@ -310,11 +310,11 @@ def _by_epoch(ld) -> List[List[int]]:
     return out
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_smaller_epoch_size_gives_disjoint_parts_that_together_cover_the_data(data, num_workers):
-    ld = loader(data, num_workers=num_workers, num_epoch=3)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_smaller_epoch_size_gives_disjoint_parts_that_together_cover_the_data(data, workers):
+    ld = loader(data, workers=workers, num_epoch=3)
     ld = pl.DataLoader(IdReader(batch_size=G), pl.IdentityDataset(), ListCollator(), str(data),
-                       shuffle=pl.Shuffle(block=60, epoch_size=50), num_epoch=3, num_workers=num_workers)
+                       shuffle=pl.Shuffle(block=60, epoch_size=50), num_epoch=3, workers=workers)
     epochs = _by_epoch(ld)
     assert [len(e) for e in epochs] == [50, 50, 50] and len(ld) == 3 * -(-50 // G)
     assert sorted(i for e in epochs for i in e) == list(range(150))
@@ -393,11 +393,11 @@ def test_amounts_without_the_global_order_are_refused_naming_it(tmp_path):
         pl.DataLoader(IdReader(batch_size=4), pl.IdentityDataset(), ListCollator(), sources, shuffle=True)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_mixed_global_order_resumes_exactly_at_every_position(tmp_path, num_workers):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mixed_global_order_resumes_exactly_at_every_position(tmp_path, workers):
     sources = _mixed(tmp_path, amounts={0: {"repeat": 0.5}, 1: {"choose": 40}})
-    check_resume(lambda: mixed_loader(sources, 2, 1, num_epoch=2, num_workers=num_workers, batching="stratified"),
-                 positions=None if num_workers == 0 else [0, 3, 7, 9])
+    check_resume(lambda: mixed_loader(sources, 2, 1, num_epoch=2, workers=workers, batching="stratified"),
+                 positions=None if workers == 0 else [0, 3, 7, 9])
 
 
 def test_amounts_hold_for_random_configurations(tmp_path):

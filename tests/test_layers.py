@@ -3,7 +3,8 @@
 Every import of every module under ``pyloader/`` counts, those inside functions and under
 ``TYPE_CHECKING`` included: a lazy import is still a dependency. From the top:
 
-- the top level (the loader, its options, the run's chain, the CLI, ``testing``);
+- the top level (the loader, its options, the run's chain, the CLI, ``testing``, the original PyLoader's
+  module paths ``datareader``, ``dataset``, ``datacollator``, ``dataloader``);
 - ``_stages``: the pipeline's stages;
 - ``_execution``: where user code runs (threads, the worker pool, the event loop);
 - ``_storage``: bytes, caches, remote files, codecs;
@@ -25,7 +26,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pyloader"
 TOP = {"__init__", "__main__", "_loader", "_pipeline", "_plan", "_options", "_groups", "_compose", "_length", "_counts",
-       "_cli", "_diagnose", "testing"}
+       "_cli", "_diagnose", "testing", "datareader", "dataset", "datacollator", "dataloader"}
 TOP_PACKAGES = {"_write"}  # packages of the top level: pyloader.write
 BASICS = {"_abc", "_columns", "_errors", "_stats", "_trace", "_rng", "_state", "_paths", "_npy", "_checks", "_libc",
           "_sample_index"}

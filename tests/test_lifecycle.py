@@ -245,9 +245,9 @@ def test_abstract_classes_need_their_method():
 
 @pytest.mark.parametrize("kwargs,match", [({"num_epoch": 0}, "num_epoch"), ({"max_queue_size": 0}, "max_queue_size"),
                                           ({"shuffle_buffer": -1}, "shuffle_buffer"),
-                                          ({"on_error": "ignore"}, "on_error"), ({"num_threads": 0}, "num_threads"),
-                                          ({"num_threads": True}, "num_threads"),
-                                          ({"num_threads": 1.5}, "num_threads")])
+                                          ({"on_error": "ignore"}, "on_error"), ({"num_threads": 0}, "Workers.threads"),
+                                          ({"num_threads": True}, "Workers.threads"),
+                                          ({"num_threads": 1.5}, "Workers.threads")])
 def test_bad_arguments_fail_at_construction(tmp_path, kwargs, match):
     write_chunks(tmp_path, [3])
     with pytest.raises(ValueError, match=match):

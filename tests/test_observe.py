@@ -178,7 +178,7 @@ def test_a_progress_bar_starts_no_thread_that_a_later_iteration_s_workers_would_
         from pyloader.collators import NumpyCollator
         from pyloader.readers import TextLinesReader
         loader = pl.DataLoader(TextLinesReader(4), pl.IdentityDataset(), NumpyCollator(), sys.argv[1],
-                               num_workers=2, progress=True)
+                               workers=2, progress=True)
         for epoch in range(2):
             assert sum(len(b["text"]) for b in loader) == 30
             assert [t.name for t in threading.enumerate()] == ["MainThread"], threading.enumerate()

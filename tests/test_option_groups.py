@@ -23,6 +23,18 @@ def loader(folder: Path, **kwargs: Any) -> pl.DataLoader:
     return pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(folder), **kwargs)
 
 
+def worker_init(worker_id: int) -> None:
+    """Does nothing, in each worker."""
+
+
+def odd_ids(sample: Dict[str, Any]) -> bool:
+    return sample["id"] % 2 == 1
+
+
+def reversed_files(files: List[str], epoch: int, rng: Any) -> List[str]:
+    return list(reversed(files))
+
+
 def batches(made: pl.DataLoader) -> List[Dict[str, list]]:
     with made:
         return [{k: np.asarray(v).tolist() for k, v in b.items()} for b in made]
@@ -93,13 +105,23 @@ def test_the_rules_between_a_group_and_other_options_are_checked_when_the_loader
     ({"rotation": 3, "rotation_size": 12}, {"rotation": pl.Rotation(3, size=12)}),
     ({"bucket_by": id_length, "bucket_buffer": 4}, {"bucket": pl.Bucket(id_length, buffer=4)}),
     ({"on_error": "skip", "max_errors": 3}, {"on_error": pl.OnError("skip", max_errors=3)}),
+    ({"num_workers": 2, "num_threads": 2, "persistent_workers": True, "start_method": "fork",
+      "worker_init_fn": worker_init},
+     {"workers": pl.Workers(2, threads=2, persistent=True, start_method="fork", init_fn=worker_init)}),
+    ({"num_workers": 0, "num_threads": 3}, {"workers": pl.Workers(0, threads=3)}),
+    ({"pin_memory": True}, {"device": pl.Device(pin_memory=True)}),
+    ({"shuffle_buffer": 5, "filter_fn": odd_ids, "stop": "all_exhausted"},
+     {"order": pl.Order(shuffle_buffer=5, filter_fn=odd_ids, stop="all_exhausted")}),
+    ({"file_order": reversed_files}, {"order": pl.Order(file_order=reversed_files)}),
+    ({"prefetch_files": 1}, {"storage": pl.Storage(prefetch_files=1)}),
 ])
 def test_an_old_keyword_gives_the_batches_and_state_of_its_group_with_a_warning_naming_the_new_form(
         tmp_path, old, new):
     write_chunks(tmp_path, [5, 3, 4])
-    grouped = loader(tmp_path, num_workers=0, shuffle=True, **new)
+    shuffle = "file_order" not in old  # file_order replaces shuffle
+    grouped = loader(tmp_path, shuffle=shuffle, **{"workers": 0, **new})
     with pytest.warns(FutureWarning) as caught:
-        flat = loader(tmp_path, num_workers=0, shuffle=True, **old)
+        flat = loader(tmp_path, shuffle=shuffle, **({} if "workers" in new else {"workers": 0}), **old)
     (keyword, group), = new.items()
     shown = f"is now {keyword}={flat.__getattribute__(keyword)!r}"
     assert any(shown in str(w.message) for w in caught), [str(w.message) for w in caught]
@@ -141,11 +163,21 @@ def test_an_old_keyword_without_its_feature_is_a_value_error_naming_the_new_form
     ({"ranks": pl.Ranks(rank=0), "world_size": 2}, r"got world_size=2 and ranks=Ranks\(rank=0\)"),
     ({"on_error": pl.OnError("skip"), "max_errors": 1}, r"got max_errors=1 and on_error=OnError\('skip'\)"),
     ({"bucket": pl.Bucket("id"), "bucket_buffer": 8}, r"got bucket_buffer=8 and bucket=Bucket\('id'\)"),
+    ({"storage": pl.Storage(prefetch_files=2), "prefetch_files": 1},
+     r"got prefetch_files=1 and storage=Storage\(prefetch_files=2\)"),
+    ({"storage": pl.Storage(retries=1), "retries": 2}, r"got retries=2 and storage=Storage\(retries=1\)"),
 ])
 def test_an_old_keyword_together_with_its_group_is_a_type_error(tmp_path, given, message):
     write_chunks(tmp_path, [4])
     with pytest.raises(TypeError, match=message):
         loader(tmp_path, **given)
+
+
+def test_prefetch_files_given_beside_a_storage_as_before_joins_it_with_a_warning(tmp_path):
+    write_chunks(tmp_path, [4])
+    with pytest.warns(FutureWarning, match=r"prefetch_files=1 is now storage=Storage\(retries=0, prefetch_files=1\)"):
+        made = loader(tmp_path, prefetch_files=1, storage=pl.Storage(retries=0), workers=0)
+    assert made.storage == pl.Storage(retries=0, prefetch_files=1) and ids_of(batches(made)) == [0, 1, 2, 3]
 
 
 def test_a_typo_of_an_old_keyword_names_its_new_form(tmp_path):
@@ -157,9 +189,9 @@ def test_a_typo_of_an_old_keyword_names_its_new_form(tmp_path):
         loader(tmp_path, rankz=pl.Ranks())
 
 
-def test_the_signature_has_at_most_30_parameters_and_keeps_the_original_ones():
+def test_the_signature_has_at_most_21_parameters_and_keeps_the_original_ones():
     params = inspect.signature(pl.DataLoader).parameters
-    assert len(params) <= 30  # 42 before the groups: 8 positional + 21 keywords, then pack=
+    assert len(params) <= 21  # 42 before the groups, 29 before the workers, device and order; then pack= (issue 49)
     assert list(params)[:8] == ["datareader", "dataset", "datacollator", "data_dir", "num_epoch", "max_queue_size",
                                 "shuffle", "random_seed"]
     assert not set(params) & (set(OLD_KEYWORDS) - set(MOVED))
@@ -180,7 +212,7 @@ def test_loader_shard_keeps_the_ranks_settings_it_does_not_replace(tmp_path):
 def test_the_changelog_lists_every_moved_keyword_with_its_new_form():
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     listed = re.findall(r"^  - `(\w+)=` → `(.*)`$", text, re.M)
-    assert listed == [(old, moved_to(old)) for old in OLD_KEYWORDS]
+    assert sorted(listed) == sorted((old, moved_to(old)) for old in OLD_KEYWORDS)
 
 
 KEYS = ["files", "num_files", "batch_size", "shuffle", "random_seed", "reader_shuffle", "reader_seed", "shuffle_buffer",

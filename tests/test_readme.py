@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import List, Tuple
 
 import pytest
 
@@ -12,11 +13,20 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
 
-def python_blocks(after_heading: str) -> list:
+def section_of(heading: str) -> str:
     text = README.read_text()
-    section = text[text.index(after_heading):]
-    section = section[:section.find("\n## ", 1)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+    section = text[text.index(heading):]
+    return section[:section.find("\n## ", 1)]
+
+
+def python_blocks(after_heading: str) -> list:
+    return re.findall(r"```python\n(.*?)```", section_of(after_heading), re.S)
+
+
+def shown_data(heading: str) -> List[Tuple[str, List[str]]]:
+    """Each ``$ head -n N PATH`` console block of a section: the file it shows, and its lines."""
+    return [(m.group(1), m.group(2).splitlines())
+            for m in re.finditer(r"```console\n\$ head -n \d+ (\S+)\n(.*?)```", section_of(heading), re.S)]
 
 
 def write_tsv(folder: Path, rows: int) -> None:
@@ -35,9 +45,31 @@ def test_quick_usage_subclass_example_runs(tmp_path, monkeypatch):
     assert loader.epoch == 4
 
 
+def test_each_quick_usage_example_shows_its_data_and_runs_on_files_of_those_lines(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    shown, blocks = shown_data("## Quick usage"), python_blocks("## Quick usage")
+    assert [path for path, _ in shown] == ["data/part-0.jsonl", "texts/chunk-0.tsv"]  # one before each example
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    for (path, lines), code in zip(shown, blocks):
+        folder, name = path.split("/")
+        assert f'"{folder}/"' in code  # the example reads the folder shown
+        (tmp_path / folder).mkdir()
+        for i in range(3):  # files of the lines shown, as many as a batch needs
+            (tmp_path / folder / name.replace("0", str(i), 1)).write_text("\n".join(lines * 8) + "\n")
+        namespace: dict = {}
+        exec(compile(code, "README.md", "exec"), namespace)
+        ran.append(namespace)
+    with ran[0]["loader"] as loader:
+        batch = next(iter(loader))
+    assert batch["x"].dtype == torch.float32 and tuple(batch["x"].shape) == (16, 4)  # as the example's comment says
+    assert batch["y"].dtype == torch.int64 and tuple(batch["y"].shape) == (16,)
+    assert ran[1]["train_loader"].stats["batches"] == 5 * 3  # 48 lines in batches of 16, 5 epochs
+
+
 def test_the_check_resume_example_runs_on_the_quick_usage_classes(tmp_path):
     write_tsv(tmp_path / "small_data", 7)
-    from pyloader import DataLoader
+    from pyloader import DataLoader, Order
     from pyloader.testing import check_resume
 
     namespace: dict = {}
@@ -45,7 +77,7 @@ def test_the_check_resume_example_runs_on_the_quick_usage_classes(tmp_path):
     exec(compile(classes, "README.md", "exec"), namespace)
     checked = check_resume(lambda: DataLoader(namespace["TheDataReader"](batch_size=4), namespace["TheDataset"](),
                                               namespace["TheDataCollator"](), str(tmp_path / "small_data"),
-                                              shuffle=True, shuffle_buffer=8, num_workers=0))
+                                              shuffle=True, order=Order(shuffle_buffer=8), workers=0))
     assert checked == 6  # 21 samples in batches of 4
 
 

@@ -665,8 +665,8 @@ def test_persistent_workers_end_at_interpreter_exit(tmp_path, mid_iteration):
         from worker_helpers import EncodeDataset, InitRecorder, ListCollator, NumReader
 
         loader = pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), {str(tmp_path / "data")!r},
-                               num_workers=2, worker_init_fn=InitRecorder({str(tmp_path / "init")!r}),
-                               persistent_workers=True)
+                               workers=pl.Workers(2, init_fn=InitRecorder({str(tmp_path / "init")!r}),
+                                                  persistent=True))
         print("IDS", sum(len(b["id"]) for b in loader))
         it = iter(loader)
         if {mid_iteration!r}:
@@ -711,9 +711,9 @@ def test_a_persistent_worker_killed_between_epochs_is_reported_then_replaced(tmp
 
 def test_persistent_workers_need_workers_when_none_are_asked_for(tmp_path):
     write_chunks(tmp_path / "data", [3])
-    with pytest.raises(ValueError, match="num_workers"):
-        pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), str(tmp_path / "data"), num_workers=0,
-                      persistent_workers=True)
+    with pytest.raises(ValueError, match=r"Workers.persistent=True keeps worker processes: it needs processes > 0"):
+        pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), str(tmp_path / "data"),
+                      workers=pl.Workers(0, persistent=True))
 
 
 def test_a_worker_serves_bookkeeping_then_the_next_piece_of_a_file_under_way_then_batches_then_new_files():

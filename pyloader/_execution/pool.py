@@ -96,7 +96,7 @@ def _guard_advice(method: str) -> str:
     main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
     return (f"with start method {method!r} every worker process first imports {main}, and importing it iterates "
             f"a DataLoader with workers again. Put the script's code under `if __name__ == \"__main__\":` "
-            f"(or use start_method='fork')")
+            f"(or use workers=Workers(start_method='fork'))")
 
 
 def _forkserver_exit_code(wait_s: float = 1.0) -> Optional[int]:

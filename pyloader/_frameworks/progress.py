@@ -20,13 +20,13 @@ if TYPE_CHECKING:
 POSTFIX_EVERY_S = 0.5
 
 
-def check() -> None:
-    """``ImportError`` with what to install, when tqdm is missing."""
+def check(what: str = "progress=True") -> None:
+    """``ImportError`` naming ``what`` needs tqdm and what to install, when tqdm is missing."""
     try:
         import tqdm  # noqa: F401
     except ImportError as exc:
-        raise ImportError("progress=True needs tqdm: pip install tqdm (or the 'progress' extra of "
-                          "pyloader-ml)") from exc
+        raise ImportError(f"{what} needs tqdm: pip install tqdm (or the 'progress' extra of "
+                          "pyloader-ml: pip install 'pyloader-ml[progress]')") from exc
 
 
 @functools.lru_cache(maxsize=None)

@@ -43,11 +43,16 @@ class _Run(Iterator[object], Protocol):
     def close(self) -> None: ...
 
 
+class _Order(Protocol):
+    @property
+    def file_order(self) -> object: ...
+
+
 class _Loader(Protocol):
     """What is read of the ``DataLoader``."""
 
     @property
-    def file_order(self) -> object: ...
+    def order(self) -> _Order: ...
 
     @property
     def stream(self) -> object: ...
@@ -148,8 +153,8 @@ def cardinality(loader: _Loader) -> Optional[int]:
     files, nor when skipped errors can shorten a pass."""
     from .._stages.order import declares_drops_or_repeats
 
-    custom = loader.file_order is not None
-    if loader.stream and (loader.shuffle or custom) or declares_drops_or_repeats(loader.file_order) \
+    custom = loader.order.file_order is not None
+    if loader.stream and (loader.shuffle or custom) or declares_drops_or_repeats(loader.order.file_order) \
             or getattr(loader.on_error, "policy", loader.on_error) != "raise":  # an OnError
         return None
     try:

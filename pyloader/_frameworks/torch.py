@@ -48,7 +48,7 @@ def pinner() -> Optional[OnBatch]:
     import torch
 
     if not torch.cuda.is_available():
-        logger.warning("pin_memory=True but no CUDA device is available: batches are not pinned")
+        logger.warning("Device(pin_memory=True) but no CUDA device is available: batches are not pinned")
         return None
     return TensorMap(lambda t: t.pin_memory())
 

@@ -54,6 +54,11 @@ from .shard import Sharding
 from .source import Source
 
 
+class _Order(Protocol):
+    @property
+    def shuffle_buffer(self) -> int: ...
+
+
 class _Options(Protocol):
     """What this stage reads of the user's options (``_options.Options``)."""
 
@@ -64,7 +69,7 @@ class _Options(Protocol):
     def shuffle(self) -> object: ...
 
     @property
-    def shuffle_buffer(self) -> int: ...
+    def order(self) -> _Order: ...
 
     @property
     def bucket(self) -> object: ...
@@ -100,7 +105,7 @@ FromFiles = Callable[[range, Run, bool], AsyncGenerator[Group, None]]
 def reorders(s: "Settings") -> bool:
     """Whether a read epoch's batches change places: when the batches of an epoch are shuffled anyway."""
     o = s.options
-    return bool(o.shuffle) or o.shuffle_buffer > 0 or o.bucket is not None or o.datareader.shuffle
+    return bool(o.shuffle) or o.order.shuffle_buffer > 0 or o.bucket is not None or o.datareader.shuffle
 
 
 def batch_order(entries: Sequence[BatchEntry], batch_size: int, rng: Optional[np.random.Generator]) -> List[int]:

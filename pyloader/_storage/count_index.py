@@ -29,7 +29,7 @@ import json
 import logging
 import os
 import posixpath
-import tempfile
+import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, TypedDict
 
@@ -233,9 +233,12 @@ def read_index(path: str, key: IndexKey) -> Optional[Entries]:
 
 
 def _write_local(path: str, data: bytes) -> None:
+    """``data`` as the file ``path``, replaced at once; the file gets the permissions of any new file (0666
+    less the umask: readable by the other users of a shared dataset), not ``mkstemp``'s 0600."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".counts-{writers.tag()}-", suffix=".tmp")
+    tmp = os.path.join(folder, f".counts-{writers.tag()}-{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to open()
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -21,7 +21,7 @@ class TorchCollator(ArrayCollator):
     An array torch cannot view as it is (negative strides, non-native byte
     order) is copied first. A read-only input array gives a tensor that must not
     be written to (torch warns about it once).
-    Pinning is the loader's job: ``DataLoader(pin_memory=True)``.
+    Pinning is the loader's job: ``DataLoader(device=Device(pin_memory=True))``.
 
     Example:
         ```python
