@@ -133,11 +133,16 @@ class Budget:
             raise
         finally:
             demanded.cancel()
-            if not turn.done():
-                turn.cancel()
-                self._waiting.remove(waiter)
-                self._wake()  # the next one may fit now
+            self._withdraw(waiter)
         return n if not turn.cancelled() else 0
+
+    def _withdraw(self, waiter: Tuple[int, "asyncio.Future[None]"]) -> None:
+        """A request that stopped waiting leaves the queue, unless its turn came (then it holds its bytes)."""
+        _, turn = waiter
+        if not turn.done():
+            turn.cancel()
+            self._waiting.remove(waiter)
+            self._wake()  # the next one may fit now
 
     def _grant(self, n: int) -> int:
         self.used += n
