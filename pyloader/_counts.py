@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from ._abc import DataReader
 from ._errors import PipelineError
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from tqdm import tqdm
 
 logger = logging.getLogger("pyloader")
+_T = TypeVar("_T")
 
 COUNT_THREADS = 64  # remote counts wait on the network: many at once (a local one mostly on the disk cache)
 _STALE_NAMED = 5
@@ -114,12 +115,12 @@ class Counter:
     def _count_all(self, known: Optional[Sequence[Optional[int]]], first_failure_stops: bool,
                    stop: Optional[threading.Event], progress: bool) -> Counted:
         began = time.perf_counter()
-        counts: List[Optional[int]] = list(known) if known is not None else [None] * len(self.files)
-        need = [i for i, n in enumerate(counts) if n is None]
+        counts = _starting_counts(known, len(self.files))
+        need = _unknown(counts)
         out = Counted(counts)
         places = self.places
         stamps = self._from_indexes(places, need, out) if places is not None and need else {}
-        left = [i for i in need if counts[i] is None]
+        left = _unknown(counts)  # of ``need``: the others were known already
         self._count(left, out, first_failure_stops, stop or threading.Event(), progress)
         out.counted = len(left)
         if left and places is not None and places.cache_index is not None:  # what is counted is kept there
@@ -135,7 +136,7 @@ class Counter:
             return {}  # no index to check against nor to keep: no file need be looked at
         paths = [self.files[i] for i in need]
         now = ix.stamps(paths, places.folder)
-        found = {i: s for i, s in zip(need, now) if s is not None}
+        found = _held(need, now)
         result = places.lookup(paths, now, data, kept)
         for i, n in zip(need, result.counts):
             out.counts[i] = n
@@ -190,9 +191,20 @@ class Counter:
             logger.warning("pyloader: the count index in cache_dir %r cannot be written: %s", cache_index, exc)
 
 
-def _held(need: List[int], runs: List[Optional[Dict[str, object]]]) -> Dict[int, Dict[str, object]]:
-    """The sample index of each file ``need`` names, where an index holds one."""
-    return {i: r for i, r in zip(need, runs) if r is not None}
+def _held(need: List[int], found: Sequence[Optional[_T]]) -> Dict[int, _T]:
+    """``found[k]`` for file ``need[k]``, by file, where it is not ``None`` (the sample index an index holds,
+    the stamp of a file found)."""
+    return {i: r for i, r in zip(need, found) if r is not None}
+
+
+def _starting_counts(known: Optional[Sequence[Optional[int]]], files: int) -> List[Optional[int]]:
+    """The counts a count starts from: a copy of ``known``, or ``None`` for each of the ``files``."""
+    return list(known) if known is not None else [None] * files
+
+
+def _unknown(counts: Sequence[Optional[int]]) -> List[int]:
+    """The positions of ``counts`` not known (``None``), in order."""
+    return [i for i, n in enumerate(counts) if n is None]
 
 
 def _read(index: Optional[str], key: ix.IndexKey) -> List[ix.Entries]:

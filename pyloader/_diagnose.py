@@ -34,6 +34,7 @@ from typing import (
     Optional,
     Protocol,
     Sequence,
+    Tuple,
     Union,
 )
 
@@ -294,17 +295,27 @@ def stages_png(report: Report, path: str, trace: Optional[Trace] = None) -> str:
 def draw_timeline(ax: "Axes", trace: Trace) -> None:
     """The spans of a trace (``traceEvents``), a row per thread or worker, coloured by stage."""
     events = trace["traceEvents"]
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    names = _thread_names(events)
     spans = spans_of(events)
     tracks = sorted({(e["pid"], e["tid"]) for e in spans}, key=lambda t: (names.get(t, "~"), t))
     start = min((e["ts"] for e in spans), default=0.0)
     stages = sorted({e["cat"] for e in spans})
     for row, track in enumerate(tracks):
-        _draw_track(ax, row, [e for e in spans if (e["pid"], e["tid"]) == track], stages, start)
+        _draw_track(ax, row, _spans_on(spans, track), stages, start)
     ax.set_yticks(range(len(tracks)), [f"{names.get(t, 'thread')} ({t[0]})" for t in tracks])
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=min(5, len(stages)), fontsize="small")
+
+
+def _thread_names(events: Sequence[Mapping[str, Any]]) -> Dict[Tuple[Any, Any], str]:
+    """The name of each thread (by ``(pid, tid)``) a trace's ``thread_name`` events give."""
+    return {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+
+
+def _spans_on(spans: List[Mapping[str, Any]], track: Tuple[Any, Any]) -> List[Mapping[str, Any]]:
+    """The ``spans`` of one thread or worker, ``track`` (its ``(pid, tid)``)."""
+    return [e for e in spans if (e["pid"], e["tid"]) == track]
 
 
 def spans_of(events: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:

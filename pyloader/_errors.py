@@ -222,7 +222,11 @@ class ErrorHandler:
         self.policy(error)  # raises to stop
         self.stats.errors.append(str(error))
         self.skipped += 1
-        if self.max_errors is not None and self.skipped > self.max_errors:
+        if self._too_many():
             raise TooManyErrors(stage, paths, RuntimeError(
                 f"{self.skipped} errors skipped in this iteration, more than max_errors={self.max_errors}; "
                 f"last: {error}"))
+
+    def _too_many(self) -> bool:
+        """Whether the errors skipped in this iteration are more than ``max_errors`` allows."""
+        return self.max_errors is not None and self.skipped > self.max_errors

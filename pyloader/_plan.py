@@ -276,11 +276,16 @@ async def plan_run(s: Settings, start: Start, run_blocking: RunBlocking) -> RunP
     if start.skip and not resumed.past_files:
         resumed = resumed._replace(drop=True)
     mode = _mode(s)
-    stack = (mode is Mode.FILES and s.options.pack is None and not s.sharding.active
-             and (s.pool is None or s.measured is None))
-    cut = Cut(s.batch_size, s.options.drop_last, stack=stack)
+    cut = Cut(s.batch_size, s.options.drop_last, stack=_stacks(s, mode))
     return RunPlan(mode=mode, start=start, source=source, steps=steps, cut=cut, buffers=buffers, resumed=resumed,
                    whole=whole)
+
+
+def _stacks(s: Settings, mode: Mode) -> bool:
+    """Whether batches are cut as stacked rows: files read in order, nothing packed, no ranks, and no
+    pool whose measured batches are needed."""
+    return (mode is Mode.FILES and s.options.pack is None and not s.sharding.active
+            and (s.pool is None or s.measured is None))
 
 
 def _needs_counts(s: Settings, start: Start, past_files: bool) -> bool:
@@ -323,18 +328,25 @@ def source_of(o: Options, files: List[str], start: Start, counts: Optional[List[
     """The plan of the epochs ``start`` begins, for a run (``make_source``) or for the loader's own
     questions before one (its length, a position's check)."""
     if isinstance(o.shuffle, Shuffle):
-        known = [n or 0 for n in counts or []]  # a count that failed and was skipped: left out
-        pools = pools_of(o.shuffle.epoch_size, known, mix, o.order.stop)
-        return TiledSource(files, known, pools, batch_size=o.datareader.batch_size, block=o.shuffle.block,
-                           batching=o.shuffle.batching, seed=o.random_seed, num_epoch=start.end,
-                           drop_last=o.drop_last, sharding=sharding,
-                           resume=(start.epoch, start.skip), runs=runs or {})
+        return _tiled_source(o, o.shuffle, files, start, counts, sharding=sharding, mix=mix, runs=runs)
     if mix is not None:
         return MixSource(mix, counts or [], o.order.stop, o.shuffle, o.random_seed, num_epoch=start.end,
                          sharding=sharding, counted=counted)
     return FileSource(files, start.end, bool(o.shuffle), o.random_seed, sharding=sharding, counts=counts,
                       whole_files=bool(o.stream), file_order=o.order.file_order, bounds=bounds_of(entries),
                       elastic=elastic)
+
+
+def _tiled_source(o: Options, shuffle: Shuffle, files: List[str], start: Start,
+                  counts: Optional[List[Optional[int]]], *, sharding: Sharding, mix: Optional[Mix],
+                  runs: Optional[Dict[int, Dict[str, object]]]) -> TiledSource:
+    """``source_of`` under the global order (``shuffle``, ``o.shuffle``)."""
+    known = [n or 0 for n in counts or []]  # a count that failed and was skipped: left out
+    pools = pools_of(shuffle.epoch_size, known, mix, o.order.stop)
+    return TiledSource(files, known, pools, batch_size=o.datareader.batch_size, block=shuffle.block,
+                       batching=shuffle.batching, seed=o.random_seed, num_epoch=start.end,
+                       drop_last=o.drop_last, sharding=sharding,
+                       resume=(start.epoch, start.skip), runs=runs or {})
 
 
 def _planned_steps(s: Settings, source: PlannedSource) -> Optional[Callable[[int], int]]:

@@ -106,9 +106,7 @@ def warn_about_user_threads(caller: int, persistent: bool = False) -> None:
     """Warn once per set of thread names that other threads run while workers are forked (other than
     ``caller``, which waits for the fork, and threads that wait for ``caller`` to end: ``_waits_for``),
     with the advice that fits them (``persistent``: the workers are kept, forked at the first iteration only)."""
-    running = [t for t in _other_threads(caller) if not t.name.startswith((_OURS, *_SAFE_THREADS))]
-    frames = sys._current_frames() if running else {}
-    others = sorted(t.name for t in running if not _waits_for(frames.get(t.ident or -1), caller, frames.get(caller)))
+    others = _unwaited(_user_threads(caller), caller)
     key = ",".join(others)
     if not others or key in _warned:
         return
@@ -117,6 +115,17 @@ def warn_about_user_threads(caller: int, persistent: bool = False) -> None:
                   f"({', '.join(others)}): a lock one of them holds at that moment stays held in the workers, "
                   f"and a worker that takes it waits forever. {_advice(others, persistent)}",
                   RuntimeWarning, stacklevel=2)
+
+
+def _user_threads(caller: int) -> List[threading.Thread]:
+    """The threads running besides ``caller`` that are neither pyloader's own nor known to be safe."""
+    return [t for t in _other_threads(caller) if not t.name.startswith((_OURS, *_SAFE_THREADS))]
+
+
+def _unwaited(running: List[threading.Thread], caller: int) -> List[str]:
+    """The names, sorted, of the threads of ``running`` that do not wait for ``caller`` (``_waits_for``)."""
+    frames = sys._current_frames() if running else {}
+    return sorted(t.name for t in running if not _waits_for(frames.get(t.ident or -1), caller, frames.get(caller)))
 
 
 def _advice(others: List[str], persistent: bool) -> str:
@@ -129,8 +138,13 @@ def _advice(others: List[str], persistent: bool) -> str:
         kept = "" if persistent else " and keep the workers with persistent_workers=True"
         ways.append(f"start {', '.join(later)} after the loader's first iteration{kept}")
     ways.append("pass start_method='forkserver'")
-    text = "; ".join(ways[:-1]) + "; or " + ways[-1] if len(ways) > 1 else ways[0]
+    text = _either(ways)
     return text[0].upper() + text[1:]
+
+
+def _either(ways: List[str]) -> str:
+    """``ways`` (one or more) as one clause: ``a; b; or c``."""
+    return "; ".join(ways[:-1]) + "; or " + ways[-1] if len(ways) > 1 else ways[0]
 
 
 def _waits_for(frame: Optional[FrameType], caller: int, callers: Optional[FrameType]) -> bool:

@@ -38,6 +38,7 @@ from typing import (
     Sequence,
     Set,
     Tuple,
+    TypeGuard,
     Union,
     cast,
 )
@@ -455,10 +456,19 @@ class PoolRunner:
         done = run_stacked(self.here.steps, datas, self.busy)
         if done is not None:
             return done
-        if isinstance(datas, StackedSegments) and self.op == "run" and not self.finish:
+        if self._whole_group(datas):
             return await self._stacked(datas, keys, doing)
         if self._run_here(datas):
             return await self.here.run(datas, keys)
+        return await self._in_workers(datas, keys)
+
+    def _whole_group(self, datas: Sequence[BatchData]) -> TypeGuard[StackedSegments]:
+        """Whether ``datas`` go to their worker as one group (``_stacked``): batches of one piece kept there,
+        run as they are (no ``finish``)."""
+        return isinstance(datas, StackedSegments) and self.op == "run" and not self.finish
+
+    async def _in_workers(self, datas: Sequence[BatchData], keys: Optional[Sequence[Key]]) -> List[Outcome]:
+        """``datas`` run in the workers, consecutive batches of one worker in one request; then finished here."""
         replies = await asyncio.gather(*(self._requested(worker, jobs) for worker, jobs in _requests(datas, keys)),
                                        return_exceptions=True)
         outcomes = _outcomes(replies)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from types import ModuleType
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -88,16 +88,30 @@ def _padded(batch: Dict[str, object]) -> Dict[str, int]:
     for key, value in batch.items():
         shape = tuple(getattr(value, "shape", ()))
         mask, lengths = batch.get(key + "_mask"), batch.get(key + "_lengths")
-        if mask is not None:
-            flags = np.asarray(mask)
-            if flags.dtype == bool and 2 <= flags.ndim <= len(shape) and shape[:flags.ndim] == flags.shape \
-                    and not flags.all():
-                out[key] = out[key + "_mask"] = flags.ndim - 1
-        if lengths is not None and len(shape) >= 2:
-            counts = np.asarray(lengths)
-            if counts.shape == shape[:1] and counts.dtype.kind in "iu" and counts.size and counts.min() < shape[1]:
-                out[key] = len(shape) - 1
+        if mask is not None and (dims := _masked_dims(shape, mask)) is not None:
+            out[key] = out[key + "_mask"] = dims
+        if lengths is not None and _some_short(shape, lengths):
+            out[key] = len(shape) - 1
     return out
+
+
+def _masked_dims(shape: Tuple[int, ...], mask: object) -> Optional[int]:
+    """The dimensions after the batch's that a field of ``shape`` shows padded by its ``<key>_mask``
+    companion: those of a bool mask over its leading dimensions that has a False; else ``None``."""
+    flags = np.asarray(mask)
+    if flags.dtype == bool and 2 <= flags.ndim <= len(shape) and shape[:flags.ndim] == flags.shape \
+            and not flags.all():
+        return flags.ndim - 1
+    return None
+
+
+def _some_short(shape: Tuple[int, ...], lengths: object) -> bool:
+    """Whether the ``<key>_lengths`` companion of a field of ``shape`` (one integer length per item) has
+    a length short of the field's first axis after the batch's."""
+    if len(shape) < 2:
+        return False
+    counts = np.asarray(lengths)
+    return bool(counts.shape == shape[:1] and counts.dtype.kind in "iu" and counts.size and counts.min() < shape[1])
 
 
 def infer_signature(tf: ModuleType, batch: object) -> Signature:

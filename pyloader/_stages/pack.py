@@ -66,6 +66,12 @@ def layout(lengths: Sequence[int], seq_len: int, method: str, window: Optional[i
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if window is None or window >= len(sizes):
         return _fitted(sizes, seq_len, method)
+    return _windowed(sizes, seq_len, method, window)
+
+
+def _windowed(sizes: np.ndarray, seq_len: int, method: str, window: int) -> Pieces:
+    """``layout`` by a fitting ``method``, of the documents ``window`` at a time: each window's sequences
+    after the previous window's."""
     parts, rows = [], 0
     for lo in range(0, len(sizes), window):
         part = _fitted(sizes[lo:lo + window], seq_len, method)
@@ -183,20 +189,30 @@ def _segment_ids(pieces: Pieces) -> np.ndarray:
 def documents(column: object, field: str) -> tuple:
     """A field of documents as their tokens end to end and their lengths; ``ValueError`` or ``TypeError``
     where it does not hold sequences of integers."""
-    if isinstance(column, np.ndarray) and column.ndim == 2:  # documents of one length
-        arrays = list(column)
-    elif isinstance(column, (list, tuple, np.ndarray)):
-        arrays = [np.asarray(doc) for doc in column]
-    else:
-        raise TypeError(f"field {field!r} must hold each document's tokens (a list of sequences), got "
-                        f"{type(column).__name__}")
+    arrays = _document_arrays(column, field)
     lengths = np.array([a.size if a.ndim == 1 else -1 for a in arrays], dtype=np.int64)
     if (lengths < 0).any():
         raise ValueError(f"field {field!r} must hold one sequence of tokens per document: a document is not 1-D")
-    tokens = np.concatenate([a for a in arrays if a.size] or [np.zeros(0, dtype=np.int64)])
+    tokens = _end_to_end(arrays)
     if tokens.dtype.kind not in "iu":
         raise TypeError(f"field {field!r} must hold integer tokens, got dtype {tokens.dtype}")
     return tokens, lengths
+
+
+def _document_arrays(column: object, field: str) -> List[np.ndarray]:
+    """Each document of ``column`` (the field ``field``) as an array; ``TypeError`` where ``column`` is
+    not a sequence of them."""
+    if isinstance(column, np.ndarray) and column.ndim == 2:  # documents of one length
+        return list(column)
+    if isinstance(column, (list, tuple, np.ndarray)):
+        return [np.asarray(doc) for doc in column]
+    raise TypeError(f"field {field!r} must hold each document's tokens (a list of sequences), got "
+                    f"{type(column).__name__}")
+
+
+def _end_to_end(arrays: List[np.ndarray]) -> np.ndarray:
+    """The tokens of ``arrays`` one after the other (an empty int64 array where there are none)."""
+    return np.concatenate([a for a in arrays if a.size] or [np.zeros(0, dtype=np.int64)])
 
 
 class PackSpec(NamedTuple):
@@ -211,10 +227,7 @@ class PackSpec(NamedTuple):
 
 def pack_columns(columns: object, spec: PackSpec, masked: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """One encoded batch's documents packed (``masked``: the documents ranks repeated, by row)."""
-    if not isinstance(columns, dict) or spec.field not in columns:
-        fields = sorted(columns) if isinstance(columns, dict) else type(columns).__name__
-        raise ValueError(f"Pack.field {spec.field!r} is not among the fields batch_encode gave ({fields})")
-    tokens, lengths = documents(columns[spec.field], spec.field)
+    tokens, lengths = documents(_packed_field(columns, spec.field), spec.field)
     if masked is not None and len(masked) != len(lengths):
         raise ValueError(f"batch_encode gave {len(lengths)} documents for {len(masked)} rows: under ranks "
                          f"each document keeps its row's {PADDING} flag, so packing needs one per row")
@@ -224,6 +237,14 @@ def pack_columns(columns: object, spec: PackSpec, masked: Optional[np.ndarray] =
                          f"than Pack.rows ({spec.rows})")
     packed = fill(tokens, lengths, pieces, spec.seq_len, spec.pad_value, masked=masked, rows=spec.rows)
     return {spec.field: packed.pop("tokens"), **packed}
+
+
+def _packed_field(columns: object, field: str) -> object:
+    """The column ``field`` of the encoded batch ``columns``; ``ValueError`` where there is none."""
+    if not isinstance(columns, dict) or field not in columns:
+        fields = sorted(columns) if isinstance(columns, dict) else type(columns).__name__
+        raise ValueError(f"Pack.field {field!r} is not among the fields batch_encode gave ({fields})")
+    return columns[field]
 
 
 class Packing:

@@ -74,13 +74,13 @@ class StreamBatcher:
                 stream.cancel()
 
     async def _epoch(self, unread: AsyncIterator[FileStream], epoch: int) -> AsyncIterator[Group]:
-        start = self.start if self.start is not None and self.start.epoch == epoch else None
+        start = self._start_in(epoch)
         if start is not None and start.at.ended:
             return  # resumed at the epoch's end
         rows = Rows(self.rows, unread, self.pieces, self.open_file, replay=self.padding_mode == "data")
         self.cutter.reset()
         sizes = GroupSize(self.group_limit)
-        target = self.target(epoch) if self.target is not None else None
+        target = self._target_of(epoch)
         try:
             index = 0 if start is None else await self._restore(rows, start)
             while before(index, target):
@@ -93,6 +93,14 @@ class StreamBatcher:
                 yield group
         finally:
             await rows.close()
+
+    def _start_in(self, epoch: int) -> Optional[StreamStart]:
+        """Where ``epoch`` begins, when it is the resumed one (``None``: at its first step)."""
+        return self.start if self.start is not None and self.start.epoch == epoch else None
+
+    def _target_of(self, epoch: int) -> Optional[int]:
+        """Under ranks, the steps every rank gives in ``epoch`` (``None``: as many as the rows give)."""
+        return self.target(epoch) if self.target is not None else None
 
     async def _restore(self, rows: Rows, start: StreamStart) -> int:
         """Put the rows of a resumed epoch where they were at its position, and what pads them

@@ -82,13 +82,12 @@ class Cutter:
         """``steps`` consecutive batches, each field filled with one copy per row for all of them."""
         meta = self._group_meta(rows, first, steps)  # positions before the rows move on
         end = steps * self.width
-        cuts: List[Cut] = [None if row is None else (row.task.path, *row.cut(end)) for row in rows]
+        cuts = _cuts(rows, end)
         files = [(path, piece) for path, piece, _ in filter(None, cuts)]
         self.template = files[0][1]
         data = {key: self._stacked_field(key, cuts, files, steps) for key in self.template}
         if self.padding_mode == "edge":  # each row's last sample of the group
-            self.remember_edges([None if cut is None else slice_rows(cut[1], cut[2] + end - 1, cut[2] + end)
-                                 for cut in cuts])
+            self.remember_edges(_last_samples(cuts, end))
         paths = _paths(rows)
         return Stacked([Batch(epoch, index + k, None, paths) for k in range(steps)], data, meta)
 
@@ -206,12 +205,16 @@ class Cutter:
         pad = self._pad(key)
         rows = []
         for r, col in enumerate(columns):
-            short = self.width - len(col)
-            fill = self._fill(key, r, col, pad_like(col[-1] if len(col) else like[0], pad)) if short else None
-            rows.append(list(col) + [fill] * short)
+            rows.append(self._padded_row(key, r, col, like, pad))
         if not self.seq_len:
             return [row[0] for row in rows]
         return [list(step) for step in zip(*rows)] if self.time_major else rows
+
+    def _padded_row(self, key: str, r: int, col: Window, like: Sequence, pad: object) -> List[Any]:
+        """Row ``r``'s samples ``col`` of field ``key``, then its padding up to the width (see ``_list_field``)."""
+        short = self.width - len(col)
+        fill = self._fill(key, r, col, pad_like(col[-1] if len(col) else like[0], pad)) if short else None
+        return list(col) + [fill] * short
 
     def remember_edges(self, windows: Sequence[Optional[Columns]]) -> None:
         """``padding_mode="edge"``: keep each row's last real sample (a copy: not the piece it came from)."""
@@ -241,6 +244,16 @@ def _row_meta(rows: Rows) -> Dict[str, np.ndarray]:
     replay, stream_id, position = zip(*each)  # a batch has rows
     return {REPLAY: np.array(replay, dtype=bool), STREAM_ID: np.array(stream_id, dtype=np.int64),
             POSITION: np.array(position, dtype=np.int64)}
+
+
+def _cuts(rows: Rows, end: int) -> List[Cut]:
+    """Each row's next ``end`` samples, cut from its file (``None`` for a row without a file)."""
+    return [None if row is None else (row.task.path, *row.cut(end)) for row in rows]
+
+
+def _last_samples(cuts: Sequence[Cut], end: int) -> List[Optional[Columns]]:
+    """The last of the ``end`` samples of each of ``cuts`` (``None`` where a row has no file)."""
+    return [None if cut is None else slice_rows(cut[1], cut[2] + end - 1, cut[2] + end) for cut in cuts]
 
 
 def _paths(rows: Rows) -> Tuple[str, ...]:
@@ -277,14 +290,24 @@ def pad_like(sample: object, pad: object) -> object:
     if isinstance(sample, abc.Mapping):
         return {key: pad_like(value, pad) for key, value in sample.items()}
     if isinstance(sample, (list, tuple)):
-        parts = [pad_like(part, pad) for part in sample]
-        kind: Any = type(sample)
-        return kind(*parts) if hasattr(sample, "_fields") else kind(parts)  # a named tuple, else a list or tuple
+        return _padded_sequence(sample, pad)
     if isinstance(sample, np.ndarray):
         return np.full_like(sample, pad)
     if hasattr(sample, "new_full") and hasattr(sample, "shape"):  # a torch tensor (stages import no framework)
-        return sample.new_full(tuple(sample.shape), pad.item() if hasattr(pad, "item") else pad)
+        return sample.new_full(tuple(sample.shape), _scalar(pad))
     return pad
+
+
+def _padded_sequence(sample: Sequence, pad: object) -> object:
+    """``pad_like`` of a list or tuple ``sample``: one of its type (a named tuple's too), part by part."""
+    parts = [pad_like(part, pad) for part in sample]
+    kind: Any = type(sample)
+    return kind(*parts) if hasattr(sample, "_fields") else kind(parts)  # a named tuple, else a list or tuple
+
+
+def _scalar(pad: object) -> object:
+    """``pad`` as a Python number where it is a 0-D array or tensor (``.item()``), else itself."""
+    return pad.item() if hasattr(pad, "item") else pad
 
 
 def _copy_sample(sample: object) -> object:

@@ -146,6 +146,11 @@ class Schedule:
             self.template = self.rows[min(ended)]  # what the last step with a live row was cut from
         for r in sorted(ended + list(self.idle)):
             self._hold(r, self._next_file())
+        return self._has_step()
+
+    def _has_step(self) -> bool:
+        """Whether the epoch has a step here, the rows holding their files: yes while a row reads a file of
+        its own; else only under ranks (``target``), where a rank with no file yet replays the fallback's."""
         if self.fresh:
             return True
         if self.target is None:

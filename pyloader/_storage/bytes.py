@@ -133,11 +133,16 @@ class Budget:
             raise
         finally:
             demanded.cancel()
-            if not turn.done():
-                turn.cancel()
-                self._waiting.remove(waiter)
-                self._wake()  # the next one may fit now
+            self._withdraw(waiter)
         return n if not turn.cancelled() else 0
+
+    def _withdraw(self, waiter: Tuple[int, "asyncio.Future[None]"]) -> None:
+        """A request that stopped waiting leaves the queue, unless its turn came (then it holds its bytes)."""
+        _, turn = waiter
+        if not turn.done():
+            turn.cancel()
+            self._waiting.remove(waiter)
+            self._wake()  # the next one may fit now
 
     def _grant(self, n: int) -> int:
         self.used += n
@@ -607,14 +612,22 @@ class BlockStream(Served, SeekableRaw):
             if self._pos >= self.size:
                 return None
             self._let_go_before_pos()
-            if self._blocks and self._blocks[0][0] <= self._pos:
+            if self._first_holds_pos():
                 return self._blocks[0][:2]
             if self._blocks or self._released:  # the position is before the blocks held
                 self._go_direct()
                 return None
             if self._ended:
-                raise self._error if self._error is not None else ValueError(f"read-ahead of {self.path!r} ended early")
+                raise self._why_ended()
             self._wait()
+
+    def _first_holds_pos(self) -> bool:
+        """Whether the first block held begins at or before the position (blocks before it are let go)."""
+        return bool(self._blocks) and self._blocks[0][0] <= self._pos
+
+    def _why_ended(self) -> BaseException:
+        """The error the read-ahead ended on before the position; ``ValueError`` where it had none."""
+        return self._error if self._error is not None else ValueError(f"read-ahead of {self.path!r} ended early")
 
     def _let_go_before_pos(self) -> None:
         """Give back the budget of the held blocks that end before the position."""

@@ -280,14 +280,8 @@ class EpochWriter:
         buffer = io.BytesIO()
         np.savez(buffer, **cast(Dict[str, Any], pack(item.data)))  # names of ours: never a savez keyword
         data = buffer.getvalue()
-        limit = self.store.config.limit
-        with self._lock:
-            if self.failed is not None:
-                return item.data
-            if limit is not None and self.bytes + len(data) > limit:
-                self.failed, self.over_limit = f"its batches take more than limit={limit} bytes", True
-                return item.data
-            self.bytes += len(data)
+        if not self._counted(len(data)):
+            return item.data
         try:
             with open(os.path.join(self.staging, item.name), "wb") as f:
                 f.write(data)
@@ -298,6 +292,19 @@ class EpochWriter:
         with self._lock:
             self._written[item.name] = (len(data), hashlib.sha256(data).hexdigest())
         return item.data
+
+    def _counted(self, size: int) -> bool:
+        """Count a batch of ``size`` bytes in the cache; ``False`` where the cache failed already, or fails
+        now, as it would go over the limit."""
+        limit = self.store.config.limit
+        with self._lock:
+            if self.failed is not None:
+                return False
+            if limit is not None and self.bytes + size > limit:
+                self.failed, self.over_limit = f"its batches take more than limit={limit} bytes", True
+                return False
+            self.bytes += size
+        return True
 
     def complete(self) -> bool:
         return self.failed is None and all(e.name in self._written for e in self.entries)

@@ -58,10 +58,16 @@ class TextLinesReader(LineReader):
         """The samples of a block of whole lines (the last may lack its ``"\\n"``)."""
         lines = text.split("\n")
         last = lines.pop()  # "" after a final "\n", else the file's last line, kept as it is
-        if not self.strip_newline:
-            lines = [line + "\n" for line in lines]
-        elif "\r" in text:
-            lines = [line.removesuffix("\r") for line in lines]
+        lines = self._line_ends(lines, text)
         if last:
             lines.append(last)
         return list(filter(str.strip, lines)) if self.skip_blank else lines
+
+    def _line_ends(self, lines: List[str], text: str) -> List[str]:
+        """The ``lines`` split from ``text`` with their ending as ``strip_newline`` asks: ``"\\n"`` put
+        back, or a ``"\\r"`` before it taken off too."""
+        if not self.strip_newline:
+            return [line + "\n" for line in lines]
+        if "\r" in text:
+            return [line.removesuffix("\r") for line in lines]
+        return lines
