@@ -383,3 +383,29 @@ def test_process_exits_cleanly_right_after_stopping(how):
             if run.poll() is None:
                 run.kill()
                 run.wait()
+
+
+def test_the_executor_shut_down_by_a_finalizer_inside_its_own_call_does_not_hang():
+    """The garbage collector can run a dropped loader's finalizer anywhere Python allocates: inside the
+    executor's ``submit`` (holding its lock), or on one of its own threads. Either stops it, and returns."""
+    import concurrent.futures
+    import threading
+
+    from pyloader._execution.threads import DaemonExecutor
+
+    ex = DaemonExecutor(2, "pyloader-test")
+    ex.submit(lambda: None).result(timeout=5)
+    done = threading.Event()
+
+    def inside_submit():
+        with ex._lock:  # as a finalizer run during ``submit`` finds it
+            ex.shutdown(wait=True, cancel_futures=True, timeout=1)
+        done.set()
+    t = threading.Thread(target=inside_submit, daemon=True)
+    t.start()
+    t.join(10)
+    assert done.is_set(), "shutting the executor down inside its own submit hung"
+
+    other = DaemonExecutor(1, "pyloader-test")
+    own = other.submit(lambda: other.shutdown(wait=True, timeout=1))
+    assert concurrent.futures.wait([own], timeout=10).done and own.exception() is None

@@ -37,7 +37,9 @@ class DaemonExecutor(concurrent.futures.Executor):
         self._max_workers = max_workers
         self._name = name
         self._idle = threading.Semaphore(0)
-        self._lock = threading.Lock()
+        # reentrant: a finalizer run by the garbage collector inside ``submit`` (a loader dropped unclosed) may
+        # shut this executor down from the same thread
+        self._lock = threading.RLock()
         self._shutdown = False
 
     def submit(self, fn: Callable, /, *args: object, **kwargs: object) -> concurrent.futures.Future:
@@ -96,4 +98,6 @@ def _join_all(threads: List[threading.Thread], timeout: Optional[float]) -> None
     """Join ``threads``, waiting up to ``timeout`` seconds in all (``None``: until they end)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     for thread in threads:
+        if thread is threading.current_thread():  # shut down from one of its own threads: it ends after this
+            continue
         thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
