@@ -86,12 +86,12 @@ def test_the_report_says_where_user_code_runs_and_how_long_the_consumer_waited(t
     text = str(report)
     assert "in 2 worker processes (num_workers given)" in text
     assert report.wait_share > 0.5 and f"{100 * report.wait_share:.0f}% of the consumer's time" in text
-    assert "cache_encoded" in text and ("num_workers=" in text or "more worker processes need more" in text)
+    assert "cache_encoded" in text and ("workers=" in text or "more worker processes need more" in text)
 
 
 @pytest.mark.parametrize("workers, cores, more", [
-    (0, 8, "num_workers=2 (now 0); expected: up to 2.0x"), (2, 8, "num_workers=4 (now 2); expected: up to 2.0x"),
-    (4, 6, "num_workers=5 (now 4); expected: up to 1.2x"), (2, 3, "more worker processes need more than 3 cores"),
+    (0, 8, "workers=2 (now 0); expected: up to 2.0x"), (2, 8, "workers=4 (now 2); expected: up to 2.0x"),
+    (4, 6, "workers=5 (now 4); expected: up to 1.2x"), (2, 3, "more worker processes need more than 3 cores"),
     (0, 1, "more worker processes need more than 1 cores")])
 def test_more_workers_are_suggested_only_while_a_core_is_left_for_the_consumer(workers, cores, more):
     assert more in _more_workers(workers, cores, most=10.0)

@@ -152,7 +152,7 @@ def _waits_for(frame: Optional[FrameType], caller: int, callers: Optional[FrameT
     ends: joining it, or waiting for the result of the future it runs. Such a thread runs no code of
     its own meanwhile, so it holds no lock a worker could need."""
     future = _running_future(callers)
-    while frame is not None:
+    while isinstance(frame, FrameType):  # anything else (a profiler's stand-in): no frames to read
         this = frame.f_locals.get("self") if frame.f_code in _WAITS else None
         if this is not None and (getattr(this, "ident", None) == caller or this is future):
             return True
@@ -162,7 +162,7 @@ def _waits_for(frame: Optional[FrameType], caller: int, callers: Optional[FrameT
 
 def _running_future(frame: Optional[FrameType]) -> object:
     """The ``concurrent.futures`` future whose work the thread running ``frame`` does, if any."""
-    while frame is not None:
+    while isinstance(frame, FrameType):
         if frame.f_code is _WorkItem.run.__code__:
             return getattr(frame.f_locals.get("self"), "future", None)
         frame = frame.f_back

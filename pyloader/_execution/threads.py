@@ -52,6 +52,8 @@ class DaemonExecutor(concurrent.futures.Executor):
                 thread = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
+                if self._shutdown:  # shut down meanwhile, by a finalizer the garbage collector ran in this call
+                    self._work.put(_STOP)
             return future
 
     def _run(self) -> None:
