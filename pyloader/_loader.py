@@ -678,6 +678,16 @@ DataLoader.__doc__ = (DataLoader.__doc__ or "") + describe()
 
 
 def _stop(engine: Engine, record: _Run, pool: Optional[WorkerPool]) -> None:
+    """End a run (``close()``, or the finalizer of a loader or iterator dropped unclosed)."""
+    if threading.current_thread().name.startswith("pyloader"):
+        # the garbage collector ran a dropped loader's finalizer on a thread of ours, maybe inside one of our
+        # locks (an executor's submit, a pool's stop): that thread cannot wait for its own run; another stops it
+        threading.Thread(target=_stop_now, args=(engine, record, pool), name="pyloader-stop", daemon=True).start()
+        return
+    _stop_now(engine, record, pool)
+
+
+def _stop_now(engine: Engine, record: _Run, pool: Optional[WorkerPool]) -> None:
     engine.stop()
     record.close()
     if pool is not None:  # the run closes it as it ends; this is for a run stopped before it began

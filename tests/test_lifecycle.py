@@ -409,3 +409,29 @@ def test_the_executor_shut_down_by_a_finalizer_inside_its_own_call_does_not_hang
     other = DaemonExecutor(1, "pyloader-test")
     own = other.submit(lambda: other.shutdown(wait=True, timeout=1))
     assert concurrent.futures.wait([own], timeout=10).done and own.exception() is None
+
+
+def test_a_dropped_iterators_finalizer_run_on_a_thread_of_ours_inside_its_pools_lock_stops_its_run_from_another(
+        tmp_path):
+    """The garbage collector may run the finalizer on a thread of pyloader's inside one of its locks (the
+    loop thread stopping the pool): it must not wait there; another thread stops the run, and nothing is left."""
+    write_chunks(tmp_path, [10, 10])
+    loader = pl.DataLoader(IdReader(2), pl.IdentityDataset(), ListCollator(), str(tmp_path), workers=2)
+    it = iter(loader)
+    next(it)
+    found = it._finalizer.peek()  # type: ignore[attr-defined]
+    assert found is not None
+    pool = found[2][2]
+    assert pool is not None, "a run with workers has its pool"
+    returned = threading.Event()
+
+    def as_if_collected_in_the_pools_stop():
+        with pool._lock:
+            it._finalizer()  # type: ignore[attr-defined]
+        returned.set()
+    t = threading.Thread(target=as_if_collected_in_the_pools_stop, name="pyloader-loop-test", daemon=True)
+    t.start()
+    t.join(10)
+    assert returned.is_set(), "the finalizer waited, on a thread of ours, for a lock that thread held"
+    assert wait_no_threads(timeout=10) == []
+    assert wait_no_children(timeout=10) == []
