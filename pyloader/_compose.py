@@ -45,6 +45,17 @@ def check_global_order(a: Mapping[str, Any]) -> None:
     if clash:
         raise ValueError(f"shuffle=Shuffle(...) does not compose with {clash[0]} yet: use shuffle=True "
                          f"(the file order, with Order(shuffle_buffer=...) for samples) for it")
+    if a["shuffle"].schedule is not None:
+        _check_scheduled(a["data_dir"])
+
+
+def _check_scheduled(data_dir: object) -> None:
+    """A schedule weighs ``Source``s, every one of them: none gives its own amount."""
+    if not is_mix(data_dir):
+        raise ValueError("Shuffle.schedule gives the weights of Sources: make data_dir a list of pyloader.Source")
+    if any(s.repeat is not None or s.choose is not None for s in data_dir):
+        raise ValueError("Shuffle.schedule gives every Source's share at every step: leave out the Sources' "
+                         "repeat and choose (Shuffle.epoch_size sets the epoch's samples)")
 
 
 def _check_no_amounts(data_dir: object) -> None:

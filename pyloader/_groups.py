@@ -26,6 +26,7 @@ from ._stages.bucket import BucketBy
 from ._stages.mix import STOPS
 from ._stages.pack import METHODS as PACK_METHODS
 from ._stages.pack import PackSpec
+from ._stages.schedule import ScheduleLike, as_schedule, check_schedule
 from ._stages.shard import EVEN_BATCHES
 from ._stages.stream import PADDING_MODES
 from ._stages.tiles import BATCHINGS, DEFAULT_BLOCK
@@ -220,6 +221,10 @@ class Shuffle(Group):
     batching: Annotated[str, Option(
         'with weighted sources: "random" (mixed), "stratified" (every batch holds each source\'s share), '
         '"per_source" (each batch from one source)', check=one_of(BATCHINGS))] = "random"
+    schedule: Annotated[Optional[ScheduleLike], Option(
+        "with weighted sources: their weights as a function of the step, a callable step -> weights or "
+        "(step, weights) points interpolated (docs/guides/global-order.md)", check=check_schedule,
+        convert=as_schedule)] = None
 
 
 @dataclass(frozen=True, repr=False)

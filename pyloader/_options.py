@@ -105,6 +105,7 @@ from ._groups import (
 )
 from ._stages.bucket import buffer_size
 from ._stages.rotation import held_samples
+from ._stages.schedule import describe as describe_schedule
 from ._stages.shard import resolve as resolve_sharding
 from ._stages.sources import Source
 from ._storage.epoch_cache import CacheEncoded, as_cache_encoded, check_cache_encoded, resume_key
@@ -152,7 +153,10 @@ def _shuffle_record(value: object) -> object:
     """``shuffle`` as states record it: a bool, or the global order's block (which older states cannot hold)."""
     if not isinstance(value, Shuffle):
         return bool(value)
-    return {"block": value.block, "epoch_size": value.epoch_size, "batching": value.batching}
+    record: Dict[str, object] = {"block": value.block, "epoch_size": value.epoch_size, "batching": value.batching}
+    if value.schedule is not None:  # only where given: states saved before schedules existed still match
+        record["schedule"] = describe_schedule(value.schedule)
+    return record
 
 
 def _stream_record(value: object) -> Recorded:

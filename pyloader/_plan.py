@@ -345,8 +345,8 @@ def _tiled_source(o: Options, shuffle: Shuffle, files: List[str], start: Start,
     pools = pools_of(shuffle.epoch_size, known, mix, o.order.stop)
     return TiledSource(files, known, pools, batch_size=o.datareader.batch_size, block=shuffle.block,
                        batching=shuffle.batching, seed=o.random_seed, num_epoch=start.end,
-                       drop_last=o.drop_last, sharding=sharding,
-                       resume=(start.epoch, start.skip), runs=runs or {})
+                       drop_last=o.drop_last, sharding=sharding, resume=(start.epoch, start.skip), runs=runs or {},
+                       schedule=shuffle.schedule, epoch_size=shuffle.epoch_size)
 
 
 def _planned_steps(s: Settings, source: PlannedSource) -> Optional[Callable[[int], int]]:

@@ -172,6 +172,12 @@ def test_it_resumes_exactly_at_every_position(data, workers):
     assert n == 2 * -(-sum(SIZES) // G)
 
 
+def test_a_rank_with_nothing_in_the_last_global_batch_pads_it_and_resumes_there_exactly(tmp_path):
+    write_chunks(tmp_path / "d", SIZES + [2])  # 152 samples: the last global batch holds 8 of 12
+    for rank in range(6):  # 2 samples a rank: the ranks past the 8 samples get a padding batch
+        check_resume(lambda r=rank: loader(tmp_path / "d", 6, r, num_epoch=2), positions=[11, 12, 13, 25])
+
+
 @pytest.mark.parametrize("options, word", [
     (dict(order=pl.Order(shuffle_buffer=10)), "shuffle_buffer"),
     (dict(stream=True), "stream"),

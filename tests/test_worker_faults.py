@@ -140,7 +140,8 @@ def test_keeping_more_batches_than_the_descriptor_limit_holds_no_descriptor(tmp_
 
 
 def test_running_out_of_descriptors_is_reported_as_such(tmp_path):
-    write_chunks(tmp_path / "data", [1] * 100)
+    # 1,000 batches: far more than a run holds in flight, so some arrive after the descriptors ran out
+    write_chunks(tmp_path / "data", [10] * 100)
     out = run_script(FD_SCRIPT.format(limit=256, data=str(tmp_path / "data")) + """
     it = iter(loader)
     next(it)

@@ -8,6 +8,7 @@ size dividing ``G``; a state resumes under any of them at its global batch, exac
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from .._columns import Traced, concat, slice_rows, take
 from .._execution.reading import FileTask
 from .._sample_index import table_of
+from .schedule import ScheduleLike
 from .shard import Sharding
 from .source import EpochEnd, SourceItem
 from .tiles import Pool, TileOrder
@@ -32,12 +34,14 @@ class TiledSource:
 
     def __init__(self, files: Sequence[str], counts: Sequence[int], pools: Sequence[Pool], *, batch_size: int,
                  block: int, batching: str, seed: int, num_epoch: int, drop_last: bool, sharding: Sharding,
-                 resume: Tuple[int, int] = (-1, 0), runs: Optional[Dict[int, Dict[str, object]]] = None) -> None:
+                 resume: Tuple[int, int] = (-1, 0), runs: Optional[Dict[int, Dict[str, object]]] = None,
+                 schedule: Optional[ScheduleLike] = None, epoch_size: Optional[int] = None) -> None:
         self.files = list(files)
         self.counts = list(counts)
         self.batch_size = batch_size
         self.sharding = sharding
-        self.order = TileOrder(pools, batch_size * sharding.world_size, block, seed, drop_last, batching)
+        self.order = TileOrder(pools, batch_size * sharding.world_size, block, seed, drop_last, batching,
+                               schedule=schedule, epoch_size=epoch_size)
         self.seed = seed
         self.num_epoch = num_epoch
         self.resume = resume
@@ -128,6 +132,29 @@ def _joined(ranges: List[Range]) -> List[Range]:
     return out
 
 
+def _rows_of(at: np.ndarray, present: np.ndarray) -> Tuple[List[np.ndarray], List[bool]]:
+    """Each row's samples (``at[row][present[row]]``) and whether it is padding: a row this rank has no
+    sample of (its columns are shorter, in an epoch's last tile) takes the rank's samples of the row before
+    it again, flagged as padding, so that every rank gives every step, and a run resumed there the same."""
+    picks: List[np.ndarray] = []
+    padded: List[bool] = []
+    for j in range(len(at)):
+        row = at[j][present[j]]
+        pad = not len(row) and bool(picks)
+        picks.append(picks[-1] if pad else row)
+        padded.append(pad)
+    return picks, padded
+
+
+def _flagged(rows: Traced, padded: Optional[np.ndarray]) -> Traced:
+    """``rows`` with ``padded`` ones flagged as padding (``Provenance.padding``)."""
+    if padded is None:
+        return rows
+    before = rows.provenance.padding
+    flags = padded if before is None else np.asarray(before, dtype=bool) | padded
+    return Traced(rows.columns, dataclasses.replace(rows.provenance, padding=flags))
+
+
 class TileBuffer:
     """Holds this rank's columns of one tile as they arrive (in the order of its places), then lets
     out the tile's rows, each this rank's places of one global batch; ``skip``: rows of the first
@@ -145,7 +172,7 @@ class TileBuffer:
     def _plan(self) -> None:
         """The next tile's order: how many rows of this rank it holds, and where each goes."""
         if self.tile >= self.layout.count:
-            self.need, self.emit = -1, np.zeros(0, dtype=np.int64)
+            self.need, self.emit, self.padded = -1, np.zeros(0, dtype=np.int64), None
             return
         tile = self.layout.tile(self.tile)
         places, rows = self.source.order.permutations(self.epoch, self.tile, tile)
@@ -155,7 +182,12 @@ class TileBuffer:
         at = (rows[mine] + firsts[:, None]).T  # [row, place]: the sample (in column order) each place takes
         present = np.arange(tile.rows)[:, None] < lengths[None, :]
         self.need = int(lengths.sum())
-        self.emit = self.source.reads(self.epoch, self.tile)[1][at[present][self.skip * len(mine):]]
+        picks, padded = _rows_of(at, present)
+        arrival = self.source.reads(self.epoch, self.tile)[1]
+        none = [np.zeros(0, dtype=np.int64)]
+        self.emit = arrival[np.concatenate(picks[self.skip:] or none)]
+        flags = np.concatenate([np.full(len(p), pad) for p, pad in zip(picks, padded)][self.skip:] or none)
+        self.padded = flags.astype(bool) if flags.any() else None
         self.skip = 0
 
     def feed(self, columns: Traced) -> Iterator[Traced]:
@@ -173,7 +205,7 @@ class TileBuffer:
             self.held = [slice_rows(joined, self.need, joined.n)] if rest else []
             self.count = rest
             if len(self.emit):
-                yield take(slice_rows(joined, 0, self.need), self.emit)
+                yield _flagged(take(slice_rows(joined, 0, self.need), self.emit), self.padded)
         self.tile += 1
         self._plan()
 

@@ -26,11 +26,12 @@ size, the workers, or where a run resumed. With ``drop_last`` an epoch holds a m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .._rng import TILE_COLUMNS, TILE_SPANS, derive_rng
+from .schedule import Composition, ScheduleLike, Weights, scheduled_samples
 
 if TYPE_CHECKING:
     from .sources import Mix as MixLike
@@ -197,6 +198,33 @@ class Layout:
         return -(-self.samples // self.order.global_batch)
 
 
+class ScheduledLayout:
+    """One epoch of the global order under a schedule (``_stages.schedule``): each pool's own stream, and
+    tiles whose columns the schedule gives the pools."""
+
+    def __init__(self, order: "TileOrder", epoch: int) -> None:
+        assert order.composition is not None, "a scheduled order"
+        self.order, self.epoch = order, epoch
+        self.composition = c = order.composition
+        self.columns = c.columns(epoch)
+        self.streams = [Stream(_permuted(order.taken(k, epoch), order.seed, epoch, k)) for k in range(len(order.pools))]
+        self.cursor = np.cumsum(np.vstack([np.zeros((1, self.columns.shape[1]), dtype=np.int64), self.columns[:-1]]),
+                                axis=0) * order.span  # each pool's first sample in tile t: all tiles before are full
+        self.count = c.tiles
+        self.samples = c.samples
+
+    def tile(self, t: int) -> Tile:
+        columns = self.columns[t]
+        lengths = self.composition.lengths(t)
+        stream = np.repeat(np.arange(len(columns)), columns)
+        starts = np.cumsum(lengths) - lengths
+        pool_first = starts[np.repeat(np.cumsum(columns) - columns, columns)]  # where each pool's columns start
+        return Tile(stream, self.cursor[t][stream] + starts - pool_first, lengths)
+
+    def batches(self) -> int:
+        return -(-self.samples // self.order.global_batch)
+
+
 def _streams(order: "TileOrder", taken: List[Spans], epoch: int) -> Tuple[List[Stream], List[Tuple[int, ...]]]:
     """An epoch's streams (all pools' spans in one; or each pool's, then what their whole tiles leave), and
     the whole tiles of the pools' own streams."""
@@ -282,7 +310,8 @@ class TileOrder:
     """The global order of every epoch: pools, their amounts, layouts and each tile's permutations."""
 
     def __init__(self, pools: Sequence[Pool], global_batch: int, block: int, seed: int, drop_last: bool,
-                 batching: str = "random") -> None:
+                 batching: str = "random", schedule: Optional[ScheduleLike] = None,
+                 epoch_size: Optional[int] = None) -> None:
         self.pools = list(pools)
         self.global_batch = global_batch
         self.span = rows_per_tile(block, global_batch)
@@ -290,26 +319,44 @@ class TileOrder:
         self.drop_last = drop_last
         self.batching = batching
         self.spans = [_permuted_pass(Spans.cut(p.files, p.counts, self.span), seed, k) for k, p in enumerate(pools)]
-        self._layouts: Dict[int, Layout] = {}
+        self._layouts: Dict[int, Union[Layout, ScheduledLayout]] = {}
+        self.composition = None if schedule is None else self._composed(schedule, epoch_size)
+
+    def _composed(self, schedule: ScheduleLike, epoch_size: Optional[int]) -> Composition:
+        """The tiles' columns per pool that ``schedule`` gives (``_stages.schedule``)."""
+        totals = [p.total for p in self.pools]
+        if not all(totals):
+            raise ValueError(f"source {totals.index(0)} has no samples: a Shuffle.schedule cannot give it a share")
+        samples = scheduled_samples(epoch_size, totals, self.global_batch, self.drop_last)
+        return Composition(Weights(schedule, len(self.pools)), samples, self.global_batch, self.span, self.batching,
+                           self.seed)
+
+    def _amount(self, k: int, epoch: int) -> Tuple[int, int]:
+        """The samples pool ``k`` gives ``epoch``, and those it gave the epochs before."""
+        if self.composition is None:
+            amount = self.pools[k].amount
+            return amount, epoch * amount
+        return int(self.composition.given(epoch)[k]), int(self.composition.before(epoch)[k])
 
     def taken(self, k: int, epoch: int) -> Spans:
         """The spans pool ``k`` gives ``epoch``: whole passes, then the part after the previous epoch's."""
         pool, spans = self.pools[k], self.spans[k]
         total = pool.total
-        if not total or not pool.amount:
+        amount, before = self._amount(k, epoch)
+        if not total or not amount:
             return Spans.join([])
-        passes, part = divmod(pool.amount, total)
-        at = (epoch * part) % total if pool.sampling == "balanced" else 0
+        passes, part = divmod(amount, total)
+        at = before % total if pool.sampling == "balanced" else 0
         wrap = [spans.window(at, min(part, total - at))] if part else []
         if part > total - at:
             wrap.append(spans.window(0, part - (total - at)))
         return Spans.join([spans] * passes + wrap)
 
-    def layout(self, epoch: int) -> Layout:
+    def layout(self, epoch: int) -> Union[Layout, ScheduledLayout]:
         if epoch not in self._layouts:
             if len(self._layouts) >= 2:
                 self._layouts.pop(min(self._layouts))
-            self._layouts[epoch] = Layout(self, epoch)
+            self._layouts[epoch] = Layout(self, epoch) if self.composition is None else ScheduledLayout(self, epoch)
         return self._layouts[epoch]
 
     def permutations(self, epoch: int, t: int, tile: Tile) -> Tuple[np.ndarray, np.ndarray]:

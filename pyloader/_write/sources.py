@@ -119,11 +119,20 @@ def source_of(source: object, *, kind: str = "auto", reader: Optional[DataReader
     if kind in ("files", "table"):
         raise TypeError(f"source kind {kind!r} takes a path or a list of paths, got {type(source).__name__}")
     if kind == "indexed" or (kind == "auto" and _is_indexed(source)):
-        n = len(cast(Sized, source))
-        if _travels(source):
-            return Source("indexed", lambda size: _index_parts(source, n, size), n)
-        rows = (cast(Sequence[Sample], source)[i] for i in range(n))
-        return Source("samples", lambda size: _sample_parts(rows, size), n)
+        return _indexed_source(source)
+    return _iterable_source(source)
+
+
+def _indexed_source(source: object) -> Source:
+    """A source read by index: by index in the workers where it travels to them, else row by row here."""
+    n = len(cast(Sized, source))
+    if _travels(source):
+        return Source("indexed", lambda size: _index_parts(source, n, size), n)
+    rows = (cast(Sequence[Sample], source)[i] for i in range(n))
+    return Source("samples", lambda size: _sample_parts(rows, size), n)
+
+
+def _iterable_source(source: object) -> Source:
     if not isinstance(source, Iterable) or isinstance(source, (str, bytes, dict)):
         raise TypeError(f"write takes an iterable of dict samples, an object with __len__ and __getitem__, "
                         f"a path or a list of paths, got {type(source).__name__}")
