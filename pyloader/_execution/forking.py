@@ -102,11 +102,12 @@ def wait_for_imports(caller: int, timeout: float = IMPORT_WAIT_S) -> None:
                       f"start_method='forkserver' to the DataLoader", RuntimeWarning, stacklevel=2)
 
 
-def warn_about_user_threads(caller: int, persistent: bool = False) -> None:
+def warn_about_user_threads(caller: int, future: object = None, persistent: bool = False) -> None:
     """Warn once per set of thread names that other threads run while workers are forked (other than
-    ``caller``, which waits for the fork, and threads that wait for ``caller`` to end: ``_waits_for``),
-    with the advice that fits them (``persistent``: the workers are kept, forked at the first iteration only)."""
-    others = _unwaited(_user_threads(caller), caller)
+    ``caller``, which waits for the fork, and threads that wait for ``caller`` to end or for ``future``,
+    the one it runs: ``_waits_for``), with the advice that fits them (``persistent``: the workers are
+    kept, forked at the first iteration only)."""
+    others = _unwaited(_user_threads(caller), caller, future)
     key = ",".join(others)
     if not others or key in _warned:
         return
@@ -122,10 +123,11 @@ def _user_threads(caller: int) -> List[threading.Thread]:
     return [t for t in _other_threads(caller) if not t.name.startswith((_OURS, *_SAFE_THREADS))]
 
 
-def _unwaited(running: List[threading.Thread], caller: int) -> List[str]:
-    """The names, sorted, of the threads of ``running`` that do not wait for ``caller`` (``_waits_for``)."""
+def _unwaited(running: List[threading.Thread], caller: int, future: object) -> List[str]:
+    """The names, sorted, of the threads of ``running`` that do not wait for ``caller`` or ``future``
+    (``_waits_for``)."""
     frames = sys._current_frames() if running else {}
-    return sorted(t.name for t in running if not _waits_for(frames.get(t.ident or -1), caller, frames.get(caller)))
+    return sorted(t.name for t in running if not _waits_for(frames.get(t.ident or -1), caller, future))
 
 
 def _advice(others: List[str], persistent: bool) -> str:
@@ -147,11 +149,10 @@ def _either(ways: List[str]) -> str:
     return "; ".join(ways[:-1]) + "; or " + ways[-1] if len(ways) > 1 else ways[0]
 
 
-def _waits_for(frame: Optional[FrameType], caller: int, callers: Optional[FrameType]) -> bool:
-    """Whether the thread running ``frame`` is blocked until the thread ``caller`` (running ``callers``)
-    ends: joining it, or waiting for the result of the future it runs. Such a thread runs no code of
-    its own meanwhile, so it holds no lock a worker could need."""
-    future = _running_future(callers)
+def _waits_for(frame: Optional[FrameType], caller: int, future: object) -> bool:
+    """Whether the thread running ``frame`` is blocked until the thread ``caller`` ends (joining it), or
+    until ``future`` (the one ``caller`` runs) is done. Such a thread runs no code of its own meanwhile,
+    so it holds no lock a worker could need."""
     while isinstance(frame, FrameType):  # anything else (a profiler's stand-in): no frames to read
         this = frame.f_locals.get("self") if frame.f_code in _WAITS else None
         if this is not None and (getattr(this, "ident", None) == caller or this is future):
@@ -160,8 +161,10 @@ def _waits_for(frame: Optional[FrameType], caller: int, callers: Optional[FrameT
     return False
 
 
-def _running_future(frame: Optional[FrameType]) -> object:
-    """The ``concurrent.futures`` future whose work the thread running ``frame`` does, if any."""
+def running_future() -> object:
+    """The ``concurrent.futures`` future whose work this thread does, if any. Read from this thread's own
+    frames: walking another thread's (``sys._current_frames()``, ``f_back``) crashed CPython 3.11 here."""
+    frame: Optional[FrameType] = sys._getframe(1)
     while isinstance(frame, FrameType):
         if frame.f_code is _WorkItem.run.__code__:
             return getattr(frame.f_locals.get("self"), "future", None)

@@ -337,9 +337,9 @@ class WorkerPool:
         """Start the workers from the pool's launcher thread, while this one waits."""
         if self._launcher is None:
             self._launcher = DaemonExecutor(1, forking.LAUNCHER)
-        self._launcher.submit(self._start_safely, threading.get_ident()).result()
+        self._launcher.submit(self._start_safely, threading.get_ident(), forking.running_future()).result()
 
-    def _start_safely(self, caller: int) -> None:
+    def _start_safely(self, caller: int, future: object) -> None:
         """Fork only with no other thread of ours running and no import in progress (``_execution.forking``)."""
         global _launching
         with forking.LAUNCH:
@@ -347,7 +347,7 @@ class WorkerPool:
             if self._method == "fork":
                 forking.preload(self._imports)
                 forking.wait_for_imports(caller)
-                forking.warn_about_user_threads(caller, self.persistent)
+                forking.warn_about_user_threads(caller, future, self.persistent)
             _launching = True
             try:
                 self._start_processes()
