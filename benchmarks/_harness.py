@@ -24,6 +24,8 @@ script measures this checkout's ``pyloader``.
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import re
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -183,6 +186,47 @@ def measure(name: str, argv: Sequence[str], repeats: int, timeout: float, log: C
                    f"{r['thread_exit_wait_s']:.2f} s]" if r.get("threads_left_after_close") else ""))
         runs.append(r)
     return best_of(runs)
+
+
+# -- peers ----------------------------------------------------------------------------------------
+class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Empty ``torchvision`` modules whose every attribute is an empty class."""
+
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        if name.split(".")[0] == "torchvision":
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):  # type: ignore[no-untyped-def]
+        module = types.ModuleType(spec.name)
+        module.__path__ = []  # type: ignore[attr-defined]
+        module.__getattr__ = lambda attr: type(attr, (), {})  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module):  # type: ignore[no-untyped-def]
+        pass
+
+
+def mosaic_importable() -> None:
+    """Let ``import streaming`` (Mosaic) work without torchvision: the package imports it at start-up for its
+    vision datasets only, and torchvision from PyPI does not load beside the CPU torch of ``constraints.txt``.
+    Where torchvision does not import, a stub stands in for it (in this process; call it in each process that
+    imports ``streaming``, spawned workers included)."""
+    if any(isinstance(finder, _TorchvisionStub) for finder in sys.meta_path):
+        return
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        for name in [n for n in sys.modules if n.split(".")[0] == "torchvision"]:
+            del sys.modules[name]
+        sys.meta_path.insert(0, _TorchvisionStub())
+
+
+def litdata_cache_in(folder: str) -> None:
+    """Point LitData's ``optimize`` caches (chunks before they are moved, downloaded inputs) into ``folder``
+    instead of the machine's shared temporary folder, so that they go with the benchmark's data."""
+    for var, name in (("DATA_OPTIMIZER_CACHE_FOLDER", "chunks"), ("DATA_OPTIMIZER_DATA_CACHE_FOLDER", "data")):
+        os.environ[var] = os.path.join(folder, "litdata-cache", name)
 
 
 # -- output ---------------------------------------------------------------------------------------

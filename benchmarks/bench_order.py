@@ -20,6 +20,7 @@ import os
 import tempfile
 from typing import Callable, Dict, List, Optional, Tuple
 
+import _harness as H  # noqa: I001  (puts this checkout first on sys.path)
 import numpy as np
 
 import pyloader as pl
@@ -116,33 +117,8 @@ def peers() -> Dict[str, Orders]:
 
 
 def _mosaic() -> Optional[Tuple[Callable, Callable]]:
-    """Mosaic streaming's shuffle and partition functions. Its package imports torchvision for its vision
-    datasets only; where torchvision cannot be imported beside this torch, a stub stands in for it."""
-    import importlib.abc
-    import importlib.machinery
-    import sys
-    import types
-
-    class Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
-            if name.split(".")[0] == "torchvision":
-                return importlib.machinery.ModuleSpec(name, self, is_package=True)
-            return None
-
-        def create_module(self, spec):  # type: ignore[no-untyped-def]
-            module = types.ModuleType(spec.name)
-            module.__path__ = []  # type: ignore[attr-defined]
-            module.__getattr__ = lambda attr: type(attr, (), {})  # type: ignore[method-assign]
-            return module
-
-        def exec_module(self, module):  # type: ignore[no-untyped-def]
-            pass
-    try:
-        import torchvision  # noqa: F401
-    except Exception:
-        for name in [n for n in sys.modules if n.split(".")[0] == "torchvision"]:
-            del sys.modules[name]
-        sys.meta_path.insert(0, Stub())
+    """Mosaic streaming's shuffle and partition functions (its torchvision import stubbed where needed)."""
+    H.mosaic_importable()
     try:
         from streaming.base.partition import get_partitions
         from streaming.base.shuffle import get_shuffle

@@ -6,6 +6,8 @@
     python benchmarks/bench_real.py --write         # also writes benchmarks/results/bench_real.{json,md}
                                                     # and the "Real workloads" section of benchmarks/README.md
     python benchmarks/bench_real.py --workload tok --contender plain --contender pyloader
+    python benchmarks/bench_real.py --quick --scale 0.25 --workload tok --contender mosaic --json /tmp/r.json
+                                                    # 1 file a workload: seconds; every figure as JSON
 
 Workloads, made at start-up in a temporary folder (nothing downloaded):
 
@@ -28,12 +30,21 @@ with ``get_worker_info``, the encode in ``collate_fn``); HF ``datasets`` streami
 ``DataLoader`` with 2 workers); Grain (``MapDataset.source(files).map(read)``,
 ``to_iter_dataset``, a flat map to samples, ``batch``, ``mp_prefetch`` with 2 workers);
 webdataset (``WebDataset(...).decode("rgb8")``, ``batched``, ``WebLoader`` with 2 workers)
-for the tar shards. A peer that is not installed is left out, saying so.
+for the tar shards; Mosaic streaming (``StreamingDataset(local=...)`` in a torch ``DataLoader``
+with 2 workers, the encode in ``collate_fn``) and LitData (``StreamingDataset`` in its
+``StreamingDataLoader`` with 2 workers, likewise), each on a copy of the data in its own format
+(MDS written by one ``MDSWriter``; ``litdata.optimize``), written once from the same samples
+before the rounds, outside the clock, and kept in the data folder; Ray Data (a local Ray
+started before the clock, ``ray.data.read_json/read_webdataset/read_parquet/read_text/read_numpy``
+on the files, the encode in ``map_batches``, ``iter_batches``). A peer that is not installed is
+left out, saying so (install lines in benchmarks/README.md).
 
 Every run counts its samples against the data's (a wrong count is shown, not hidden). The
 rounds go over every entry in turn; each entry's figure is the median epoch time of its
 rounds; ratios are epoch time of the contender / epoch time of pyloader's defaults
-(> 1: pyloader faster).
+(> 1: pyloader faster). Beside each time: the peak RSS summed over the contender's process
+tree (``_harness.TreeMonitor``: the child and all its descendants, every 20 ms), the largest
+of the rounds; the JSON has the PSS too.
 """
 from __future__ import annotations
 
@@ -41,8 +52,10 @@ import argparse
 import io
 import json
 import os
+import shlex
 import shutil
 import statistics
+import sys
 import tarfile
 import tempfile
 import time
@@ -59,12 +72,18 @@ SIZES = {
                   npy_rows=10_000, batch=64),
 }
 WORKLOADS = ["tok", "jpeg", "parquet", "text", "npy"]
-CONTENDERS = ["plain", "pyloader", "torch-w0", "torch-w2", "hf", "grain", "wds"]
-PEER_MODULE = {"hf": "datasets", "grain": "grain", "wds": "webdataset"}
+CONTENDERS = ["plain", "pyloader", "torch-w0", "torch-w2", "hf", "grain", "wds", "mosaic", "litdata", "ray"]
+PEER_MODULE = {"hf": "datasets", "grain": "grain", "wds": "webdataset", "mosaic": "streaming", "litdata": "litdata",
+               "ray": "ray"}
 APPLIES = {"hf": {"tok", "jpeg", "parquet", "text"}, "wds": {"jpeg"}}
+CONVERTED = ("mosaic", "litdata")  # read from their own format, written once from the data before the rounds
 LABELS = {"plain": "plain loop", "pyloader": "pyloader defaults", "torch-w0": "torch DataLoader, 0 workers",
           "torch-w2": "torch DataLoader, 2 workers", "hf": "HF datasets streaming + DataLoader(2)",
-          "grain": "Grain mp_prefetch(2)", "wds": "webdataset WebLoader(2)"}
+          "grain": "Grain mp_prefetch(2)", "wds": "webdataset WebLoader(2)",
+          "mosaic": "Mosaic StreamingDataset + DataLoader(2)", "litdata": "LitData StreamingDataLoader(2)",
+          "ray": "Ray Data map_batches + iter_batches"}
+RAY_READ = {"tok": "read_json", "jpeg": "read_webdataset", "parquet": "read_parquet", "text": "read_text",
+            "npy": "read_numpy"}
 SEQ, CROP, WORDS = 64, 64, [f"w{i}{s}" for i in range(300) for s in ("", "ing", "ed")]
 
 
@@ -271,6 +290,69 @@ def columns_of(samples: List[Dict[str, Any]]) -> Dict[str, list]:
     return {k: [s[k] for s in samples] for k in samples[0]}
 
 
+def collate(work: Work) -> Callable[[List[Dict[str, Any]]], Dict[str, Any]]:
+    """The ``collate_fn`` of the torch-style loaders: a list of samples through the workload's encode."""
+    return lambda samples: to_torch(work.encode(columns_of(samples)))
+
+
+# ==================================================================================================
+# The peers' own formats: written once per workload from the same files, before the rounds (not timed)
+# ==================================================================================================
+def converted(data: str, workload: str, contender: str) -> str:
+    return os.path.join(data, f"{workload}.{contender}")
+
+
+def samples_of(path: str) -> Iterator[Dict[str, Any]]:
+    """The samples of one data file (``data/<workload>/<file>``) as the workload's ``read`` gives them, NumPy
+    scalars made Python ones: what the peers' writers store, for the same ``encode`` to run on when read."""
+    import numpy as np
+
+    folder = os.path.dirname(path)
+    cols, n = Work(os.path.basename(folder), os.path.dirname(folder)).read(path)
+    for i in range(n):
+        yield {k: v[i].item() if isinstance(v[i], np.generic) else v[i] for k, v in cols.items()}
+
+
+def mds_columns(sample: Dict[str, Any]) -> Dict[str, str]:
+    """Mosaic's column encodings for a sample of ``samples_of``."""
+    def encoding(value: Any) -> str:
+        if isinstance(value, (bytes, str)):
+            return type(value).__name__
+        return "int" if isinstance(value, int) else f"ndarray:{value.dtype.name}"
+
+    return {k: encoding(v) for k, v in sample.items()}
+
+
+def convert_mosaic(work: Work, out: str) -> None:
+    """One ``MDSWriter`` over the files in order (Mosaic's conversion guide, one process)."""
+    H.mosaic_importable()
+    from streaming import MDSWriter
+
+    samples = (sample for path in work.files() for sample in samples_of(path))
+    first = next(samples)
+    with MDSWriter(out=out, columns=mds_columns(first)) as writer:
+        writer.write(first)
+        for sample in samples:
+            writer.write(sample)
+
+
+def convert_litdata(work: Work, out: str) -> None:
+    """``optimize`` with one input per data file (``samples_of`` yields its samples), 2 worker processes."""
+    from litdata import optimize
+
+    H.litdata_cache_in(work.data)
+    optimize(fn=samples_of, inputs=work.files(), output_dir=out, num_workers=2, chunk_bytes="64MB")
+
+
+def prepare(workload: str, contender: str, data: str) -> Dict[str, Any]:
+    """Convert ``workload`` into ``contender``'s format once (kept in the data folder for every round)."""
+    out = converted(data, workload, contender)
+    t = time.perf_counter()
+    if not os.path.exists(out):
+        {"mosaic": convert_mosaic, "litdata": convert_litdata}[contender](Work(workload, data), out)
+    return {"entry": f"{workload}/{contender}", "seconds": time.perf_counter() - t}
+
+
 # ==================================================================================================
 # The contenders: each returns an iterator of batches (dicts of tensors); set-up not timed
 # ==================================================================================================
@@ -296,8 +378,7 @@ def torch_loader(work: Work, B: int, workers: int) -> Callable[[], Iterator[dict
                 for i in range(n):
                     yield {k: v[i] for k, v in cols.items()}
 
-    return lambda: iter(tud.DataLoader(Samples(), batch_size=B, num_workers=workers,
-                                       collate_fn=lambda s: to_torch(work.encode(columns_of(s)))))
+    return lambda: iter(tud.DataLoader(Samples(), batch_size=B, num_workers=workers, collate_fn=collate(work)))
 
 
 def pyloader_defaults(work: Work, B: int) -> Callable[[], Iterator[dict]]:
@@ -373,11 +454,46 @@ def wds_loader(work: Work, B: int) -> Callable[[], Iterator[dict]]:
     return lambda: iter(wds.WebLoader(ds, batch_size=None, num_workers=2))
 
 
+def mosaic_loader(work: Work, B: int) -> Callable[[], Iterator[dict]]:
+    """Mosaic's ``StreamingDataset`` on the MDS copy, in a torch ``DataLoader`` with 2 workers (its docs)."""
+    import torch.utils.data as tud
+
+    H.mosaic_importable()
+    from streaming import StreamingDataset
+
+    ds = StreamingDataset(local=converted(work.data, work.name, "mosaic"), shuffle=False, batch_size=B)
+    return lambda: iter(tud.DataLoader(ds, batch_size=B, num_workers=2, collate_fn=collate(work)))
+
+
+def litdata_loader(work: Work, B: int) -> Callable[[], Iterator[dict]]:
+    """LitData's ``StreamingDataset`` on the ``optimize``d copy, in its ``StreamingDataLoader`` with 2 workers."""
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    ds = StreamingDataset(converted(work.data, work.name, "litdata"))
+    return lambda: iter(StreamingDataLoader(ds, batch_size=B, num_workers=2, collate_fn=collate(work)))
+
+
+def ray_loader(work: Work, B: int) -> Callable[[], Iterator[dict]]:
+    """Ray Data on a local Ray (started here, not timed) reading the files with its own reader, the encode in
+    ``map_batches`` (tasks on the 2 cores), batches from ``iter_batches``."""
+    import ray.data
+
+    ray.init(log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False  # bars on a pipe: cost, no reader
+
+    def encode(batch: Dict[str, Any]) -> Dict[str, Any]:  # read_numpy names its column "data"
+        return work.encode({"x": batch["data"]} if work.name == "npy" else batch)
+
+    ds = getattr(ray.data, RAY_READ[work.name])(work.files()).map_batches(encode, batch_size=B, batch_format="numpy")
+    return lambda: (to_torch(b) for b in ds.iter_batches(batch_size=B, batch_format="numpy"))
+
+
 def build(contender: str, work: Work, B: int) -> Callable[[], Iterator[dict]]:
     if contender.startswith("torch-w"):
         return torch_loader(work, B, int(contender[-1]))
-    return {"plain": plain, "pyloader": pyloader_defaults, "hf": hf_streaming, "grain": grain_loader,
-            "wds": wds_loader}[contender](work, B)
+    makers = {"plain": plain, "pyloader": pyloader_defaults, "hf": hf_streaming, "grain": grain_loader,
+              "wds": wds_loader, "mosaic": mosaic_loader, "litdata": litdata_loader, "ray": ray_loader}
+    return makers[contender](work, B)
 
 
 # ==================================================================================================
@@ -388,7 +504,11 @@ def child(entry: str, data: str, cfg: dict) -> None:
 
     import torch  # noqa: F401  (every contender hands torch tensors to the loop)
 
-    workload, contender = entry.split("/")
+    parts = entry.split("/")
+    if parts[0] == "prepare":
+        H.report(prepare(parts[1], parts[2], data))
+        return
+    workload, contender = parts
     make = build(contender, Work(workload, data), cfg["batch"])
     baseline = H.own_memory()
     gc.collect()
@@ -414,71 +534,72 @@ def installed(contender: str) -> Optional[str]:
         return None
     import importlib.util
 
-    return None if importlib.util.find_spec(module) else f"{module} is not installed (pip install pyloader-ml[bench])"
+    return None if importlib.util.find_spec(module) else f"{module} is not installed (see benchmarks/README.md)"
+
+
+def cell(r: Optional[dict], mine: Optional[float], pyloader: bool) -> str:
+    """One contender on one workload: median time, its ratio to pyloader's, peak RSS of the tree, a wrong count."""
+    if r is None:
+        return "n/a"
+    if "error" in r:
+        return "failed"
+    ratio = f" ({r['median_s'] / mine:.2f}x)" if mine and not pyloader else ""
+    count = "" if r["checks_ok"] else f" **count {r['samples']:,} != {r['expected']:,}**"
+    return f"{r['median_s']:.2f} s{ratio}, {H.fmt_mb(r['peak_rss'])} MB{count}"
 
 
 def table(res: Dict[str, dict], workloads: List[str], contenders: List[str], skipped: Dict[str, str]) -> str:
-    def cell(w: str, c: str) -> str:
-        r = res.get(f"{w}/{c}")
-        if c in skipped:
-            return "n/a (not installed)"
-        if r is None:
-            return "n/a"
-        if "error" in r:
-            return "failed"
+    def row(w: str) -> List[str]:
         mine = res.get(f"{w}/pyloader", {}).get("median_s")
-        ratio = f" ({r['median_s'] / mine:.2f}x)" if mine and c != "pyloader" else ""
-        count = "" if r["checks_ok"] else f" **count {r['samples']:,} != {r['expected']:,}**"
-        return f"{r['median_s']:.2f} s{ratio}{count}"
+        return [w] + ["n/a (not installed)" if c in skipped else cell(res.get(f"{w}/{c}"), mine, c == "pyloader")
+                      for c in contenders]
 
-    rows = [[w] + [cell(w, c) for c in contenders] for w in workloads]
-    return H.markdown_table(["workload"] + [LABELS[c] for c in contenders], rows)
+    return H.markdown_table(["workload"] + [LABELS[c] for c in contenders], [row(w) for w in workloads])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small data, 1 round: a smoke run")
-    ap.add_argument("--repeats", type=int, help="rounds (default 3; 1 with --quick); the median is kept")
-    ap.add_argument("--workload", action="append", choices=WORKLOADS, help="repeatable; default: all")
-    ap.add_argument("--contender", action="append", choices=CONTENDERS, help="repeatable; default: all")
-    ap.add_argument("--scale", type=float, default=1.0, help="multiply the number of files (default 1)")
-    H.child_args(ap, 600, "write benchmarks/results/bench_real.{json,md} and the README's Real workloads section")
-    args = ap.parse_args()
-    if H.run_child_if_asked(args, child):
+def child_argv(entry: str, data: str, cfg: dict) -> List[str]:
+    return [os.path.abspath(__file__), "--child", entry, "--data", data, "--cfg", json.dumps(cfg)]
+
+
+def prepare_all(entries: List[str], data: str, cfg: dict, timeout: float) -> Dict[str, dict]:
+    """Write the peers' own formats (one child each, before the rounds); the entries whose writing failed."""
+    failed = {}
+    for e in entries:
+        if e.split("/")[1] not in CONVERTED:
+            continue
+        r = H.run_child(child_argv(f"prepare/{e}", data, cfg), timeout)
+        if "error" in r:
+            failed[e] = r
+            print(f"  {e:<22} conversion FAILED: {r['error']}\n{r.get('stderr', '')[-1500:]}")
+        else:
+            print(f"  {e:<22} converted in {r['seconds']:.1f} s (not timed)")
+    return failed
+
+
+def log_run(e: str, r: dict) -> None:
+    if "error" in r:
+        print(f"  {e:<22} FAILED: {r['error']}\n{r.get('stderr', '')[-1500:]}")
         return
-    cfg = dict(SIZES["quick" if args.quick else "moderate"])
-    cfg["files"] = max(1, round(cfg["files"] * args.scale))
-    repeats = args.repeats or (1 if args.quick else 3)
-    workloads = args.workload or WORKLOADS
-    skipped = {c: why for c in CONTENDERS if (why := installed(c))}
-    for c, why in skipped.items():
-        print(f"left out: {LABELS[c]}: {why}")
-    contenders = [c for c in args.contender or CONTENDERS]
-    entries = [f"{w}/{c}" for w in workloads for c in contenders
-               if c not in skipped and w in APPLIES.get(c, set(WORKLOADS))]
-    machine = H.machine_line()
-    print(f"machine: {machine}")
-    data = tempfile.mkdtemp(prefix="pyloader-real-bench-")
+    print(f"  {e:<22} {r['seconds']:7.2f} s  {r['samples']:>8,} samples{'' if r['checks_ok'] else ' WRONG COUNT'}"
+          f"  peak RSS {H.fmt_mb(r['peak_rss'])} MB" + (f"  placement {r['placement']}" if r.get("placement") else ""))
+
+
+def run_rounds(entries: List[str], data: str, cfg: dict, repeats: int, timeout: float
+               ) -> Tuple[Dict[str, List[dict]], List[float]]:
+    """Every entry once a round, ``repeats`` rounds; the runs of each entry and the free cores of each round."""
     runs: Dict[str, List[dict]] = {e: [] for e in entries}
-    t_all = time.perf_counter()
-    try:
-        t = time.perf_counter()
-        cfg["expected"] = make_data(data, cfg, workloads)
-        print(f"data made in {time.perf_counter() - t:.1f} s: {cfg['expected']}")
-        cores = []
-        for rep in range(repeats):
-            cores.append(H.effective_cores())
-            print(f"-- round {rep + 1}/{repeats} (effective cores free: {cores[-1]:.2f})")
-            for e in entries:
-                argv = [os.path.abspath(__file__), "--child", e, "--data", data, "--cfg", json.dumps(cfg)]
-                r = H.run_child(argv, args.timeout)
-                runs[e].append(r)
-                print(f"  {e:<22} " + (f"FAILED: {r['error']}\n{r.get('stderr', '')[-1500:]}" if "error" in r else
-                                       f"{r['seconds']:7.2f} s  {r['samples']:>8,} samples"
-                                       f"{'' if r['checks_ok'] else ' WRONG COUNT'}"
-                                       + (f"  placement {r['placement']}" if r.get("placement") else "")))
-    finally:
-        shutil.rmtree(data, ignore_errors=True)
+    cores = []
+    for rep in range(repeats):
+        cores.append(H.effective_cores())
+        print(f"-- round {rep + 1}/{repeats} (effective cores free: {cores[-1]:.2f})")
+        for e in entries:
+            runs[e].append(H.run_child(child_argv(e, data, cfg), timeout))
+            log_run(e, runs[e][-1])
+    return runs, cores
+
+
+def summarize(runs: Dict[str, List[dict]], expected: Dict[str, int]) -> Dict[str, dict]:
+    """Each entry: its median time over the rounds that worked, its largest peaks, the count checks of them all."""
     res: Dict[str, dict] = {}
     for e, rs in runs.items():
         ok = [r for r in rs if "error" not in r]
@@ -487,28 +608,100 @@ def main() -> None:
             continue
         res[e] = dict(ok[-1], median_s=statistics.median(r["seconds"] for r in ok),
                       all_s=[round(r["seconds"], 3) for r in ok], checks_ok=all(r["checks_ok"] for r in ok),
-                      expected=cfg["expected"][e.split("/")[0]])
-    shown = [c for c in contenders if c in skipped or any(f"{w}/{c}" in res for w in workloads)]
-    md = "\n\n".join([
-        f"Run of `python benchmarks/bench_real.py{' --quick' if args.quick else ''}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M')} ({repeats} rounds, median epoch time; "
-        f"{(time.perf_counter() - t_all) / 60:.1f} min in all).",
+                      expected=expected[e.split("/")[0]], peak_rss=max(r["peak_rss"] for r in ok),
+                      peak_pss=max(r["peak_pss"] for r in ok), all_peak_rss=[r["peak_rss"] for r in ok])
+    return res
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small data, 1 round: a smoke run")
+    ap.add_argument("--repeats", type=int, help="rounds (default 3; 1 with --quick); the median is kept")
+    ap.add_argument("--workload", action="append", choices=WORKLOADS, help="repeatable; default: all")
+    ap.add_argument("--contender", action="append", choices=CONTENDERS, help="repeatable; default: all")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiply the number of files (default 1; at least 1 file: --quick --scale 0.25 is 1)")
+    ap.add_argument("--json", metavar="PATH", help="also write every figure as JSON to PATH")
+    H.child_args(ap, 600, "write benchmarks/results/bench_real.{json,md} and the README's Real workloads section")
+    return ap.parse_args()
+
+
+def describe(args: argparse.Namespace, cfg: dict, repeats: int, machine: str, cores: List[float],
+             minutes: float) -> List[str]:
+    return [
+        f"Run of `{shlex.join(['python', 'benchmarks/bench_real.py', *sys.argv[1:]])}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M')} ({repeats} rounds, median epoch time; {minutes:.1f} min in all).",
         f"Machine: {machine}; effective cores before each round: {', '.join(f'{c:.2f}' for c in cores)}.",
         f"Data: {cfg['files']} files per workload, batch {cfg['batch']}; samples: "
-        + ", ".join(f"{w} {n:,}" for w, n in cfg["expected"].items()) + ". Each cell: median epoch time, and in "
-        "brackets that time over pyloader's (> 1: pyloader faster).",
-        table(res, workloads, shown, skipped),
-    ])
-    print()
-    print(md)
-    if args.write:
-        os.makedirs(RESULTS, exist_ok=True)
-        with open(os.path.join(RESULTS, "bench_real.json"), "w") as f:
-            json.dump({"cfg": cfg, "machine": machine, "results": res}, f, indent=1, sort_keys=True)
+        + ", ".join(f"{w} {n:,}" for w, n in cfg["expected"].items()) + ". Each cell: median epoch time, in "
+        "brackets that time over pyloader's (> 1: pyloader faster), then the peak RSS summed over the contender's "
+        "process tree (its process and every process it starts: loader workers, Ray's processes; sampled every "
+        f"{H.RSS_EVERY_S * 1000:.0f} ms, the largest of the rounds). Mosaic and LitData read their own format, "
+        "written from the same files before the rounds (not timed); every contender runs the same encode.",
+    ]
+
+
+def write_outputs(path: Optional[str], cfg: dict, machine: str, res: Dict[str, dict], md: Optional[str]) -> None:
+    """The JSON of every figure at ``path``; with ``md`` (``--write``) also the .md and the README section."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"cfg": cfg, "machine": machine, "results": res}, f, indent=1, sort_keys=True)
+    print(f"wrote {path}")
+    if md is not None:
         with open(os.path.join(RESULTS, "bench_real.md"), "w") as f:
             f.write(md + "\n")
         H.replace_section(os.path.join(HERE, "README.md"), "bench_real", md)
-        print("\nwrote benchmarks/results/bench_real.{json,md} and benchmarks/README.md (bench_real section)")
+        print("wrote benchmarks/results/bench_real.md and benchmarks/README.md (bench_real section)")
+
+
+def plan(args: argparse.Namespace) -> Tuple[dict, List[str], List[str], Dict[str, str], List[str]]:
+    """The sizes, workloads, contenders, the contenders left out (and why) and the entries to run."""
+    cfg = dict(SIZES["quick" if args.quick else "moderate"])
+    cfg["files"] = max(1, round(cfg["files"] * args.scale))
+    workloads = args.workload or WORKLOADS
+    contenders = args.contender or CONTENDERS
+    skipped = {c: why for c in contenders if (why := installed(c))}
+    for c, why in skipped.items():
+        print(f"left out: {LABELS[c]}: {why}")
+    entries = [f"{w}/{c}" for w in workloads for c in contenders
+               if c not in skipped and w in APPLIES.get(c, set(WORKLOADS))]
+    return cfg, workloads, contenders, skipped, entries
+
+
+def measure_all(entries: List[str], cfg: dict, workloads: List[str], repeats: int, timeout: float
+                ) -> Tuple[Dict[str, dict], List[float]]:
+    """Make the data, the peers' copies, run the rounds (all in a temporary folder, removed after)."""
+    data = tempfile.mkdtemp(prefix="pyloader-real-bench-")
+    try:
+        t = time.perf_counter()
+        cfg["expected"] = make_data(data, cfg, workloads)
+        print(f"data made in {time.perf_counter() - t:.1f} s: {cfg['expected']}")
+        failed = prepare_all(entries, data, cfg, timeout)
+        runs, cores = run_rounds([e for e in entries if e not in failed], data, cfg, repeats, timeout)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    return dict(failed, **summarize(runs, cfg["expected"])), cores
+
+
+def main() -> None:
+    args = parse_args()
+    if H.run_child_if_asked(args, child):
+        return
+    cfg, workloads, contenders, skipped, entries = plan(args)
+    repeats = args.repeats or (1 if args.quick else 3)
+    machine = H.machine_line()
+    print(f"machine: {machine}")
+    t_all = time.perf_counter()
+    res, cores = measure_all(entries, cfg, workloads, repeats, args.timeout)
+    shown = [c for c in contenders if c in skipped or any(f"{w}/{c}" in res for w in workloads)]
+    md = "\n\n".join(describe(args, cfg, repeats, machine, cores, (time.perf_counter() - t_all) / 60)
+                      + [table(res, workloads, shown, skipped)])
+    print()
+    print(md)
+    if args.json:
+        write_outputs(args.json, cfg, machine, res, None)
+    if args.write:
+        write_outputs(os.path.join(RESULTS, "bench_real.json"), cfg, machine, res, md)
 
 
 if __name__ == "__main__":

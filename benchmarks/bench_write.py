@@ -3,28 +3,35 @@
 webdataset ``ShardWriter`` (issue 48).
 
     python benchmarks/bench_write.py            # full size, prints the table
-    python benchmarks/bench_write.py --quick    # small data, a smoke run
+    python benchmarks/bench_write.py --quick    # small data (600 JPEGs, 6,000 documents): a smoke run
     python benchmarks/bench_write.py --write    # also rewrite the bench_write section of benchmarks/README.md
+                                                # and benchmarks/results/bench_write.json
+    python benchmarks/bench_write.py --quick --writer litdata --json /tmp/w.json   # one writer, figures as JSON
 
 Two inputs, made here:
 
 * ``jpeg``: 20,000 small JPEGs (96x96, with a ``.cls`` label file each) in a folder; the user
-  function decodes each, resizes it to 64x64 and encodes it again as a JPEG.
+  function decodes each, resizes it to 64x64 and encodes it again as a JPEG (every writer stores
+  those bytes: LitData gets them as ``bytes``, since a PIL image made in memory would be encoded
+  again by its JPEG serializer).
 * ``tok``: 200,000 JSON-lines documents in 8 files; the user function tokenizes each (an HF
   ``tokenizers`` BPE trained here when ``tokenizers`` is installed, else a word-hashing tokenizer,
   said in the table), keeping the token ids.
 
 Each writer converts both with the same number of processes (``--workers``, 2 by default), as its
-docs recommend: ``pyloader.write(source=folder, fn=...)``; ``litdata.optimize(fn, inputs, num_workers)``;
-Mosaic's ``MDSWriter`` in one process per worker, each on its share of the inputs, then
-``streaming.base.util.merge_index`` (Mosaic's guide for parallel conversion); webdataset's ``ShardWriter``
-in one process per worker likewise. Each entry runs in a fresh interpreter whose process tree is
-watched (``_harness``): wall time, CPU time of the tree (the entry's and its reaped children's), peak
-summed RSS, the output's size, then the time to the first batch of reading the output back with the
-writer's own loader (64 samples a batch, no worker process), and a full read-back counting every
-sample: ``exactly once`` is checked on the keys (ids) for pyloader and webdataset and on the count for
-the others. A writer that is not installed is left out with a note (``pip install`` lines in
-benchmarks/README.md: LitData and Mosaic pin numpy and torch, so they are not in the ``bench`` extra).
+docs recommend: ``pyloader.write(source=folder, fn=...)``; ``litdata.optimize(fn, inputs, output_dir,
+num_workers, chunk_bytes)`` (its ``fn`` a generator for the documents: several samples per input file);
+Mosaic's ``MDSWriter`` in one process per worker (a ``multiprocessing.Pool``), each on its share of the
+inputs, then ``streaming.base.util.merge_index`` (Mosaic's guide for parallel conversion); webdataset's
+``ShardWriter`` in one process per worker likewise. Each entry runs in a fresh interpreter whose process
+tree is watched (``_harness``), the writer's package imported before the clocks start: wall time, CPU time
+of the tree (the entry's and every process it starts), peak summed RSS, the output's size, then the time
+to the first batch of reading the output back with the writer's own loader (64 samples a batch, no worker
+process, each batch collated to its samples' keys: nothing decoded), and a full read-back: every key
+(image name, document id) must come back exactly once. A writer that is not installed is left out with
+a note (``pip install`` lines in benchmarks/README.md: LitData and Mosaic are installed without their
+dependencies, which would bring a torchvision or downgrade numpy; Mosaic's ``streaming`` imports
+torchvision at start-up, and ``_harness.mosaic_importable`` stands a stub in for it).
 """
 from __future__ import annotations
 
@@ -164,11 +171,9 @@ def write_pyloader(workload: str, src: str, out: str, workers: int) -> None:
 
 
 def _litdata_image(item: str) -> Dict[str, Any]:
-    folder, key = os.path.split(item)
-    sample = read_image(folder, key)
-    from PIL import Image
-
-    return {"key": sample["key"], "image": Image.open(io.BytesIO(sample["jpg"])), "cls": sample["cls"]}
+    """The resized JPEG as bytes, as every other writer stores it (a PIL image opened from memory would be
+    re-encoded by LitData's JPEG serializer, at its own quality)."""
+    return read_image(*os.path.split(item))
 
 
 def _litdata_docs(path: str) -> Iterator[Dict[str, Any]]:
@@ -181,15 +186,17 @@ def _litdata_docs(path: str) -> Iterator[Dict[str, Any]]:
 def write_litdata(workload: str, src: str, out: str, workers: int) -> None:
     from litdata import optimize
 
+    H.litdata_cache_in(os.path.dirname(out))
     if workload == "jpeg":
         inputs = [os.path.join(src, key) for key in image_pairs(src)]
         optimize(fn=_litdata_image, inputs=inputs, output_dir=out, num_workers=workers, chunk_bytes="64MB")
     else:
-        inputs = sorted(os.path.join(src, f) for f in os.listdir(src))
-        optimize(fn=_litdata_docs, inputs=inputs, output_dir=out, num_workers=workers, chunk_bytes="64MB")
+        optimize(fn=_litdata_docs, inputs=_inputs(workload, src), output_dir=out, num_workers=workers,
+                 chunk_bytes="64MB")
 
 
 def _mosaic_part(args: tuple) -> None:
+    H.mosaic_importable()  # a worker started by spawn or forkserver is a fresh interpreter
     from streaming import MDSWriter
 
     workload, src, out, items = args
@@ -218,11 +225,12 @@ def _inputs(workload: str, src: str) -> List[str]:
 def write_mosaic(workload: str, src: str, out: str, workers: int) -> None:
     import multiprocessing
 
+    H.mosaic_importable()
     from streaming.base.util import merge_index
 
     parts = [(workload, src, os.path.join(out, f"part-{k:02d}"), share)
              for k, share in enumerate(_shares(_inputs(workload, src), workers))]
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    with multiprocessing.Pool(workers) as pool:  # the default start method, as in its guide
         pool.map(_mosaic_part, parts)
     merge_index(out, keep_local=True)
 
@@ -247,7 +255,7 @@ def write_webdataset(workload: str, src: str, out: str, workers: int) -> None:
     os.makedirs(out, exist_ok=True)
     parts = [(workload, src, os.path.join(out, f"shard-{k:02d}-%06d.tar"), share)
              for k, share in enumerate(_shares(_inputs(workload, src), workers))]
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    with multiprocessing.Pool(workers) as pool:  # the default start method, as in its guide
         pool.map(_webdataset_part, parts)
 
 
@@ -258,40 +266,52 @@ def read_pyloader(workload: str, out: str) -> Iterator[List[str]]:
     from pyloader.readers import ParquetReader, TarReader
 
     reader = TarReader(batch_size=BATCH) if workload == "jpeg" else ParquetReader(batch_size=BATCH)
-    with DataLoader(reader, IdentityDataset(), NumpyCollator(), out, num_workers=0) as loader:
+    with DataLoader(reader, IdentityDataset(), NumpyCollator(), out, workers=0) as loader:
         for batch in loader:
             yield [str(k) for k in (batch["__key__"] if workload == "jpeg" else batch["id"])]
 
 
-def _torch_batches(dataset: Any) -> Iterator[Any]:
+def _key_batches(dataset: Any, key: str, loader: Optional[Callable[..., Any]] = None) -> Iterator[List[str]]:
+    """Batches of ``BATCH`` samples of a map or iterable dataset, each collated to its samples' keys (the
+    token arrays differ in length: the default collate cannot stack them; nothing is decoded)."""
     from torch.utils.data import DataLoader
 
-    yield from DataLoader(dataset, batch_size=BATCH, num_workers=0)
+    def keys(samples: List[dict]) -> List[str]:
+        return [str(s[key]) for s in samples]
+
+    yield from (loader or DataLoader)(dataset, batch_size=BATCH, num_workers=0, collate_fn=keys)
 
 
 def read_litdata(workload: str, out: str) -> Iterator[List[str]]:
     from litdata import StreamingDataLoader, StreamingDataset
 
-    key = "key" if workload == "jpeg" else "id"
-    for batch in StreamingDataLoader(StreamingDataset(out), batch_size=BATCH, num_workers=0):
-        yield [str(k) for k in batch[key]]
+    yield from _key_batches(StreamingDataset(out), "key" if workload == "jpeg" else "id", StreamingDataLoader)
 
 
 def read_mosaic(workload: str, out: str) -> Iterator[List[str]]:
+    H.mosaic_importable()
     from streaming import StreamingDataset
 
-    key = "key" if workload == "jpeg" else "id"
-    for batch in _torch_batches(StreamingDataset(local=out, shuffle=False, batch_size=BATCH)):
-        yield [str(k) for k in batch[key]]
+    dataset = StreamingDataset(local=out, shuffle=False, batch_size=BATCH)
+    yield from _key_batches(dataset, "key" if workload == "jpeg" else "id")
 
 
 def read_webdataset(workload: str, out: str) -> Iterator[List[str]]:
     import webdataset as wds
 
     shards = sorted(os.path.join(out, f) for f in os.listdir(out) if f.endswith(".tar"))
-    dataset = wds.WebDataset(shards, shardshuffle=False).decode("pil")
-    for batch in _torch_batches(dataset.to_tuple("__key__")):
-        yield [str(k) for k in batch[0]]
+    yield from _key_batches(wds.WebDataset(shards, shardshuffle=False), "__key__")
+
+
+def _import_modules(writer: str) -> None:
+    """Import the writer's package before the clocks start (torch alone takes seconds to import): the times are
+    those of the work. Worker processes a writer spawns import it again, on its clock."""
+    import importlib
+
+    if writer == "mosaic":
+        H.mosaic_importable()
+    for module in ("pyloader",) if writer == "pyloader" else ("torch.utils.data", PEER_MODULE[writer]):
+        importlib.import_module(module)
 
 
 def _keys_of(workload: str, src: str) -> List[str]:
@@ -314,6 +334,7 @@ def child(entry: str, data: str, cfg: dict) -> None:
     os.environ["BENCH_WRITE_ROOT"] = data
     src, out = os.path.join(data, "images" if workload == "jpeg" else "docs"), os.path.join(data, f"out-{writer}")
     shutil.rmtree(out, ignore_errors=True)
+    _import_modules(writer)
     started = time.perf_counter()
     with TreeCPU() as cpu_of:
         globals()[f"write_{writer}"](workload, src, out, cfg["workers"])
@@ -327,8 +348,7 @@ def child(entry: str, data: str, cfg: dict) -> None:
         seen.extend(keys)
     expected = _keys_of(workload, src)
     normal = (lambda k: k.split("/")[-1]) if workload == "jpeg" else (lambda k: str(int(k)))
-    once = sorted(map(normal, seen)) == sorted(expected) if writer in ("pyloader", "webdataset") else \
-        len(seen) == len(expected)
+    once = sorted(map(normal, seen)) == sorted(expected)
     shutil.rmtree(out, ignore_errors=True)
     H.report({"samples": len(expected), "seconds": wall, "cpu_s": cpu, "bytes": size, "first_batch_s": first,
               "read_samples": len(seen), "checks_ok": once, "samples_per_s": len(expected) / wall,
@@ -433,6 +453,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="runs per entry (default 1)")
     ap.add_argument("--workers", type=int, default=2, help="processes per writer (default 2)")
     ap.add_argument("--writer", action="append", choices=WRITERS, help="only this writer (repeatable)")
+    ap.add_argument("--json", metavar="PATH",
+                    help=f"also write every figure as JSON to PATH (--write writes {os.path.relpath(RESULTS_JSON)})")
     H.child_args(ap, 1800)
     args = ap.parse_args()
     if H.run_child_if_asked(args, child):
@@ -441,8 +463,13 @@ def main() -> None:
     results = run_all(args, cfg, print)
     markdown = table(results, cfg)
     print("\n" + markdown)
+    payload = {"results": results, "cfg": cfg, "machine": H.machine_line()}
     if args.write:
-        H.write_results("bench_write", markdown, RESULTS_JSON, {"results": results, "cfg": cfg}, None, None)
+        H.write_results("bench_write", markdown, RESULTS_JSON, payload, None, None)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=1, sort_keys=True)
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,14 @@ def spread_positions(epochs: Sequence[Optional[int]]) -> List[int]:
     return sorted({p for p in [0, 1, n - 1, n, *starts, *(k + 1 for k in starts), *middles] if 0 <= p <= n})
 
 
+def few_positions(epochs: Sequence[Optional[int]]) -> List[int]:
+    """The first and last positions and each epoch's first: for a run whose every resume starts worker
+    processes (they cut, order and draw as threads do, which the runs checked at more positions show)."""
+    n = len(epochs)
+    starts = [0] + [k for k in range(1, n) if epochs[k] != epochs[k - 1]]
+    return sorted({p for p in [0, n - 1, n, *starts] if 0 <= p <= n})
+
+
 def first_epoch_and_spread(epochs: Sequence[Optional[int]]) -> List[int]:
     """Every position up to the first epoch boundary and the batch after it, then those
     ``spread_positions`` keeps: for a run whose later epochs repeat the first one's kinds of position."""
@@ -282,6 +290,9 @@ def stop_early(make: Callable[[], pl.DataLoader], how: str, after: int = 3) -> p
                 if how == "break":
                     break
                 raise RuntimeError("training failed")
+    # frames of the iterator's start (its locals) can stay in a reference cycle until the garbage collector
+    # runs, in a long session (test_lifecycle's length failing inside list())
+    gc.collect()
     return loader
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ def test_bench_real_times_the_plain_loop_and_pyloader_and_checks_every_sample_co
     assert set(rows) == {"text"}, out.stdout
     for row in rows.values():
         cells = [c.strip() for c in row.split("|")[2:4]]
-        assert all(c.endswith(" s") or "x)" in c for c in cells), row  # a time in every cell, no failure
+        # a time (and the ratio to the first contender's) and the process tree's peak memory in every cell
+        assert all(re.fullmatch(r"[\d.]+ s( \([\d.]+x\))?, [\d,]+ MB", c) for c in cells), row
         assert "count" not in row, row  # every run delivered the data's samples
     assert "text/plain" in out.stdout and "WRONG COUNT" not in out.stdout

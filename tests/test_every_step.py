@@ -24,7 +24,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import IdReader, ListCollator, spread_positions, wait_no_children, wait_no_threads, write_chunks
+from conftest import (
+    IdReader,
+    ListCollator,
+    few_positions,
+    spread_positions,
+    wait_no_children,
+    wait_no_threads,
+    write_chunks,
+)
 from test_stream import PieceReader, write_streams
 
 import pyloader as pl
@@ -319,10 +327,21 @@ EVERY_POSITION = {
 }
 
 
+# modes whose every resume starts worker processes, not in EVERY_POSITION: checked at ``few_positions``
+WITH_WORKERS = {"the_numpy_reader_memory_mapping_npy_files", "the_numpy_reader_in_two_workers_in_stacked_groups",
+                "a_filter_bucketing_and_a_shuffle_buffer_with_two_workers", "a_filter_with_two_workers_under_ranks",
+                "cached_epochs_with_a_shuffle_buffer_under_ranks_with_two_workers", "stream_mode_with_two_workers",
+                "stream_mode_replaying_data_under_ranks_with_two_workers", "rotation_on_disk_with_two_workers",
+                "a_shuffle_buffer_with_two_workers", "two_persistent_worker_processes",
+                "a_bad_file_skipped_under_ranks_with_two_workers", "weighted_sources_under_ranks_with_two_workers",
+                "rank_0_of_2_with_two_workers_and_a_shuffle_buffer"}
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_run_resumes_exactly_at_every_position(tmp_path, case):
     make = CASES[case](tmp_path / "data")
-    n = check_resume(make, None if case in EVERY_POSITION else spread_positions)
+    n = check_resume(make, None if case in EVERY_POSITION else few_positions if case in WITH_WORKERS else
+                     spread_positions)
     assert n >= 3, "too few batches for the positions to mean anything"
     assert wait_no_threads() == []
     assert wait_no_children() == []

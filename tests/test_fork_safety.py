@@ -23,8 +23,9 @@ from pyloader._execution import forking
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
-# The fresh-interpreter start: about a hundred interpreters, two at a time (the CI machine has 2 cores).
-VARIANTS = {"plain": 44, "importing": 10, "tokenizer": 20, "forked": 12, "forked-run": 10, "torch": 4}
+# The fresh-interpreter start: forty interpreters, two at a time (the CI machine has 2 cores); the project's
+# own checks start hundreds more, outside the suite.
+VARIANTS = {"plain": 16, "importing": 4, "tokenizer": 8, "forked": 5, "forked-run": 4, "torch": 3}
 
 
 def _fresh_start(variant: str, folder: Path) -> subprocess.CompletedProcess:
@@ -42,14 +43,14 @@ def _ok(out: subprocess.CompletedProcess) -> bool:
     return out.returncode == 0 and any(line.startswith("OK ") for line in out.stdout.splitlines())
 
 
-@pytest.mark.timeout(900)  # about a minute on a quiet 2-core machine, 224 s at load 7.5; each run has its own 90 s
-def test_the_readme_usage_starts_in_a_hundred_fresh_interpreters_without_a_hang(tmp_path):
+@pytest.mark.timeout(600)  # about 25 s on a quiet 2-core machine; each run has its own 90 s
+def test_the_readme_usage_starts_in_forty_fresh_interpreters_without_a_hang(tmp_path):
     runs = [(variant, tmp_path / f"{variant}-{k}") for variant, count in VARIANTS.items() for k in range(count)]
     with ThreadPoolExecutor(2) as pool:
         done = list(pool.map(lambda run: (run[0], _fresh_start(*run)), runs))
     failed = [(variant, out.returncode, out.stdout[-500:] + out.stderr[-1500:])
               for variant, out in done if not _ok(out)]
-    assert len(done) >= 100
+    assert len(done) >= 40
     assert failed == [], f"{len(failed)} of {len(done)} failed; first: {failed[:2]}"
 
 

@@ -20,7 +20,7 @@ from pyloader.readers import TextLinesReader
 
 pytestmark = pytest.mark.timeout(300)
 
-KILLS = 20
+KILLS = 10
 
 _CHILD_HEAD = """
 import sys
@@ -92,7 +92,7 @@ def test_temporary_files_of_writers_killed_while_filling_cache_dir_are_removed_b
 
     kill_at_random_points(CACHE_CHILD, [str(cache), str(limit)], seed=28, after_each=count_leftovers)
     print("temporary files after each kill:", left)
-    assert sum(left) >= 5, f"the kills should have landed while files were written: {left}"
+    assert sum(left) >= 3, f"the kills should have landed while files were written: {left}"
     pl.DataLoader(TextLinesReader(4), pl.IdentityDataset(), ListCollator(), [__file__], num_workers=0,
                   storage=pl.Storage(cache_dir=str(cache), cache_limit=limit))
     names = sorted(p.name for p in cache.iterdir())
@@ -112,7 +112,7 @@ def test_run_folders_of_processes_killed_while_using_rotation_dir_are_removed_by
 
     kill_at_random_points(ROTATION_CHILD, [str(data), str(folder)], seed=14, after_each=count_leftovers)
     print("run folders after each kill:", left)
-    assert sum(left) >= 10, f"the kills should have landed while windows were on disk: {left}"
+    assert sum(left) >= 5, f"the kills should have landed while windows were on disk: {left}"
     loader = pl.DataLoader(TextLinesReader(16), pl.IdentityDataset(), ListCollator(), str(data), num_workers=0,
                            rotation=pl.Rotation(2, size=64, folder=str(folder)))
     assert sorted(int(x) for batch in loader for x in batch["text"]) == sorted(list(range(800)) * 2)

@@ -16,7 +16,7 @@ import pyloader as pl
 pytestmark = pytest.mark.timeout(120)
 
 # derandomize: the same examples on every run (no flaky CI), database=None: nothing written to the repo
-FAST = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+FAST = settings(max_examples=15, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -96,7 +96,7 @@ def test_exactly_once_full_batches_and_determinism(cfg):
     assert wait_no_threads() == []
 
 
-@settings(FAST, max_examples=25)
+@settings(FAST, max_examples=12)
 @given(cfg=configs(min_files=6, min_samples=1, shuffled=True))
 def test_another_seed_gives_another_order(cfg):
     """With the file order shuffled and at least 6 files of at least one sample, the seed matters."""

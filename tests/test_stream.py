@@ -106,7 +106,7 @@ def run_stream(folder, rows, seq_len, padding_mode="zeros", shuffle=False, num_e
     return loader, per_epoch
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=st.lists(st.integers(0, 14), min_size=1, max_size=9),
        rows=st.integers(1, 6), seq_len=st.one_of(st.none(), st.integers(1, 5)),
        padding_mode=st.sampled_from(["zeros", "data"]), shuffle=st.booleans(), piece=st.integers(1, 5))
@@ -128,7 +128,7 @@ def test_stream_invariants(lengths, rows, seq_len, padding_mode, shuffle, piece)
                 assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=st.lists(st.integers(0, 90), min_size=1, max_size=7),
        rows=st.integers(1, 5), seq_len=st.one_of(st.none(), st.integers(1, 6)),
        padding_mode=st.sampled_from(["zeros", "data"]), piece=st.integers(1, 60))

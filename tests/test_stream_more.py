@@ -189,7 +189,7 @@ def test_time_major_needs_stream_windows(tmp_path):
         pl.DataLoader(PieceReader(2), pl.IdentityDataset(), NumpyCollator(), str(tmp_path), time_major=True)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=st.lists(st.integers(0, 60), min_size=1, max_size=6), rows=st.integers(1, 4),
        seq_len=st.one_of(st.none(), st.integers(1, 5)), time_major=st.booleans(),
        padding_mode=st.sampled_from(["zeros", "edge"]), piece=st.integers(1, 40))

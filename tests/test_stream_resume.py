@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 import numpy as np
 import pytest
-from conftest import spread_positions, take_steps, wait_no_children
+from conftest import few_positions, spread_positions, take_steps, wait_no_children
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_stream import PieceReader, write_streams
@@ -125,10 +125,11 @@ def test_a_stream_resume_reads_only_the_files_in_progress_and_the_read_ahead(tmp
 
 
 # -- the resumed batches are the uninterrupted run's -------------------------------------------------------
-def positions(every: bool) -> Optional[Callable[[List[Optional[int]]], List[int]]]:
+def positions(every: bool, workers: int = 0) -> Optional[Callable[[List[Optional[int]]], List[int]]]:
     """Every position for one setting of each test (``every``); for the others, the positions
-    ``spread_positions`` keeps: every position of theirs would repeat what those show."""
-    return None if every else spread_positions
+    ``spread_positions`` keeps (``few_positions`` with workers, which start again at each): every
+    position of theirs would repeat what those show."""
+    return None if every else few_positions if workers else spread_positions
 
 
 # every layout in threads; with workers (which change how pieces travel, not how rows are cut) one layout
@@ -146,7 +147,7 @@ def test_a_resumed_stream_run_gives_the_uninterrupted_runs_batches(tmp_path, wor
                              stream=pl.Stream(seq_len=3, padding_mode=padding_mode, time_major=time_major,
                                               pad_value=-1), shuffle=True, num_epoch=2, num_workers=workers, **ranks)
 
-    check_resume(make, positions(not workers and not ranks and padding_mode == "zeros"))
+    check_resume(make, positions(not workers and not ranks and padding_mode == "zeros", workers))
     assert wait_no_children() == []
 
 
@@ -161,11 +162,11 @@ def test_resumed_slices_and_in_memory_streams_give_the_uninterrupted_runs_batche
                              stream=pl.Stream(seq_len=2, padding_mode="edge"), shuffle=True, num_epoch=2,
                              num_workers=workers, **ranks)
 
-    check_resume(make, positions(not workers and not ranks and kind == "memory"))
+    check_resume(make, positions(not workers and not ranks and kind == "memory", workers))
     assert wait_no_children() == []
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=st.lists(st.integers(0, 12), min_size=1, max_size=7), rows=st.integers(1, 4),
        seq_len=st.one_of(st.none(), st.integers(1, 3)), padding_mode=st.sampled_from(["zeros", "data", "edge"]),
        world=st.sampled_from([(0, 1), (0, 2), (1, 2), (2, 3)]), even=st.sampled_from(["pad", "drop"]),

@@ -87,6 +87,7 @@ class Engine:
         self._executor = DaemonExecutor(threads, f"{name}-io")
         self._started = threading.Event()
         self._done = False
+        self._stopping = False  # stop() was called: the run ends even where its cancellation was lost
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._queue: HandOver = None  # type: ignore[assignment]
         self._task: asyncio.Task = None  # type: ignore[assignment]
@@ -129,8 +130,9 @@ class Engine:
             await self._queue.put(Failure(_unwrapped(exc)))
         else:
             await self._queue.put(_END)
-        if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-            # stop() came as the run failed: a TaskGroup whose tasks failed raises their errors, not the cancel
+        if self._stopping or asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            # stop() came as the run failed: a TaskGroup whose tasks failed raises their errors, not the cancel,
+            # and in Python 3.11 its exit may even take the cancel back (uncancel()): the flag stays
             raise asyncio.CancelledError
         await asyncio.Event().wait()  # keep the loop up until the consumer took the last item and stop()s
 
@@ -224,6 +226,7 @@ class Engine:
 
     def _cancel(self, timeout: float) -> None:
         """Cancel the running loop's task, and join its thread for up to ``timeout`` seconds (not from itself)."""
+        self._stopping = True  # before the cancel: ``_main`` reads it once the pipeline is over, whatever ended it
         try:
             self._loop.call_soon_threadsafe(self._task.cancel)
         except RuntimeError:
