@@ -125,6 +125,16 @@ def spread_positions(epochs: Sequence[Optional[int]]) -> List[int]:
     return sorted({p for p in [0, 1, n - 1, n, *starts, *(k + 1 for k in starts), *middles] if 0 <= p <= n})
 
 
+def state_after(loader: pl.DataLoader, steps: int) -> Dict[str, Any]:
+    """``loader``'s state after ``steps`` batches of a new iteration (through JSON, as a checkpoint holds it)."""
+    it = iter(loader)
+    for _ in range(steps):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    it.close()
+    return state
+
+
 def few_positions(epochs: Sequence[Optional[int]]) -> List[int]:
     """The first and last positions and each epoch's first: for a run whose every resume starts worker
     processes (they cut, order and draw as threads do, which the runs checked at more positions show)."""

@@ -7,7 +7,7 @@ from typing import Dict, List
 
 import numpy as np
 import pytest
-from conftest import IdReader, ListCollator, ids_of, write_chunks
+from conftest import IdReader, ListCollator, ids_of, state_after, write_chunks
 
 import pyloader as pl
 from pyloader.readers import JsonLinesReader, TextLinesReader, _ranges
@@ -133,13 +133,7 @@ def test_the_built_in_line_readers_follow_the_global_order(tmp_path, reader):
 
 def _state_after(folder, world_size, steps, **kwargs) -> Dict:
     """Rank 0's state after ``steps`` global batches under ``world_size`` (every rank's is the same)."""
-    ld = loader(folder, world_size, 0, **kwargs)
-    it = iter(ld)
-    for _ in range(steps):
-        next(it)
-    state = json.loads(json.dumps(ld.state_dict()))
-    it.close()
-    return state
+    return state_after(loader(folder, world_size, 0, **kwargs), steps)
 
 
 @pytest.mark.parametrize("before, after", [(2, 3), (4, 2), (3, 1), (1, 6)])
@@ -379,12 +373,7 @@ def test_per_source_batches_each_come_from_one_source(tmp_path):
 def test_weighted_sources_resume_under_another_world_size_with_every_sample_once(tmp_path, before, after):
     sources = _mixed(tmp_path, amounts={0: {"repeat": 0.5}, 1: {"choose": 40}})
     whole = _by_epoch(mixed_loader(sources))[0]
-    ld = mixed_loader(sources, before, 0)
-    it = iter(ld)
-    for _ in range(3):
-        next(it)
-    state = json.loads(json.dumps(ld.state_dict()))
-    it.close()
+    state = state_after(mixed_loader(sources, before, 0), 3)
     rest = []
     for rank in range(after):
         resumed = mixed_loader(sources, after, rank)

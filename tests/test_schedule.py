@@ -2,12 +2,11 @@
 global order, the same for any world size, and exactly resumable at any step."""
 from __future__ import annotations
 
-import json
 from typing import List
 
 import numpy as np
 import pytest
-from conftest import IdReader, ListCollator, spread_positions
+from conftest import IdReader, ListCollator, spread_positions, state_after
 
 import pyloader as pl
 from pyloader.testing import check_resume
@@ -124,12 +123,7 @@ def test_a_scheduled_run_resumes_exactly_at_every_position(tmp_path, workers):
 def test_a_state_resumes_under_another_world_size_and_another_schedule_is_refused(tmp_path):
     sources = _sources(tmp_path)
     whole = global_batches(sources)
-    ld = scheduled(sources, 2, 0)
-    it = iter(ld)
-    for _ in range(5):
-        next(it)
-    state = json.loads(json.dumps(ld.state_dict()))
-    it.close()
+    state = state_after(scheduled(sources, 2, 0), 5)
     rest = []
     for rank in range(3):
         resumed = scheduled(sources, 3, rank)

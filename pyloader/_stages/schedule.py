@@ -128,16 +128,11 @@ class Composition:
         self.steps = -(-samples // global_batch)  # an epoch's global batches
         self._columns: Dict[int, np.ndarray] = {}
         self._given: List[np.ndarray] = []  # each epoch's samples per source, from epoch 0 on
+        self._before: List[np.ndarray] = [np.zeros(weights.sources, dtype=np.int64)]  # running totals of those
 
     def lengths(self, t: int) -> np.ndarray:
         """The samples of each of tile ``t``'s ``G`` columns: ``S``, or the last tile's share."""
-        rest = self.samples - t * self.g * self.s
-        if rest >= self.g * self.s:
-            return np.full(self.g, self.s, dtype=np.int64)
-        base, extra = divmod(rest, self.g)
-        out = np.full(self.g, base, dtype=np.int64)
-        out[:extra] += 1
-        return out
+        return column_lengths(min(self.samples - t * self.g * self.s, self.g * self.s), self.g)
 
     def columns(self, epoch: int) -> np.ndarray:
         """``[tile, source]``: the columns each source fills in each tile of ``epoch`` (the latest two kept)."""
@@ -172,6 +167,7 @@ class Composition:
         """The samples each source gives ``epoch``."""
         while len(self._given) <= epoch:
             self._given.append(self._samples_of(self.columns(len(self._given))))
+            self._before.append(self._before[-1] + self._given[-1])
         return self._given[epoch]
 
     def _samples_of(self, columns: np.ndarray) -> np.ndarray:
@@ -185,7 +181,15 @@ class Composition:
     def before(self, epoch: int) -> np.ndarray:
         """The samples each source gave the epochs before ``epoch``."""
         self.given(epoch)
-        return np.asarray(sum(self._given[:epoch], np.zeros(self.weights.sources, dtype=np.int64)), dtype=np.int64)
+        return self._before[epoch]
+
+
+def column_lengths(n: int, g: int) -> np.ndarray:
+    """``n`` samples as ``g`` columns of ``n // g`` or one more, the longer ones first."""
+    base, extra = divmod(n, g)
+    out = np.full(g, base, dtype=np.int64)
+    out[:extra] += 1
+    return out
 
 
 def _fair(n: int, owed: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from .._rng import TILE_COLUMNS, TILE_SPANS, derive_rng
-from .schedule import Composition, ScheduleLike, Weights, scheduled_samples
+from .schedule import Composition, ScheduleLike, Weights, column_lengths, scheduled_samples
 
 if TYPE_CHECKING:
     from .sources import Mix as MixLike
@@ -178,10 +178,7 @@ class Layout:
             return self._whole(t, g, s)
         last = len(self.streams) - 1
         lo = (t - self.full) * g * s
-        n = min(g * s, self.tail - lo)
-        base, extra = divmod(n, g)
-        lengths = np.full(g, base, dtype=np.int64)
-        lengths[:extra] += 1
+        lengths = column_lengths(min(g * s, self.tail - lo), g)
         return Tile(np.full(g, last), lo + np.cumsum(lengths) - lengths, lengths)
 
     def _whole(self, t: int, g: int, s: int) -> Tile:
