@@ -53,6 +53,12 @@ class Counted:
     stale: List[str] = field(default_factory=list)  # files an index held, changed since
     runs: Dict[int, Dict[str, object]] = field(default_factory=dict)  # where samples start, from an index
 
+    def take_failures(self) -> List[Tuple[int, PipelineError]]:
+        """The failures, handed over once. Kept here, an error would be held in a cycle: its cause's
+        traceback reaches the user's ``count`` frame, whose parents (the counting thread's) hold this."""
+        failures, self.failures = self.failures, []
+        return failures
+
 
 @dataclass
 class IndexPlaces:

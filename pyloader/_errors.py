@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import logging
 import os
+from traceback import clear_frames
 from types import TracebackType
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, NoReturn, Optional, Sequence, Tuple, Union
 
 from ._stats import Stats
 
@@ -129,7 +130,22 @@ class Failure:
     """An exception travelling through a queue, to be raised where it is consumed, in order."""
 
     def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
+        self.exc: Optional[BaseException] = exc
+
+    def throw(self, *, traceback: bool = True) -> NoReturn:
+        """Raise the exception (without its ``traceback`` so far if false), once. The failure lets go of
+        it first: the frames its traceback gathers on the way up hold this failure (and their ``self``),
+        and a cycle through them would keep a whole iteration alive until the garbage collector runs."""
+        exc, self.exc = self.exc, None
+        if exc is None:
+            raise RuntimeError("pyloader: a failure raised twice")
+        if not traceback:  # the frames it was raised through hold it (``reraise``'s ``error``): a cycle
+            clear_frames(exc.__traceback__)
+            exc = exc.with_traceback(None)
+        try:
+            raise exc
+        finally:
+            exc = None
 
 
 class WorkerDied(RuntimeError):

@@ -50,10 +50,11 @@ def count_files(counter: Counter, cache: Dict[str, object], skip_failed: bool,
     if counts is not None:
         return counts
     counted = counter.count(known, first_failure_stops=not skip_failed, progress=progress)
-    if not counted.failures:
+    failures = counted.take_failures()
+    if not failures:
         cache.update(files=list(counter.files), counts=counted.counts, runs=counted.runs)
     elif not skip_failed:
-        raise counted.failures[0][1]
+        raise failures.pop(0)[1]
     return counted.counts
 
 

@@ -17,6 +17,7 @@ from ._diagnose import Report, Tracing, report_of
 from ._errors import ErrorHandler, ErrorPolicy, PipelineError, Stats
 from ._execution.auto_workers import Placement, Placer
 from ._execution.engine import Engine
+from ._execution.forking import ForkUnsafe
 from ._execution.measured import Measured
 from ._execution.pool import KeptPool, WorkerPool
 from ._execution.runners import Exclusive
@@ -267,7 +268,12 @@ class DataLoader(Options):
         ``iter()``, before the run's own threads."""
         placement = self._placement()
         settings = self._settings(placement.num_workers)
-        settings.pool = launch_workers(settings, self._kept_workers)
+        try:
+            settings.pool = launch_workers(settings, self._kept_workers, fork_only=placement.decided)
+        except ForkUnsafe as exc:  # a thread of ours began between the placement and the fork
+            placement = self._placer.fallback(str(exc))
+            self._stats.placement = placement.as_dict()
+            settings = self._settings(0)
         if settings.pool is not None:
             self._stats.placement = {**self._stats.placement, "start_method": settings.pool.method}
             settings.measured = self._placer.measured(placement, bool(self.stream), len(self.files))

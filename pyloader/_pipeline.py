@@ -56,9 +56,10 @@ from ._storage.held import InMemory, OnDisk
 _COLLATING = 2  # groups of rotated batches being collated at once
 
 
-def launch_workers(s: Settings, kept: Optional[KeptPool]) -> Optional[WorkerPool]:
+def launch_workers(s: Settings, kept: Optional[KeptPool], *, fork_only: bool = False) -> Optional[WorkerPool]:
     """The run's worker processes, started now if they do not run (a pool ``kept`` across runs with
-    ``Workers.persistent``, else one for this run); called before the run's threads start."""
+    ``Workers.persistent``, else one for this run); called before the run's threads start.
+    ``fork_only``: when they would not start by fork, ``forking.ForkUnsafe`` (and none starts)."""
     if not s.num_workers:
         return None
     objects = [*readers_of(s.mix, s.options.datareader), s.options.dataset, s.options.datacollator]
@@ -68,10 +69,10 @@ def launch_workers(s: Settings, kept: Optional[KeptPool]) -> Optional[WorkerPool
     def make_pool() -> WorkerPool:
         return WorkerPool(s.num_workers, with_filter(s.reader, s.options.order.filter_fn), split_steps(s).there,
                           workers.init_fn, workers.start_method, persistent=kept is not None,
-                          imports=tuple(needed_modules(objects)))
+                          imports=tuple(needed_modules(objects)), fork_only=fork_only)
 
     pool = make_pool() if kept is None else kept.get(make_pool)
-    pool.busy = s.stats.busy
+    pool.busy, pool.fork_only = s.stats.busy, fork_only
     try:
         pool.launch()
     except BaseException:

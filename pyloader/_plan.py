@@ -196,7 +196,7 @@ async def count_samples(s: Settings, run_blocking: RunBlocking) -> List[Optional
             counted: Counted = await run_blocking(count)
         finally:
             stop.set()
-        for i, exc in counted.failures:
+        for i, exc in counted.take_failures():
             s.errors("count", [s.files[i]], exc)
             s.stats.skipped_files += 1
         s.count_cache.update(files=list(s.files), counts=counted.counts, runs=counted.runs)

@@ -300,9 +300,6 @@ def stop_early(make: Callable[[], pl.DataLoader], how: str, after: int = 3) -> p
                 if how == "break":
                     break
                 raise RuntimeError("training failed")
-    # frames of the iterator's start (its locals) can stay in a reference cycle until the garbage collector
-    # runs, in a long session (test_lifecycle's length failing inside list())
-    gc.collect()
     return loader
 
 

@@ -1,6 +1,6 @@
 """``num_workers="auto"``, the default: where user methods run, decided at each iteration.
 
-The rest of the suite pins ``PYLOADER_NUM_WORKERS=0`` (conftest); these tests clear it. The
+These tests clear ``PYLOADER_NUM_WORKERS`` and ``LOCAL_WORLD_SIZE`` if the environment sets them. The
 end-to-end ones run a script in a fresh interpreter, as a user's program would run: whether
 TensorFlow was imported by another test of this session must not decide what they see.
 """
@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
@@ -207,6 +208,44 @@ def test_the_environment_variable_keeps_a_script_in_its_process(tmp_path: Path) 
     [got] = run_script(tmp_path, env={"PYLOADER_NUM_WORKERS": "0"})
     assert got["placement"] == {"num_workers": 0, "why": "PYLOADER_NUM_WORKERS=0"}
     assert all(epoch["pids"] == [got["main"]] for epoch in got["epochs"])
+
+
+def _reader_starting_a_thread_of_ours(lasts: float, gone: threading.Event) -> pl.DataReader:
+    """A reader (of a local class: it cannot be pickled for forkserver) that starts a thread named as
+    pyloader's when the launch asks for its imports, after the placement: as a dropped iterator's
+    finalizer starts one to stop its run. The thread lasts ``lasts`` seconds, or until ``gone`` is set."""
+
+    class Reader(PythonReader):
+        @property
+        def worker_imports(self) -> tuple:
+            threading.Thread(target=gone.wait, args=(lasts,), name="pyloader-stop", daemon=True).start()
+            return ()
+
+    return Reader(4)
+
+
+@pytest.mark.skipif(cpu_share() < 2, reason="'auto' starts no worker with under 2 CPUs for the process")
+@pytest.mark.parametrize("lasts", [0.2, 30.0])
+def test_a_thread_of_ours_beginning_after_the_placement_never_makes_auto_start_workers_another_way(
+        tmp_path: Path, lasts: float) -> None:
+    """A thread that ends soon is waited for, and the workers are forked; one that stays keeps the user's
+    code in this process. Never the fork server, which needs picklable objects the user never promised."""
+    if "tensorflow" in sys.modules:
+        pytest.skip("with TensorFlow imported 'auto' places everything in this process from the start")
+    write_chunks(tmp_path, [7, 5, 9])
+    gone = threading.Event()
+    loader = pl.DataLoader(_reader_starting_a_thread_of_ours(lasts, gone), pl.IdentityDataset(), ListCollator(),
+                           str(tmp_path))
+    try:
+        assert sorted(i for batch in loader for i in batch["id"]) == list(range(21))
+    finally:
+        gone.set()
+        loader.close()
+    placement = loader.stats["placement"]
+    if lasts < 1:
+        assert placement["num_workers"] == min(cpu_share(), MAX_WORKERS) and placement["start_method"] == "fork"
+    else:
+        assert placement["num_workers"] == 0 and "pyloader-stop" in placement["why"], placement
 
 
 def test_text_lines_are_parsed_by_python_code() -> None:

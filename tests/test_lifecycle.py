@@ -173,12 +173,34 @@ def test_a_length_that_fails_inside_list_leaves_no_thread_or_process_behind(make
     for _ in range(2):
         with pytest.raises(LookupError, match="no order today"):
             list(loader)
-        # In a long session the frames of the failed iter() (the iterator among their locals) can stay in a
-        # reference cycle until the garbage collector runs (seen in the full suite: held by a closure's cell)
-        gc.collect()
         assert wait_no_threads(5.0) == [] and wait_no_children(5.0) == []
     loader.close()
     assert wait_no_threads(1.0) == []
+
+
+class _CountFails(IdReader):
+    def count(self, path):
+        if path.endswith("part-0001.txt"):
+            raise OSError("the index is gone")
+        return super().count(path)
+
+
+@pytest.mark.parametrize("failing", ["count", "file_order", "read_file"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failed_iteration_is_freed_without_the_garbage_collector(make_loader, failing, num_workers):
+    """No reference cycle keeps a failed iteration (its threads waiting for a consumer) until a collection."""
+    settings = {"count": {"reader": _CountFails(4), "ranks": pl.Ranks(rank=0, world_size=2)}, "file_order": {"file_order": _no_order},
+                "read_file": {"reader": IdReader(4, fail_on={"part-0002.txt"})}}[failing]
+    loader = make_loader([5, 7, 3], batch_size=4, num_workers=num_workers, **settings)
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises((pl.PipelineError, LookupError)):
+            list(loader)  # iter(), then len(), which counts the files (and may fail), then the batches
+        assert [o for o in gc.get_objects() if isinstance(o, pl.LoaderIterator)] == []
+        assert wait_no_threads(5.0) == [] and wait_no_children(5.0) == []
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -107,6 +107,11 @@ def place(num_workers: Any, objects: Iterable[Any], start_method: Optional[str])
     return _decided(objects, start_method)
 
 
+def not_forked(why: str) -> Placement:
+    """No workers: they would not start by fork (``why``) and no ``start_method`` was given."""
+    return Placement(0, f"workers would not start by fork ({why}); pass start_method to use them anyway")
+
+
 def _decided(objects: Iterable[object], start_method: Optional[str]) -> Placement:
     """``"auto"``'s rules (see the module)."""
     python = next((type(obj).__name__ for obj in objects if not releases_gil(obj)), None)
@@ -117,7 +122,7 @@ def _decided(objects: Iterable[object], start_method: Optional[str]) -> Placemen
         return Placement(0, f"{share} CPU for this process")
     unsafe = forking.why_not_fork() if start_method is None else ""
     if unsafe:
-        return Placement(0, f"workers would not start by fork ({unsafe}); pass start_method to use them anyway")
+        return not_forked(unsafe)
     return Placement(min(share, MAX_WORKERS), f"{share} CPUs for this process; {python} runs Python code")
 
 
@@ -142,6 +147,13 @@ class Placer:
             self._measured = Measured(trial=_TRIAL.get(self.start_method, THREADS_FIRST))
         self._measured.new_run(files)
         return self._measured
+
+    def fallback(self, why: str) -> Placement:
+        """The placement of an iteration whose workers, placed by ``"auto"``, would not start by fork
+        (``why``) when they were launched: a thread of ours had begun since the placement."""
+        self.last = not_forked(why)
+        _log.info("num_workers='auto': 0 worker processes (%s)", self.last.why)
+        return self.last
 
     def __call__(self, objects: Iterable[Any]) -> Placement:
         placement = place(self.num_workers, objects, self.start_method)

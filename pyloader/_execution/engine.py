@@ -16,6 +16,7 @@ import contextlib
 import os
 import threading
 import weakref
+from traceback import clear_frames
 from typing import Any, AsyncGenerator, Callable, List
 
 from .._errors import Failure, PipelineError
@@ -67,6 +68,7 @@ def _run_through(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Non
 def _unwrapped(exc: BaseException) -> BaseException:
     """The one error of a task group that failed with one (raised as itself), else ``exc``."""
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        clear_frames(exc.__traceback__)  # the group's frames, dropped with it, would hold the error in a cycle
         return exc.exceptions[0]
     return exc
 
@@ -153,9 +155,8 @@ class Engine:
         if isinstance(item, Failure):
             self._done = True
             self.stop(join)
-            if isinstance(item.exc, PipelineError):  # a user method's failure: the stages it crossed are noise
-                raise item.exc.with_traceback(None)
-            raise item.exc
+            # a user method's failure: the stages it crossed are noise
+            item.throw(traceback=not isinstance(item.exc, PipelineError))
         return item
 
     def get(self) -> Any:

@@ -36,6 +36,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set
 LAUNCHER = "pyloader-workers"  # the name of a pool's launcher thread (its DaemonExecutor's prefix)
 LAUNCH = threading.Lock()  # one launch at a time: a launcher thread is busy only while it holds this
 IMPORT_WAIT_S = 10.0
+ENDING_WAIT_S = 2.0  # for threads of ours that end (a run stopped by a dropped iterator's finalizer)
 # Threads of other libraries known to be safe across a fork: fsspec resets its loop in a child.
 _SAFE_THREADS = ("fsspecIO",)
 _warned: Set[str] = set()
@@ -64,6 +65,21 @@ def why_not_fork() -> str:
         return "TensorFlow is imported"
     busy = busy_threads_of_ours()
     return f"threads of another pyloader iteration run ({', '.join(busy)})" if busy else ""
+
+
+class ForkUnsafe(RuntimeError):
+    """Workers that may only be forked (placed by ``num_workers="auto"``) cannot be now."""
+
+
+def why_not_fork_soon(timeout: float = ENDING_WAIT_S) -> str:
+    """``why_not_fork()``, once the threads of ours that run now end, if they do within ``timeout``:
+    a run whose iterator the garbage collector dropped is being stopped by a thread of its own."""
+    deadline = time.monotonic() + timeout
+    why = why_not_fork()
+    while why and busy_threads_of_ours() and time.monotonic() < deadline:
+        time.sleep(0.01)
+        why = why_not_fork()
+    return why
 
 
 def start_method() -> str:

@@ -184,8 +184,10 @@ class WorkerPool:
 
     def __init__(self, num_workers: int, reader: Any, steps: List[Tuple[str, Callable]],
                  worker_init_fn: Optional[Callable[[int], None]], start_method: Optional[str],
-                 persistent: bool = False, busy: Optional[Busy] = None, imports: Tuple[str, ...] = ()) -> None:
+                 persistent: bool = False, busy: Optional[Busy] = None, imports: Tuple[str, ...] = (),
+                 fork_only: bool = False) -> None:
         self.num_workers = num_workers
+        self.fork_only = fork_only  # placed by "auto", which counts on fork: else ``forking.ForkUnsafe``
         self.steps = steps
         self.persistent = persistent
         self.busy = busy  # where the workers' seconds go (``loader.stats``), set for each run
@@ -343,7 +345,7 @@ class WorkerPool:
         """Fork only with no other thread of ours running and no import in progress (``_execution.forking``)."""
         global _launching
         with forking.LAUNCH:
-            self._method = self._requested or forking.start_method()
+            self._method = self._requested or self._unrequested_method()
             if self._method == "fork":
                 forking.preload(self._imports)
                 forking.wait_for_imports(caller)
@@ -353,6 +355,15 @@ class WorkerPool:
                 self._start_processes()
             finally:
                 _launching = False
+
+    def _unrequested_method(self) -> str:
+        method = forking.start_method()
+        if method == "fork" or not self.fork_only:
+            return method
+        why = forking.why_not_fork_soon()
+        if why:
+            raise forking.ForkUnsafe(why)
+        return "fork"
 
     def _start_processes(self) -> None:
         ctx = multiprocessing.get_context(self._method)

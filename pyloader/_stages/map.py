@@ -86,7 +86,7 @@ class OrderedMap:
                 if item is _END:
                     return
                 if isinstance(item, Failure):
-                    raise item.exc
+                    item.throw()
                 group, future = item
                 item = None
                 try:

@@ -64,7 +64,7 @@ class FileStream:
                 if item is _DONE:
                     return
                 if isinstance(item, Failure):
-                    raise item.exc
+                    item.throw()
                 n, columns, ref, dropped = item
                 yield Piece(self.task, offset, n, columns, ref, dropped)
                 offset += n
