@@ -215,7 +215,8 @@ THREADS_SCRIPT = """
     import pyloader as pl
     from worker_helpers import EncodeDataset, ListCollator, NumReader
 
-    def train(**options):
+    def train(settle=0.0, **options):
+        time.sleep(settle)  # for the thread that started this one to be in join() or result() by the fork
         with pl.DataLoader(NumReader(4), EncodeDataset(), ListCollator(), {data!r}, num_workers=2, **options) as loader:
             return len(list(loader))
 
@@ -225,11 +226,11 @@ THREADS_SCRIPT = """
     warnings.simplefilter("always")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        loop = threading.Thread(target=train)
+        loop = threading.Thread(target=train, args=(0.2,))
         loop.start()
         loop.join()
         with ThreadPoolExecutor(1) as pool:
-            pool.submit(train).result()
+            pool.submit(train, 0.2).result()
         print("WAITING", forked(), flush=True)
         loop = threading.Thread(target=train)
         loop.start()

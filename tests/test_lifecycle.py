@@ -185,10 +185,16 @@ class _CountFails(IdReader):
         return super().count(path)
 
 
+@pytest.mark.filterwarnings("ignore:pyloader. worker processes are forked while other threads")
+@pytest.mark.parametrize("user_thread", [False, True], ids=["alone", "beside-a-user-thread"])
 @pytest.mark.parametrize("failing", ["count", "file_order", "read_file"])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_failed_iteration_is_freed_without_the_garbage_collector(make_loader, failing, num_workers):
-    """No reference cycle keeps a failed iteration (its threads waiting for a consumer) until a collection."""
+def test_a_failed_iteration_is_freed_without_the_garbage_collector(make_loader, failing, num_workers, user_thread):
+    """No reference cycle keeps a failed iteration (its threads waiting for a consumer) until a collection;
+    a thread of the user's running makes the fork look at every thread's frames."""
+    stop = threading.Event()
+    if user_thread:
+        threading.Thread(target=stop.wait, name="user-thread", daemon=True).start()
     settings = {"count": {"reader": _CountFails(4), "ranks": pl.Ranks(rank=0, world_size=2)}, "file_order": {"file_order": _no_order},
                 "read_file": {"reader": IdReader(4, fail_on={"part-0002.txt"})}}[failing]
     loader = make_loader([5, 7, 3], batch_size=4, num_workers=num_workers, **settings)
@@ -201,6 +207,7 @@ def test_a_failed_iteration_is_freed_without_the_garbage_collector(make_loader, 
         assert wait_no_threads(5.0) == [] and wait_no_children(5.0) == []
     finally:
         gc.enable()
+        stop.set()
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -142,8 +142,13 @@ def _user_threads(caller: int) -> List[threading.Thread]:
 def _unwaited(running: List[threading.Thread], caller: int, future: object) -> List[str]:
     """The names, sorted, of the threads of ``running`` that do not wait for ``caller`` or ``future``
     (``_waits_for``)."""
-    frames = sys._current_frames() if running else {}
-    return sorted(t.name for t in running if not _waits_for(frames.get(t.ident or -1), caller, future))
+    if not running:
+        return []
+    frames = sys._current_frames()
+    try:
+        return sorted(t.name for t in running if not _waits_for(frames.get(t.ident or -1), caller, future))
+    finally:  # it holds this frame, which holds it: a cycle keeping every thread's frames (an iterator's among them)
+        frames.clear()
 
 
 def _advice(others: List[str], persistent: bool) -> str:
