@@ -25,10 +25,10 @@ Contenders, each in its own process and written the way its own docs teach:
 ``plain`` (a loop: read a file, cut batches, encode, ``torch.from_numpy``); ``pyloader``
 (its defaults: ``num_workers="auto"``, the built-in readers and collators where they
 exist), and ``pyloader-w0``/``-w1``/``-w2`` (the same with 0, 1 or 2 worker processes given: the
-settings the default must come within 5% of, issue 50); torch ``DataLoader`` with 0 and 2 workers (an ``IterableDataset`` sharded by file
-with ``get_worker_info``, the encode in ``collate_fn``); HF ``datasets`` streaming
-(``load_dataset(..., streaming=True).map(batched=True)``, ``with_format("torch")``, a torch
-``DataLoader`` with 2 workers); Grain (``MapDataset.source(files).map(read)``,
+settings the default must come within 5% of, issue 50); torch ``DataLoader`` with 0 and 2
+workers (an ``IterableDataset`` sharded by file with ``get_worker_info``, the encode in
+``collate_fn``); HF ``datasets`` streaming (``load_dataset(..., streaming=True).map(batched=True)``,
+``with_format("torch")``, a torch ``DataLoader`` with 2 workers); Grain (``MapDataset.source(files).map(read)``,
 ``to_iter_dataset``, a flat map to samples, ``batch``, ``mp_prefetch`` with 2 workers);
 webdataset (``WebDataset(...).decode("rgb8")``, ``batched``, ``WebLoader`` with 2 workers)
 for the tar shards; Mosaic streaming (``StreamingDataset(local=...)`` in a torch ``DataLoader``
@@ -73,13 +73,15 @@ SIZES = {
                   npy_rows=10_000, batch=64),
 }
 WORKLOADS = ["tok", "jpeg", "parquet", "text", "npy"]
-CONTENDERS = ["plain", "pyloader", "pyloader-w0", "pyloader-w1", "pyloader-w2", "torch-w0", "torch-w2", "hf", "grain", "wds", "mosaic", "litdata", "ray"]
+CONTENDERS = ["plain", "pyloader", "pyloader-w0", "pyloader-w1", "pyloader-w2", "torch-w0",
+              "torch-w2", "hf", "grain", "wds", "mosaic", "litdata", "ray"]
 PEER_MODULE = {"hf": "datasets", "grain": "grain", "wds": "webdataset", "mosaic": "streaming", "litdata": "litdata",
                "ray": "ray"}
 APPLIES = {"hf": {"tok", "jpeg", "parquet", "text"}, "wds": {"jpeg"}}
 CONVERTED = ("mosaic", "litdata")  # read from their own format, written once from the data before the rounds
 LABELS = {"plain": "plain loop", "pyloader": "pyloader defaults", "pyloader-w0": "pyloader, 0 workers (threads)",
-          "pyloader-w1": "pyloader, 1 worker", "pyloader-w2": "pyloader, 2 workers", "torch-w0": "torch DataLoader, 0 workers",
+          "pyloader-w1": "pyloader, 1 worker", "pyloader-w2": "pyloader, 2 workers",
+          "torch-w0": "torch DataLoader, 0 workers",
           "torch-w2": "torch DataLoader, 2 workers", "hf": "HF datasets streaming + DataLoader(2)",
           "grain": "Grain mp_prefetch(2)", "wds": "webdataset WebLoader(2)",
           "mosaic": "Mosaic StreamingDataset + DataLoader(2)", "litdata": "LitData StreamingDataLoader(2)",

@@ -338,7 +338,10 @@ WITH_WORKERS = {"the_numpy_reader_memory_mapping_npy_files", "the_numpy_reader_i
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_run_resumes_exactly_at_every_position(tmp_path, case):
+def test_a_run_resumes_exactly_at_every_position(tmp_path, case, monkeypatch):
+    # a case that gives no num_workers runs in threads: the default's workers start again at every resume,
+    # and are the next test's (cases giving workers are in WITH_WORKERS)
+    monkeypatch.setenv("PYLOADER_NUM_WORKERS", "0")
     make = CASES[case](tmp_path / "data")
     n = check_resume(make, None if case in EVERY_POSITION else few_positions if case in WITH_WORKERS else
                      spread_positions)
@@ -348,7 +351,7 @@ def test_a_run_resumes_exactly_at_every_position(tmp_path, case):
 
 
 def test_a_run_with_the_workers_chosen_automatically_resumes_exactly_at_every_position(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYLOADER_NUM_WORKERS", "auto")  # the suite's conftest says 0
+    monkeypatch.setenv("PYLOADER_NUM_WORKERS", "auto")  # whatever the environment says
     make = ids_loader(tmp_path / "data", shuffle=True, shuffle_buffer=3)
     assert make().workers.processes == "auto"
     assert check_resume(make) == 6

@@ -195,7 +195,8 @@ def test_a_failed_iteration_is_freed_without_the_garbage_collector(make_loader, 
     stop = threading.Event()
     if user_thread:
         threading.Thread(target=stop.wait, name="user-thread", daemon=True).start()
-    settings = {"count": {"reader": _CountFails(4), "ranks": pl.Ranks(rank=0, world_size=2)}, "file_order": {"file_order": _no_order},
+    settings = {"count": {"reader": _CountFails(4), "ranks": pl.Ranks(rank=0, world_size=2)},
+                "file_order": {"file_order": _no_order},
                 "read_file": {"reader": IdReader(4, fail_on={"part-0002.txt"})}}[failing]
     loader = make_loader([5, 7, 3], batch_size=4, num_workers=num_workers, **settings)
     gc.collect()
