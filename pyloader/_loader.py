@@ -276,7 +276,7 @@ class DataLoader(Options):
             settings = self._settings(0)
         if settings.pool is not None:
             self._stats.placement = {**self._stats.placement, "start_method": settings.pool.method}
-            settings.measured = self._placer.measured(placement, bool(self.stream), len(self.files))
+            settings.measured = self._placer.measured(placement, bool(self.stream), self.files)
         self._stats.measured = settings.measured
         own = settings.pool if self._kept_workers is None else None
         threads = self.storage.prefetch_files + resolved(workers_of(self).threads)

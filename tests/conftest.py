@@ -21,6 +21,14 @@ import pyloader as pl
 _TENSORFLOW = ("tensorflow", "TFCollator", "to_tf_dataset")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Placements remembered by the suite's runs go to a folder of the session's (fresh interpreters it
+    starts too), not to the user's ``~/.cache``: a run of the suite starts as a first run does."""
+    if "PYLOADER_CACHE_DIR" not in os.environ:
+        os.environ["PYLOADER_CACHE_DIR"] = str(tmp_path_factory.mktemp("pyloader-cache"))
+
+
 def _uses_tensorflow(item: pytest.Item) -> bool:
     function = getattr(item, "function", None)
     try:

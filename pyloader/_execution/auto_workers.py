@@ -31,14 +31,15 @@ change, and are in ``loader.stats["placement"]``.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .._abc import releases_gil
 from .._checks import is_integer
-from . import forking
+from . import forking, remembered
 from .measured import THREADS_FIRST, WORKERS_FIRST, Measured
 
 AUTO = "auto"
@@ -134,19 +135,26 @@ class Placer:
         self.worker_init_fn = worker_init_fn  # given: the user's code expects to run in workers
         self.last: Optional[Placement] = None
         self._measured: Optional[Measured] = None
+        self._objects: List[Any] = []  # the user objects of the latest placement
 
-    def measured(self, placement: Placement, stream: bool, files: Optional[int] = None) -> Optional[Measured]:
+    def measured(self, placement: Placement, stream: bool, files: Sequence[str] = ()) -> Optional[Measured]:
         """Where each file of an iteration runs, measured (``_execution.measured``), when ``"auto"`` gave it
-        workers; kept across the loader's iterations. Stream mode keeps the rule: each of its batches
-        takes rows from as many files as it has rows, so no window of files can be measured alone; a
-        ``worker_init_fn`` prepares each worker for the user's code, which then must run there. ``files``:
-        how many an epoch reads."""
+        workers; kept across the loader's iterations, and started where the last run of the same code on
+        the same data kept its files (``_execution.remembered``). Stream mode keeps the rule: each of its
+        batches takes rows from as many files as it has rows, so no window of files can be measured
+        alone; a ``worker_init_fn`` prepares each worker for the user's code, which then must run there.
+        ``files``: those an epoch reads."""
         if not placement.decided or not placement.num_workers or stream or self.worker_init_fn is not None:
             return None
         if self._measured is None:
-            self._measured = Measured(trial=_TRIAL.get(self.start_method, THREADS_FIRST))
-        self._measured.new_run(files)
+            self._measured = self._new_measured(placement, files)
+        self._measured.new_run(len(files))
         return self._measured
+
+    def _new_measured(self, placement: Placement, files: Sequence[str]) -> Measured:
+        key = remembered.identity(self._objects, files, placement.num_workers, self.start_method)
+        return Measured(trial=_TRIAL.get(self.start_method, THREADS_FIRST), remembered=remembered.recall(key),
+                        keep=functools.partial(remembered.remember, key))
 
     def fallback(self, why: str) -> Placement:
         """The placement of an iteration whose workers, placed by ``"auto"``, would not start by fork
@@ -156,7 +164,8 @@ class Placer:
         return self.last
 
     def __call__(self, objects: Iterable[Any]) -> Placement:
-        placement = place(self.num_workers, objects, self.start_method)
+        self._objects = list(objects)
+        placement = place(self.num_workers, self._objects, self.start_method)
         if placement.decided and placement != self.last:
             _log.info("num_workers='auto': %d worker processes (%s)", placement.num_workers, placement.why)
         self.last = placement

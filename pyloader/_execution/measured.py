@@ -67,7 +67,10 @@ Contract:
   of one short epoch its files would only run in a place not yet measured. The next epoch's first
   file opens it.
 * **Carried over.** A loader's next iteration goes on from the decision (and the schedule) of the
-  one before, so a run of one epoch per ``iter()`` pays for the trial once.
+  one before, so a run of one epoch per ``iter()`` pays for the trial once. A new loader, in this
+  process or the next run of the program, starts where the last run of the same code on the same data
+  kept its files (``remembered``, from ``_execution.remembered``): no trial, its first window confirms
+  the place, and the probes go on.
 * **Shown.** ``report()`` (in ``loader.stats["placement"]["measured"]``): the place now (a probe's,
   during one), the place kept (``None`` during the trial), the last windows' figures, and each
   change with its figures. Changes are logged (INFO, logger ``pyloader``).
@@ -168,11 +171,14 @@ class Measured:
     PROBE_AFTER = 3  # windows of the kept place between two probes of the other
     _KEPT_WINDOWS = 8  # in ``report()``
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, trial: Tuple[str, ...] = WORKERS_FIRST) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, trial: Tuple[str, ...] = WORKERS_FIRST, *,
+                 remembered: Optional[str] = None, keep: Optional[Callable[[str], None]] = None) -> None:
         self._clock = clock
         self.trial = trial  # the places: the trial takes the first two, the probes the others first
         self._lock = threading.Lock()
         self.kept: Optional[str] = None  # the place decided on, once the trial is over
+        self._keep = keep  # told each place kept (``_execution.remembered``)
+        self.remembered = remembered if remembered in trial else None  # kept by an earlier run: no trial
         self.changes: List[Dict[str, object]] = []
         self._windows: List[Window] = []
         self._files: Dict[Key, Window] = {}
@@ -183,6 +189,8 @@ class Measured:
         self._probes = 0  # probes so far: they take the other places in turn
         self._trial_windows = 0  # windows of the trial that ended
         self._epoch_files: Optional[int] = None  # how many files an epoch of the run reads
+        if self.remembered is not None:  # its first window confirms it, as one confirms a trial's decision
+            self.kept, self._confirming = self.remembered, True
 
     @property
     def current(self) -> Window:
@@ -190,7 +198,7 @@ class Measured:
 
     def first_place(self) -> str:
         """The place of an iteration's first files: the trial's first, or where the last one left off."""
-        return self.current.place if self._windows else self.trial[0]
+        return self.current.place if self._windows else self.kept or self.trial[0]
 
     def new_run(self, epoch_files: Optional[int] = None) -> None:
         """A new iteration (whose epochs read ``epoch_files`` files): its files are new, the decision and the
@@ -243,6 +251,7 @@ class Measured:
     def report(self) -> Dict[str, object]:
         with self._lock:
             return {"place": self.current.place, "kept": self.kept, "trial_over": self.kept is not None,
+                    "remembered": self.remembered,
                 "windows": [w.as_dict() for w in self._windows[-self._KEPT_WINDOWS:]],
                 "changes": list(self.changes)}
 
@@ -355,6 +364,8 @@ class Measured:
         if place != self.kept:
             self.changes.append({"to": place, "by": by, "window": len(self._windows), "samples_per_s": figures})
             _log.info("num_workers='auto': user code now runs in %s (%s measured %s samples/s)", place, by, figures)
+            if self._keep is not None:
+                self._keep(place)
         self.kept = place
         self._steady = 0
 

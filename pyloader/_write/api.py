@@ -8,7 +8,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Deque, Iterable, Iterator, List, Literal, Optional, Union
+from typing import Callable, Deque, Dict, Iterable, Iterator, List, Literal, Optional, Union
 
 from .._abc import DataReader
 from .._storage import writers
@@ -164,17 +164,22 @@ def _prepare(out: Output, mode: Mode, suffix: str) -> int:
         logger.info("pyloader.write: removed %d temporary files of writers that died in %s", len(removed), out.url)
     chunks = {name: n for name in out.names() if (n := out.chunk_number(name)) is not None}
     if mode == "append":
-        other = [name for name in chunks if not name.endswith(suffix)]
-        if other:
-            raise ValueError(f"{out.url!r} holds chunks of another format or compression ({other[0]!r}), "
-                             f"not {suffix!r} ones: append needs the same")
-        return max(chunks.values(), default=-1) + 1
+        return _appended_after(out, chunks, suffix)
     if mode == "create" and chunks:
         raise FileExistsError(f"{out.url!r} holds chunks already ({len(chunks)}): pass mode='append' to add "
                               "to them, or mode='overwrite' to replace them")
     for name in [*chunks, *(n for n in out.names() if n.startswith("_pyloader"))]:  # overwrite: chunks, indexes
         out.remove(name)
     return 0
+
+
+def _appended_after(out: Output, chunks: Dict[str, int], suffix: str) -> int:
+    """The number of the first chunk appended to ``chunks``, which must all end in ``suffix``."""
+    other = [name for name in chunks if not name.endswith(suffix)]
+    if other:
+        raise ValueError(f"{out.url!r} holds chunks of another format or compression ({other[0]!r}), "
+                         f"not {suffix!r} ones: append needs the same")
+    return max(chunks.values(), default=-1) + 1
 
 
 class _Sizer:
