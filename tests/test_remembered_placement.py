@@ -69,6 +69,22 @@ def test_a_remembered_place_that_became_slower_is_left_at_a_probe_and_the_new_on
     assert [c["by"] for c in m.changes] == ["probe"] and kept == [THERE]
 
 
+@pytest.mark.parametrize("threads_per_batch,left", [(0.011, THERE), (0.005, HERE)])
+def test_a_run_ending_before_its_trial_leaves_the_first_place_unless_another_was_clearly_faster(
+        short: None, threads_per_batch: float, left: str) -> None:
+    """Six files of an epoch: the threads' window takes the last ones (no window after it could measure as
+    much before the end), so the trial never ends; what it measured is left for the next run."""
+    clock, kept = Clock(), []
+    m = Measured(clock, keep=kept.append)
+    m.new_run(epoch_files=3)
+    for k in range(3):
+        place = m.place(0, f"f{k}", pos=k)
+        for _ in range(20):
+            clock.now += threads_per_batch if place == HERE else 0.01
+            m.handed(0, (f"f{k}",), 10)
+    assert m.kept is None and kept[-1] == left
+
+
 @pytest.mark.parametrize("name", ["the moon", ["workers"], None])
 def test_a_remembered_name_that_is_no_place_is_ignored(name: Any) -> None:
     m = Measured(Clock(), remembered=name)

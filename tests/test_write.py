@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import gzip
 import json
+import logging
 import os
 import pickle
 import random
@@ -130,6 +131,22 @@ def test_the_index_of_counts_is_the_one_the_index_command_writes(tmp_path):
     assert _cli.main(["index", str(tmp_path / "out"), "--reader", "jsonl"], out=lambda line: None) == 0
     again = json.loads((tmp_path / "out" / ix.INDEX_NAME).read_text())
     assert again["key"] == written["key"] and again["files"] == written["files"]
+
+
+@pytest.mark.parametrize("format", ["tar", "jsonl"])
+def test_the_index_takes_the_counts_of_the_chunks_written_and_counts_only_those_of_an_earlier_run(
+        tmp_path, format, caplog):
+    pl.write(source=docs(40), output=tmp_path / "out", chunk_samples=15, workers=0, format=format, index=False)
+    with caplog.at_level(logging.INFO, logger="pyloader"):
+        pl.write(source=docs(20), output=tmp_path / "out", chunk_samples=15, workers=0, format=format,
+                 mode="append")
+    said = [r.getMessage() for r in caplog.records if "from the index there" in r.getMessage()]
+    assert len(said) == 1 and "2 from the index there, 3 counted" in said[0], said  # the earlier run's 3 chunks
+    written = json.loads((tmp_path / "out" / ix.INDEX_NAME).read_text())["files"]
+    assert [written[n]["count"] for n in sorted(written)] == [15, 15, 10, 15, 5]
+    (tmp_path / "out" / ix.INDEX_NAME).unlink()
+    assert _cli.main(["index", str(tmp_path / "out"), "--reader", format], out=lambda line: None) == 0
+    assert json.loads((tmp_path / "out" / ix.INDEX_NAME).read_text())["files"] == written
 
 
 def test_fn_may_return_a_list_of_samples_or_none_to_drop_one(tmp_path):

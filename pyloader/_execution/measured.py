@@ -70,7 +70,8 @@ Contract:
   one before, so a run of one epoch per ``iter()`` pays for the trial once. A new loader, in this
   process or the next run of the program, starts where the last run of the same code on the same data
   kept its files (``remembered``, from ``_execution.remembered``): no trial, its first window confirms
-  the place, and the probes go on.
+  the place, and the probes go on. A run that ended before its trial did (a short one) leaves the
+  trial's first place, unless another measured more than ``CLEAR`` faster.
 * **Shown.** ``report()`` (in ``loader.stats["placement"]["measured"]``): the place now (a probe's,
   during one), the place kept (``None`` during the trial), the last windows' figures, and each
   change with its figures. Changes are logged (INFO, logger ``pyloader``).
@@ -177,7 +178,7 @@ class Measured:
         self.trial = trial  # the places: the trial takes the first two, the probes the others first
         self._lock = threading.Lock()
         self.kept: Optional[str] = None  # the place decided on, once the trial is over
-        self._keep = keep  # told each place kept (``_execution.remembered``)
+        self._keep = _unsaid if keep is None else keep  # told each place kept (``_execution.remembered``)
         self.remembered = remembered if remembered in trial else None  # kept by an earlier run: no trial
         self.changes: List[Dict[str, object]] = []
         self._windows: List[Window] = []
@@ -215,6 +216,7 @@ class Measured:
             if window.enough():
                 if window.files_to_enough is None:
                     window.files_to_enough = window.files
+                    self._remember_provisionally()
                 if not self._ending(pos, window.files_to_enough):
                     self._open(self._next_place())
             window = self.current
@@ -313,6 +315,17 @@ class Measured:
             return self.trial[0]
         return self._trial_decided(rates)
 
+    def _remember_provisionally(self) -> None:
+        """During the trial, as each of its windows measured enough: the place the next run should start
+        in if this one ends before the trial does (a short run, or an epoch's last window going on to
+        its end): the first place, unless another measured more than ``CLEAR`` faster."""
+        if self.kept is not None:
+            return
+        rates = _best_rates(self._windows)
+        first = self.trial[0]
+        best = max(rates, key=lambda p: rates[p], default=first)
+        self._keep(best if rates.get(best, 0.0) > rates.get(first, 0.0) * (1 + self.CLEAR) else first)
+
     def _fed_at_once(self) -> bool:
         """The trial's first window ran in the workers and its consumer was fed (see ``Window.fed``)."""
         return self._trial_windows == 1 and self.current.place == THERE and self.current.fed()
@@ -364,10 +377,13 @@ class Measured:
         if place != self.kept:
             self.changes.append({"to": place, "by": by, "window": len(self._windows), "samples_per_s": figures})
             _log.info("num_workers='auto': user code now runs in %s (%s measured %s samples/s)", place, by, figures)
-            if self._keep is not None:
-                self._keep(place)
+            self._keep(place)
         self.kept = place
         self._steady = 0
+
+
+def _unsaid(place: str) -> None:
+    """Where a place kept is told to no one."""
 
 
 def _best_rates(windows: List[Window]) -> Dict[str, float]:

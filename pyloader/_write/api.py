@@ -7,7 +7,7 @@ import concurrent.futures as cf
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Literal, Optional, Union
 
 from .._abc import DataReader
@@ -25,6 +25,7 @@ MAX_PART = 1 << 20  # samples of a part at most, sized from the first
 MIN_PARTS = 32  # an input of known size is cut into at least this many parts: a small one runs in parallel too
 MIN_PART = 64  # samples of a part at least, but for the last (MIN_PARTS does not cut a tiny input into 1-sample chunks)
 DEFAULT_CHUNK_BYTES = 64 * 2**20
+_INDEX_BATCH = 16  # the batch size of the reader the index is keyed by (any: counts do not depend on it)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class _Run:
     samples: int = 0
     chunks: int = 0
     bytes: int = 0
+    counts: Dict[str, int] = field(default_factory=dict)  # samples of each chunk committed, by name
 
     def task(self, index: int, part: Part) -> Task:
         return Task(index=index, part=part, fn=self.fn, format=self.format, compression=self.compression,
@@ -68,7 +70,9 @@ class _Run:
     def commit(self, written: Written) -> None:
         """Rename a task's chunks to their numbers, in order (every task before it is committed)."""
         for name, samples, size in written.chunks:
-            self.output.rename(name, f"{self.output.prefix}-{self.next_number:06d}{self.suffix}")
+            final = f"{self.output.prefix}-{self.next_number:06d}{self.suffix}"
+            self.output.rename(name, final)
+            self.counts[final] = samples
             self.next_number += 1
             self.samples, self.chunks, self.bytes = self.samples + samples, self.chunks + 1, self.bytes + size
 
@@ -142,7 +146,7 @@ def write(*, source: Union[Iterable[dict], str, os.PathLike, List[str], object],
         if ours:
             pool.shutdown(wait=True, cancel_futures=True)
     if index and run.chunks:
-        _write_index(out, format)
+        _write_index(out, format, run.counts)
     seconds = time.perf_counter() - started
     return WriteSummary(output=out.url, samples=run.samples, chunks=run.chunks, bytes=run.bytes, seconds=seconds,
                         rate=run.samples / seconds if seconds > 0 else 0.0)
@@ -278,12 +282,23 @@ def _bar(progress: bool, source: Source) -> Callable[[int], None]:
     return advance
 
 
-def _write_index(out: Output, format: str) -> None:
-    """The index of counts, by what ``python -m pyloader index`` runs (and whatever it writes with it)."""
+def _write_index(out: Output, format: str, counts: Dict[str, int]) -> None:
+    """The index of counts, by what ``python -m pyloader index`` runs (and whatever it writes with it),
+    given the ``counts`` of the chunks this run wrote: it counts none of them again (a tar shard would
+    be read whole for it), only the chunks of an earlier run that no index holds."""
     from .. import _cli
+    from .._counts import IndexPlaces
+    from .._storage import count_index as ix
 
+    reader = _cli.make_reader(formats.READER_OF[format], _INDEX_BATCH)
+    files = [out.url_of(name) for name in counts]
+    places = IndexPlaces.of(reader, out.url, files, None)
+    stamps = ix.stamps(files, places.folder)
+    ix.write_index(places.data_index, places.key, {
+        ix.name_in(places.folder, path): ix.entry(stamp, n)
+        for path, stamp, n in zip(files, stamps, counts.values()) if stamp is not None})
     lines: List[str] = []
-    args = argparse.Namespace(data=out.url, reader=formats.READER_OF[format], batch_size=16, progress=False)
+    args = argparse.Namespace(data=out.url, reader=formats.READER_OF[format], batch_size=_INDEX_BATCH, progress=False)
     if _cli.index(args, lines.append) != 0:
         raise ValueError(f"pyloader.write: the index of {out.url!r} could not be written: " + "; ".join(lines))
     logger.info("pyloader.write: %s", "; ".join(lines))
