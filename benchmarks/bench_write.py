@@ -7,6 +7,7 @@ webdataset ``ShardWriter`` (issue 48).
     python benchmarks/bench_write.py --write    # also rewrite the bench_write section of benchmarks/README.md
                                                 # and benchmarks/results/bench_write.json
     python benchmarks/bench_write.py --quick --writer litdata --json /tmp/w.json   # one writer, figures as JSON
+    python benchmarks/bench_write.py --input jpeg --writer pyloader --writer mosaic  # one input, two writers
 
 Two inputs, made here:
 
@@ -52,6 +53,7 @@ from _harness import HERE, REPO
 RESULTS_JSON = os.path.join(HERE, "results", "bench_write.json")
 SIZES = {"full": dict(images=20_000, docs=200_000, doc_files=8), "quick": dict(images=600, docs=6_000, doc_files=4)}
 WRITERS = ("pyloader", "litdata", "mosaic", "webdataset")
+INPUTS = ("jpeg", "tok")
 PEER_MODULE = {"litdata": "litdata", "mosaic": "streaming", "webdataset": "webdataset"}
 SIDE = 64
 BATCH = 64
@@ -414,7 +416,7 @@ def run_all(args: argparse.Namespace, cfg: dict, log: Callable[[str], None]) -> 
         make_inputs(root, cfg)
         log(f"inputs made in {time.perf_counter() - t:.1f} s under {root}")
         cfg["tokenizer"] = tokenizer_kind(root)
-        for workload in ("jpeg", "tok"):
+        for workload in args.input or INPUTS:
             for writer in args.writer or WRITERS:
                 name = f"{writer}/{workload}"
                 why = installed(writer)
@@ -453,6 +455,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="runs per entry (default 1)")
     ap.add_argument("--workers", type=int, default=2, help="processes per writer (default 2)")
     ap.add_argument("--writer", action="append", choices=WRITERS, help="only this writer (repeatable)")
+    ap.add_argument("--input", action="append", choices=INPUTS, help="only this input (repeatable)")
     ap.add_argument("--json", metavar="PATH",
                     help=f"also write every figure as JSON to PATH (--write writes {os.path.relpath(RESULTS_JSON)})")
     H.child_args(ap, 1800)

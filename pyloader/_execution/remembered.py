@@ -6,7 +6,7 @@ next round of a benchmark) would pay the trial again: windows in the slower plac
 of place between them. So the place a run keeps (by its trial, a confirming window or a probe) is
 written to a small JSON file named by the run's identity: the classes of the user's objects and the
 bytecode of every method they define (a change of code is a new identity), the data (how many
-files, the first and the last), the workers and their start method, and pyloader's version. A run
+files, the first and the last), the workers and their start method, and the code of ``Measured``. A run
 with the same identity starts in that place; its first window confirms it as a trial's decision is
 confirmed (another place's figure beating it by more than ``Measured.CLEAR`` would be kept
 instead: there is none yet, so the probes do that, every few windows, as in any run).
@@ -27,6 +27,8 @@ import os
 import tempfile
 import types
 from typing import Any, Iterable, Optional, Sequence
+
+from .measured import Measured
 
 ENV = "PYLOADER_CACHE_DIR"
 KEEP = 256  # identities remembered at most
@@ -49,12 +51,11 @@ def folder() -> Optional[str]:
 
 def identity(objects: Iterable[Any], files: Sequence[str], num_workers: int, start_method: Optional[str]) -> str:
     """The identity of a run (see the module): a hex digest."""
-    from .. import __version__
-
     digest = hashlib.sha256()
     ends = (files[0], files[-1]) if files else ("", "")
-    for part in (__version__, _LAYOUT, str(num_workers), str(start_method), str(len(files)), *ends):
+    for part in (_LAYOUT, str(num_workers), str(start_method), str(len(files)), *ends):
         digest.update(part.encode("utf-8", "surrogateescape") + b"\0")
+    _add_class(digest, Measured)  # another way of measuring: its decisions are not this one's
     for obj in objects:
         _add_code_of(digest, obj)
     return digest.hexdigest()[:32]
