@@ -332,6 +332,36 @@ def test_an_fsspec_url_is_written_and_read_back(tmp_path):
         [ix.INDEX_NAME, "shard-000000.jsonl.gz", "shard-000001.jsonl.gz", "shard-000002.jsonl.gz"]
 
 
+PARENTS = """
+import glob, json, os, sys, threading
+import pyloader as pl
+
+def parent(sample):
+    return {**sample, "parent": os.getppid()}
+
+if __name__ == "__main__":
+    stop = threading.Event()
+    if sys.argv[2] == "with-a-thread":
+        threading.Thread(target=stop.wait, name="uploader").start()
+    pl.write(source=({"id": i} for i in range(300)), output=sys.argv[1], fn=parent, chunk_samples=100, workers=2)
+    stop.set()
+    parents = {json.loads(line)["parent"] for f in glob.glob(sys.argv[1] + "/*.jsonl") for line in open(f)}
+    print("FORKED" if parents == {os.getpid()} else "SERVED" if os.getpid() not in parents else "MIXED")
+"""
+
+
+@pytest.mark.parametrize("threads,expected", [("alone", "FORKED"), ("with-a-thread", "SERVED")])
+def test_the_workers_are_forked_from_a_process_with_no_other_thread_else_started_by_the_fork_server(
+        tmp_path, threads, expected):
+    script = tmp_path / "parents.py"
+    script.write_text(PARENTS)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), threads], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == expected
+
+
 # A process that imports pyloader once, then for each line read forks a writer (it has no thread
 # of its own: the fork is safe), prints the writer's pid, and reaps it once it is killed.
 FORKER = """

@@ -3,9 +3,10 @@
 Contracts:
 
 - ``workers=0``: in this process, one task at a time. Otherwise a ``ProcessPoolExecutor`` of
-  ``workers`` processes (``None``: ``os.cpu_count()``) started by ``forkserver`` where there is one
-  (its server, when this starts it, imports pyloader first), else ``spawn``: never a fork of this
-  process, whose threads (the user's, fsspec's) may hold locks.
+  ``workers`` processes (``None``: ``os.cpu_count()``) forked from this process when no other thread
+  runs in it (one could hold a lock the children would wait for forever) and TensorFlow is not
+  imported; else started by ``forkserver`` where there is one (its server, when this starts it,
+  imports pyloader first), else ``spawn``.
   The user's ``fn`` must then be picklable (a function of a module, not a lambda).
 - A user's ``concurrent.futures.Executor`` (a Dask ``Client.get_executor()``, a thread pool) is used as
   given and never shut down here; so is a pool with ``apply_async`` (``multiprocessing.Pool``,
@@ -21,9 +22,11 @@ import concurrent.futures as cf
 import multiprocessing
 import os
 import pickle
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional, Protocol, Tuple, TypeVar
 
+from .._execution import forking
 from .formats import KEY, Chunk, new_chunk
 from .output import Output
 from .sources import Part, Sample, samples_of
@@ -166,6 +169,10 @@ class PoolExecutor(cf.Executor):
 
 
 def start_method() -> str:
+    """``fork`` while no other thread runs here and forking is safe (``_execution.forking``): the workers
+    start at once with what this process imported; else a fork server, else ``spawn``."""
+    if threading.active_count() == 1 and not forking.why_not_fork():
+        return "fork"
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
