@@ -171,9 +171,14 @@ class PoolExecutor(cf.Executor):
 def start_method() -> str:
     """``fork`` while no other thread runs here and forking is safe (``_execution.forking``): the workers
     start at once with what this process imported; else a fork server, else ``spawn``."""
-    if threading.active_count() == 1 and not forking.why_not_fork():
+    if _alone():
         return "fork"
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _alone() -> bool:
+    """Whether no other thread runs in this process, and nothing else makes a fork unsafe."""
+    return threading.active_count() == 1 and not forking.why_not_fork()
 
 
 def _context() -> multiprocessing.context.BaseContext:
