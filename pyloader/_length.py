@@ -54,7 +54,7 @@ def count_files(counter: Counter, cache: Dict[str, object], skip_failed: bool,
     if not failures:
         cache.update(files=list(counter.files), counts=counted.counts, runs=counted.runs)
     elif not skip_failed:
-        raise failures.pop(0)[1]
+        raise failures.pop(0)[1]  # out of the list this frame holds, which its traceback would reach
     return counted.counts
 
 

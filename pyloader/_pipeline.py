@@ -69,7 +69,7 @@ def launch_workers(s: Settings, kept: Optional[KeptPool], *, fork_only: bool = F
     def make_pool() -> WorkerPool:
         return WorkerPool(s.num_workers, with_filter(s.reader, s.options.order.filter_fn), split_steps(s).there,
                           workers.init_fn, workers.start_method, persistent=kept is not None,
-                          imports=tuple(needed_modules(objects)), fork_only=fork_only)
+                          imports=tuple(needed_modules(objects)))
 
     pool = make_pool() if kept is None else kept.get(make_pool)
     pool.busy, pool.fork_only = s.stats.busy, fork_only

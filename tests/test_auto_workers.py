@@ -230,8 +230,9 @@ def test_a_thread_of_ours_beginning_after_the_placement_never_makes_auto_start_w
         tmp_path: Path, lasts: float) -> None:
     """A thread that ends soon is waited for, and the workers are forked; one that stays keeps the user's
     code in this process. Never the fork server, which needs picklable objects the user never promised."""
-    if "tensorflow" in sys.modules:
-        pytest.skip("with TensorFlow imported 'auto' places everything in this process from the start")
+    # with TensorFlow imported 'auto' would keep everything in this process from the start: the tests that
+    # import it run last (conftest)
+    assert "tensorflow" not in sys.modules
     write_chunks(tmp_path, [7, 5, 9])
     gone = threading.Event()
     loader = pl.DataLoader(_reader_starting_a_thread_of_ours(lasts, gone), pl.IdentityDataset(), ListCollator(),

@@ -321,10 +321,12 @@ class Measured:
         its end): the first place, unless another measured more than ``CLEAR`` faster."""
         if self.kept is not None:
             return
-        rates = _best_rates(self._windows)
-        first = self.trial[0]
-        best = max(rates, key=lambda p: rates[p], default=first)
-        self._keep(best if rates.get(best, 0.0) > rates.get(first, 0.0) * (1 + self.CLEAR) else first)
+        self._keep(self._clearly_faster(_best_rates(self._windows), than=self.trial[0]))
+
+    def _clearly_faster(self, rates: Dict[str, float], *, than: str) -> str:
+        """The fastest place of ``rates`` if it measured more than ``CLEAR`` faster than ``than``, else ``than``."""
+        best = max(rates, key=lambda p: rates[p], default=than)
+        return best if rates.get(best, 0.0) > rates.get(than, 0.0) * (1 + self.CLEAR) else than
 
     def _fed_at_once(self) -> bool:
         """The trial's first window ran in the workers and its consumer was fed (see ``Window.fed``)."""
@@ -333,8 +335,7 @@ class Measured:
     def _trial_decided(self, rates: Dict[str, float]) -> str:
         """The place the trial keeps: the fastest if it beat ``HERE`` by more than ``CLEAR``, else ``HERE``;
         its first window confirms it."""
-        best = max(rates, key=lambda p: rates[p])
-        kept = best if rates[best] > rates[HERE] * (1 + self.CLEAR) else HERE
+        kept = self._clearly_faster(rates, than=HERE)
         self._change(kept, rates, "trial")
         self._trial, self._confirming = dict(rates), True
         return kept

@@ -184,10 +184,9 @@ class WorkerPool:
 
     def __init__(self, num_workers: int, reader: Any, steps: List[Tuple[str, Callable]],
                  worker_init_fn: Optional[Callable[[int], None]], start_method: Optional[str],
-                 persistent: bool = False, busy: Optional[Busy] = None, imports: Tuple[str, ...] = (),
-                 fork_only: bool = False) -> None:
+                 persistent: bool = False, busy: Optional[Busy] = None, imports: Tuple[str, ...] = ()) -> None:
         self.num_workers = num_workers
-        self.fork_only = fork_only  # placed by "auto", which counts on fork: else ``forking.ForkUnsafe``
+        self.fork_only = False  # set for each launch: placed by "auto", which counts on fork (else ForkUnsafe)
         self.steps = steps
         self.persistent = persistent
         self.busy = busy  # where the workers' seconds go (``loader.stats``), set for each run
