@@ -364,3 +364,23 @@ def test_a_run_closed_while_counting_leaves_no_count_behind_for_the_next(tmp_pat
         time.sleep(0.25)
         it.close()
         assert ids(list(loader)) == expected
+
+
+@pytest.mark.parametrize("folder, path, name", [
+    ("data", "data/a/b.jsonl", "a/b.jsonl"),
+    ("data/", "data/a.jsonl", "a.jsonl"),
+    ("./data", "data/a.jsonl", "a.jsonl"),
+    ("data", "data/./a.jsonl", "a.jsonl"),
+    ("data", "data//a.jsonl", "a.jsonl"),
+    ("data/x", "data/x/../y/a.jsonl", "data/x/../y/a.jsonl"),
+    ("data", "database/a.jsonl", "database/a.jsonl"),
+    ("data", "other/a.jsonl", "other/a.jsonl"),
+    (".", "a.jsonl", "a.jsonl"),
+    ("file:///tmp/d", "file:///tmp/d/a.jsonl", "a.jsonl"),
+    ("memory://d", "memory://d/sub/a.jsonl", "sub/a.jsonl"),
+])
+def test_a_name_in_the_index_is_the_path_below_the_folder_however_either_is_spelled(folder, path, name):
+    assert ix.name_in(folder, path) == name
+    if "://" not in folder:
+        absolute = ix.name_in(os.path.abspath(folder), os.path.abspath(path))
+        assert absolute == (name if not name.startswith(("data", "other")) else os.path.abspath(path))

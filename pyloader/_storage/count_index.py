@@ -137,11 +137,18 @@ def _as_listed(folder: str) -> str:
     return with_path(folder, _filesystem(folder)[1]).rstrip("/") if is_url(folder) else folder
 
 
+def _normal_relative(relative: str) -> bool:
+    """Whether ``relative`` has no empty, ``.`` or ``..`` part (``os.path.normpath`` would keep it as it is)."""
+    return all(part not in ("", ".", "..") for part in relative.split("/"))
+
+
 def name_in(folder: str, path: str) -> str:
     """``path`` relative to ``folder`` (``/`` separated), or ``path`` itself when it is not below it."""
+    prefix = folder.rstrip("/") + "/"
     if is_url(path) or is_url(folder):
-        prefix = folder.rstrip("/") + "/"
         return path.removeprefix(prefix)
+    if prefix != "/" and path.startswith(prefix) and _normal_relative(path[len(prefix):]):
+        return path[len(prefix):]  # what the general rule below gives, without its system calls
     relative = os.path.relpath(os.path.abspath(local_path(path)), os.path.abspath(local_path(folder)))
     return path if relative.startswith("..") else relative.replace(os.sep, "/")
 

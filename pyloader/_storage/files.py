@@ -223,13 +223,13 @@ def _refused(described: str, path: str, kind: str) -> FileNotFoundError:
     return FileNotFoundError(f"{described} is a {kind}, not a regular file")
 
 
-def _readable_entries(paths: Iterable[str]) -> List[str]:
+def _readable_entries(paths: Iterable[str], kind_of: Callable[[str], str] = _kind) -> List[str]:
     """``paths`` less folders and special files: opening a named pipe or a device could block
     forever. Special files are named in a warning; a link to nothing, or a path ``os.stat``
     fails on, is kept, so that the reading reports it rather than it being lost silently."""
     kept, special = [], []
     for path in paths:
-        kind = _kind(path)
+        kind = kind_of(path)
         if kind in _SPECIAL:
             special.append(f"{path!r} ({kind})")
         elif kind != "folder":
@@ -240,20 +240,45 @@ def _readable_entries(paths: Iterable[str]) -> List[str]:
     return kept
 
 
+def _entries(folder: str) -> List[os.DirEntry]:
+    """The entries of ``folder`` not hidden, by name; none where it cannot be listed (as ``os.walk``)."""
+    try:
+        with os.scandir(folder) as listing:
+            return sorted((e for e in listing if not _hidden(e.name)), key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _is(test: Callable[[], bool]) -> bool:
+    """A ``DirEntry`` test, false where it fails (a link loop), as ``os.walk`` takes it."""
+    try:
+        return test()
+    except OSError:
+        return False
+
+
 def _walk(root: str) -> List[str]:
-    """Files under ``root``, following symlinked folders once each (a link loop ends there)."""
+    """Files under ``root``, following symlinked folders once each (a link loop ends there). A regular
+    file is told by its directory entry, without a ``stat`` of its own (a folder of many small files)."""
     found: List[str] = []
+    regular = set()
     visited = {os.path.realpath(root)}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        keep = []
-        for d in sorted(dirnames):
-            real = os.path.realpath(os.path.join(dirpath, d))
-            if not _hidden(d) and real not in visited:
-                visited.add(real)
-                keep.append(d)
-        dirnames[:] = keep
-        found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if not _hidden(f))
-    return _readable_entries(found)
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        below = []
+        for entry in _entries(folder):
+            if _is(entry.is_dir):
+                real = os.path.realpath(entry.path)
+                if real not in visited:
+                    visited.add(real)
+                    below.append(entry.path)
+                continue
+            found.append(entry.path)
+            if _is(entry.is_file):
+                regular.add(entry.path)
+        pending.extend(reversed(below))
+    return _readable_entries(found, lambda path: "file" if path in regular else _kind(path))
 
 
 def _parts(path: str) -> List[str]:

@@ -190,14 +190,16 @@ def _tar_header(name: str, size: int) -> bytes:
         info = tarfile.TarInfo(name)
         info.size, info.mode, info.mtime = size, 0o644, 0
         return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-    header = bytearray(_BLOCK)
-    header[0:len(name)] = name.encode("ascii")
-    header[100:148] = b"0000644\0" + b"0000000\0" * 2 + b"%011o\0" % size + b"00000000000\0"
-    header[148:156] = b" " * 8  # the checksum is counted with its own field as spaces
-    header[156:157] = tarfile.REGTYPE
-    header[257:265] = tarfile.POSIX_MAGIC
-    header[148:155] = b"%06o\0" % sum(header)
-    return bytes(header)
+    raw, digits = name.encode("ascii"), b"%011o\0" % size
+    checksum = _USTAR_SUM + sum(raw) + sum(digits)  # of the header with its own field as spaces
+    return b"".join((raw, _NUL * (100 - len(raw)), _USTAR_MODES, digits, _USTAR_MTIME, b"%06o\0 " % checksum,
+                     _USTAR_TAIL))
+
+
+_USTAR_MODES = b"0000644\0" + b"0000000\0" * 2  # mode, uid, gid
+_USTAR_MTIME = b"00000000000\0"
+_USTAR_TAIL = tarfile.REGTYPE + _NUL * 100 + tarfile.POSIX_MAGIC + _NUL * (_BLOCK - 265)
+_USTAR_SUM = sum(_USTAR_MODES) + sum(_USTAR_MTIME) + sum(b" " * 8) + sum(_USTAR_TAIL)
 
 
 class ColumnsChunk(Chunk):
