@@ -546,23 +546,36 @@ def installed(contender: str) -> Optional[str]:
 
 
 def cell(r: Optional[dict], mine: Optional[float], pyloader: bool) -> str:
-    """One contender on one workload: median time, its ratio to pyloader's, peak RSS of the tree, a wrong count."""
+    """One contender on one workload: median time, its ratio to pyloader's, a wrong count."""
     if r is None:
         return "n/a"
     if "error" in r:
         return "failed"
     ratio = f" ({r['median_s'] / mine:.2f}x)" if mine and not pyloader else ""
     count = "" if r["checks_ok"] else f" **count {r['samples']:,} != {r['expected']:,}**"
-    return f"{r['median_s']:.2f} s{ratio}, {H.fmt_mb(r['peak_rss'])} MB{count}"
+    return f"{r['median_s']:.2f} s{ratio}{count}"
+
+
+def memory_cell(r: Optional[dict]) -> str:
+    """One contender on one workload: the peaks of its tree, summed RSS / summed PSS, in MB."""
+    if r is None or "error" in r:
+        return "n/a" if r is None else "failed"
+    return f"{H.fmt_mb(r['peak_rss'])} / {H.fmt_mb(r['peak_pss'])}"
 
 
 def table(res: Dict[str, dict], workloads: List[str], contenders: List[str], skipped: Dict[str, str]) -> str:
+    """The time table, then the memory table."""
     def row(w: str) -> List[str]:
         mine = res.get(f"{w}/pyloader", {}).get("median_s")
         return [w] + ["n/a (not installed)" if c in skipped else cell(res.get(f"{w}/{c}"), mine, c == "pyloader")
                       for c in contenders]
 
-    return H.markdown_table(["workload"] + [LABELS[c] for c in contenders], [row(w) for w in workloads])
+    def memory_row(w: str) -> List[str]:
+        return [w] + ["n/a" if c in skipped else memory_cell(res.get(f"{w}/{c}")) for c in contenders]
+
+    header = ["workload"] + [LABELS[c] for c in contenders]
+    return (H.markdown_table(header, [row(w) for w in workloads]) + "\n\nPeak memory of each process tree, "
+            "MB: summed RSS / summed PSS.\n\n" + H.markdown_table(header, [memory_row(w) for w in workloads]))
 
 
 def child_argv(entry: str, data: str, cfg: dict) -> List[str]:
@@ -642,9 +655,11 @@ def describe(args: argparse.Namespace, cfg: dict, repeats: int, machine: str, co
         f"Machine: {machine}; effective cores before each round: {', '.join(f'{c:.2f}' for c in cores)}.",
         f"Data: {cfg['files']} files per workload, batch {cfg['batch']}; samples: "
         + ", ".join(f"{w} {n:,}" for w, n in cfg["expected"].items()) + ". Each cell: median epoch time, in "
-        "brackets that time over pyloader's (> 1: pyloader faster), then the peak RSS summed over the contender's "
-        "process tree (its process and every process it starts: loader workers, Ray's processes; sampled every "
-        f"{H.RSS_EVERY_S * 1000:.0f} ms, the largest of the rounds). Mosaic and LitData read their own format, "
+        "brackets that time over pyloader's (> 1: pyloader faster). Memory, in the second table: the peaks of the "
+        "contender's process tree (its process and every process it starts: loader workers, Ray's processes), "
+        f"the largest of the rounds: RSS summed (sampled every {H.RSS_EVERY_S * 1000:.0f} ms; it counts a page "
+        "shared by forked processes once in each) and PSS summed (each shared page split between its sharers: "
+        f"what the tree takes; sampled every {H.PSS_EVERY_S * 1000:.0f} ms). Mosaic and LitData read their own format, "
         "written from the same files before the rounds (not timed); every contender runs the same encode.",
     ]
 

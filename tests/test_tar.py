@@ -347,3 +347,32 @@ def test_a_loader_skipping_a_damaged_shard_delivers_its_samples_before_the_damag
         assert loader.stats["skipped_files"] == 1
     assert got == [0, 1, 2, 3, 10, 11, 12]
     assert "member 'a0004.jpg': cannot decode 'jpg'" in caplog.text
+
+
+@pytest.mark.parametrize("format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT],
+                         ids=["ustar", "gnu", "pax"])
+def test_an_uncompressed_shard_read_by_hand_gives_what_tarfile_reads_of_the_same_archive(
+        tmp_path: Path, format: int) -> None:
+    deep = "d" * 60 + "/" + "e" * 60  # a name over 100 bytes: a ustar prefix, a GNU long name or a PAX path
+    members = [(f"{deep}/{i:03d}", {"cls": str(i).encode(), "txt": b"x" * (i * 300)}) for i in range(5)]
+    if format != tarfile.USTAR_FORMAT:
+        members.append(("caf\u00e9/" + "n" * 120, {"cls": b"9", "txt": b"long and not ASCII"}))
+    raw = tmp_path / "shard.tar"
+    with tarfile.open(raw, "w", format=format) as tar:
+        folder = tarfile.TarInfo("a-folder")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        for key, fields in members:
+            for ext, data in fields.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            link = tarfile.TarInfo(f"{key}.lnk")
+            link.type, link.linkname = tarfile.SYMTYPE, "elsewhere"
+            tar.addfile(link)
+    compressed = tmp_path / "shard.tar.gz"  # the same archive, read by tarfile
+    compressed.write_bytes(gzip.compress(raw.read_bytes()))
+    by_hand, counted = TarReader(decode=False).read_file(str(raw)), TarReader().count(str(raw))
+    assert by_hand == TarReader(decode=False).read_file(str(compressed))
+    assert by_hand[0]["__key__"] == [key for key, _ in members] and counted == len(members)
+    assert by_hand[0]["txt"][3] == b"x" * 900

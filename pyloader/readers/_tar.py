@@ -5,9 +5,10 @@ name, the extension the rest: ``dir/0001.seg.png`` is key ``dir/0001``, extensio
 consecutive members of one key make a sample, with one column per extension plus ``__key__``.
 Contracts:
 
-- The shard is read as a stream (``tarfile`` ``r|*`` over ``open_file``): one member is held at a
-  time, never the shard; members of extensions not kept are skipped unread. Local and remote shards
-  alike, compressed ones (``.tar.gz``, ``.tgz``, and the codecs ``open_file`` knows) too.
+- The shard is read as a stream over ``open_file`` (by hand, ``_ustar``, when uncompressed; else ``tarfile``
+  ``r|*``): one member is held at a time, never the shard; members of extensions not kept are skipped
+  unread. Local and remote shards alike, compressed ones (``.tar.gz``, ``.tgz``, and the codecs
+  ``open_file`` knows) too.
 - Every sample has the same extensions: those of ``keep``, else those of the shard's first sample.
   A sample missing one, or with one more, a key met again after other keys, a member with no
   extension and a corrupt or truncated shard raise ``FileFormatError`` (a ``ValueError``) naming the
@@ -25,7 +26,7 @@ import json
 import tarfile
 import zlib
 from tarfile import HeaderError
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from .._columns import Columns
 from .._storage.compression import DecompressionError
 from .._storage.files import open_file
 from ._base import FileFormatError, check_fields, check_piece_size, file_error
+from ._ustar import Members, is_ustar
 
 __all__ = ["TarReader", "decode_image", "DECODERS"]
 
@@ -303,21 +305,47 @@ def _samples(path: str, keep: Optional[List[str]],
     """Each sample as ``{__key__, ext: value}`` (``decode``: ``None`` reads no data, for counting)."""
     shard = _Shard(path, keep)
     try:
-        with open_file(path, "rb") as f, _Tar.open(fileobj=f, mode="r|*", tarinfo=_Header) as tar:
-            for member in tar:
-                shard.last = member.name
-                if not member.isfile():
-                    continue
-                key, ext = shard.split(member.name)
-                if key != shard.key:
-                    yield from shard.finished()
-                    shard.start(key, member.name)
-                if shard.kept(ext, member.name) and decode is not None:
-                    shard.sample[ext] = decode(member.name, ext, _read(tar, member))
-            _check_end(tar)
+        yield from _members_of(path, shard, decode)
     except _CORRUPT as exc:
         raise shard.corrupt(exc) from exc
     yield from shard.finished()
+
+
+def _members_of(path: str, shard: _Shard,
+                decode: Optional[Callable[[str, str, bytes], object]]) -> Iterator[Dict[str, object]]:
+    """The samples of the shard but the last: an uncompressed archive read by hand (``_ustar``), any other
+    (compressed by a codec its name does not say, an old format) by ``tarfile``."""
+    with open_file(path, "rb") as f:
+        first = f.read(tarfile.BLOCKSIZE)
+        if is_ustar(first):
+            members = Members(f, first)
+            yield from _gone_through(shard, members, members.read, decode)
+            return
+    with open_file(path, "rb") as f, _Tar.open(fileobj=f, mode="r|*", tarinfo=_Header) as tar:
+        met: List[tarfile.TarInfo] = []
+        yield from _gone_through(shard, _named(tar, met), lambda: _read(tar, met[-1]), decode)
+        _check_end(tar)
+
+
+def _named(tar: tarfile.TarFile, met: List[tarfile.TarInfo]) -> Iterator[Tuple[str, bool]]:
+    for member in tar:
+        met[:] = [member]
+        yield member.name, member.isfile()
+
+
+def _gone_through(shard: _Shard, members: Iterable[Tuple[str, bool]], read: Callable[[], bytes],
+                  decode: Optional[Callable[[str, str, bytes], object]]) -> Iterator[Dict[str, object]]:
+    """The samples of ``members`` (each ``(name, is_file)``; ``read()`` the data of the one just met)."""
+    for name, is_file in members:
+        shard.last = name
+        if not is_file:
+            continue
+        key, ext = shard.split(name)
+        if key != shard.key:
+            yield from shard.finished()
+            shard.start(key, name)
+        if shard.kept(ext, name) and decode is not None:
+            shard.sample[ext] = decode(name, ext, read())
 
 
 def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
