@@ -20,7 +20,8 @@ from .sources import Part, Source, source_of
 logger = logging.getLogger("pyloader")
 
 Mode = Literal["create", "overwrite", "append"]
-FIRST_PART = 256  # samples of the first part when only chunk_bytes sizes the chunks
+FIRST_PART = 256  # samples of each of the first parts when only chunk_bytes sizes the chunks
+FIRST_PARTS = 2  # parts cut before the first one's result sizes the rest: two workers start at once
 MAX_PART = 1 << 20  # samples of a part at most, sized from the first
 MIN_PARTS = 32  # an input of known size is cut into at least this many parts: a small one runs in parallel too
 MIN_PART = 64  # samples of a part at least, but for the last (MIN_PARTS does not cut a tiny input into 1-sample chunks)
@@ -187,9 +188,9 @@ def _appended_after(out: Output, chunks: Dict[str, int], suffix: str) -> int:
 
 
 class _Sizer:
-    """The units of each part: ``chunk_samples`` when set, else the first part's ``FIRST_PART`` and then
-    as many as make about ``chunk_bytes`` (from the first part's bytes per unit), at most a
-    ``MIN_PARTS``-th of an input of known size (or ``MIN_PART``). The same for any executor."""
+    """The units of each part: ``chunk_samples`` when set, else ``FIRST_PART`` for each of the ``FIRST_PARTS``
+    first parts and then as many as make about ``chunk_bytes`` (from the first part's bytes per unit), at
+    most a ``MIN_PARTS``-th of an input of known size (or ``MIN_PART``). The same for any executor."""
 
     def __init__(self, run: _Run, source: Source) -> None:
         most = max(MIN_PART, -(-source.total // MIN_PARTS)) if source.total else MAX_PART
@@ -223,7 +224,7 @@ def _run_tasks(run: _Run, source: Source, pool: cf.Executor, width: int,
         for part in parts:
             pending.append(pool.submit(run_task, run.task(index, part)))
             index += 1
-            if index == 1 and sizer.waits_for_first:  # the first part's result sizes the others
+            if index == FIRST_PARTS and sizer.waits_for_first and pending:  # the first part's result sizes the rest
                 _commit(run, pending.popleft(), timeout, advance, sizer)
             while len(pending) >= 2 * width:
                 _commit(run, pending.popleft(), timeout, advance, sizer)
