@@ -224,7 +224,7 @@ def _run_tasks(run: _Run, source: Source, pool: cf.Executor, width: int,
         for part in parts:
             pending.append(pool.submit(run_task, run.task(index, part)))
             index += 1
-            if index == FIRST_PARTS and sizer.waits_for_first and pending:  # the first part's result sizes the rest
+            if index == FIRST_PARTS and sizer.waits_for_first:  # the first part's result sizes the rest
                 _commit(run, pending.popleft(), timeout, advance, sizer)
             while len(pending) >= 2 * width:
                 _commit(run, pending.popleft(), timeout, advance, sizer)

@@ -35,7 +35,7 @@ from .._columns import Columns
 from .._storage.compression import DecompressionError
 from .._storage.files import open_file
 from ._base import FileFormatError, check_fields, check_piece_size, file_error
-from ._ustar import Members, is_ustar
+from ._ustar import ENDS, Members, is_ustar, no_end
 
 __all__ = ["TarReader", "decode_image", "DECODERS"]
 
@@ -281,12 +281,6 @@ class _Tar(tarfile.TarFile):
     end: Optional[HeaderError] = None  # what the last header read met instead of a member
 
 
-# by the name of tarfile's error (its classes are not public)
-_CUT = {"EmptyHeaderError": "the data stops where a member's header should begin",
-        "TruncatedHeaderError": "the data stops inside a member's header",
-        "InvalidHeaderError": "a member's header is damaged (its checksum fails)"}
-
-
 def _check_end(tar: _Tar) -> None:
     """Raise ``tarfile.ReadError`` unless the archive ended as a complete one does: with two zero blocks
     (a shard cut at or inside a header would otherwise read as a shorter valid one)."""
@@ -294,10 +288,7 @@ def _check_end(tar: _Tar) -> None:
     if type(end).__name__ == "EOFHeaderError":  # a zero block
         if tar.fileobj.read(tarfile.BLOCKSIZE) == bytes(tarfile.BLOCKSIZE):
             return
-        why = "it has one zero block where a complete archive ends with two"
-    else:
-        why = _CUT.get(type(end).__name__, f"its end could not be read ({end})")
-    raise tarfile.ReadError(f"no end of archive at byte {at}: {why} (cut short?)") from end
+    raise no_end(at, ENDS.get(type(end).__name__, f"its end could not be read ({end})")) from end
 
 
 def _samples(path: str, keep: Optional[List[str]],

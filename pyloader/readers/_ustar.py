@@ -23,6 +23,18 @@ _FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
 _SPACES = 8 * ord(" ")
 
 
+# why an archive has no proper end, by the name of the ``tarfile`` error that met it (its classes are not public)
+ENDS = {"EmptyHeaderError": "the data stops where a member's header should begin",
+        "TruncatedHeaderError": "the data stops inside a member's header",
+        "InvalidHeaderError": "a member's header is damaged (its checksum fails)",
+        "EOFHeaderError": "it has one zero block where a complete archive ends with two"}
+
+
+def no_end(at: int, why: str) -> tarfile.ReadError:
+    """The error of an archive that does not end as a complete one does, at byte ``at``."""
+    return tarfile.ReadError(f"no end of archive at byte {at}: {why} (cut short?)")
+
+
 def is_ustar(block: bytes) -> bool:
     """Whether ``block`` is a whole ustar or GNU header: an uncompressed archive begins with one."""
     return len(block) == BLOCK and block[257:262] == b"ustar"
@@ -119,19 +131,14 @@ class Members:
         at = self.offset
         self.offset += len(header)
         if len(header) < BLOCK:
-            self._ended(at, "the data stops where a member's header should begin" if not header else
-                        "the data stops inside a member's header")
+            raise no_end(at, ENDS["TruncatedHeaderError" if header else "EmptyHeaderError"])
         if header == _ZERO:
             if self.f.read(BLOCK) != _ZERO:
-                self._ended(at, "it has one zero block where a complete archive ends with two")
+                raise no_end(at, ENDS["EOFHeaderError"])
             return None
         if not _checksum_holds(header):
-            self._ended(at, "a member's header is damaged (its checksum fails)")
+            raise no_end(at, ENDS["InvalidHeaderError"])
         return header
-
-    @staticmethod
-    def _ended(at: int, why: str) -> None:
-        raise tarfile.ReadError(f"no end of archive at byte {at}: {why} (cut short?)")
 
     def _skip(self) -> None:
         """Past what is left of the member just met (its data unread, its padding)."""
