@@ -463,7 +463,7 @@ def index(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     files = list_files(args.data)
     places = IndexPlaces.of(reader, args.data, files, None)
     now = _stamps(files, places.folder)
-    names = [ix.name_in(places.folder, f) for f in files]
+    names = ix.names_in(places.folder, files)
     found = ix.read_index(places.data_index, places.key) or {}
     kept = ix.lookup(files, names, now, [found])
     counted = Counter(reader, files, Exclusive([reader]), None).count(kept.counts, first_failure_stops=False,

@@ -86,7 +86,7 @@ class IndexPlaces:
                kept: List[ix.Entries]) -> ix.Lookup:
         """The counts the index next to the data gives, else the one in ``cache_dir`` (whose names are
         the paths as listed): it may hold a file the index next to the data no longer matches."""
-        names = [ix.name_in(self.folder, p) for p in paths]
+        names = ix.names_in(self.folder, paths)
         result = ix.lookup(paths, names, now, data)
         again = ix.lookup(paths, paths, now, kept)  # stale is reported of the index next to the data only
         result.counts = [a if a is not None else b for a, b in zip(result.counts, again.counts)]

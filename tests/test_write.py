@@ -122,6 +122,14 @@ def test_a_small_input_of_known_size_is_cut_into_parts_enough_for_the_workers(tm
     assert tiny.chunks == 2  # parts of 64 samples at least
 
 
+def test_the_rest_of_an_input_of_known_size_is_cut_into_an_even_number_of_parts_of_equal_size(tmp_path):
+    pl.write(source=docs(3250), output=tmp_path / "out", workers=0)  # 2 first parts of 102, then 3046 left
+    counts = json.loads((tmp_path / "out" / ix.INDEX_NAME).read_text())["files"]
+    sizes = [counts[name]["count"] for name in sorted(counts)]
+    assert sum(sizes) == 3250 and sizes[:2] == [102, 102]
+    assert len(sizes[2:]) % 2 == 0 and max(sizes[2:]) - min(sizes[2:]) <= 1 and max(sizes[2:]) <= 102
+
+
 def test_the_index_of_counts_is_the_one_the_index_command_writes(tmp_path):
     pl.write(source=docs(40), output=tmp_path / "out", chunk_samples=15, workers=0)
     written = json.loads((tmp_path / "out" / ix.INDEX_NAME).read_text())

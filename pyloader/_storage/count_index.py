@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, TypedDict
@@ -137,20 +138,31 @@ def _as_listed(folder: str) -> str:
     return with_path(folder, _filesystem(folder)[1]).rstrip("/") if is_url(folder) else folder
 
 
-def _normal_relative(relative: str) -> bool:
-    """Whether ``relative`` has no empty, ``.`` or ``..`` part (``os.path.normpath`` would keep it as it is)."""
-    return all(part not in ("", ".", "..") for part in relative.split("/"))
+_NOT_NORMAL = re.compile(r"/\.{0,2}(?:/|$)")  # after a "/": an empty, ``.`` or ``..`` part (normpath would change it)
+
+
+def names_in(folder: str, paths: Sequence[str]) -> List[str]:
+    """Each of ``paths`` relative to ``folder`` (``/`` separated), or the path itself where it is not
+    below it."""
+    prefix = folder.rstrip("/") + "/"
+    if is_url(folder):
+        return [path.removeprefix(prefix) for path in paths]
+    start, abnormal = len(prefix), _NOT_NORMAL.search
+    may_be_url = ":" in prefix  # else no path that starts with it is a URL (a scheme ends at its first ":")
+    return [path[start:] if prefix != "/" and path.startswith(prefix) and not abnormal(path, start - 1)
+            and not (may_be_url and is_url(path)) else _relative(folder, path) for path in paths]  # no system call
+
+
+def _relative(folder: str, path: str) -> str:
+    if is_url(path):
+        return path.removeprefix(folder.rstrip("/") + "/")
+    relative = os.path.relpath(os.path.abspath(local_path(path)), os.path.abspath(local_path(folder)))
+    return path if relative.startswith("..") else relative.replace(os.sep, "/")
 
 
 def name_in(folder: str, path: str) -> str:
-    """``path`` relative to ``folder`` (``/`` separated), or ``path`` itself when it is not below it."""
-    prefix = folder.rstrip("/") + "/"
-    if is_url(path) or is_url(folder):
-        return path.removeprefix(prefix)
-    if prefix != "/" and path.startswith(prefix) and _normal_relative(path[len(prefix):]):
-        return path[len(prefix):]  # what the general rule below gives, without its system calls
-    relative = os.path.relpath(os.path.abspath(local_path(path)), os.path.abspath(local_path(folder)))
-    return path if relative.startswith("..") else relative.replace(os.sep, "/")
+    """``path`` relative to ``folder``, as ``names_in`` names it."""
+    return names_in(folder, [path])[0]
 
 
 def cache_index_path(cache_folder: str, key: IndexKey, folder: str) -> str:

@@ -190,7 +190,9 @@ def _appended_after(out: Output, chunks: Dict[str, int], suffix: str) -> int:
 class _Sizer:
     """The units of each part: ``chunk_samples`` when set, else ``FIRST_PART`` for each of the ``FIRST_PARTS``
     first parts and then as many as make about ``chunk_bytes`` (from the first part's bytes per unit), at
-    most a ``MIN_PARTS``-th of an input of known size (or ``MIN_PART``). The same for any executor."""
+    most a ``MIN_PARTS``-th of an input of known size (or ``MIN_PART``). The rest of an input of known size
+    is then cut into an even number of parts of equal size (at most that one), so that no worker is left
+    with a short last part while another still runs a whole one. The same for any executor."""
 
     def __init__(self, run: _Run, source: Source) -> None:
         most = max(MIN_PART, -(-source.total // MIN_PARTS)) if source.total else MAX_PART
@@ -198,6 +200,8 @@ class _Sizer:
         self.chunk_bytes = run.chunk_bytes or DEFAULT_CHUNK_BYTES
         self.most = most
         self.learned: Optional[int] = None
+        self.left = source.total  # units not yet handed out, when the input's size is known
+        self.parts_left: Optional[int] = None  # parts of the rest, once learned
 
     @property
     def waits_for_first(self) -> bool:
@@ -210,7 +214,19 @@ class _Sizer:
             self.learned = max(1, min(fit, self.most))
 
     def __call__(self) -> int:
-        return self.fixed or self.learned or min(FIRST_PART, self.most)
+        if self.fixed:
+            return self.fixed
+        size = self.learned or min(FIRST_PART, self.most)
+        if self.left is None or self.left <= 0:
+            return size
+        if self.learned is not None:
+            if self.parts_left is None:
+                parts = -(-self.left // size)
+                self.parts_left = parts + parts % 2 if parts > 1 else 1
+            size = -(-self.left // max(1, self.parts_left))
+            self.parts_left -= 1
+        self.left -= size
+        return size
 
 
 def _run_tasks(run: _Run, source: Source, pool: cf.Executor, width: int,
@@ -296,8 +312,8 @@ def _write_index(out: Output, format: str, counts: Dict[str, int]) -> None:
     places = IndexPlaces.of(reader, out.url, files, None)
     stamps = ix.stamps(files, places.folder)
     ix.write_index(places.data_index, places.key, {
-        ix.name_in(places.folder, path): ix.entry(stamp, n)
-        for path, stamp, n in zip(files, stamps, counts.values()) if stamp is not None})
+        name: ix.entry(stamp, n)
+        for name, stamp, n in zip(ix.names_in(places.folder, files), stamps, counts.values()) if stamp is not None})
     lines: List[str] = []
     args = argparse.Namespace(data=out.url, reader=formats.READER_OF[format], batch_size=_INDEX_BATCH, progress=False)
     if _cli.index(args, lines.append) != 0:

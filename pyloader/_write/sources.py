@@ -29,7 +29,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 
 from .._abc import DataReader
 from .._storage.compression import SUFFIXES
-from .._storage.count_index import index_folder, name_in
+from .._storage.count_index import index_folder, names_in
 from .._storage.files import list_files, open_file
 from ..readers._tar import split_name
 
@@ -165,10 +165,9 @@ def _path_source(source: object, kind: str, reader: Optional[DataReader]) -> Sou
 
 def _key_source(files: List[str], folder: str) -> Source:
     keys: Dict[str, List[Tuple[str, str]]] = {}  # key -> [(extension, path)], in the order listed
-    for path in files:
-        name = name_in(folder, path)
-        split = split_name(name) or (name, "")
-        keys.setdefault(split[0], []).append((split[1], path))
+    for path, name in zip(files, names_in(folder, files)):
+        key, ext = split_name(name) or (name, "")
+        keys.setdefault(key, []).append((ext, path))
     grouped = list(keys.items())
 
     def parts(size: Callable[[], int]) -> Iterator[Part]:

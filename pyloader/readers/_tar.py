@@ -87,11 +87,11 @@ DECODERS: Dict[str, Decoder] = {
 
 def split_name(name: str) -> Optional[Tuple[str, str]]:
     """``(key, extension)`` of a member name, or ``None`` when its base name has no dot."""
-    folder, _, base = name.rpartition("/")
-    stem, _, ext = base.partition(".")
-    if not stem or not ext:  # an extension means a dot
+    base = name.rfind("/") + 1
+    dot = name.find(".", base)
+    if dot <= base or dot == len(name) - 1:  # no stem, or no extension (which means a dot)
         return None
-    return (f"{folder}/{stem}" if folder else stem), ext
+    return name[:dot], name[dot + 1:]
 
 
 class TarReader(DataReader):
