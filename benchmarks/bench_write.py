@@ -42,8 +42,9 @@ import json
 import os
 import resource
 import shutil
+import subprocess
+import sys
 import tempfile
-import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -357,44 +358,46 @@ def child(entry: str, data: str, cfg: dict) -> None:
               "baseline": H.own_memory()})
 
 
+_WATCH = """
+import json, os, select, sys
+from pyloader._cli import tree_pids
+root, tick, last = int(sys.argv[1]), os.sysconf("SC_CLK_TCK"), {}
+def read():
+    for pid in tree_pids(root):
+        if pid in (root, os.getpid()):
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            last[pid] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+print("ready", flush=True)
+while not select.select([sys.stdin], [], [], 0.02)[0]:
+    read()
+read()
+print(json.dumps(sum(last.values())), flush=True)
+"""
+
+
 class TreeCPU:
     """CPU seconds of this process and every process it starts while inside (workers started by a fork
     server are not its children, so ``RUSAGE_CHILDREN`` misses them): each process's user and system
-    time read from ``/proc/<pid>/stat`` every 20 ms, its last reading kept."""
-
-    def __init__(self) -> None:
-        self.last: Dict[int, float] = {}
-        self.seconds = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._tick = os.sysconf("SC_CLK_TCK")
-
-    def _read(self) -> None:
-        for pid in H.tree_pids(os.getpid()):
-            if pid == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-                self.last[pid] = (int(fields[11]) + int(fields[12])) / self._tick
-            except (OSError, IndexError, ValueError):
-                continue
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.02):
-            self._read()
+    time read from ``/proc/<pid>/stat`` every 20 ms, its last reading kept, by a watching process. Not a
+    thread of this one: a writer that forks its workers only while no other thread runs (pyloader's)
+    would start them otherwise, which a user's script, with no thread of its own, does not see."""
 
     def __enter__(self) -> "TreeCPU":
+        self._watcher = subprocess.Popen([sys.executable, "-c", _WATCH, str(os.getpid())], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
+        assert self._watcher.stdout is not None and self._watcher.stdout.readline().strip() == "ready"
         self._own = resource.getrusage(resource.RUSAGE_SELF)
-        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._read()
-        self._stop.set()
-        self._thread.join()
         own = resource.getrusage(resource.RUSAGE_SELF)
-        self.seconds = own.ru_utime + own.ru_stime - self._own.ru_utime - self._own.ru_stime + sum(self.last.values())
+        out, _ = self._watcher.communicate("stop\n", timeout=60)
+        self.seconds = own.ru_utime + own.ru_stime - self._own.ru_utime - self._own.ru_stime + json.loads(out)
 
 
 # -- the parent --------------------------------------------------------------------------------------

@@ -282,15 +282,29 @@ def test_a_hugging_face_dataset_is_written_when_datasets_is_installed(tmp_path):
 def test_a_folder_of_files_makes_one_sample_per_key_and_a_tar_dataset_of_it(tmp_path):
     src = tmp_path / "images" / "train"
     src.mkdir(parents=True)
-    for i in range(12):
-        (src / f"{i:03d}.bin").write_bytes(bytes([i]) * (i + 1))
+    sizes = [0, 1, 2, 3 * 2**20 + 1, *range(5, 13)]  # empty, one byte, one of several MiB: each read whole
+    for i, size in enumerate(sizes):
+        (src / f"{i:03d}.bin").write_bytes(bytes([i]) * size)
         (src / f"{i:03d}.cls").write_text(str(i % 3))
     (src / ".hidden").write_text("skipped")
     pl.write(source=tmp_path / "images", output=tmp_path / "shards", format="tar", chunk_samples=5, workers=0)
     rows = read_back(str(tmp_path / "shards"), TarReader(batch_size=4))
     assert [r["__key__"] for r in rows] == [f"train/{i:03d}" for i in range(12)]
     assert [r["cls"] for r in rows] == [i % 3 for i in range(12)]
-    assert [r["bin"] for r in rows] == [bytes([i]) * (i + 1) for i in range(12)]
+    assert [r["bin"] for r in rows] == [bytes([i]) * size for i, size in enumerate(sizes)]
+
+
+def test_a_folder_of_files_behind_an_fsspec_url_is_read_like_a_local_one(tmp_path):
+    import fsspec
+
+    url = f"memory://pyloader-write-src/{uuid.uuid4().hex}"
+    fs = fsspec.filesystem("memory")
+    for i in range(6):
+        fs.pipe_file(f"{url}/{i:03d}.bin", bytes([i]) * i)
+        fs.pipe_file(f"{url}/{i:03d}.cls", str(i).encode())
+    pl.write(source=url, output=tmp_path / "shards", format="tar", workers=0)
+    rows = read_back(str(tmp_path / "shards"), TarReader(batch_size=4))
+    assert [(r["__key__"], r["bin"], r["cls"]) for r in rows] == [(f"{i:03d}", bytes([i]) * i, i) for i in range(6)]
 
 
 def test_parquet_csv_and_jsonl_datasets_are_read_row_by_row_and_merged_in_order(tmp_path):

@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import threading
+from operator import attrgetter
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 from .._paths import is_url, local_path
@@ -168,6 +169,29 @@ def open_file(path: str, mode: str = "rb", *, compression: Optional[str] = "infe
     return open(local_path(path), mode, **kwargs)
 
 
+_READ_MOST = 0x7FFFF000  # the most one read(2) gives on Linux
+
+
+def read_whole(path: str) -> bytes:
+    """The bytes of ``path`` as stored (never decompressed). A local file is read by ``os.read`` on its
+    descriptor: a small one in one call, without the buffered file object ``open`` builds (which costs as
+    much as the read on a folder of small files); a URL, or a file served from memory, through ``open_file``."""
+    if is_url(path) or path in _served:
+        with open_file(path, "rb", compression=None) as f:
+            return f.read()
+    fd = os.open(local_path(path), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        chunks = [os.read(fd, min(size + 1, _READ_MOST))]  # one byte more than its size: a short read is its end
+        if len(chunks[0]) <= size < _READ_MOST:
+            return chunks[0]
+        while chunks[-1]:
+            chunks.append(os.read(fd, _READ_MOST))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_bytes(path: str, ranges: Sequence[Tuple[int, int]]) -> List[bytes]:
     """Bytes ``lo:hi`` of ``path`` as stored (never decompressed), for each ``(lo, hi)`` of ``ranges``: for a
     URL, one ranged request each, made at once where the filesystem can (``cat_ranges``), without a look-up
@@ -244,7 +268,7 @@ def _entries(folder: str) -> List[os.DirEntry]:
     """The entries of ``folder`` not hidden, by name; none where it cannot be listed (as ``os.walk``)."""
     try:
         with os.scandir(folder) as listing:
-            return sorted((e for e in listing if not _hidden(e.name)), key=lambda e: e.name)
+            return sorted((e for e in listing if not _hidden(e.name)), key=attrgetter("name"))
     except OSError:
         return []
 
@@ -261,24 +285,27 @@ def _walk(root: str) -> List[str]:
     """Files under ``root``, following symlinked folders once each (a link loop ends there). A regular
     file is told by its directory entry, without a ``stat`` of its own (a folder of many small files)."""
     found: List[str] = []
-    regular = set()
+    other = set()  # neither a regular file nor a folder by its entry: told by ``_readable_entries``
     visited = {os.path.realpath(root)}
     pending = [root]
     while pending:
         folder = pending.pop()
         below = []
         for entry in _entries(folder):
-            if _is(entry.is_dir):
+            if _is(entry.is_file):
+                found.append(entry.path)
+            elif _is(entry.is_dir):
                 real = os.path.realpath(entry.path)
                 if real not in visited:
                     visited.add(real)
                     below.append(entry.path)
-                continue
-            found.append(entry.path)
-            if _is(entry.is_file):
-                regular.add(entry.path)
+            else:
+                found.append(entry.path)
+                other.add(entry.path)
         pending.extend(reversed(below))
-    return _readable_entries(found, lambda path: "file" if path in regular else _kind(path))
+    if not other:
+        return found
+    return _readable_entries(found, lambda path: _kind(path) if path in other else "file")
 
 
 def _parts(path: str) -> List[str]:

@@ -30,7 +30,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 from .._abc import DataReader
 from .._storage.compression import SUFFIXES
 from .._storage.count_index import index_folder, names_in
-from .._storage.files import list_files, open_file
+from .._storage.files import list_files, read_whole
 from ..readers._tar import split_name
 
 Sample = Dict[str, object]
@@ -207,8 +207,7 @@ def _sample_parts(samples: Iterator[Sample], size: Callable[[], int]) -> Iterato
 def _file_sample(key: str, members: List[Tuple[str, str]]) -> Sample:
     sample: Sample = {"__key__": key}
     for ext, path in members:
-        with open_file(path, "rb", compression=None) as f:
-            sample[ext or "data"] = f.read()
+        sample[ext or "data"] = read_whole(path)
     return sample
 
 
