@@ -104,10 +104,11 @@ def write(*, source: Union[Iterable[dict], str, os.PathLike, List[str], object],
     - The input is cut into parts in input order, each a task: a table file; else ``chunk_samples``
       samples; else 256 samples first, whose bytes size the other parts to about a chunk, an input of
       known size being cut into 32 parts at least (of 64 samples at least), so that a small one runs in
-      parallel too. The parts depend on the input and the sizes alone: the output is the same bytes
-      whatever runs the tasks: ``workers`` processes (``None``: one per CPU; 0: this process), or
-      ``executor``, any ``concurrent.futures.Executor`` (a Dask client's ``get_executor()``) or a pool
-      with ``apply_async`` (Ray's ``ray.util.multiprocessing.Pool``).
+      parallel too, its rest into an even number of parts of equal size (no worker left with a short
+      last part while another runs a whole one). The parts depend on the input and the sizes alone:
+      the output is the same bytes whatever runs the tasks: ``workers`` processes (``None``: one per CPU;
+      0: this process), or ``executor``, any ``concurrent.futures.Executor`` (a Dask client's
+      ``get_executor()``) or a pool with ``apply_async`` (Ray's ``ray.util.multiprocessing.Pool``).
     - Each task writes its chunks whole under hidden temporary names as they complete (uploaded at
       once to an fsspec URL); they are renamed ``<prefix>-000000<suffix>``, ... in input order. A killed
       writer leaves no visible partial chunk, and the next run removes its temporary files.
