@@ -32,7 +32,7 @@ import posixpath
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, TypedDict
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict
 
 from .._checks import is_integer
 from .._paths import is_url, local_path
@@ -147,10 +147,19 @@ def names_in(folder: str, paths: Sequence[str]) -> List[str]:
     prefix = folder.rstrip("/") + "/"
     if is_url(folder):
         return [path.removeprefix(prefix) for path in paths]
-    start, abnormal = len(prefix), _NOT_NORMAL.search
-    may_be_url = ":" in prefix  # else no path that starts with it is a URL (a scheme ends at its first ":")
-    return [path[start:] if prefix != "/" and path.startswith(prefix) and not abnormal(path, start - 1)
-            and not (may_be_url and is_url(path)) else _relative(folder, path) for path in paths]  # no system call
+    below, start = _below(prefix), len(prefix)
+    return [path[start:] if below(path) else _relative(folder, path) for path in paths]
+
+
+def _below(prefix: str) -> Callable[[str], bool]:
+    """Whether a path is ``prefix`` (a local folder's, ending in ``/``) and a relative path that
+    ``os.path.normpath`` leaves as it is: its name below the folder, told without a system call."""
+    if prefix == "/":
+        return lambda path: False
+    abnormal, start = _NOT_NORMAL.search, len(prefix) - 1
+    if ":" in prefix:  # else no path that starts with it is a URL (a scheme ends at its first ":")
+        return lambda path: path.startswith(prefix) and not abnormal(path, start) and not is_url(path)
+    return lambda path: path.startswith(prefix) and not abnormal(path, start)
 
 
 def _relative(folder: str, path: str) -> str:

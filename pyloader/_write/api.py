@@ -201,7 +201,7 @@ class _Sizer:
         self.chunk_bytes = run.chunk_bytes or DEFAULT_CHUNK_BYTES
         self.most = most
         self.learned: Optional[int] = None
-        self.left = source.total  # units not yet handed out, when the input's size is known
+        self.left = source.total or 0  # units not yet handed out of an input of known size (else 0)
         self.parts_left: Optional[int] = None  # parts of the rest, once learned
 
     @property
@@ -217,17 +217,22 @@ class _Sizer:
     def __call__(self) -> int:
         if self.fixed:
             return self.fixed
-        size = self.learned or min(FIRST_PART, self.most)
-        if self.left is None or self.left <= 0:
-            return size
-        if self.learned is not None:
-            if self.parts_left is None:
-                parts = -(-self.left // size)
-                self.parts_left = parts + parts % 2 if parts > 1 else 1
-            size = -(-self.left // max(1, self.parts_left))
-            self.parts_left -= 1
+        if self.learned is None:
+            size = min(FIRST_PART, self.most)
+        else:
+            size = self.learned if self.left <= 0 else self._equal_share(self.learned)
         self.left -= size
         return size
+
+    def _equal_share(self, size: int) -> int:
+        """The next of the parts of equal size the rest (``left``) is cut into: an even number of them,
+        of ``size`` at most, planned at the first call."""
+        if self.parts_left is None:
+            parts = -(-self.left // size)
+            self.parts_left = parts + parts % 2 if parts > 1 else 1
+        share = -(-self.left // max(1, self.parts_left))
+        self.parts_left -= 1
+        return share
 
 
 def _run_tasks(run: _Run, source: Source, pool: cf.Executor, width: int,
