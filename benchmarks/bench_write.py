@@ -268,7 +268,8 @@ def read_pyloader(workload: str, out: str) -> Iterator[List[str]]:
     from pyloader.collators import NumpyCollator
     from pyloader.readers import ParquetReader, TarReader
 
-    reader = TarReader(batch_size=BATCH) if workload == "jpeg" else ParquetReader(batch_size=BATCH)
+    # bytes, as every peer's read-back gives them (TarReader decodes images by default)
+    reader = TarReader(batch_size=BATCH, decode=False) if workload == "jpeg" else ParquetReader(batch_size=BATCH)
     with DataLoader(reader, IdentityDataset(), NumpyCollator(), out, workers=0) as loader:
         for batch in loader:
             yield [str(k) for k in (batch["__key__"] if workload == "jpeg" else batch["id"])]

@@ -27,8 +27,8 @@ from conftest import ListCollator
 import pyloader as pl
 from pyloader import _cli
 from pyloader._storage import count_index as ix
-from pyloader._write import api, output
-from pyloader.readers import JsonLinesReader, NumpyReader, TarReader, TextLinesReader
+from pyloader._write import api, formats, output
+from pyloader.readers import JsonLinesReader, NumpyReader, ParquetReader, TarReader, TextLinesReader
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,8 +74,7 @@ FORMATS = [("jsonl", None, JsonLinesReader), ("jsonl", "gzip", JsonLinesReader),
                          ids=[f"{f}-{c}" for f, c, _ in FORMATS])
 def test_each_format_reads_back_every_sample_exactly_once_with_its_built_in_reader(tmp_path, format, compression,
                                                                                    reader_cls):
-    if reader_cls is None:
-        from pyloader.readers import ParquetReader as reader_cls
+    reader_cls = reader_cls or ParquetReader
     summary = pl.write(source=docs(100), output=tmp_path / "out", format=format, compression=compression,
                        chunk_samples=30, workers=0)
     assert (summary.samples, summary.chunks) == (100, 4)
@@ -103,6 +102,20 @@ def test_npy_and_npz_chunks_stack_array_samples_read_back_by_the_numpy_reader(tm
 def test_npy_refuses_samples_of_several_fields_naming_npz(tmp_path):
     with pytest.raises(ValueError, match="npz"):
         pl.write(source=[{"a": 1, "b": 2}], output=tmp_path / "out", format="npy", workers=0)
+
+
+def test_a_parquet_chunk_is_written_in_row_groups_of_about_a_mebibyte_each_a_piece_the_reader_reads(tmp_path):
+    import pyarrow.parquet as pq
+
+    rows = [{"id": i, "text": f"{i:08d}" * 250} for i in range(2000)]  # 2 kB a row: 4 MB in one chunk
+    summary = pl.write(source=rows, output=tmp_path / "out", format="parquet", chunk_samples=2000, workers=0)
+    assert summary.chunks == 1
+    chunk = pq.ParquetFile(str(tmp_path / "out" / "shard-000000.parquet"))
+    groups = [chunk.read_row_group(g) for g in range(chunk.num_row_groups)]
+    assert chunk.num_row_groups >= 4 and all(g.nbytes <= 1.1 * formats.ROW_GROUP_BYTES for g in groups)
+    pieces = list(ParquetReader().iter_file(str(tmp_path / "out" / "shard-000000.parquet")))
+    assert len(pieces) == chunk.num_row_groups
+    assert [i for piece in pieces for i in piece["id"]] == list(range(2000))
 
 
 def test_chunk_bytes_cuts_chunks_at_the_target_size_before_compression(tmp_path):
@@ -274,7 +287,6 @@ def test_a_hugging_face_dataset_is_written_when_datasets_is_installed(tmp_path):
     datasets = pytest.importorskip("datasets", reason="datasets is in the bench extra only")
     ds = datasets.Dataset.from_dict({"id": list(range(30)), "text": [f"doc {i}" for i in range(30)]})
     pl.write(source=ds, output=tmp_path / "out", format="parquet", chunk_samples=16, workers=0)
-    from pyloader.readers import ParquetReader
 
     assert ids(read_back(str(tmp_path / "out"), ParquetReader())) == list(range(30))
 
@@ -469,8 +481,6 @@ def test_the_write_command_converts_a_folder_and_prints_the_summary(tmp_path):
     rc = _cli.main(["write", str(tmp_path / "in"), str(tmp_path / "out"), "--format", "parquet",
                     "--chunk-samples", "12", "--workers", "0", "--fn", "test_write:tokenize"], out=lines.append)
     assert rc == 0 and "30 samples in 3 chunks" in lines[-1]
-    from pyloader.readers import ParquetReader
-
     rows = read_back(str(tmp_path / "out"), ParquetReader())
     assert ids(rows) == list(range(30)) and list(rows[3]["tokens"]) == [3, 1]
 

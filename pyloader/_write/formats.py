@@ -11,7 +11,9 @@ Contracts:
   fields are its members' extensions (``__key__`` names the member, else the sample's place in the
   output, ``<task>-<n>``); ``bytes`` are written as they are, ``str`` as UTF-8, numbers as text, arrays as ``.npy``,
   lists and dicts as JSON. ``npy``: every sample has one field, an array (or number) of one shape
-  and dtype, stacked. ``npz``: one array per field. ``parquet``: one column per field, pyarrow's types.
+  and dtype, stacked. ``npz``: one array per field. ``parquet``: one column per field, pyarrow's types, in row groups of
+  about ``ROW_GROUP_BYTES`` (the pieces ``ParquetReader`` reads: a loader's first batch waits for one
+  row group, not for the whole chunk).
 - ``compression``: for ``jsonl``, ``tar`` and ``npy``, a codec of ``_storage.compression`` (``gzip``,
   ``zstd``, ``bz2``, ``xz``) added to the name as the readers expect (``.jsonl.zst``); for
   ``parquet``, a codec of Parquet's own (``snappy``, ``zstd``, ``gzip``, ``brotli``, ``lz4``,
@@ -32,6 +34,7 @@ import numpy as np
 Sample = Dict[str, object]
 KEY = "__key__"  # TarReader's key column
 _SUFFIX_OF = {"gzip": ".gz", "zstd": ".zst", "bz2": ".bz2", "xz": ".xz"}
+ROW_GROUP_BYTES = 1 << 20  # of a Parquet chunk's row groups, in memory (pyarrow's own default: a million rows)
 _PARQUET_CODECS = ("snappy", "zstd", "gzip", "brotli", "lz4", "none")
 # the reader of each format, by the name `python -m pyloader index --reader` takes
 READER_OF = {"jsonl": "jsonl", "parquet": "parquet", "tar": "tar", "npy": "npy", "npz": "npy"}
@@ -238,7 +241,8 @@ def _parquet(out: io.BytesIO, columns: Dict[str, List[object]], compression: Opt
     import pyarrow.parquet as pq
 
     table = pa.table({name: _arrow_column(values) for name, values in columns.items()})
-    pq.write_table(table, out, compression=compression or "snappy")
+    rows = max(1, table.num_rows * ROW_GROUP_BYTES // max(1, table.nbytes))
+    pq.write_table(table, out, compression=compression or "snappy", row_group_size=rows)
 
 
 def _stacked(values: List[object]) -> np.ndarray:
