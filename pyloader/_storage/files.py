@@ -289,23 +289,30 @@ def _walk(root: str) -> List[str]:
     visited = {os.path.realpath(root)}
     pending = [root]
     while pending:
-        folder = pending.pop()
-        below = []
-        for entry in _entries(folder):
+        folders = []
+        for entry in _entries(pending.pop()):
             if _is(entry.is_file):
                 found.append(entry.path)
             elif _is(entry.is_dir):
-                real = os.path.realpath(entry.path)
-                if real not in visited:
-                    visited.add(real)
-                    below.append(entry.path)
+                folders.append(entry.path)
             else:
                 found.append(entry.path)
                 other.add(entry.path)
-        pending.extend(reversed(below))
+        pending.extend(reversed(_unvisited(folders, visited)))
     if not other:
         return found
     return _readable_entries(found, lambda path: _kind(path) if path in other else "file")
+
+
+def _unvisited(folders: List[str], visited: set) -> List[str]:
+    """The ``folders`` not walked yet (a folder reached by several links once), marked as walked."""
+    kept = []
+    for folder in folders:
+        real = os.path.realpath(folder)
+        if real not in visited:
+            visited.add(real)
+            kept.append(folder)
+    return kept
 
 
 def _parts(path: str) -> List[str]:

@@ -174,9 +174,14 @@ def _prepare(out: Output, mode: Mode, suffix: str) -> int:
     if mode == "create" and chunks:
         raise FileExistsError(f"{out.url!r} holds chunks already ({len(chunks)}): pass mode='append' to add "
                               "to them, or mode='overwrite' to replace them")
-    for name in [*chunks, *(n for n in out.names() if n.startswith("_pyloader"))]:  # overwrite: chunks, indexes
-        out.remove(name)
+    _remove_dataset(out, chunks)
     return 0
+
+
+def _remove_dataset(out: Output, chunks: Dict[str, int]) -> None:
+    """``mode="overwrite"``: the chunks there and their indexes removed."""
+    for name in [*chunks, *(n for n in out.names() if n.startswith("_pyloader"))]:
+        out.remove(name)
 
 
 def _appended_after(out: Output, chunks: Dict[str, int], suffix: str) -> int:
