@@ -396,6 +396,58 @@ def test_the_workers_are_forked_from_a_process_with_no_other_thread_else_started
     assert done.stdout.split()[-1] == expected
 
 
+INTERACTIVE = """
+import json, os, threading, warnings
+import pyloader as pl
+from pyloader.collators import NumpyCollator
+from pyloader.readers import JsonLinesReader
+
+def parent(sample):
+    return {**sample, "parent": os.getppid()}
+
+out = OUT
+stop = threading.Event()
+threading.Thread(target=stop.wait, name="uploader").start()
+try:
+    if BUSY:  # a loader mid-iteration: pyloader's own threads run, forking is unsafe
+        pl.write(source=[{"id": i} for i in range(10000)], output=out + "-in", workers=0)
+        loader = pl.DataLoader(JsonLinesReader(batch_size=2), pl.IdentityDataset(), NumpyCollator(), out + "-in",
+                               num_workers=0)
+        batches = iter(loader)
+        next(batches)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            pl.write(source=[{"id": i} for i in range(300)], output=out, fn=parent, chunk_samples=100, workers=2)
+        except Exception as exc:
+            print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+        else:
+            parents = {json.loads(line)["parent"] for f in sorted(os.listdir(out)) if f.endswith(".jsonl")
+                       for line in open(os.path.join(out, f))}
+            print(json.dumps({"forked": parents == {os.getpid()}, "warnings": [str(w.message) for w in caught
+                              if issubclass(w.category, RuntimeWarning)]}))
+finally:
+    stop.set()
+"""
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["user-threads", "a-loader-running"])
+def test_a_notebooks_function_is_run_by_forked_workers_beside_other_threads_or_refused_saying_what_to_do(
+        tmp_path, busy):
+    code = INTERACTIVE.replace("OUT", repr(str(tmp_path / "out"))).replace("BUSY", str(busy))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    if busy:  # no BrokenProcessPool from workers that cannot find fn: a clear error before any starts
+        assert result["error"] == "PicklingError" and "interactive session" in result["message"]
+        assert "workers=0" in result["message"] and "threads of another pyloader iteration" in result["message"]
+        assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.jsonl"))
+    else:
+        assert result["forked"] is True
+        assert any("uploader" in w and "interactive session" in w for w in result["warnings"])
+
+
 # A process that imports pyloader once, then for each line read forks a writer (it has no thread
 # of its own: the fork is safe), prints the writer's pid, and reaps it once it is killed.
 FORKER = """

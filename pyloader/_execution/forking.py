@@ -123,7 +123,7 @@ def warn_about_user_threads(caller: int, future: object = None, persistent: bool
     ``caller``, which waits for the fork, and threads that wait for ``caller`` to end or for ``future``,
     the one it runs: ``_waits_for``), with the advice that fits them (``persistent``: the workers are
     kept, forked at the first iteration only)."""
-    others = _unwaited(_user_threads(caller), caller, future)
+    others = user_threads(caller, future)
     key = ",".join(others)
     if not others or key in _warned:
         return
@@ -132,6 +132,12 @@ def warn_about_user_threads(caller: int, future: object = None, persistent: bool
                   f"({', '.join(others)}): a lock one of them holds at that moment stays held in the workers, "
                   f"and a worker that takes it waits forever. {_advice(others, persistent)}",
                   RuntimeWarning, stacklevel=2)
+
+
+def user_threads(caller: int, future: object = None) -> List[str]:
+    """The names, sorted, of the threads running besides ``caller`` that are neither pyloader's own nor known
+    to be safe across a fork, and do not wait for ``caller`` to end or for ``future``."""
+    return _unwaited(_user_threads(caller), caller, future)
 
 
 def _user_threads(caller: int) -> List[threading.Thread]:

@@ -6,7 +6,10 @@ Contracts:
   ``workers`` processes (``None``: ``os.cpu_count()``) forked from this process when no other thread
   runs in it (one could hold a lock the children would wait for forever) and TensorFlow is not
   imported; else started by ``forkserver`` where there is one (its server, when this starts it,
-  imports pyloader first), else ``spawn``.
+  imports pyloader first), else ``spawn``. An ``fn`` defined in an interactive session (a notebook:
+  ``__main__`` has no file), which such workers could not import, has them forked beside other
+  threads (named in a ``RuntimeWarning``) unless forking is unsafe for pyloader itself
+  (``forking.why_not_fork``): then ``pickle.PicklingError`` says what to do.
   The user's ``fn`` must then be picklable (a function of a module, not a lambda).
 - A user's ``concurrent.futures.Executor`` (a Dask ``Client.get_executor()``, a thread pool) is used as
   given and never shut down here; so is a pool with ``apply_async`` (``multiprocessing.Pool``,
@@ -22,7 +25,9 @@ import concurrent.futures as cf
 import multiprocessing
 import os
 import pickle
+import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional, Protocol, Tuple, TypeVar
 
@@ -168,12 +173,41 @@ class PoolExecutor(cf.Executor):
         return future
 
 
-def start_method() -> str:
+def start_method(fn: Optional[UserFn] = None) -> str:
     """``fork`` while no other thread runs here and forking is safe (``_execution.forking``): the workers
-    start at once with what this process imported; else a fork server, else ``spawn``."""
+    start at once with what this process imported; else a fork server, else ``spawn``, which import
+    ``fn`` by its module's name. An ``fn`` of an interactive session (a notebook's, whose ``__main__``
+    has no file) is not found so: its workers are forked even beside other threads, named in a warning,
+    where forking is safe for pyloader; else ``pickle.PicklingError`` says what to do."""
     if _alone():
         return "fork"
+    if _interactive(fn):
+        _fork_beside_threads()
+        return "fork"
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _interactive(fn: Optional[UserFn]) -> bool:
+    """Whether ``fn`` refers to ``__main__`` (by its pickle) and ``__main__`` has no file to import it from."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    return fn is not None and not os.path.isfile(main_file) and b"__main__" in pickle.dumps(fn)
+
+
+def _fork_beside_threads() -> None:
+    why = forking.why_not_fork()
+    if why:
+        raise pickle.PicklingError(
+            f"pyloader.write: fn is defined in an interactive session, which worker processes started afresh "
+            f"cannot import, and they cannot be forked from this process now ({why}): define fn in a module "
+            f"(a .py file next to the notebook), or pass workers=0 to run it in this process")
+    me = threading.get_ident()
+    forking.wait_for_imports(me)
+    others = forking.user_threads(me)
+    if others:
+        warnings.warn(f"pyloader.write: worker processes are forked while other threads of this process run "
+                      f"({', '.join(others)}), since fn is defined in an interactive session: a lock one of them "
+                      f"holds at that moment stays held in the workers. Define fn in a module to have them "
+                      f"started by the fork server instead, or pass workers=0", RuntimeWarning, stacklevel=6)
 
 
 def _alone() -> bool:
@@ -181,10 +215,10 @@ def _alone() -> bool:
     return threading.active_count() == 1 and not forking.why_not_fork()
 
 
-def _context() -> multiprocessing.context.BaseContext:
+def _context(fn: Optional[UserFn]) -> multiprocessing.context.BaseContext:
     """The workers' start method; a fork server not started yet imports this module (and so pyloader) once
     for all the workers it forks, which would each import it otherwise (seconds on a busy machine)."""
-    method = start_method()
+    method = start_method(fn)
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         from multiprocessing import forkserver
@@ -225,4 +259,4 @@ def executor_for(workers: Optional[int], executor: object, fn: Optional[UserFn])
         return InProcess(), True, 1
     n = _width(workers)
     check_picklable(fn)
-    return cf.ProcessPoolExecutor(n, mp_context=_context()), True, n
+    return cf.ProcessPoolExecutor(n, mp_context=_context(fn)), True, n
