@@ -448,6 +448,33 @@ def test_a_notebooks_function_is_run_by_forked_workers_beside_other_threads_or_r
         assert any("uploader" in w and "interactive session" in w for w in result["warnings"])
 
 
+NOTEBOOK_CELLS = [
+    "import json, os, warnings\nimport pyloader as pl",
+    "def parent(sample):\n    return {**sample, 'parent': os.getppid()}",
+    "with warnings.catch_warnings(record=True) as caught:\n    warnings.simplefilter('always')\n"
+    "    pl.write(source=[{'id': i} for i in range(300)], output=OUT, fn=parent, chunk_samples=100, workers=2)\n"
+    "parents = {json.loads(line)['parent'] for f in sorted(os.listdir(OUT)) if f.endswith('.jsonl')\n"
+    "           for line in open(os.path.join(OUT, f))}\n"
+    "print(json.dumps({'forked': parents == {os.getpid()}, 'warned': [str(w.message) for w in caught]}))",
+]
+
+
+def test_a_function_defined_in_a_jupyter_notebook_is_written_by_worker_processes(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(c.replace("OUT", repr(str(tmp_path / "out")))) for c in NOTEBOOK_CELLS]
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}},
+                   kernel_manager_kwargs={"env": {**os.environ, **env}}).execute()
+    printed = [o["text"] for o in notebook.cells[-1].outputs if o.get("name") == "stdout"]
+    result = json.loads("".join(printed).splitlines()[-1])
+    assert result["forked"] is True  # a kernel always runs threads: the fork server could not import parent
+    assert any("interactive session" in w and "IOPub" in w for w in result["warned"])
+    assert ids(read_back(str(tmp_path / "out"), JsonLinesReader())) == list(range(300))
+
+
 # A process that imports pyloader once, then for each line read forks a writer (it has no thread
 # of its own: the fork is safe), prints the writer's pid, and reaps it once it is killed.
 FORKER = """
