@@ -105,8 +105,9 @@ def imports_in_progress(caller: int = 0) -> List[str]:
     return held
 
 
-def wait_for_imports(caller: int, timeout: float = IMPORT_WAIT_S) -> None:
-    """Wait until no other thread is importing; warn, naming the modules, if one still is."""
+def wait_for_imports(caller: int, timeout: float = IMPORT_WAIT_S,
+                     fix: str = "Pass start_method='forkserver' to the DataLoader") -> None:
+    """Wait until no other thread is importing; warn, naming the modules and ``fix``, if one still is."""
     deadline = time.monotonic() + timeout
     held = imports_in_progress(caller)
     while held and time.monotonic() < deadline:
@@ -114,8 +115,8 @@ def wait_for_imports(caller: int, timeout: float = IMPORT_WAIT_S) -> None:
         held = imports_in_progress(caller)
     if held:
         warnings.warn(f"pyloader: forking worker processes while other threads still import {held} after "
-                      f"{timeout:g} s: a worker that imports one of them will wait forever. Pass "
-                      f"start_method='forkserver' to the DataLoader", RuntimeWarning, stacklevel=2)
+                      f"{timeout:g} s: a worker that imports one of them will wait forever. {fix}", RuntimeWarning,
+                      stacklevel=2)
 
 
 def warn_about_user_threads(caller: int, future: object = None, persistent: bool = False) -> None:

@@ -173,10 +173,10 @@ class PoolExecutor(cf.Executor):
         return future
 
 
-def start_method(fn: Optional[UserFn] = None) -> str:
+def start_method(fn: bytes = b"") -> str:
     """``fork`` while no other thread runs here and forking is safe (``_execution.forking``): the workers
     start at once with what this process imported; else a fork server, else ``spawn``, which import
-    ``fn`` by its module's name. An ``fn`` of an interactive session (a notebook's, whose ``__main__``
+    ``fn`` (given pickled) by its module's name. An ``fn`` of an interactive session (a notebook's, whose ``__main__``
     has no file) is not found so: its workers are forked even beside other threads, named in a warning,
     where forking is safe for pyloader; else ``pickle.PicklingError`` says what to do."""
     if _alone():
@@ -187,10 +187,10 @@ def start_method(fn: Optional[UserFn] = None) -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _interactive(fn: Optional[UserFn]) -> bool:
-    """Whether ``fn`` refers to ``__main__`` (by its pickle) and ``__main__`` has no file to import it from."""
+def _interactive(fn: bytes) -> bool:
+    """Whether the pickled ``fn`` refers to ``__main__`` and ``__main__`` has no file to import it from."""
     main_file = getattr(sys.modules.get("__main__"), "__file__", None) or ""
-    return fn is not None and not os.path.isfile(main_file) and b"__main__" in pickle.dumps(fn)
+    return not os.path.isfile(main_file) and b"__main__" in fn
 
 
 def _fork_beside_threads() -> None:
@@ -201,7 +201,7 @@ def _fork_beside_threads() -> None:
             f"cannot import, and they cannot be forked from this process now ({why}): define fn in a module "
             f"(a .py file next to the notebook), or pass workers=0 to run it in this process")
     me = threading.get_ident()
-    forking.wait_for_imports(me)
+    forking.wait_for_imports(me, fix="Define fn in a module, or pass workers=0")
     others = forking.user_threads(me)
     if others:
         warnings.warn(f"pyloader.write: worker processes are forked while other threads of this process run "
@@ -215,7 +215,7 @@ def _alone() -> bool:
     return threading.active_count() == 1 and not forking.why_not_fork()
 
 
-def _context(fn: Optional[UserFn]) -> multiprocessing.context.BaseContext:
+def _context(fn: bytes) -> multiprocessing.context.BaseContext:
     """The workers' start method; a fork server not started yet imports this module (and so pyloader) once
     for all the workers it forks, which would each import it otherwise (seconds on a busy machine)."""
     method = start_method(fn)
@@ -229,11 +229,11 @@ def _context(fn: Optional[UserFn]) -> multiprocessing.context.BaseContext:
     return context
 
 
-def check_picklable(fn: Optional[UserFn]) -> None:
+def pickled(fn: Optional[UserFn]) -> bytes:
     """``fn`` pickled as a worker process gets it; its failure (a lambda, a local function) keeps its type
     and gains a note saying what to do."""
     try:
-        pickle.dumps(fn)
+        return pickle.dumps(fn)
     except Exception as exc:
         exc.add_note("pyloader.write: fn goes to worker processes, so it must be picklable (a function of a "
                      "module, or of your script's top level under if __name__ == '__main__'); workers=0 "
@@ -258,5 +258,4 @@ def executor_for(workers: Optional[int], executor: object, fn: Optional[UserFn])
     if workers == 0:
         return InProcess(), True, 1
     n = _width(workers)
-    check_picklable(fn)
-    return cf.ProcessPoolExecutor(n, mp_context=_context(fn)), True, n
+    return cf.ProcessPoolExecutor(n, mp_context=_context(pickled(fn))), True, n
